@@ -1,0 +1,97 @@
+# train_gpt — one source tree, two builds:
+#   make            ./train_gpt      nvcc, sm_80 + sm_90a, cuBLASLt, NCCL, MPI
+#   make cpu        ./train_gpt_cpu  g++ over simt/ (CUDA semantics on CPU fibers)
+#   make test       CPU test suite in both thread orders + GPU build compile check
+#   make test-gpu   the same suite built with nvcc, run on a GPU
+#   make run        train: GPU binary when a GPU is present, else the CPU build on a small model
+#   make ptx-report ptxas registers / spills / shared memory per kernel → build/ptx-report.txt
+
+CUDA_HOME ?= /usr/local/cuda
+NVCC      ?= $(CUDA_HOME)/bin/nvcc
+CXX       ?= g++
+PYTHON    ?= /usr/bin/python3
+BUILD     := build
+
+MPI_COMPILE := $(shell mpicxx --showme:compile 2>/dev/null)
+MPI_LINK    := $(shell mpicxx --showme:link 2>/dev/null)
+
+# ---- CPU build (g++ over simt/)
+CPU_FLAGS := -std=c++17 -O2 -g -DSIMT -fno-strict-aliasing -Wall -Wextra -Werror -pthread \
+             -I. -isystem $(CUDA_HOME)/include $(MPI_COMPILE) -MMD -MP
+CPU_LIBS  := -rdynamic -lboost_context -lopenblas -ldl -pthread $(MPI_LINK)
+
+# ---- GPU build (nvcc)
+GPU_ARCH  := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a
+GPU_FLAGS := -std=c++17 -O3 -lineinfo $(GPU_ARCH) -Werror all-warnings -Xcompiler -Wall,-Wextra \
+             -I. $(MPI_COMPILE) -MMD -MP
+GPU_LIBS  := -lcublasLt -lnccl $(MPI_LINK)
+
+SIMT_SRCS  := $(wildcard simt/*.cpp)
+SIMT_OBJS  := $(SIMT_SRCS:%.cpp=$(BUILD)/cpu/%.o)
+KERNEL_TESTS := $(wildcard test/test_*.cu)
+SIMT_TESTS   := $(wildcard test/simt_*.cpp)
+CPU_TEST_BINS := $(KERNEL_TESTS:test/%.cu=$(BUILD)/cpu/test/%) $(SIMT_TESTS:test/%.cpp=$(BUILD)/cpu/test/%)
+GPU_TEST_BINS := $(KERNEL_TESTS:test/%.cu=$(BUILD)/gpu/test/%)
+
+.PHONY: all gpu cpu test test-gpu gpu-check ptx-report run clean check-nvcc
+.DEFAULT_GOAL := all
+
+all: gpu
+gpu: check-nvcc train_gpt
+cpu: train_gpt_cpu
+
+check-nvcc:
+	@command -v $(NVCC) >/dev/null 2>&1 || { echo "nvcc not found at $(NVCC): install the CUDA toolkit and set CUDA_HOME (or run 'make cpu' for the CPU build)"; exit 1; }
+
+# ---- binaries
+train_gpt: $(BUILD)/gpu/train_gpt.o
+	$(NVCC) $(GPU_ARCH) -o $@ $^ $(GPU_LIBS)
+
+train_gpt_cpu: $(BUILD)/cpu/train_gpt.o $(SIMT_OBJS)
+	$(CXX) -o $@ $^ $(CPU_LIBS)
+
+# ---- objects: .cu sources are C++ to g++ (-x c++), CUDA to nvcc
+$(BUILD)/cpu/%.o: %.cu
+	@mkdir -p $(@D)
+	$(CXX) $(CPU_FLAGS) -x c++ -c $< -o $@
+
+$(BUILD)/cpu/%.o: %.cpp
+	@mkdir -p $(@D)
+	$(CXX) $(CPU_FLAGS) -c $< -o $@
+
+$(BUILD)/gpu/%.o: %.cu
+	@mkdir -p $(@D)
+	$(NVCC) $(GPU_FLAGS) -c $< -o $@
+
+$(BUILD)/gpu/%.o: %.cpp
+	@mkdir -p $(@D)
+	$(CXX) -std=c++17 -O2 -I. -isystem $(CUDA_HOME)/include -MMD -MP -c $< -o $@
+
+# ---- tests
+$(BUILD)/cpu/test/%: $(BUILD)/cpu/test/%.o $(BUILD)/cpu/test/catch_main.o $(SIMT_OBJS)
+	$(CXX) -o $@ $^ $(CPU_LIBS)
+
+$(BUILD)/gpu/test/%: $(BUILD)/gpu/test/%.o $(BUILD)/gpu/test/catch_main.o
+	$(NVCC) $(GPU_ARCH) -o $@ $^ $(GPU_LIBS)
+
+.PRECIOUS: $(BUILD)/cpu/%.o $(BUILD)/gpu/%.o
+
+test: $(CPU_TEST_BINS) train_gpt_cpu
+	@bash test/run_tests.sh cpu $(CPU_TEST_BINS)
+
+test-gpu: check-nvcc $(GPU_TEST_BINS) train_gpt
+	@bash test/run_tests.sh gpu $(GPU_TEST_BINS)
+
+# Compiles (never runs) the GPU build so it cannot rot on machines without a GPU.
+gpu-check: check-nvcc train_gpt $(GPU_TEST_BINS:$(BUILD)/gpu/test/%=$(BUILD)/gpu/test/%.o)
+
+ptx-report: check-nvcc
+	@bash scripts/ptx_report.sh $(BUILD)/ptx-report.txt $(NVCC) $(GPU_FLAGS)
+
+run:
+	@bash scripts/run.sh
+
+clean:
+	rm -rf $(BUILD) train_gpt train_gpt_cpu
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,148 @@
+// common.cuh — what every kernel and every host file includes.
+// This is the single point where the GPU build (nvcc) and the CPU build (g++ over simt/)
+// differ: under SIMT the CUDA language, runtime and PTX wrappers come from simt/simt.h;
+// otherwise from the CUDA toolkit and the inline PTX below. Everything after the #endif
+// is shared, byte for byte, by both builds.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#ifdef SIMT
+#include "../simt/simt.h"
+#else
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...). Every launch goes through here
+// so the CPU build can answer the same call with its own scheduler.
+template <typename... Params, typename... Args>
+inline void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                   cudaStream_t stream, Args&&... args) {
+  kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
+}
+
+// Dynamic shared memory as a typed pointer; one raw byte array avoids nvcc's
+// "one type per extern __shared__ name" rule across kernels of a translation unit.
+#define DYNAMIC_SHARED(T, name)                          \
+  extern __shared__ __align__(16) unsigned char name##_bytes[]; \
+  T* name = reinterpret_cast<T*>(name##_bytes)
+
+// 128-bit global/shared access primitives; the shared Vec128 helpers below build on them.
+__device__ __forceinline__ int4 load_int4(const void* p) { return *reinterpret_cast<const int4*>(p); }
+__device__ __forceinline__ int4 load_int4_streaming(const void* p) { return __ldcs(reinterpret_cast<const int4*>(p)); }
+__device__ __forceinline__ void store_int4(void* p, int4 v) { *reinterpret_cast<int4*>(p) = v; }
+__device__ __forceinline__ void store_int4_streaming(void* p, int4 v) { __stcs(reinterpret_cast<int4*>(p), v); }
+
+// D = A·B + C on tensor cores: A 16x16 bf16 (row), B 16x8 bf16 (col), C/D 16x8 fp32.
+// Fragment layout per the PTX ISA, section "Matrix Fragments for mma.m16n8k16".
+__device__ __forceinline__ void mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2],
+                                                  const float c[4]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]),
+        "f"(c[2]), "f"(c[3]));
+}
+
+__device__ __forceinline__ unsigned shared_address(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// ldmatrix: each participating lane passes the address of one 16-byte row in shared memory
+// (lanes 0-7 matrix 0, 8-15 matrix 1, ...); every lane receives one 32-bit word per matrix.
+__device__ __forceinline__ void ldmatrix_x1(uint32_t r[1], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];\n" : "=r"(r[0]) : "r"(shared_address(row)));
+}
+__device__ __forceinline__ void ldmatrix_x2(uint32_t r[2], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1]) : "r"(shared_address(row)));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(shared_address(row)));
+}
+__device__ __forceinline__ void ldmatrix_x1_trans(uint32_t r[1], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];\n" : "=r"(r[0]) : "r"(shared_address(row)));
+}
+__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t r[2], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1]) : "r"(shared_address(row)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(shared_address(row)));
+}
+
+// Asynchronous 16-byte global→shared copies, grouped by commit; wait<N> leaves N groups in flight.
+__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(smem_dst)), "l"(gmem_src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+#endif  // SIMT
+
+// ---------------------------------------------------------------------------------------
+// Shared by both builds.
+
+using bf16 = __nv_bfloat16;
+
+// Host-side error check for CUDA runtime calls: file, line and the runtime's message.
+#define CUDA_CHECK(call)                                                                  \
+  do {                                                                                    \
+    cudaError_t cuda_check_err_ = (call);                                                 \
+    if (cuda_check_err_ != cudaSuccess) {                                                 \
+      std::fprintf(stderr, "CUDA error at %s:%d: %s (%s)\n", __FILE__, __LINE__,          \
+                   cudaGetErrorString(cuda_check_err_), #call);                           \
+      std::exit(1);                                                                       \
+    }                                                                                     \
+  } while (0)
+
+template <typename T>
+__host__ __device__ constexpr T ceil_div(T a, T b) { return (a + b - 1) / b; }
+
+// Scalar conversions between storage types and fp32 compute.
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(bf16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ bf16 from_float<bf16>(float x) { return __float2bfloat16_rn(x); }
+
+// 16 bytes of T, moved with one 128-bit access. Pointers must be 16-byte aligned
+// (the CPU build reports a misaligned one as cudaErrorMisalignedAddress).
+template <typename T>
+struct alignas(16) Vec128 {
+  static constexpr int size = 16 / sizeof(T);
+  T v[size];
+  __device__ __forceinline__ T& operator[](int i) { return v[i]; }
+  __device__ __forceinline__ const T& operator[](int i) const { return v[i]; }
+  __device__ __forceinline__ static Vec128 from_int4(int4 bits) {
+    Vec128 r;
+    memcpy(static_cast<void*>(&r), &bits, sizeof(r));
+    return r;
+  }
+  __device__ __forceinline__ int4 to_int4() const {
+    int4 bits;
+    memcpy(&bits, static_cast<const void*>(this), sizeof(bits));
+    return bits;
+  }
+};
+template <typename T> __device__ __forceinline__ Vec128<T> load128(const T* p) { return Vec128<T>::from_int4(load_int4(p)); }
+template <typename T> __device__ __forceinline__ Vec128<T> load128cs(const T* p) { return Vec128<T>::from_int4(load_int4_streaming(p)); }
+template <typename T> __device__ __forceinline__ void store128(T* p, const Vec128<T>& v) { store_int4(p, v.to_int4()); }
+template <typename T> __device__ __forceinline__ void store128cs(T* p, const Vec128<T>& v) { store_int4_streaming(p, v.to_int4()); }
+
+// Warp-wide reductions (all 32 lanes participate; every lane gets the result).
+__device__ __forceinline__ float warp_sum(float x) {
+  for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+__device__ __forceinline__ float warp_max(float x) {
+  for (int offset = 16; offset > 0; offset >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  return x;
+}

@@ -1,0 +1,277 @@
+// runtime.cpp — the CUDA runtime API, answered on the CPU: device memory is host memory,
+// streams and events are synchronous, launches are validated as a GPU would validate them
+// and then executed by scheduler.cpp. Signatures are the toolkit's own declarations.
+#include "simt.h"
+#include "state.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <new>
+#include <string>
+#include <unistd.h>
+
+namespace simt {
+namespace {
+
+constexpr size_t kDefaultDynamicSmem = 48 * 1024;   // without cudaFuncSetAttribute
+constexpr size_t kMaxDynamicSmem = 227 * 1024;      // opt-in limit of sm_90
+constexpr size_t kAllocationAlignment = 256;        // what cudaMalloc guarantees
+
+// The error the next cudaGetLastError reports (cleared by it), and a sticky error: a fault
+// inside a kernel, which on a GPU corrupts the context and is reported by every later call.
+std::atomic<cudaError_t> last_error{cudaSuccess};
+std::atomic<cudaError_t> sticky_error{cudaSuccess};
+
+std::mutex attribute_mutex;
+std::map<const void*, int> max_dynamic_smem;  // per kernel, set by cudaFuncSetAttribute
+
+cudaError_t fail(cudaError_t err) {
+  last_error.store(err);
+  return err;
+}
+
+cudaError_t sticky_or(cudaError_t err) {
+  cudaError_t s = sticky_error.load();
+  return s != cudaSuccess ? s : err;
+}
+
+size_t physical_memory() {
+  return static_cast<size_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<size_t>(sysconf(_SC_PAGE_SIZE));
+}
+
+struct Event {
+  std::chrono::steady_clock::time_point recorded;
+  bool has_time = false;
+};
+
+void launch_refused(const LaunchSpec& spec, cudaError_t err, const char* why) {
+  if (std::getenv("SIMT_VERBOSE"))
+    std::fprintf(stderr, "simt: launch of %s refused: %s\n", describe_kernel(spec.kernel).c_str(), why);
+  fail(err);
+}
+
+}  // namespace
+
+void report_kernel_fault(cudaError_t err, const char* what, const void* address, const void* kernel) {
+  cudaError_t expected = cudaSuccess;
+  if (sticky_error.compare_exchange_strong(expected, err)) {
+    std::fprintf(stderr, "simt: %s at address %p in kernel %s: %s\n", what, address,
+                 kernel ? describe_kernel(kernel).c_str() : "?", cudaGetErrorString(err));
+  }
+}
+
+void run_launch(const LaunchSpec& spec) {
+  const dim3 g = spec.grid, b = spec.block;
+  if (sticky_error.load() != cudaSuccess) return;
+  if (g.x == 0 || g.y == 0 || g.z == 0 || b.x == 0 || b.y == 0 || b.z == 0)
+    return launch_refused(spec, cudaErrorInvalidConfiguration, "a zero grid or block dimension");
+  if (static_cast<unsigned long long>(b.x) * b.y * b.z > 1024 || b.x > 1024 || b.y > 1024 || b.z > 64)
+    return launch_refused(spec, cudaErrorInvalidConfiguration, "more than 1024 threads per block (or x,y>1024, z>64)");
+  if (g.x > 2147483647u || g.y > 65535u || g.z > 65535u)
+    return launch_refused(spec, cudaErrorInvalidConfiguration, "grid dimensions over 2^31-1 x 65535 x 65535");
+  size_t allowed = kDefaultDynamicSmem;
+  {
+    std::lock_guard<std::mutex> lock(attribute_mutex);
+    auto it = max_dynamic_smem.find(spec.kernel);
+    if (it != max_dynamic_smem.end()) allowed = static_cast<size_t>(it->second);
+  }
+  if (spec.dynamic_smem > allowed)
+    return launch_refused(spec, cudaErrorInvalidValue,
+                          "dynamic shared memory over the kernel's limit (48 KB unless raised by cudaFuncSetAttribute)");
+  execute_launch(spec);
+}
+
+}  // namespace simt
+
+using namespace simt;
+
+// ---- errors
+cudaError_t cudaGetLastError(void) { return sticky_or(last_error.exchange(cudaSuccess)); }
+cudaError_t cudaPeekAtLastError(void) { return sticky_or(last_error.load()); }
+
+const char* cudaGetErrorName(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidDeviceFunction: return "cudaErrorInvalidDeviceFunction";
+    case cudaErrorMisalignedAddress: return "cudaErrorMisalignedAddress";
+    case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotSupported: return "cudaErrorNotSupported";
+    default: return "cudaErrorUnknown";
+  }
+}
+
+const char* cudaGetErrorString(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorInvalidDeviceFunction: return "invalid device function";
+    case cudaErrorMisalignedAddress: return "misaligned address";
+    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorNotSupported: return "operation not supported";
+    default: return "unknown error";
+  }
+}
+
+// ---- device
+cudaError_t cudaGetDeviceCount(int* count) {
+  if (!count) return fail(cudaErrorInvalidValue);
+  *count = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : fail(cudaErrorInvalidDevice); }
+cudaError_t cudaGetDevice(int* device) {
+  if (!device) return fail(cudaErrorInvalidValue);
+  *device = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceReset(void) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) { return sticky_or(cudaSuccess); }
+cudaError_t cudaDriverGetVersion(int* version) {
+  if (!version) return fail(cudaErrorInvalidValue);
+  *version = CUDART_VERSION;
+  return cudaSuccess;
+}
+cudaError_t cudaRuntimeGetVersion(int* version) { return cudaDriverGetVersion(version); }
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (!prop) return fail(cudaErrorInvalidValue);
+  if (device != 0) return fail(cudaErrorInvalidDevice);
+  *prop = cudaDeviceProp{};
+  std::snprintf(prop->name, sizeof prop->name, "simt (CUDA emulated on %d CPU threads)", worker_count());
+  prop->totalGlobalMem = physical_memory();
+  prop->sharedMemPerBlock = kDefaultDynamicSmem;
+  prop->sharedMemPerBlockOptin = kMaxDynamicSmem;
+  prop->sharedMemPerMultiprocessor = 228 * 1024;
+  prop->regsPerBlock = 65536;
+  prop->warpSize = kWarpSize;
+  prop->maxThreadsPerBlock = 1024;
+  prop->maxThreadsPerMultiProcessor = 2048;
+  prop->maxThreadsDim[0] = 1024;
+  prop->maxThreadsDim[1] = 1024;
+  prop->maxThreadsDim[2] = 64;
+  prop->maxGridSize[0] = 2147483647;
+  prop->maxGridSize[1] = 65535;
+  prop->maxGridSize[2] = 65535;
+  prop->major = 9;
+  prop->minor = 0;
+  prop->multiProcessorCount = worker_count();
+  prop->l2CacheSize = 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (!value) return fail(cudaErrorInvalidValue);
+  if (device != 0) return fail(cudaErrorInvalidDevice);
+  switch (attr) {
+    case cudaDevAttrMultiProcessorCount: *value = worker_count(); return cudaSuccess;
+    case cudaDevAttrMaxThreadsPerBlock: *value = 1024; return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = static_cast<int>(kMaxDynamicSmem); return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlock: *value = static_cast<int>(kDefaultDynamicSmem); return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMajor: *value = 9; return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMinor: *value = 0; return cudaSuccess;
+    case cudaDevAttrWarpSize: *value = kWarpSize; return cudaSuccess;
+    default: return fail(cudaErrorInvalidValue);  // not emulated: say so rather than invent a value
+  }
+}
+
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  if (!func) return fail(cudaErrorInvalidDeviceFunction);
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return fail(cudaErrorInvalidValue);
+  if (value < 0 || static_cast<size_t>(value) > kMaxDynamicSmem) return fail(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(attribute_mutex);
+  max_dynamic_smem[func] = value;
+  return cudaSuccess;
+}
+
+// ---- memory
+cudaError_t cudaMalloc(void** ptr, size_t size) {
+  if (!ptr) return fail(cudaErrorInvalidValue);
+  *ptr = ::operator new(size ? size : 1, std::align_val_t(kAllocationAlignment), std::nothrow);
+  return *ptr ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+}
+cudaError_t cudaFree(void* ptr) {
+  if (ptr) ::operator delete(ptr, std::align_val_t(kAllocationAlignment));
+  return cudaSuccess;
+}
+cudaError_t cudaMallocHost(void** ptr, size_t size) { return cudaMalloc(ptr, size); }
+cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int) { return cudaMalloc(ptr, size); }
+cudaError_t cudaFreeHost(void* ptr) { return cudaFree(ptr); }
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  if (!free_bytes || !total_bytes) return fail(cudaErrorInvalidValue);
+  *total_bytes = physical_memory();
+  *free_bytes = static_cast<size_t>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<size_t>(sysconf(_SC_PAGE_SIZE));
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind) {
+  if (count && (!dst || !src)) return fail(cudaErrorInvalidValue);
+  if (count) std::memmove(dst, src, count);
+  return sticky_or(cudaSuccess);
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t) {
+  return cudaMemcpy(dst, src, count, kind);
+}
+cudaError_t cudaMemset(void* ptr, int value, size_t count) {
+  if (count && !ptr) return fail(cudaErrorInvalidValue);
+  if (count) std::memset(ptr, value, count);
+  return sticky_or(cudaSuccess);
+}
+cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t) { return cudaMemset(ptr, value, count); }
+
+// ---- streams and events: work is done when it is issued, so they only keep order and time.
+cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, 0); }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
+  if (!stream) return fail(cudaErrorInvalidValue);
+  *stream = reinterpret_cast<cudaStream_t>(new char);  // a distinct handle; nothing is queued on it
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  delete reinterpret_cast<char*>(stream);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return sticky_or(cudaSuccess); }
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t event, unsigned int) {
+  return event ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+}
+cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, 0); }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
+  if (!event) return fail(cudaErrorInvalidValue);
+  *event = reinterpret_cast<cudaEvent_t>(new Event);
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  delete reinterpret_cast<Event*>(event);
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
+  if (!event) return fail(cudaErrorInvalidResourceHandle);
+  Event* e = reinterpret_cast<Event*>(event);
+  e->recorded = std::chrono::steady_clock::now();
+  e->has_time = true;
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  return event ? sticky_or(cudaSuccess) : fail(cudaErrorInvalidResourceHandle);
+}
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  if (!ms || !start || !end) return fail(cudaErrorInvalidValue);
+  const Event* a = reinterpret_cast<const Event*>(start);
+  const Event* b = reinterpret_cast<const Event*>(end);
+  if (!a->has_time || !b->has_time) return fail(cudaErrorInvalidResourceHandle);
+  *ms = std::chrono::duration<float, std::milli>(b->recorded - a->recorded).count();
+  return cudaSuccess;
+}

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Runs test binaries and the project's other checks; prints one summary line
+# "N passed, N failed" (test cases and checks) and exits non-zero on any failure.
+# usage: run_tests.sh cpu|gpu BINARY...
+# CPU: every binary runs twice, SIMT_SCHEDULE=forward and reverse, so a missing barrier
+# that one thread order hides is caught by the other.
+set -u
+mode=$1; shift
+log_dir=build/$mode/test/logs
+mkdir -p "$log_dir"
+passed=0; failed=0; failures=()
+
+# Adds a Catch2 run's counts ("test cases: N | P passed | F failed" or "All tests passed
+# (… in N test cases)"); a run without a summary (crash, abort) counts as one failure.
+count_catch2() {
+  local name=$1 log=$2 status=$3 line p f
+  line=$(grep -E '^(All tests passed|test cases:)' "$log" | tail -n 1)
+  if [[ $line =~ ^All\ tests\ passed.*\ ([0-9]+)\ test\ case ]]; then
+    p=${BASH_REMATCH[1]}; f=0
+  elif [[ $line =~ test\ cases:\ +[0-9]+\ \|\ +([0-9]+)\ passed\ \|\ +([0-9]+)\ failed ]]; then
+    p=${BASH_REMATCH[1]}; f=${BASH_REMATCH[2]}
+  elif [[ $line =~ test\ cases:\ +([0-9]+)\ \|\ +([0-9]+)\ failed ]]; then
+    p=0; f=${BASH_REMATCH[2]}
+  else
+    p=0; f=1
+  fi
+  if [ "$status" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
+  passed=$((passed + p)); failed=$((failed + f))
+  if [ "$f" -gt 0 ]; then failures+=("$name (log: $log)"); fi
+  printf '%-44s %4d passed %4d failed  %5.1fs\n' "$name" "$p" "$f" "$4"
+}
+
+run_binary() {
+  local bin=$1 label=$2 log=$3; shift 3
+  local start end status
+  start=$(date +%s.%N)
+  env "$@" "$bin" >"$log" 2>&1; status=$?
+  end=$(date +%s.%N)
+  count_catch2 "$label" "$log" "$status" "$(echo "$end - $start" | bc)"
+}
+
+# A named check that is a command: one pass or one failure.
+run_check() {
+  local name=$1; shift
+  local log="$log_dir/${name//[^A-Za-z0-9_.-]/_}.log" start end status
+  start=$(date +%s.%N)
+  "$@" >"$log" 2>&1; status=$?
+  end=$(date +%s.%N)
+  if [ $status -eq 0 ]; then passed=$((passed + 1)); r="ok"; else failed=$((failed + 1)); r="FAILED"; failures+=("$name (log: $log)"); fi
+  printf '%-44s %s  %5.1fs\n' "$name" "$r" "$(echo "$end - $start" | bc)"
+}
+
+for bin in "$@"; do
+  name=$(basename "$bin")
+  if [ "$mode" = cpu ]; then
+    for order in forward reverse; do
+      run_binary "$bin" "$name [$order]" "$log_dir/$name.$order.log" SIMT_SCHEDULE=$order
+    done
+  else
+    run_binary "$bin" "$name" "$log_dir/$name.log"
+  fi
+done
+
+for check in test/checks/*.sh; do
+  [ -e "$check" ] || continue
+  run_check "$(basename "$check" .sh)" bash "$check" "$mode"
+done
+
+if [ ${#failures[@]} -gt 0 ]; then
+  echo "failed:"
+  for f in "${failures[@]}"; do echo "  $f"; done
+fi
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
