@@ -80,17 +80,10 @@ Schedule read_schedule() {
   return s;
 }
 
-const Schedule& schedule() {
-  static const Schedule s = read_schedule();
-  return s;
-}
-
-bool check_barrier_sites() {
-  static const bool on = [] {
-    const char* e = std::getenv("SIMT_BARRIER_SITES");
-    return !(e && std::strcmp(e, "0") == 0);
-  }();
-  return on;
+// Read at every launch (a getenv is cheap next to a launch), so a test can switch orders.
+bool read_check_barrier_sites() {
+  const char* e = std::getenv("SIMT_BARRIER_SITES");
+  return !(e && std::strcmp(e, "0") == 0);
 }
 
 size_t fiber_stack_bytes() {
@@ -118,6 +111,8 @@ struct Worker {
   size_t scheduler_stack_size = 0;
 #endif
   const LaunchSpec* spec = nullptr;
+  Schedule schedule;
+  bool check_barrier_sites = true;
   unsigned char* dynamic_smem = nullptr;
   int block_threads = 0, live_threads = 0, at_barrier = 0;
   const char* barrier_site = nullptr;
@@ -347,10 +342,10 @@ void run_block(Worker& w) {
 #endif
   }
   w.order.resize(n);
-  for (int i = 0; i < n; ++i) w.order[i] = schedule().kind == Schedule::reverse ? n - 1 - i : i;
+  for (int i = 0; i < n; ++i) w.order[i] = w.schedule.kind == Schedule::reverse ? n - 1 - i : i;
 
   while (w.live_threads > 0) {
-    if (schedule().kind == Schedule::random) std::shuffle(w.order.begin(), w.order.end(), w.rng);
+    if (w.schedule.kind == Schedule::random) std::shuffle(w.order.begin(), w.order.end(), w.rng);
     bool progressed = false;
     for (int i : w.order) {
       if (w.fibers[i].state == FiberState::runnable) {
@@ -375,9 +370,19 @@ class Pool {
   int size() const { return static_cast<int>(helpers_.size()) + 1; }
 
   void run(const LaunchSpec& spec) {
+    if (getpid() != owner_pid_) {  // a forked child has no helper threads: run every block here
+      next_block_.store(0);
+      blocks_ = static_cast<size_t>(spec.grid.x) * spec.grid.y * spec.grid.z;
+      schedule_ = read_schedule();
+      check_barrier_sites_ = read_check_barrier_sites();
+      run_blocks(spec);
+      return;
+    }
     const size_t blocks = static_cast<size_t>(spec.grid.x) * spec.grid.y * spec.grid.z;
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      schedule_ = read_schedule();
+      check_barrier_sites_ = read_check_barrier_sites();
       spec_ = &spec;
       next_block_.store(0);
       blocks_ = blocks;
@@ -392,7 +397,7 @@ class Pool {
   }
 
  private:
-  Pool() {
+  Pool() : owner_pid_(getpid()) {
     const char* e = std::getenv("SIMT_THREADS");
     int n = e ? std::atoi(e) : static_cast<int>(std::thread::hardware_concurrency());
     n = std::max(1, std::min(n, 64));
@@ -427,6 +432,8 @@ class Pool {
   void run_blocks(const LaunchSpec& spec) {
     Worker& w = worker();
     w.spec = &spec;
+    w.schedule = schedule_;
+    w.check_barrier_sites = check_barrier_sites_;
     gridDim = spec.grid;
     blockDim = spec.block;
     // Exactly the requested size, so AddressSanitizer sees an access past the end.
@@ -439,7 +446,7 @@ class Pool {
       blockIdx = make_uint3(b % spec.grid.x, (b / spec.grid.x) % spec.grid.y,
                             b / (static_cast<size_t>(spec.grid.x) * spec.grid.y));
       if (spec.dynamic_smem) std::memset(w.dynamic_smem, 0xFF, spec.dynamic_smem);  // NaN as float and bf16
-      w.rng.seed(schedule().seed * 0x9E3779B97F4A7C15ull + b);
+      w.rng.seed(w.schedule.seed * 0x9E3779B97F4A7C15ull + b);
       run_block(w);
     }
     if (w.dynamic_smem) ::operator delete(w.dynamic_smem, std::align_val_t(128));
@@ -447,10 +454,13 @@ class Pool {
     w.spec = nullptr;
   }
 
+  const pid_t owner_pid_;
   std::vector<std::thread> helpers_;
   std::mutex mutex_;
   std::condition_variable wake_, done_;
   const LaunchSpec* spec_ = nullptr;
+  Schedule schedule_;
+  bool check_barrier_sites_ = true;
   std::atomic<size_t> next_block_{0};
   size_t blocks_ = 0;
   int busy_ = 0;
@@ -479,7 +489,7 @@ void syncthreads(const char* site) {
   Fiber& me = *w.current;
   if (w.at_barrier == 0) {
     w.barrier_site = site;
-  } else if (check_barrier_sites() && std::strcmp(w.barrier_site, site) != 0) {
+  } else if (w.check_barrier_sites && std::strcmp(w.barrier_site, site) != 0) {
     die_in_block(std::string("threads of one block wait at different __syncthreads: ") + w.barrier_site + " and " +
                  site + " (set SIMT_BARRIER_SITES=0 if this is intended)");
   }

@@ -1,0 +1,306 @@
+// attention.cuh — causal multi-head self-attention, forward and backward, fp32 math on CUDA cores.
+//
+// Layout: qkv is (B, T, 3C), the output of the qkv linear layer: q = channels [0, C),
+// k = [C, 2C), v = [2C, 3C); head h owns channels h*HS .. h*HS+HS-1 of each, HS = C/NH.
+// out is (B, T, C), head h's output in channels h*HS.. (the input of the attention projection).
+// The forward keeps only the per-row log-sum-exp of the scaled scores, lse (B, NH, T) in fp32;
+// the backward recomputes the probabilities from it instead of storing a T×T matrix.
+//
+// Work split (every kernel): one warp per (b, h, row). The warp's lanes form groups of
+// `group_lanes` lanes (the power of two ≥ HS / Vec128<T>::size); lane c of a group owns one
+// 16-byte chunk of the head dimension, and the 32 / group_lanes groups walk the inner loop's rows
+// in an interleaved fixed order. Dot products are sums over a group's lanes; the groups' partial
+// results are merged in a fixed butterfly order, so results are bitwise reproducible.
+// Requires HS % 8 == 0 (a whole number of 16-byte chunks for float and bf16), HS <= 128 (at most
+// 32 chunks) and 16-byte aligned tensors; the launchers check this.
+#pragma once
+#include <initializer_list>
+
+#include "common.cuh"
+
+constexpr int kAttentionWarpsPerBlock = 4;
+
+// Where one lane sits in the group/chunk split described above.
+struct AttentionLane {
+  int chunk;        // head-dimension chunk this lane loads (elements chunk*V .. chunk*V+V-1)
+  bool owns_chunk;  // false for padding lanes when the chunk count is not a power of two
+  int group;        // which row of each step of the inner loop this lane's group handles
+  int groups;       // rows per step of the inner loop
+  int group_lanes;
+};
+
+__device__ __forceinline__ AttentionLane attention_lane(int head_size, int vec_size) {
+  int chunks = head_size / vec_size;
+  int group_lanes = 1;
+  while (group_lanes < chunks) group_lanes <<= 1;
+  int lane = static_cast<int>(threadIdx.x) % 32;
+  AttentionLane a;
+  a.chunk = lane % group_lanes;
+  a.owns_chunk = a.chunk < chunks;
+  a.group = lane / group_lanes;
+  a.groups = 32 / group_lanes;
+  a.group_lanes = group_lanes;
+  return a;
+}
+
+// Sum over the lanes of this lane's group (groups are aligned blocks of group_lanes lanes).
+__device__ __forceinline__ float attention_group_sum(float x, int group_lanes) {
+  for (int offset = group_lanes >> 1; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+
+// Sum over the groups, lane by lane (the lanes holding the same chunk in every group).
+__device__ __forceinline__ float attention_across_groups_sum(float x, int group_lanes) {
+  for (int offset = group_lanes; offset < 32; offset <<= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+
+template <int V>
+__device__ __forceinline__ float attention_dot(const float a[V], const float b[V]) {
+  float sum = 0.0f;
+  for (int i = 0; i < V; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+// One 16-byte chunk as fp32; zeros where the lane has nothing to load (padding lane, row out of range).
+template <typename T>
+__device__ __forceinline__ void attention_load_floats(float dst[Vec128<T>::size], const T* src, bool load) {
+  Vec128<T> v;
+  if (load) v = load128(src);
+  for (int i = 0; i < Vec128<T>::size; ++i) dst[i] = load ? to_float(v[i]) : 0.0f;
+}
+
+// One warp per (b, h, t): online softmax over keys s <= t. Each group keeps its own running
+// max, sum and weighted sum of v over the keys it visited; the groups are merged at the end.
+template <typename T>
+__global__ void attention_forward_kernel(T* out, float* lse, const T* qkv, int B, int seq_len, int NH, int head_size,
+                                         float scale) {
+  constexpr int V = Vec128<T>::size;
+  int warp = blockIdx.x * kAttentionWarpsPerBlock + static_cast<int>(threadIdx.x) / 32;
+  if (warp >= B * NH * seq_len) return;  // whole warps only: the grid is rounded up in warps
+  // Long causal prefixes first, so the slowest rows do not form the tail of the launch.
+  int t = seq_len - 1 - warp % seq_len;
+  int h = (warp / seq_len) % NH, b = warp / seq_len / NH;
+  int C = NH * head_size;
+  size_t row_stride = 3 * static_cast<size_t>(C);
+  AttentionLane lane = attention_lane(head_size, V);
+
+  const T* q_chunk = qkv + static_cast<size_t>(b) * seq_len * row_stride + h * head_size + lane.chunk * V;
+  const T* k_chunk = q_chunk + C;
+  const T* v_chunk = q_chunk + 2 * C;
+  float q[V];
+  attention_load_floats<T>(q, q_chunk + t * row_stride, lane.owns_chunk);
+
+  float running_max = -INFINITY, running_sum = 0.0f, acc[V];
+  for (int i = 0; i < V; ++i) acc[i] = 0.0f;
+  // The trip count is the same for every lane (shuffles need the whole warp); a group past t idles.
+  for (int step = 0; step <= t; step += lane.groups) {
+    int s = step + lane.group;
+    bool key_valid = s <= t;
+    float k[V];
+    attention_load_floats<T>(k, k_chunk + s * row_stride, key_valid && lane.owns_chunk);
+    float score = attention_group_sum(attention_dot<V>(q, k), lane.group_lanes) * scale;
+    if (key_valid) {
+      float new_max = fmaxf(running_max, score);
+      float correction = expf(running_max - new_max);  // 0 for the first key (running_max = -inf)
+      float p = expf(score - new_max);
+      running_sum = running_sum * correction + p;
+      float v[V];
+      attention_load_floats<T>(v, v_chunk + s * row_stride, lane.owns_chunk);
+      for (int i = 0; i < V; ++i) acc[i] = acc[i] * correction + p * v[i];
+      running_max = new_max;
+    }
+  }
+
+  for (int offset = lane.group_lanes; offset < 32; offset <<= 1) {
+    float other_max = __shfl_xor_sync(0xffffffffu, running_max, offset);
+    float other_sum = __shfl_xor_sync(0xffffffffu, running_sum, offset);
+    float new_max = fmaxf(running_max, other_max);
+    // A group that saw no key (t + 1 < groups) still has max -inf: weight 0, not exp(-inf + inf).
+    float mine = running_max == -INFINITY ? 0.0f : expf(running_max - new_max);
+    float theirs = other_max == -INFINITY ? 0.0f : expf(other_max - new_max);
+    running_sum = running_sum * mine + other_sum * theirs;
+    for (int i = 0; i < V; ++i) acc[i] = acc[i] * mine + __shfl_xor_sync(0xffffffffu, acc[i], offset) * theirs;
+    running_max = new_max;
+  }
+
+  if (lane.group == 0 && lane.owns_chunk) {
+    float inv_sum = 1.0f / running_sum;
+    Vec128<T> o;
+    for (int i = 0; i < V; ++i) o[i] = from_float<T>(acc[i] * inv_sum);
+    store128(out + (static_cast<size_t>(b) * seq_len + t) * C + h * head_size + lane.chunk * V, o);
+  }
+  if (threadIdx.x % 32 == 0) lse[(static_cast<size_t>(b) * NH + h) * seq_len + t] = running_max + logf(running_sum);
+}
+
+// One warp per (b, h, t): D_t = dout_t · out_t (saved in delta for the key/value kernel) and
+// dQ_t = scale · sum_{s<=t} P_ts (dout_t · v_s - D_t) k_s.
+template <typename T>
+__global__ void attention_backward_query_kernel(T* dqkv, float* delta, const T* dout, const T* qkv, const T* out,
+                                                const float* lse, int B, int seq_len, int NH, int head_size,
+                                                float scale) {
+  constexpr int V = Vec128<T>::size;
+  int warp = blockIdx.x * kAttentionWarpsPerBlock + static_cast<int>(threadIdx.x) / 32;
+  if (warp >= B * NH * seq_len) return;
+  int t = seq_len - 1 - warp % seq_len;  // long prefixes first
+  int h = (warp / seq_len) % NH, b = warp / seq_len / NH;
+  int C = NH * head_size;
+  size_t row_stride = 3 * static_cast<size_t>(C);
+  size_t bh_row = (static_cast<size_t>(b) * NH + h) * seq_len;
+  AttentionLane lane = attention_lane(head_size, V);
+
+  size_t head_offset = static_cast<size_t>(h) * head_size + lane.chunk * V;
+  const T* q_chunk = qkv + static_cast<size_t>(b) * seq_len * row_stride + head_offset;
+  const T* k_chunk = q_chunk + C;
+  const T* v_chunk = q_chunk + 2 * C;
+  size_t out_row = (static_cast<size_t>(b) * seq_len + t) * C + head_offset;
+  float q[V], dout_t[V], out_t[V];
+  attention_load_floats<T>(q, q_chunk + t * row_stride, lane.owns_chunk);
+  attention_load_floats<T>(dout_t, dout + out_row, lane.owns_chunk);
+  attention_load_floats<T>(out_t, out + out_row, lane.owns_chunk);
+  float partial_delta = 0.0f;
+  for (int i = 0; i < V; ++i) partial_delta += dout_t[i] * out_t[i];
+  float row_delta = attention_group_sum(partial_delta, lane.group_lanes);
+  if (threadIdx.x % 32 == 0) delta[bh_row + t] = row_delta;
+  float row_lse = lse[bh_row + t];
+
+  float dq[V];
+  for (int i = 0; i < V; ++i) dq[i] = 0.0f;
+  for (int step = 0; step <= t; step += lane.groups) {
+    int s = step + lane.group;
+    bool key_valid = s <= t;
+    float k[V], v[V];
+    attention_load_floats<T>(k, k_chunk + s * row_stride, key_valid && lane.owns_chunk);
+    attention_load_floats<T>(v, v_chunk + s * row_stride, key_valid && lane.owns_chunk);
+    float score = attention_group_sum(attention_dot<V>(q, k), lane.group_lanes) * scale;
+    float dp = attention_group_sum(attention_dot<V>(dout_t, v), lane.group_lanes);
+    if (key_valid) {
+      float ds = expf(score - row_lse) * (dp - row_delta);
+      for (int i = 0; i < V; ++i) dq[i] += ds * k[i];
+    }
+  }
+  for (int i = 0; i < V; ++i) dq[i] = attention_across_groups_sum(dq[i], lane.group_lanes);
+
+  if (lane.group == 0 && lane.owns_chunk) {
+    Vec128<T> g;
+    for (int i = 0; i < V; ++i) g[i] = from_float<T>(dq[i] * scale);
+    store128(dqkv + (static_cast<size_t>(b) * seq_len + t) * row_stride + head_offset, g);
+  }
+}
+
+// One warp per (b, h, s): dV_s = sum_{t>=s} P_ts dout_t and
+// dK_s = scale · sum_{t>=s} P_ts (dout_t · v_s - D_t) q_t.
+template <typename T>
+__global__ void attention_backward_key_value_kernel(T* dqkv, const float* delta, const T* dout, const T* qkv,
+                                                    const float* lse, int B, int seq_len, int NH, int head_size,
+                                                    float scale) {
+  constexpr int V = Vec128<T>::size;
+  int warp = blockIdx.x * kAttentionWarpsPerBlock + static_cast<int>(threadIdx.x) / 32;
+  if (warp >= B * NH * seq_len) return;
+  int s = warp % seq_len;  // early keys see the most queries: they go first
+  int h = (warp / seq_len) % NH, b = warp / seq_len / NH;
+  int C = NH * head_size;
+  size_t row_stride = 3 * static_cast<size_t>(C);
+  size_t bh_row = (static_cast<size_t>(b) * NH + h) * seq_len;
+  AttentionLane lane = attention_lane(head_size, V);
+
+  size_t head_offset = static_cast<size_t>(h) * head_size + lane.chunk * V;
+  const T* q_chunk = qkv + static_cast<size_t>(b) * seq_len * row_stride + head_offset;
+  const T* dout_chunk = dout + static_cast<size_t>(b) * seq_len * C + head_offset;
+  float k[V], v[V];
+  attention_load_floats<T>(k, q_chunk + C + s * row_stride, lane.owns_chunk);
+  attention_load_floats<T>(v, q_chunk + 2 * C + s * row_stride, lane.owns_chunk);
+
+  float dk[V], dv[V];
+  for (int i = 0; i < V; ++i) dk[i] = dv[i] = 0.0f;
+  for (int step = s; step < seq_len; step += lane.groups) {
+    int t = step + lane.group;
+    bool query_valid = t < seq_len;
+    float q[V], dout_t[V];
+    attention_load_floats<T>(q, q_chunk + t * row_stride, query_valid && lane.owns_chunk);
+    attention_load_floats<T>(dout_t, dout_chunk + static_cast<size_t>(t) * C, query_valid && lane.owns_chunk);
+    float score = attention_group_sum(attention_dot<V>(k, q), lane.group_lanes) * scale;
+    float dp = attention_group_sum(attention_dot<V>(v, dout_t), lane.group_lanes);
+    if (query_valid) {
+      float p = expf(score - lse[bh_row + t]);
+      float ds = p * (dp - delta[bh_row + t]);
+      for (int i = 0; i < V; ++i) {
+        dv[i] += p * dout_t[i];
+        dk[i] += ds * q[i];
+      }
+    }
+  }
+  for (int i = 0; i < V; ++i) {
+    dk[i] = attention_across_groups_sum(dk[i], lane.group_lanes);
+    dv[i] = attention_across_groups_sum(dv[i], lane.group_lanes);
+  }
+
+  if (lane.group == 0 && lane.owns_chunk) {
+    Vec128<T> gk, gv;
+    for (int i = 0; i < V; ++i) {
+      gk[i] = from_float<T>(dk[i] * scale);
+      gv[i] = from_float<T>(dv[i]);
+    }
+    T* dk_row = dqkv + (static_cast<size_t>(b) * seq_len + s) * row_stride + C + head_offset;
+    store128(dk_row, gk);
+    store128(dk_row + C, gv);
+  }
+}
+
+// Validates the shape and alignment shared by forward and backward; returns HS.
+int attention_check(const char* who, int B, int seq_len, int C, int NH, std::initializer_list<const void*> tensors) {
+  if (B < 1 || seq_len < 1 || NH < 1 || C < 1 || C % NH != 0) {
+    std::fprintf(stderr, "%s: need B, T, NH >= 1 and C divisible by NH; got B=%d T=%d C=%d NH=%d\n", who, B, seq_len,
+                 C, NH);
+    std::exit(1);
+  }
+  int head_size = C / NH;
+  if (head_size % 8 != 0 || head_size > 128) {
+    std::fprintf(stderr, "%s: head size C/NH = %d/%d = %d must be a multiple of 8 and at most 128\n", who, C, NH,
+                 head_size);
+    std::exit(1);
+  }
+  for (const void* p : tensors) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {
+      std::fprintf(stderr, "%s: tensor %p is not 16-byte aligned (128-bit accesses)\n", who, p);
+      std::exit(1);
+    }
+  }
+  return head_size;
+}
+
+dim3 attention_grid(int B, int seq_len, int NH) {
+  return dim3(static_cast<unsigned>(ceil_div(B * NH * seq_len, kAttentionWarpsPerBlock)));
+}
+
+// out (B, T, C) and lse (B, NH, T) from qkv (B, T, 3C); see the top of this file.
+template <typename T>
+void attention_forward(T* out, float* lse, const T* qkv, int B, int seq_len, int C, int NH, cudaStream_t stream) {
+  int head_size = attention_check("attention_forward", B, seq_len, C, NH, {out, qkv});
+  float scale = 1.0f / sqrtf(static_cast<float>(head_size));
+  launch(attention_forward_kernel<T>, attention_grid(B, seq_len, NH), dim3(32 * kAttentionWarpsPerBlock), 0, stream,
+         out, lse, qkv, B, seq_len, NH, head_size, scale);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+// Scratch for attention_backward: D_t = dout_t · out_t per (b, h, t), fp32.
+size_t attention_backward_scratch_bytes(int B, int seq_len, int NH) {
+  return static_cast<size_t>(B) * NH * seq_len * sizeof(float);
+}
+
+// dqkv (B, T, 3C) is overwritten with dL/dqkv given dout = dL/dout, the forward's inputs and
+// outputs (qkv, out, lse) and scratch of attention_backward_scratch_bytes(B, T, NH) bytes.
+template <typename T>
+void attention_backward(T* dqkv, float* scratch, const T* dout, const T* qkv, const T* out, const float* lse, int B,
+                        int seq_len, int C, int NH, cudaStream_t stream) {
+  int head_size = attention_check("attention_backward", B, seq_len, C, NH, {dqkv, dout, qkv, out});
+  float scale = 1.0f / sqrtf(static_cast<float>(head_size));
+  dim3 grid = attention_grid(B, seq_len, NH), block(32 * kAttentionWarpsPerBlock);
+  // The key/value pass reads D_t of every later row, so it runs after the query pass wrote them all.
+  launch(attention_backward_query_kernel<T>, grid, block, 0, stream, dqkv, scratch, dout, qkv, out, lse, B, seq_len,
+         NH, head_size, scale);
+  CUDA_CHECK(cudaGetLastError());
+  launch(attention_backward_key_value_kernel<T>, grid, block, 0, stream, dqkv, scratch, dout, qkv, lse, B, seq_len,
+         NH, head_size, scale);
+  CUDA_CHECK(cudaGetLastError());
+}

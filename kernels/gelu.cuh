@@ -1,0 +1,76 @@
+// gelu.cuh — GELU, tanh approximation (GPT-2's activation):
+//   gelu(x) = 0.5·x·(1 + tanh(u)),  u = sqrt(2/π)·(x + 0.044715·x³)
+// Element-wise, fp32 math, one 128-bit access per operand per thread.
+#pragma once
+#include "common.cuh"
+
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/π)
+constexpr float kGeluCubic = 0.044715f;
+
+template <typename T>
+__global__ void gelu_forward_kernel(T* out, const T* inp, size_t n) {
+  constexpr int kVec = Vec128<T>::size;
+  const size_t i = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kVec;
+  if (i >= n) return;
+  const Vec128<T> x = load128(inp + i);
+  Vec128<T> y;
+  for (int k = 0; k < kVec; ++k) {
+    const float xf = to_float(x[k]);
+    const float u = kGeluScale * (xf + kGeluCubic * xf * xf * xf);
+    y[k] = from_float<T>(0.5f * xf * (1.0f + tanhf(u)));
+  }
+  store128(out + i, y);
+}
+
+// d gelu/dx = 0.5·(1 + tanh(u)) + 0.5·x·(1 - tanh²(u))·sqrt(2/π)·(1 + 3·0.044715·x²).
+// dinp and dout may be the same buffer: each thread reads its 16 bytes before writing them.
+template <typename T>
+__global__ void gelu_backward_kernel(T* dinp, const T* inp, const T* dout, size_t n) {
+  constexpr int kVec = Vec128<T>::size;
+  const size_t i = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kVec;
+  if (i >= n) return;
+  const Vec128<T> x = load128(inp + i);
+  const Vec128<T> dy = load128(dout + i);
+  Vec128<T> dx;
+  for (int k = 0; k < kVec; ++k) {
+    const float xf = to_float(x[k]);
+    const float t = tanhf(kGeluScale * (xf + kGeluCubic * xf * xf * xf));
+    const float du_dx = kGeluScale * (1.0f + 3.0f * kGeluCubic * xf * xf);
+    const float grad = 0.5f * (1.0f + t) + 0.5f * xf * (1.0f - t * t) * du_dx;
+    dx[k] = from_float<T>(to_float(dy[k]) * grad);
+  }
+  store128(dinp + i, dx);
+}
+
+// Both launchers need n % (16 / sizeof(T)) == 0 (whole 128-bit vectors: 4 floats, 8 bf16)
+// and 16-byte aligned pointers; a bad n is reported and the program exits.
+template <typename T>
+void gelu_check_size(const char* op, size_t n) {
+  if (n % Vec128<T>::size != 0) {
+    std::fprintf(stderr, "%s: n=%zu must be a multiple of %d (128-bit accesses)\n", op, n, Vec128<T>::size);
+    std::exit(1);
+  }
+}
+
+constexpr int kGeluBlock = 256;
+
+// out[i] = gelu(inp[i]) for i < n.
+template <typename T>
+void gelu_forward(T* out, const T* inp, size_t n, cudaStream_t stream) {
+  gelu_check_size<T>("gelu_forward", n);
+  if (n == 0) return;
+  const size_t blocks = ceil_div(n / Vec128<T>::size, static_cast<size_t>(kGeluBlock));
+  launch(gelu_forward_kernel<T>, dim3(static_cast<unsigned>(blocks)), dim3(kGeluBlock), 0, stream, out, inp, n);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+// dinp[i] = dout[i] · gelu'(inp[i]) for i < n (written, not accumulated). dinp may alias dout.
+template <typename T>
+void gelu_backward(T* dinp, const T* inp, const T* dout, size_t n, cudaStream_t stream) {
+  gelu_check_size<T>("gelu_backward", n);
+  if (n == 0) return;
+  const size_t blocks = ceil_div(n / Vec128<T>::size, static_cast<size_t>(kGeluBlock));
+  launch(gelu_backward_kernel<T>, dim3(static_cast<unsigned>(blocks)), dim3(kGeluBlock), 0, stream, dinp, inp,
+         dout, n);
+  CUDA_CHECK(cudaGetLastError());
+}

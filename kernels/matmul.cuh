@@ -1,0 +1,315 @@
+// matmul.cuh — the Linear layer (PyTorch nn.Linear, row-major): out = inp @ weight^T + bias,
+// optionally followed by tanh-GELU, and its backward. Products run on cuBLASLt (the CPU build
+// answers the same cublasLt* calls in simt/cublaslt.cpp); the bias gradient, the GELU gradient
+// and a plain reference product are kernels here.
+//
+// Shapes: inp (rows, C), weight (OC, C), bias (OC), out/pre_gelu (rows, OC), C = in_features,
+// OC = out_features. Both must be multiples of 8: cuBLASLt wants the GELU aux leading dimension
+// divisible by 8 and 16-byte aligned rows, and the bias-gradient kernel reads whole 128-bit
+// vectors of a row. The launchers report any other shape and exit.
+//
+// Row-major ↔ cuBLASLt (column-major): a row-major (r × c) matrix is the column-major (c × r)
+// matrix with ld = c, i.e. its transpose. So, with every buffer viewed column-major:
+//   forward   out^T (OC × rows)  = op_T(weight^T (C × OC)) · inp^T (C × rows)        m=OC, n=rows, k=C
+//   dinp      dinp^T (C × rows)  = weight^T (C × OC) · dout^T (OC × rows)             m=C,  n=rows, k=OC
+//   dweight   dweight^T (C × OC) += inp^T (C × rows) · op_T(dout^T (OC × rows))       m=C,  n=OC,   k=rows
+// The bias of the epilogue has length m = OC and is broadcast along n = rows, as nn.Linear's.
+//
+// Numerics: fp32 accumulation always (CUBLAS_COMPUTE_32F; no TF32 for float, for parity with
+// PyTorch), scale type fp32, epilogue in fp32, one rounding to T at the end.
+// Every call shares one workspace (cuBLASLt's and the bias-gradient partial sums): issue all
+// matmul calls on one stream.
+#pragma once
+#include "common.cuh"
+
+#include <algorithm>
+
+#include <cublasLt.h>
+
+// Host-side check for cuBLASLt calls: file, line, the library's message, and the call.
+#define CUBLAS_CHECK(call)                                                                   \
+  do {                                                                                       \
+    cublasStatus_t cublas_check_status_ = (call);                                            \
+    if (cublas_check_status_ != CUBLAS_STATUS_SUCCESS) {                                     \
+      std::fprintf(stderr, "cuBLASLt error at %s:%d: %s (%s)\n", __FILE__, __LINE__,         \
+                   cublasLtGetStatusString(cublas_check_status_), #call);                    \
+      std::exit(1);                                                                          \
+    }                                                                                        \
+  } while (0)
+
+// ---------------------------------------------------------------------------------------
+// The cuBLASLt context: one handle and one workspace per process.
+
+constexpr size_t kMatmulWorkspaceBytes = 32u << 20;    // cuBLASLt's recommendation for Hopper
+constexpr size_t kBiasPartialFloats = 4u << 20;        // 16 MiB of fp32 per-chunk column sums
+
+struct MatmulContext {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  float* bias_partials = nullptr;  // (chunks × OC) column sums of the bias-gradient kernel
+};
+MatmulContext matmul_context;
+
+void matmul_init() {
+  if (matmul_context.handle != nullptr) return;
+  CUBLAS_CHECK(cublasLtCreate(&matmul_context.handle));
+  CUDA_CHECK(cudaMalloc(&matmul_context.workspace, kMatmulWorkspaceBytes));
+  CUDA_CHECK(cudaMalloc(&matmul_context.bias_partials, kBiasPartialFloats * sizeof(float)));
+}
+
+void matmul_destroy() {
+  if (matmul_context.handle == nullptr) return;
+  CUDA_CHECK(cudaFree(matmul_context.bias_partials));
+  CUDA_CHECK(cudaFree(matmul_context.workspace));
+  CUBLAS_CHECK(cublasLtDestroy(matmul_context.handle));
+  matmul_context = MatmulContext{};
+}
+
+// ---------------------------------------------------------------------------------------
+// Kernels.
+
+// d gelu_tanh(x)/dx, gelu_tanh(x) = 0.5·x·(1 + tanh(u)), u = sqrt(2/π)·(x + 0.044715·x³)
+// (the GELU of cuBLASLt's GELU epilogues and of GPT-2).
+__device__ __forceinline__ float matmul_gelu_grad(float x) {
+  constexpr float kScale = 0.7978845608028654f;  // sqrt(2/π)
+  constexpr float kCubic = 0.044715f;
+  const float t = tanhf(kScale * (x + kCubic * x * x * x));
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kScale * (1.0f + 3.0f * kCubic * x * x);
+}
+
+// Bias-gradient block: x picks a 16-byte column group, y interleaves rows.
+constexpr int kBiasBlockX = 32;
+constexpr int kBiasBlockY = 8;
+
+// Stage 1 of the bias gradient, fused with the GELU gradient. Block (bx, by) covers the
+// column groups of bx and the rows [by·rows_per_chunk, (by+1)·rows_per_chunk):
+//  - pre_gelu != nullptr: dpre = dout ⊙ gelu'(pre_gelu), rounded to T (dpre may alias dout:
+//    each thread reads its 16 bytes before writing them). The column sums use the rounded
+//    values, the ones the weight/input products see.
+//  - partials != nullptr: partials[by·OC + c] = Σ over the chunk's rows of dout'(r, c), summed
+//    in fp32 in a fixed order (per-thread row stride kBiasBlockY, then y = 0..7).
+// Requires OC % Vec128<T>::size == 0.
+template <typename T>
+__global__ void matmul_backward_bias_partial_kernel(float* partials, T* dpre, const T* dout, const T* pre_gelu,
+                                                    int rows, int OC, int rows_per_chunk) {
+  constexpr int kVec = Vec128<T>::size;
+  __shared__ float column_sums[kBiasBlockY][kBiasBlockX * kVec];
+  const int col = (blockIdx.x * kBiasBlockX + threadIdx.x) * kVec;
+  const int row_begin = blockIdx.y * rows_per_chunk;
+  const int row_end = min(row_begin + rows_per_chunk, rows);
+  float sum[kVec];
+  for (int i = 0; i < kVec; ++i) sum[i] = 0.0f;
+  if (col < OC) {
+    for (int r = row_begin + threadIdx.y; r < row_end; r += kBiasBlockY) {
+      const size_t offset = static_cast<size_t>(r) * OC + col;
+      Vec128<T> g = load128(dout + offset);
+      if (pre_gelu != nullptr) {
+        const Vec128<T> x = load128(pre_gelu + offset);
+        for (int i = 0; i < kVec; ++i) g[i] = from_float<T>(to_float(g[i]) * matmul_gelu_grad(to_float(x[i])));
+        store128(dpre + offset, g);
+      }
+      for (int i = 0; i < kVec; ++i) sum[i] += to_float(g[i]);
+    }
+  }
+  if (partials == nullptr) return;  // uniform across the block
+  for (int i = 0; i < kVec; ++i) column_sums[threadIdx.y][threadIdx.x * kVec + i] = sum[i];
+  __syncthreads();
+  if (threadIdx.y == 0 && col < OC) {
+    for (int i = 0; i < kVec; ++i) {
+      float s = 0.0f;
+      for (int y = 0; y < kBiasBlockY; ++y) s += column_sums[y][threadIdx.x * kVec + i];
+      partials[static_cast<size_t>(blockIdx.y) * OC + col + i] = s;
+    }
+  }
+}
+
+// Stage 2: dbias[c] += Σ_chunk partials[chunk·OC + c], chunks in order (one thread per column).
+template <typename T>
+__global__ void matmul_backward_bias_reduce_kernel(T* dbias, const float* partials, int chunks, int OC) {
+  const int col = blockIdx.x * blockDim.x + threadIdx.x;
+  if (col >= OC) return;
+  float s = 0.0f;
+  for (int chunk = 0; chunk < chunks; ++chunk) s += partials[static_cast<size_t>(chunk) * OC + col];
+  dbias[col] = from_float<T>(to_float(dbias[col]) + s);
+}
+
+// Plain product for tests and for checking cuBLASLt on a GPU: one thread per output element,
+// out[r, o] = Σ_c inp[r, c]·weight[o, c] (fp32, c ascending) + bias[o], rounded once to T.
+template <typename T>
+__global__ void matmul_reference_forward_kernel(T* out, const T* inp, const T* weight, const T* bias, int rows,
+                                                int C, int OC) {
+  const size_t idx = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= static_cast<size_t>(rows) * OC) return;
+  const size_t r = idx / OC, o = idx % OC;
+  float acc = 0.0f;
+  for (int c = 0; c < C; ++c) acc += to_float(inp[r * C + c]) * to_float(weight[o * C + c]);
+  if (bias != nullptr) acc += to_float(bias[o]);
+  out[idx] = from_float<T>(acc);
+}
+
+// ---------------------------------------------------------------------------------------
+// Host side.
+
+template <typename T> constexpr cudaDataType_t matmul_data_type();
+template <> constexpr cudaDataType_t matmul_data_type<float>() { return CUDA_R_32F; }
+template <> constexpr cudaDataType_t matmul_data_type<bf16>() { return CUDA_R_16BF; }
+
+void matmul_check_shape(const char* op, int rows, int C, int OC) {
+  if (rows < 1 || C < 8 || OC < 8 || C % 8 != 0 || OC % 8 != 0) {
+    std::fprintf(stderr, "%s: rows=%d in_features=%d out_features=%d: need rows >= 1 and in/out features "
+                 "positive multiples of 8\n", op, rows, C, OC);
+    std::exit(1);
+  }
+  if (matmul_context.handle == nullptr) {
+    std::fprintf(stderr, "%s: matmul_init() has not been called\n", op);
+    std::exit(1);
+  }
+}
+
+// Largest power of two (≤ 256) dividing the address: tells the heuristic how aligned a matrix
+// really is, so it never picks an algorithm that needs more (its default assumption is 256).
+uint32_t matmul_pointer_alignment(const void* p) {
+  const uintptr_t address = reinterpret_cast<uintptr_t>(p);
+  uint32_t alignment = 256;
+  while (alignment > 1 && address % alignment != 0) alignment /= 2;
+  return alignment;
+}
+
+// One cuBLASLt product, column-major, every matrix packed (ld = its stored row count):
+//   D (m × n) = op(A) · op(B) + beta·D,  op(A) (m × k), op(B) (k × n),
+// then the epilogue: + bias (length m) if bias != nullptr; if gelu_aux != nullptr, the result
+// so far is stored to gelu_aux (m × n, ld m) and D = gelu_tanh(it).
+template <typename T>
+void matmul_cublaslt(T* d, const T* a, bool transpose_a, const T* b, bool transpose_b, const T* bias, T* gelu_aux,
+                     int m, int n, int k, float beta, cudaStream_t stream) {
+  constexpr cudaDataType_t type = matmul_data_type<T>();
+  cublasLtMatmulDesc_t desc;
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const int32_t op_a = transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const int32_t op_b = transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  uint32_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  if (gelu_aux != nullptr) {
+    epilogue = bias != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    const int64_t aux_ld = m;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &gelu_aux,
+                                                sizeof(gelu_aux)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+  } else if (bias != nullptr) {
+    epilogue = CUBLASLT_EPILOGUE_BIAS;
+  }
+  if (bias != nullptr)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+
+  cublasLtMatrixLayout_t layout_a, layout_b, layout_d;
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_a, type, transpose_a ? k : m, transpose_a ? m : k,
+                                          transpose_a ? k : m));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_b, type, transpose_b ? n : k, transpose_b ? k : n,
+                                          transpose_b ? n : k));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_d, type, m, n, m));
+
+  cublasLtMatmulPreference_t preference;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+  const uint64_t workspace_bytes = kMatmulWorkspaceBytes;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                    &workspace_bytes, sizeof(workspace_bytes)));
+  const uint32_t align_a = matmul_pointer_alignment(a), align_b = matmul_pointer_alignment(b),
+                 align_d = matmul_pointer_alignment(d);
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+                                                    sizeof(align_a)));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+                                                    sizeof(align_b)));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d,
+                                                    sizeof(align_d)));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
+                                                    sizeof(align_d)));
+
+  // C is D (in place; only read when beta != 0).
+  cublasLtMatmulHeuristicResult_t heuristic;
+  int found = 0;
+  CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(matmul_context.handle, desc, layout_a, layout_b, layout_d, layout_d,
+                                              preference, 1, &heuristic, &found));
+  if (found == 0) {
+    std::fprintf(stderr, "cuBLASLt has no algorithm for m=%d n=%d k=%d (transA=%d transB=%d, bias=%d, gelu=%d)\n", m,
+                 n, k, transpose_a, transpose_b, bias != nullptr, gelu_aux != nullptr);
+    std::exit(1);
+  }
+  const float alpha = 1.0f;
+  CUBLAS_CHECK(cublasLtMatmul(matmul_context.handle, desc, &alpha, a, layout_a, b, layout_b, &beta, d, layout_d, d,
+                              layout_d, &heuristic.algo, matmul_context.workspace, kMatmulWorkspaceBytes, stream));
+
+  CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(preference));
+  CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(layout_d));
+  CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(layout_b));
+  CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(layout_a));
+  CUBLAS_CHECK(cublasLtMatmulDescDestroy(desc));
+}
+
+// out (rows × OC) = inp (rows × C) @ weight (OC × C)^T + bias (OC; nullptr: none).
+// pre_gelu != nullptr: pre_gelu = inp @ weight^T + bias and out = gelu_tanh(pre_gelu), both from
+// the fp32 result (cuBLASLt GELU_AUX[_BIAS] epilogue). Written, not accumulated.
+template <typename T>
+void matmul_forward(T* out, T* pre_gelu, const T* inp, const T* weight, const T* bias, int rows, int in_features,
+                    int out_features, cudaStream_t stream) {
+  matmul_check_shape("matmul_forward", rows, in_features, out_features);
+  matmul_cublaslt(out, weight, true, inp, false, bias, pre_gelu, out_features, rows, in_features, 0.0f, stream);
+}
+
+// Backward of matmul_forward. With g = dout (rows × OC), or g = dout ⊙ gelu'(pre_gelu) when the
+// forward applied GELU (pre_gelu != nullptr):
+//   dinp    (rows × C)  = g @ weight                 written
+//   dweight (OC × C)   += g^T @ inp                  accumulated (cuBLASLt beta = 1)
+//   dbias   (OC)       += Σ_rows g                   accumulated; nullptr: no bias
+//   dpre_gelu (rows × OC) = g                        only with pre_gelu (nullptr otherwise);
+//                                                    may be dout itself (overwritten in place)
+// g and the bias sums come from one kernel (GELU gradient in fp32, rounded to T; fixed-order
+// fp32 column sums in chunks of rows, then the chunks in order), so the result is deterministic.
+template <typename T>
+void matmul_backward(T* dinp, T* dweight, T* dbias, T* dpre_gelu, const T* dout, const T* inp, const T* weight,
+                     const T* pre_gelu, int rows, int in_features, int out_features, cudaStream_t stream) {
+  const int C = in_features, OC = out_features;
+  matmul_check_shape("matmul_backward", rows, C, OC);
+  if ((pre_gelu == nullptr) != (dpre_gelu == nullptr)) {
+    std::fprintf(stderr, "matmul_backward: pre_gelu and dpre_gelu must be given together\n");
+    std::exit(1);
+  }
+  if (pre_gelu != nullptr || dbias != nullptr) {
+    // Chunks of >= 64 rows, at most 1024 of them, within the partial-sum buffer. The chunking
+    // depends only on the shape, so the summation order (and every bit) does too.
+    const int max_chunks = static_cast<int>(std::min<size_t>(1024, kBiasPartialFloats / OC));
+    if (max_chunks < 1) {
+      std::fprintf(stderr, "matmul_backward: out_features=%d exceeds the bias-gradient buffer (%zu)\n", OC,
+                   kBiasPartialFloats);
+      std::exit(1);
+    }
+    const int rows_per_chunk = ceil_div(rows, std::min(ceil_div(rows, 64), max_chunks));
+    const int chunks = ceil_div(rows, rows_per_chunk);
+    const int column_groups = ceil_div(OC / Vec128<T>::size, kBiasBlockX);
+    float* partials = dbias != nullptr ? matmul_context.bias_partials : nullptr;
+    launch(matmul_backward_bias_partial_kernel<T>, dim3(column_groups, chunks), dim3(kBiasBlockX, kBiasBlockY), 0,
+           stream, partials, dpre_gelu, dout, pre_gelu, rows, OC, rows_per_chunk);
+    CUDA_CHECK(cudaGetLastError());
+    if (dbias != nullptr) {
+      launch(matmul_backward_bias_reduce_kernel<T>, dim3(ceil_div(OC, 256)), dim3(256), 0, stream, dbias, partials,
+             chunks, OC);
+      CUDA_CHECK(cudaGetLastError());
+    }
+  }
+  const T* g = pre_gelu != nullptr ? dpre_gelu : dout;
+  matmul_cublaslt<T>(dinp, weight, false, g, false, nullptr, nullptr, C, rows, OC, 0.0f, stream);
+  matmul_cublaslt<T>(dweight, inp, false, g, true, nullptr, nullptr, C, OC, rows, 1.0f, stream);
+}
+
+// The plain kernel's version of matmul_forward without GELU (see matmul_reference_forward_kernel).
+template <typename T>
+void matmul_reference_forward(T* out, const T* inp, const T* weight, const T* bias, int rows, int in_features,
+                              int out_features, cudaStream_t stream) {
+  const size_t total = static_cast<size_t>(rows) * out_features;
+  if (total == 0) return;
+  constexpr int kBlock = 256;
+  launch(matmul_reference_forward_kernel<T>, dim3(static_cast<unsigned>(ceil_div(total, static_cast<size_t>(kBlock)))),
+         dim3(kBlock), 0, stream, out, inp, weight, bias, rows, in_features, out_features);
+  CUDA_CHECK(cudaGetLastError());
+}

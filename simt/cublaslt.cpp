@@ -1,0 +1,442 @@
+// cublaslt.cpp — the cuBLASLt library on the CPU, at its API: the toolkit's own declarations
+// (cublasLt.h), answered with OpenBLAS. Device pointers are host pointers (simt's cudaMalloc);
+// streams are synchronous, so every call completes before it returns.
+//
+// Implemented, with the documented semantics:
+//   D = epilogue(alpha·op(A)·op(B) + beta·C), column-major (CUBLASLT_ORDER_COL), any ld ≥ rows,
+//   op ∈ {N, T}, C may be D (then with D's layout), C unread when beta == 0;
+//   types: A = B = C = D ∈ {CUDA_R_32F, CUDA_R_16BF}, compute CUBLAS_COMPUTE_32F, scale CUDA_R_32F,
+//   alpha/beta in host memory; bf16 operands are widened to fp32, the product is OpenBLAS sgemm
+//   (fp32 accumulation), the epilogue runs in fp32 and results are rounded once, to nearest even;
+//   epilogues DEFAULT, BIAS, GELU, GELU_BIAS, GELU_AUX, GELU_AUX_BIAS: the bias (D's type, length
+//   m = rows of D) is added after the beta term; GELU is the tanh approximation; the *_AUX
+//   variants store the GELU input to the aux matrix (D's type, ld = EPILOGUE_AUX_LD, which must
+//   be ≥ m and a multiple of 8, as the library requires).
+//   The heuristic returns one algorithm that records the operand alignments the preference
+//   allowed (default 256 bytes, as in the library); cublasLtMatmul refuses operands less aligned
+//   than that, as a GPU algorithm chosen for them would.
+// Everything else — other attributes, values, types, epilogues, orders, batching — returns
+// CUBLAS_STATUS_NOT_SUPPORTED (or INVALID_VALUE for malformed input); nothing is ignored.
+#include <cublasLt.h>
+#include <cblas.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <new>
+#include <vector>
+
+struct cublasLtContext {
+  uint64_t magic;
+};
+
+namespace {
+
+constexpr uint64_t kHandleMagic = 0x63756c7448616e64ull;      // "cultHand"
+constexpr uint64_t kDescMagic = 0x63756c7444657363ull;        // "cultDesc"
+constexpr uint64_t kLayoutMagic = 0x63756c744c61796full;      // "cultLayo"
+constexpr uint64_t kPreferenceMagic = 0x63756c7450726566ull;  // "cultPref"
+constexpr uint64_t kAlgoMagic = 0x63756c74416c676full;        // "cultAlgo"
+constexpr int32_t kTypeUnset = -1;                            // "same as D" for bias/aux types
+constexpr uint32_t kDefaultAlignment = 256;                   // the preference's documented default
+
+struct MatmulDesc {
+  uint64_t magic = kDescMagic;
+  int32_t trans_a = CUBLAS_OP_N, trans_b = CUBLAS_OP_N;
+  uint32_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  const void* bias = nullptr;
+  int32_t bias_type = kTypeUnset;
+  void* aux = nullptr;
+  int64_t aux_ld = 0;
+  int32_t aux_type = kTypeUnset;
+};
+
+struct Layout {
+  uint64_t magic = kLayoutMagic;
+  cudaDataType type;
+  int64_t rows, cols, ld;
+};
+
+struct Preference {
+  uint64_t magic = kPreferenceMagic;
+  uint64_t max_workspace = 0;
+  uint32_t alignment[4] = {kDefaultAlignment, kDefaultAlignment, kDefaultAlignment, kDefaultAlignment};  // A B C D
+};
+
+MatmulDesc* desc_of(cublasLtMatmulDesc_t d) {
+  MatmulDesc* p = reinterpret_cast<MatmulDesc*>(d);
+  return p != nullptr && p->magic == kDescMagic ? p : nullptr;
+}
+const Layout* layout_of(cublasLtMatrixLayout_t l) {
+  const Layout* p = reinterpret_cast<const Layout*>(l);
+  return p != nullptr && p->magic == kLayoutMagic ? p : nullptr;
+}
+Preference* preference_of(cublasLtMatmulPreference_t p) {
+  Preference* q = reinterpret_cast<Preference*>(p);
+  return q != nullptr && q->magic == kPreferenceMagic ? q : nullptr;
+}
+bool valid_handle(cublasLtHandle_t h) { return h != nullptr && h->magic == kHandleMagic; }
+
+bool supported_type(int32_t t) { return t == CUDA_R_32F || t == CUDA_R_16BF; }
+
+bool has_bias(uint32_t e) { return (e & CUBLASLT_EPILOGUE_BIAS) != 0; }
+bool has_gelu(uint32_t e) { return (e & CUBLASLT_EPILOGUE_GELU) != 0; }
+bool has_aux(uint32_t e) { return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS; }
+
+// Copies an attribute value of exactly the attribute's size.
+template <typename V>
+cublasStatus_t read_value(V* dst, const void* buf, size_t size) {
+  if (buf == nullptr || size != sizeof(V)) return CUBLAS_STATUS_INVALID_VALUE;
+  std::memcpy(dst, buf, sizeof(V));
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// The shape of a validated product.
+struct Problem {
+  int64_t m, n, k;
+  cudaDataType type;
+  const Layout *a, *b, *c, *d;
+};
+
+// Checks everything the heuristic and the product have in common (not the A/B/C/D pointers).
+cublasStatus_t validate(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc_handle, cublasLtMatrixLayout_t a_handle,
+                        cublasLtMatrixLayout_t b_handle, cublasLtMatrixLayout_t c_handle,
+                        cublasLtMatrixLayout_t d_handle, Problem* problem) {
+  if (!valid_handle(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+  const MatmulDesc* desc = desc_of(desc_handle);
+  const Layout *a = layout_of(a_handle), *b = layout_of(b_handle), *c = layout_of(c_handle), *d = layout_of(d_handle);
+  if (desc == nullptr || a == nullptr || b == nullptr || c == nullptr || d == nullptr)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  if (a->type != d->type || b->type != d->type || c->type != d->type) return CUBLAS_STATUS_NOT_SUPPORTED;
+  const bool ta = desc->trans_a == CUBLAS_OP_T, tb = desc->trans_b == CUBLAS_OP_T;
+  const int64_t m = d->rows, n = d->cols;
+  const int64_t k = ta ? a->rows : a->cols;
+  if ((ta ? a->cols : a->rows) != m) return CUBLAS_STATUS_INVALID_VALUE;
+  if ((tb ? b->cols : b->rows) != k || (tb ? b->rows : b->cols) != n) return CUBLAS_STATUS_INVALID_VALUE;
+  if (c->rows != m || c->cols != n) return CUBLAS_STATUS_INVALID_VALUE;
+  for (const Layout* l : {a, b, c, d})
+    if (l->ld < (l->rows > 1 ? l->rows : 1)) return CUBLAS_STATUS_INVALID_VALUE;
+  if (has_bias(desc->epilogue)) {
+    if (desc->bias == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+    if (desc->bias_type != kTypeUnset && desc->bias_type != d->type) return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  if (has_aux(desc->epilogue)) {
+    if (desc->aux == nullptr || desc->aux_ld < m || desc->aux_ld % 8 != 0) return CUBLAS_STATUS_INVALID_VALUE;
+    if (desc->aux_type != kTypeUnset && desc->aux_type != d->type) return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  *problem = Problem{m, n, k, d->type, a, b, c, d};
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+float bf16_to_float(uint16_t bits) {
+  const uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+uint16_t float_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even (overflow rounds to inf)
+  return static_cast<uint16_t>(u >> 16);
+}
+
+float load(const void* base, cudaDataType type, size_t index) {
+  if (type == CUDA_R_32F) return static_cast<const float*>(base)[index];
+  return bf16_to_float(static_cast<const uint16_t*>(base)[index]);
+}
+
+void store(void* base, cudaDataType type, size_t index, float v) {
+  if (type == CUDA_R_32F)
+    static_cast<float*>(base)[index] = v;
+  else
+    static_cast<uint16_t*>(base)[index] = float_to_bf16(v);
+}
+
+// An operand as fp32 for sgemm: float data in place, bf16 widened into `storage` (packed).
+const float* as_float(const void* data, const Layout* l, std::vector<float>& storage, int64_t* ld) {
+  if (l->type == CUDA_R_32F) {
+    *ld = l->ld;
+    return static_cast<const float*>(data);
+  }
+  const int64_t packed_ld = l->rows > 1 ? l->rows : 1;
+  storage.resize(static_cast<size_t>(packed_ld) * static_cast<size_t>(l->cols));
+  for (int64_t j = 0; j < l->cols; ++j)
+    for (int64_t i = 0; i < l->rows; ++i)
+      storage[static_cast<size_t>(i + j * packed_ld)] = load(data, l->type, static_cast<size_t>(i + j * l->ld));
+  *ld = packed_ld;
+  return storage.data();
+}
+
+float gelu_tanh(float x) {
+  const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);  // sqrt(2/π)·(x + 0.044715·x³)
+  return 0.5f * x * (1.0f + std::tanh(u));
+}
+
+uint32_t alignment_of(const void* p) {
+  const uintptr_t address = reinterpret_cast<uintptr_t>(p);
+  uint32_t alignment = kDefaultAlignment;
+  while (alignment > 1 && address % alignment != 0) alignment /= 2;
+  return alignment;
+}
+
+const char* status_name(cublasStatus_t status) {
+  switch (status) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_LICENSE_ERROR: return "CUBLAS_STATUS_LICENSE_ERROR";
+  }
+  return "CUBLAS_STATUS_UNKNOWN";
+}
+
+}  // namespace
+
+// ---- status strings
+const char* CUBLASWINAPI cublasLtGetStatusName(cublasStatus_t status) { return status_name(status); }
+
+const char* CUBLASWINAPI cublasLtGetStatusString(cublasStatus_t status) {
+  switch (status) {
+    case CUBLAS_STATUS_SUCCESS: return "success";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "the library was not initialized (invalid cuBLASLt handle)";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "resource allocation failed";
+    case CUBLAS_STATUS_INVALID_VALUE: return "an invalid value was used as an argument";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "the functionality requested is not supported (by the simt cuBLASLt stand-in: see simt/cublaslt.cpp)";
+    default: return status_name(status);
+  }
+}
+
+// ---- handle
+cublasStatus_t CUBLASWINAPI cublasLtCreate(cublasLtHandle_t* lightHandle) {
+  if (lightHandle == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  *lightHandle = new (std::nothrow) cublasLtContext{kHandleMagic};
+  return *lightHandle != nullptr ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_ALLOC_FAILED;
+}
+
+cublasStatus_t CUBLASWINAPI cublasLtDestroy(cublasLtHandle_t lightHandle) {
+  if (!valid_handle(lightHandle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+  lightHandle->magic = 0;
+  delete lightHandle;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// ---- matmul descriptor
+cublasStatus_t CUBLASWINAPI cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* matmulDesc,
+                                                     cublasComputeType_t computeType, cudaDataType_t scaleType) {
+  if (matmulDesc == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  if (computeType != CUBLAS_COMPUTE_32F || scaleType != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+  MatmulDesc* desc = new (std::nothrow) MatmulDesc;
+  if (desc == nullptr) return CUBLAS_STATUS_ALLOC_FAILED;
+  *matmulDesc = reinterpret_cast<cublasLtMatmulDesc_t>(desc);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t CUBLASWINAPI cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t matmulDesc) {
+  MatmulDesc* desc = desc_of(matmulDesc);
+  if (desc == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  desc->magic = 0;
+  delete desc;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t CUBLASWINAPI cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t matmulDesc,
+                                                           cublasLtMatmulDescAttributes_t attr, const void* buf,
+                                                           size_t sizeInBytes) {
+  MatmulDesc* desc = desc_of(matmulDesc);
+  if (desc == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  cublasStatus_t status;
+  switch (attr) {
+    case CUBLASLT_MATMUL_DESC_COMPUTE_TYPE:
+    case CUBLASLT_MATMUL_DESC_SCALE_TYPE:
+    case CUBLASLT_MATMUL_DESC_POINTER_MODE: {
+      int32_t v;
+      if ((status = read_value(&v, buf, sizeInBytes)) != CUBLAS_STATUS_SUCCESS) return status;
+      // The only values implemented; they are also what MatmulDescCreate accepted.
+      int32_t only = CUBLASLT_POINTER_MODE_HOST;
+      if (attr == CUBLASLT_MATMUL_DESC_COMPUTE_TYPE) only = CUBLAS_COMPUTE_32F;
+      if (attr == CUBLASLT_MATMUL_DESC_SCALE_TYPE) only = CUDA_R_32F;
+      return v == only ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    case CUBLASLT_MATMUL_DESC_TRANSA:
+    case CUBLASLT_MATMUL_DESC_TRANSB: {
+      int32_t v;
+      if ((status = read_value(&v, buf, sizeInBytes)) != CUBLAS_STATUS_SUCCESS) return status;
+      if (v != CUBLAS_OP_N && v != CUBLAS_OP_T) return CUBLAS_STATUS_NOT_SUPPORTED;
+      (attr == CUBLASLT_MATMUL_DESC_TRANSA ? desc->trans_a : desc->trans_b) = v;
+      return CUBLAS_STATUS_SUCCESS;
+    }
+    case CUBLASLT_MATMUL_DESC_EPILOGUE: {
+      uint32_t v;
+      if ((status = read_value(&v, buf, sizeInBytes)) != CUBLAS_STATUS_SUCCESS) return status;
+      switch (v) {
+        case CUBLASLT_EPILOGUE_DEFAULT:
+        case CUBLASLT_EPILOGUE_BIAS:
+        case CUBLASLT_EPILOGUE_GELU:
+        case CUBLASLT_EPILOGUE_GELU_BIAS:
+        case CUBLASLT_EPILOGUE_GELU_AUX:
+        case CUBLASLT_EPILOGUE_GELU_AUX_BIAS:
+          desc->epilogue = v;
+          return CUBLAS_STATUS_SUCCESS;
+        default:
+          return CUBLAS_STATUS_NOT_SUPPORTED;
+      }
+    }
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER: return read_value(&desc->bias, buf, sizeInBytes);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER: return read_value(&desc->aux, buf, sizeInBytes);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD: return read_value(&desc->aux_ld, buf, sizeInBytes);
+    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE: {
+      int32_t v;
+      if ((status = read_value(&v, buf, sizeInBytes)) != CUBLAS_STATUS_SUCCESS) return status;
+      if (!supported_type(v)) return CUBLAS_STATUS_NOT_SUPPORTED;
+      (attr == CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE ? desc->bias_type : desc->aux_type) = v;
+      return CUBLAS_STATUS_SUCCESS;
+    }
+    default:
+      return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+}
+
+// ---- matrix layouts
+cublasStatus_t CUBLASWINAPI cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* matLayout, cudaDataType type,
+                                                       uint64_t rows, uint64_t cols, int64_t ld) {
+  if (matLayout == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  if (!supported_type(type)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  constexpr uint64_t kMaxDim = static_cast<uint64_t>(std::numeric_limits<int>::max());  // OpenBLAS's int sizes
+  if (rows > kMaxDim || cols > kMaxDim || ld < 0 || static_cast<uint64_t>(ld) > kMaxDim)
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  Layout* layout = new (std::nothrow) Layout{kLayoutMagic, type, static_cast<int64_t>(rows), static_cast<int64_t>(cols), ld};
+  if (layout == nullptr) return CUBLAS_STATUS_ALLOC_FAILED;
+  *matLayout = reinterpret_cast<cublasLtMatrixLayout_t>(layout);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t CUBLASWINAPI cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t matLayout) {
+  Layout* layout = const_cast<Layout*>(layout_of(matLayout));
+  if (layout == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  layout->magic = 0;
+  delete layout;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// ---- heuristic preference
+cublasStatus_t CUBLASWINAPI cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref) {
+  if (pref == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  Preference* p = new (std::nothrow) Preference;
+  if (p == nullptr) return CUBLAS_STATUS_ALLOC_FAILED;
+  *pref = reinterpret_cast<cublasLtMatmulPreference_t>(p);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t CUBLASWINAPI cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) {
+  Preference* p = preference_of(pref);
+  if (p == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  p->magic = 0;
+  delete p;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t CUBLASWINAPI cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
+                                                                 cublasLtMatmulPreferenceAttributes_t attr,
+                                                                 const void* buf, size_t sizeInBytes) {
+  Preference* p = preference_of(pref);
+  if (p == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  switch (attr) {
+    case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES: return read_value(&p->max_workspace, buf, sizeInBytes);
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES:
+      return read_value(&p->alignment[attr - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES], buf, sizeInBytes);
+    default:
+      return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+}
+
+// ---- heuristic: one algorithm, no workspace, remembering the alignments it may assume.
+cublasStatus_t CUBLASWINAPI cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t lightHandle,
+                                                           cublasLtMatmulDesc_t operationDesc,
+                                                           cublasLtMatrixLayout_t Adesc, cublasLtMatrixLayout_t Bdesc,
+                                                           cublasLtMatrixLayout_t Cdesc, cublasLtMatrixLayout_t Ddesc,
+                                                           cublasLtMatmulPreference_t preference,
+                                                           int requestedAlgoCount,
+                                                           cublasLtMatmulHeuristicResult_t heuristicResultsArray[],
+                                                           int* returnAlgoCount) {
+  if (requestedAlgoCount <= 0 || heuristicResultsArray == nullptr || returnAlgoCount == nullptr)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  const Preference* p = preference_of(preference);
+  if (p == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  Problem problem;
+  const cublasStatus_t status = validate(lightHandle, operationDesc, Adesc, Bdesc, Cdesc, Ddesc, &problem);
+  if (status != CUBLAS_STATUS_SUCCESS) return status;
+  cublasLtMatmulHeuristicResult_t& result = heuristicResultsArray[0];
+  std::memset(&result, 0, sizeof result);
+  result.algo.data[0] = kAlgoMagic;
+  for (int i = 0; i < 4; ++i) result.algo.data[1 + i] = p->alignment[i];
+  result.workspaceSize = 0;
+  result.state = CUBLAS_STATUS_SUCCESS;
+  result.wavesCount = 1.0f;
+  *returnAlgoCount = 1;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// ---- the product
+cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t computeDesc,
+                                           const void* alpha, const void* A, cublasLtMatrixLayout_t Adesc,
+                                           const void* B, cublasLtMatrixLayout_t Bdesc, const void* beta,
+                                           const void* C, cublasLtMatrixLayout_t Cdesc, void* D,
+                                           cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t* algo, void*,
+                                           size_t, cudaStream_t) {
+  Problem pr;
+  const cublasStatus_t status = validate(lightHandle, computeDesc, Adesc, Bdesc, Cdesc, Ddesc, &pr);
+  if (status != CUBLAS_STATUS_SUCCESS) return status;
+  if (alpha == nullptr || beta == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  const MatmulDesc* desc = desc_of(computeDesc);
+  const float alpha_f = *static_cast<const float*>(alpha), beta_f = *static_cast<const float*>(beta);
+  if (pr.m == 0 || pr.n == 0) return CUBLAS_STATUS_SUCCESS;
+  if (D == nullptr || (beta_f != 0.0f && C == nullptr) || (pr.k > 0 && (A == nullptr || B == nullptr)))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  if (C == D && pr.c->ld != pr.d->ld) return CUBLAS_STATUS_INVALID_VALUE;  // in place needs one layout
+  if (algo != nullptr) {
+    if (algo->data[0] != kAlgoMagic) return CUBLAS_STATUS_INVALID_VALUE;
+    const void* operands[4] = {A, B, C, D};
+    for (int i = 0; i < 4; ++i)
+      if (operands[i] != nullptr && alignment_of(operands[i]) < algo->data[1 + i]) return CUBLAS_STATUS_INVALID_VALUE;
+  }
+
+  const int m = static_cast<int>(pr.m), n = static_cast<int>(pr.n), k = static_cast<int>(pr.k);
+  std::vector<float> product(static_cast<size_t>(m) * n, 0.0f);
+  if (k > 0) {
+    std::vector<float> a_storage, b_storage;
+    int64_t lda, ldb;
+    const float* a = as_float(A, pr.a, a_storage, &lda);
+    const float* b = as_float(B, pr.b, b_storage, &ldb);
+    cblas_sgemm(CblasColMajor, desc->trans_a == CUBLAS_OP_T ? CblasTrans : CblasNoTrans,
+                desc->trans_b == CUBLAS_OP_T ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a, static_cast<int>(lda), b,
+                static_cast<int>(ldb), 0.0f, product.data(), m);
+  }
+
+  const uint32_t epilogue = desc->epilogue;
+  const bool bias = has_bias(epilogue), gelu = has_gelu(epilogue), aux = has_aux(epilogue);
+  for (int64_t j = 0; j < pr.n; ++j) {
+    for (int64_t i = 0; i < pr.m; ++i) {
+      float v = alpha_f * product[static_cast<size_t>(i + j * pr.m)];
+      if (beta_f != 0.0f) v += beta_f * load(C, pr.type, static_cast<size_t>(i + j * pr.c->ld));
+      if (bias) v += load(desc->bias, pr.type, static_cast<size_t>(i));
+      if (aux) store(desc->aux, pr.type, static_cast<size_t>(i + j * desc->aux_ld), v);
+      if (gelu) v = gelu_tanh(v);
+      store(D, pr.type, static_cast<size_t>(i + j * pr.d->ld), v);
+    }
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}

@@ -1,0 +1,230 @@
+// adamw_update vs. a double-precision AdamW written here: several steps with bias
+// correction, gradient scaling and weight decay, with and without fp32 master weights;
+// pointers at misaligned and mutually misaligned offsets (vector and scalar paths must give
+// the same bits); and the stochastic rounding to bf16 (always a neighbouring bf16 value,
+// unbiased on average, same seed → same bits, another seed → other bits).
+#include "test_util.h"
+#include "../kernels/adamw.cuh"
+
+#include <cstdint>
+#include <iterator>
+#include <type_traits>
+
+namespace {
+
+struct Hyper {
+  float lr = 1e-2f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f, grad_scale = 0.5f;
+};
+
+// One AdamW step in double on p, m, v (step is 1-based).
+void reference_step(std::vector<double>& p, std::vector<double>& m, std::vector<double>& v,
+                    const std::vector<float>& grads, const Hyper& h, int step) {
+  const double b1 = h.beta1, b2 = h.beta2;
+  const double c1 = 1.0 - std::pow(b1, step), c2 = 1.0 - std::pow(b2, step);
+  for (size_t i = 0; i < p.size(); ++i) {
+    const double g = static_cast<double>(grads[i]) * h.grad_scale;
+    m[i] = b1 * m[i] + (1.0 - b1) * g;
+    v[i] = b2 * v[i] + (1.0 - b2) * g * g;
+    p[i] -= h.lr * ((m[i] / c1) / (std::sqrt(v[i] / c2) + h.eps) + h.weight_decay * p[i]);
+  }
+}
+
+uint32_t float_bits(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+}
+float float_from_bits(uint32_t b) {
+  float x;
+  std::memcpy(&x, &b, sizeof x);
+  return x;
+}
+// The two bf16 values around x: truncated toward zero, and one bf16 ulp further from zero.
+float bf16_toward_zero(float x) { return float_from_bits(float_bits(x) & 0xFFFF0000u); }
+float bf16_away_from_zero(float x) { return float_from_bits((float_bits(x) & 0xFFFF0000u) + 0x10000u); }
+
+// Whether every bf16 parameter is x itself when x is a bf16 value, else one of its two neighbours.
+bool rounded_to_neighbours(const std::vector<bf16>& params, const std::vector<float>& x) {
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float got = static_cast<float>(params[i]);
+    const bool exact = float_bits(x[i]) == float_bits(bf16_toward_zero(x[i]));
+    const bool ok = exact ? float_bits(got) == float_bits(x[i])
+                          : float_bits(got) == float_bits(bf16_toward_zero(x[i])) ||
+                                float_bits(got) == float_bits(bf16_away_from_zero(x[i]));
+    if (!ok) {
+      UNSCOPED_INFO("param " << i << " = " << got << " is not a bf16 neighbour of " << x[i]);
+      return false;
+    }
+  }
+  return true;
+}
+
+// Element offsets of each array inside its allocation. The kernel vectorizes only when all
+// arrays reach a 16-byte boundary at the same element; otherwise it runs scalar.
+struct Layout {
+  const char* name;
+  size_t params, master, grads, m, v;
+};
+const Layout kLayouts[] = {
+    {"aligned", 0, 0, 0, 0, 0},
+    {"same misaligned offset", 3, 3, 3, 3, 3},
+    {"mutually misaligned", 0, 1, 0, 0, 2},
+};
+
+template <typename T>
+struct OptimizerRun {
+  std::vector<T> params;
+  std::vector<float> master, m, v;
+};
+
+// Runs `steps` AdamW steps from the given state (master weights when use_master) and checks
+// each step against the double reference; returns the final device state.
+template <typename T>
+OptimizerRun<T> run_and_check(size_t n, const Layout& layout, bool use_master, int steps, const Hyper& h) {
+  const std::vector<float> init = test::round_to<T>(test::random_floats(n, 100 + n, 1.0f));
+  std::vector<double> p_ref(init.begin(), init.end()), m_ref(n, 0.0), v_ref(n, 0.0);
+
+  const size_t pad = 4;
+  test::DeviceBuffer<T> d_params(n + pad);
+  test::DeviceBuffer<float> d_master(n + pad), d_m(n + pad), d_v(n + pad);
+  test::DeviceBuffer<T> d_grads(n + pad);
+  T* params = d_params.ptr + layout.params;
+  float* master = use_master ? d_master.ptr + layout.master : nullptr;
+  float* m = d_m.ptr + layout.m;
+  float* v = d_v.ptr + layout.v;
+  T* grads = d_grads.ptr + layout.grads;
+  const std::vector<float> zeros(n, 0.0f);
+  const std::vector<T> init_t = test::from_floats<T>(init);
+  CUDA_CHECK(cudaMemcpy(params, init_t.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  if (master) CUDA_CHECK(cudaMemcpy(master, init.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(m, zeros.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(v, zeros.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+
+  OptimizerRun<T> run{std::vector<T>(n), std::vector<float>(n), std::vector<float>(n), std::vector<float>(n)};
+  for (int step = 1; step <= steps; ++step) {
+    INFO("n " << n << ", " << layout.name << ", master " << use_master << ", step " << step);
+    const std::vector<float> g = test::round_to<T>(test::random_floats(n, 1000 * step + n, 2.0f));
+    const std::vector<T> g_t = test::from_floats<T>(g);
+    CUDA_CHECK(cudaMemcpy(grads, g_t.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+    // With master weights the T copy is write-only: poison it so an unwritten element shows.
+    if (master) CUDA_CHECK(cudaMemset(params, 0xFF, n * sizeof(T)));
+    adamw_update(params, master, grads, m, v, n, h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.grad_scale, step,
+                 1234u + step, nullptr);
+    test::require_no_cuda_error();
+    reference_step(p_ref, m_ref, v_ref, g, h, step);
+
+    CUDA_CHECK(cudaMemcpy(run.params.data(), params, n * sizeof(T), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(run.m.data(), m, n * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(run.v.data(), v, n * sizeof(float), cudaMemcpyDeviceToHost));
+    if (master) CUDA_CHECK(cudaMemcpy(run.master.data(), master, n * sizeof(float), cudaMemcpyDeviceToHost));
+    // fp32 state vs double: a few fp32 ulps of the values involved.
+    CHECK(test::all_close("m", run.m, m_ref, 1e-5, 1e-7));
+    CHECK(test::all_close("v", run.v, v_ref, 1e-5, 1e-8));
+    if (master) {
+      CHECK(test::all_close("master", run.master, p_ref, 1e-5, 1e-6));
+      if constexpr (std::is_same<T, float>::value) {
+        CHECK(std::memcmp(run.params.data(), run.master.data(), n * sizeof(float)) == 0);
+      } else {
+        CHECK(rounded_to_neighbours(run.params, run.master));
+      }
+    } else if constexpr (std::is_same<T, float>::value) {
+      CHECK(test::all_close("params", run.params, p_ref, 1e-5, 1e-6));
+    } else {
+      // bf16 without master: each step rounds stochastically, so the reference (which keeps
+      // full precision) drifts up to one bf16 ulp (2^-7 relative at worst) of the value per
+      // step; the value moves by about lr per step, hence the absolute term.
+      CHECK(test::all_close("params", run.params, p_ref, step * 0.0079, step * 1e-3));
+    }
+  }
+  return run;
+}
+
+template <typename T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("adamw_update with master weights follows double AdamW over several steps", "[adamw]", float,
+                   bf16) {
+  const Hyper h;
+  for (size_t n : {size_t(1), size_t(7), size_t(1000), size_t(100003)}) {
+    std::vector<OptimizerRun<TestType>> runs;
+    for (const Layout& layout : kLayouts) runs.push_back(run_and_check<TestType>(n, layout, true, 3, h));
+    // Vector body, scalar head/tail and the all-scalar fallback do the same math per element.
+    for (size_t k = 1; k < runs.size(); ++k) {
+      INFO("n " << n << ": " << kLayouts[k].name << " vs aligned");
+      CHECK(same_bits(runs[k].params, runs[0].params));
+      CHECK(same_bits(runs[k].master, runs[0].master));
+      CHECK(same_bits(runs[k].m, runs[0].m));
+      CHECK(same_bits(runs[k].v, runs[0].v));
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("adamw_update without master weights updates the parameters in place", "[adamw]", float, bf16) {
+  Hyper h;
+  h.weight_decay = 0.0f;  // what the caller passes for biases and LayerNorm parameters
+  h.grad_scale = 1.0f;
+  for (size_t n : {size_t(1), size_t(7), size_t(1003)})
+    for (const Layout& layout : kLayouts) run_and_check<TestType>(n, layout, false, 3, h);
+}
+
+namespace {
+
+// Rounds `values` to bf16 through adamw_update with lr = 0 and zero gradients, which leaves
+// the fp32 master value exactly as it is and stores it to the bf16 parameters.
+std::vector<bf16> stochastic_round(const std::vector<float>& values, unsigned seed) {
+  const size_t n = values.size();
+  test::DeviceBuffer<bf16> params(n);
+  test::DeviceBuffer<float> master(values);
+  test::DeviceBuffer<bf16> grads(test::from_floats<bf16>(std::vector<float>(n, 0.0f)));
+  test::DeviceBuffer<float> m(std::vector<float>(n, 0.0f)), v(std::vector<float>(n, 0.0f));
+  adamw_update(params.ptr, master.ptr, grads.ptr, m.ptr, v.ptr, n, 0.0f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 1, seed,
+               nullptr);
+  test::require_no_cuda_error();
+  REQUIRE(same_bits(master.download(), values));
+  return params.download();
+}
+
+}  // namespace
+
+TEST_CASE("adamw_update rounds bf16 parameters stochastically and reproducibly", "[adamw]") {
+  // Sections of equal values at a chosen fraction of a bf16 ulp above a bf16 number (in
+  // magnitude); the fraction rounded away from zero estimates the rounding probability.
+  struct Case {
+    float base, fraction;
+  };
+  const Case cases[] = {{1.0f, 0.3f}, {-3.0f, 0.7f}, {0.0009765625f, 0.5f}, {2.5f, 0.0f}, {-7.0f, 0.05f}};
+  const size_t per_case = 4096;
+  std::vector<float> values;
+  for (const Case& c : cases) {
+    const float ulp = bf16_away_from_zero(c.base) - bf16_toward_zero(c.base);
+    values.insert(values.end(), per_case, c.base + std::copysign(c.fraction * std::fabs(ulp), c.base));
+  }
+
+  const std::vector<bf16> rounded = stochastic_round(values, 42u);
+  REQUIRE(rounded_to_neighbours(rounded, values));
+  for (size_t k = 0; k < std::size(cases); ++k) {
+    size_t away = 0;
+    for (size_t i = k * per_case; i < (k + 1) * per_case; ++i)
+      away += float_bits(static_cast<float>(rounded[i])) != float_bits(bf16_toward_zero(values[i]));
+    const double rate = static_cast<double>(away) / per_case;
+    INFO("base " << cases[k].base << " fraction " << cases[k].fraction << ": rounded away " << rate);
+    // Binomial standard deviation is at most sqrt(0.25 / 4096) ≈ 0.008; allow 5 of them.
+    CHECK(std::fabs(rate - cases[k].fraction) <= 0.04);
+  }
+
+  CHECK(same_bits(stochastic_round(values, 42u), rounded));
+  CHECK_FALSE(same_bits(stochastic_round(values, 43u), rounded));
+}
+
+TEST_CASE("stochastic rounding of one element is unbiased over seeds", "[adamw]") {
+  const float x = 1.0f + 0.25f * 0.0078125f;  // a quarter of a bf16 ulp above 1
+  double sum = 0;
+  const int seeds = 256;
+  for (int s = 0; s < seeds; ++s) sum += static_cast<float>(stochastic_round({x}, 1000u + s)[0]);
+  // Mean of 256 draws of 1 or 1 + 2^-7 with p = 0.25: standard deviation ≈ 2.1e-4.
+  CHECK(std::fabs(sum / seeds - x) <= 1e-3);
+}

@@ -1,0 +1,82 @@
+// gelu_forward / gelu_backward vs. the tanh-approximation GELU and its derivative written
+// here in double (the derivative itself checked by finite differences), separate and
+// in-place backward, and bit-identical reruns.
+#include "test_util.h"
+#include "../kernels/gelu.cuh"
+
+#include <cstdint>
+#include <type_traits>
+
+namespace {
+
+double gelu_reference(double x) {
+  const double u = std::sqrt(2.0 / std::acos(-1.0)) * (x + 0.044715 * x * x * x);
+  return 0.5 * x * (1.0 + std::tanh(u));
+}
+
+double gelu_derivative_reference(double x) {
+  const double k = std::sqrt(2.0 / std::acos(-1.0));
+  const double t = std::tanh(k * (x + 0.044715 * x * x * x));
+  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * x * x);
+}
+
+// float: fp32 tanhf near |t| = 1 loses a few 1e-7 absolutely in (1 ± t), scaled by |x| <= ~8.
+// bf16: fp32 math, then one rounding of the result: within one bf16 ulp (2^-7 relative).
+template <typename T> constexpr double kRel = std::is_same<T, float>::value ? 1e-5 : 1.0 / 128;
+constexpr double kAbs = 1e-5;
+
+template <typename T>
+std::vector<uint8_t> bytes_of(const std::vector<T>& v) {
+  std::vector<uint8_t> b(v.size() * sizeof(T));
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("gelu derivative reference agrees with finite differences", "[gelu]") {
+  for (double x = -6.0; x <= 6.0; x += 0.37) {
+    const double h = 1e-5;
+    const double numeric = (gelu_reference(x + h) - gelu_reference(x - h)) / (2 * h);
+    INFO("x " << x);
+    CHECK(std::fabs(numeric - gelu_derivative_reference(x)) < 1e-8);
+  }
+}
+
+TEMPLATE_TEST_CASE("gelu forward and backward match CPU loops", "[gelu]", float, bf16) {
+  using T = TestType;
+  for (size_t n : {size_t{8}, size_t{24}, size_t{40}, size_t{200}, size_t{2056}}) {
+    INFO("n " << n);
+    std::vector<float> x = test::random_floats(n, 100 + n, 2.5f);
+    x[0] = 0.0f;
+    x[1] = -7.5f;  // far tail: 1 + tanh(u) cancels
+    x[2] = 7.5f;
+    x = test::round_to<T>(x);
+    const std::vector<float> dy = test::round_to<T>(test::random_floats(n, 200 + n));
+    test::DeviceBuffer<T> inp(test::from_floats<T>(x)), out(n);
+
+    gelu_forward<T>(out, inp, n, nullptr);
+    test::require_no_cuda_error();
+    std::vector<double> want(n);
+    for (size_t i = 0; i < n; ++i) want[i] = gelu_reference(x[i]);
+    CHECK(test::all_close("gelu_forward", out.download(), want, kRel<T>, kAbs));
+
+    test::DeviceBuffer<T> dout(test::from_floats<T>(dy)), dinp(n);
+    gelu_backward<T>(dinp, inp, dout, n, nullptr);
+    test::require_no_cuda_error();
+    for (size_t i = 0; i < n; ++i) want[i] = dy[i] * gelu_derivative_reference(x[i]);
+    const std::vector<T> dinp_first = dinp.download();
+    CHECK(test::all_close("gelu_backward", dinp_first, want, kRel<T>, kAbs));
+
+    // Rerun into a re-poisoned buffer: same bits.
+    dinp.poison();
+    gelu_backward<T>(dinp, inp, dout, n, nullptr);
+    test::require_no_cuda_error();
+    CHECK(bytes_of(dinp.download()) == bytes_of(dinp_first));
+
+    // In place (dinp == dout), as the MLP backward uses it: same bits as the separate output.
+    gelu_backward<T>(dout, inp, dout, n, nullptr);
+    test::require_no_cuda_error();
+    CHECK(bytes_of(dout.download()) == bytes_of(dinp_first));
+  }
+}

@@ -1,0 +1,221 @@
+// layernorm_forward / residual_layernorm_forward / layernorm_backward vs. double-precision
+// CPU loops written here: statistics, outputs, the rounded residual (also in place), all
+// three backward gradients accumulated into pre-filled buffers, odd shapes (N = 1, 3, 37,
+// a grid-stride N = 4099, C = 8 … 784 where the backward needs > 48 KB of shared memory),
+// and bit-identical reruns.
+#include "test_util.h"
+#include "../kernels/layernorm.cuh"
+
+#include <cstdint>
+#include <type_traits>
+
+namespace {
+
+struct LayerNormShape {
+  int N, C;
+};
+
+template <typename T>
+std::vector<uint8_t> bytes_of(const std::vector<T>& v) {
+  std::vector<uint8_t> b(v.size() * sizeof(T));
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+// Values written to T: fp32 math on O(1) inputs (noise ~1e-6, absolute where terms cancel),
+// then one rounding (bf16: within one ulp, 2^-7 relative). Statistics stay fp32 in both.
+template <typename T> constexpr double kRel = std::is_same<T, float>::value ? 1e-5 : 1.0 / 128;
+constexpr double kAbs = 1e-5;
+constexpr double kStatRel = 1e-5;
+// dweight/dbias sum up to 4099 rows of O(1) terms in fp32: noise grows to ~1e-5 of Σ|terms|.
+constexpr double kParamGradAbs = 2e-4;
+
+struct Stats {
+  std::vector<double> mean, rstd;
+};
+
+Stats reference_stats(const std::vector<float>& x, int N, int C) {
+  Stats s{std::vector<double>(N), std::vector<double>(N)};
+  for (int r = 0; r < N; ++r) {
+    const float* row = &x[static_cast<size_t>(r) * C];
+    double sum = 0, sq = 0;
+    for (int c = 0; c < C; ++c) sum += row[c];
+    const double m = sum / C;
+    for (int c = 0; c < C; ++c) sq += (row[c] - m) * (row[c] - m);
+    s.mean[r] = m;
+    s.rstd[r] = 1.0 / std::sqrt(sq / C + 1e-5);
+  }
+  return s;
+}
+
+std::vector<double> reference_normalize(const std::vector<float>& x, const Stats& s, const std::vector<float>& w,
+                                        const std::vector<float>& b, int N, int C) {
+  std::vector<double> out(static_cast<size_t>(N) * C);
+  for (int r = 0; r < N; ++r)
+    for (int c = 0; c < C; ++c) {
+      const size_t i = static_cast<size_t>(r) * C + c;
+      out[i] = (x[i] - s.mean[r]) * s.rstd[r] * w[c] + b[c];
+    }
+  return out;
+}
+
+// Rows with a common offset, so the variance must be taken about the mean to stay accurate.
+std::vector<float> layernorm_input(int N, int C, uint64_t seed) {
+  std::vector<float> x = test::random_floats(static_cast<size_t>(N) * C, seed);
+  for (int r = 0; r < N; ++r)
+    for (int c = 0; c < C; ++c) x[static_cast<size_t>(r) * C + c] += 0.5f * (r % 7) - 1.0f;
+  return x;
+}
+
+template <typename T>
+struct Parameters {
+  std::vector<float> weight, bias;  // values as T holds them
+  Parameters(int C, uint64_t seed) {
+    weight = test::random_floats(C, seed, 0.2f);
+    for (float& w : weight) w += 1.0f;
+    weight = test::round_to<T>(weight);
+    bias = test::round_to<T>(test::random_floats(C, seed + 1, 0.2f));
+  }
+};
+
+template <typename T>
+void check_forward(const LayerNormShape& s, uint64_t seed) {
+  INFO("N " << s.N << " C " << s.C);
+  const int N = s.N, C = s.C;
+  const size_t count = static_cast<size_t>(N) * C;
+  const Parameters<T> p(C, seed);
+  test::DeviceBuffer<T> d_weight(test::from_floats<T>(p.weight)), d_bias(test::from_floats<T>(p.bias));
+  test::DeviceBuffer<T> d_out(count);
+  test::DeviceBuffer<float> d_mean(N), d_rstd(N);
+
+  // Plain LayerNorm.
+  const std::vector<float> x = test::round_to<T>(layernorm_input(N, C, seed + 2));
+  test::DeviceBuffer<T> d_inp(test::from_floats<T>(x));
+  layernorm_forward<T>(d_out, d_mean, d_rstd, d_inp, d_weight, d_bias, N, C, nullptr);
+  test::require_no_cuda_error();
+  const Stats stats = reference_stats(x, N, C);
+  CHECK(test::all_close("layernorm mean", d_mean.download(), stats.mean, kStatRel, kAbs));
+  CHECK(test::all_close("layernorm rstd", d_rstd.download(), stats.rstd, kStatRel, kAbs));
+  CHECK(test::all_close("layernorm out", d_out.download(), reference_normalize(x, stats, p.weight, p.bias, N, C),
+                        kRel<T>, kAbs));
+
+  // Residual add + LayerNorm: the residual is the fp32 sum rounded to T, and the
+  // normalization sees exactly those rounded values.
+  const std::vector<float> a = test::round_to<T>(layernorm_input(N, C, seed + 3));
+  const std::vector<float> b = test::round_to<T>(test::random_floats(count, seed + 4));
+  std::vector<T> want_residual(count);
+  for (size_t i = 0; i < count; ++i) want_residual[i] = T(a[i] + b[i]);
+  const std::vector<float> residual = test::to_floats(want_residual);
+  const Stats rstats = reference_stats(residual, N, C);
+  const std::vector<double> want_out = reference_normalize(residual, rstats, p.weight, p.bias, N, C);
+
+  test::DeviceBuffer<T> d_a(test::from_floats<T>(a)), d_b(test::from_floats<T>(b)), d_residual(count);
+  d_out.poison();
+  d_mean.poison();
+  d_rstd.poison();
+  residual_layernorm_forward<T>(d_residual, d_out, d_mean, d_rstd, d_a, d_b, d_weight, d_bias, N, C, nullptr);
+  test::require_no_cuda_error();
+  CHECK(bytes_of(d_residual.download()) == bytes_of(want_residual));
+  CHECK(test::all_close("residual_layernorm mean", d_mean.download(), rstats.mean, kStatRel, kAbs));
+  CHECK(test::all_close("residual_layernorm rstd", d_rstd.download(), rstats.rstd, kStatRel, kAbs));
+  const std::vector<T> out_first = d_out.download();
+  CHECK(test::all_close("residual_layernorm out", out_first, want_out, kRel<T>, kAbs));
+
+  // In place (residual == inp1): same bits.
+  d_out.poison();
+  residual_layernorm_forward<T>(d_a, d_out, d_mean, d_rstd, d_a, d_b, d_weight, d_bias, N, C, nullptr);
+  test::require_no_cuda_error();
+  CHECK(bytes_of(d_a.download()) == bytes_of(want_residual));
+  CHECK(bytes_of(d_out.download()) == bytes_of(out_first));
+}
+
+template <typename T>
+void check_backward(const LayerNormShape& s, uint64_t seed) {
+  INFO("N " << s.N << " C " << s.C);
+  const int N = s.N, C = s.C;
+  const size_t count = static_cast<size_t>(N) * C;
+  const Parameters<T> p(C, seed);
+  const std::vector<float> x = test::round_to<T>(layernorm_input(N, C, seed + 2));
+  const std::vector<float> dy = test::round_to<T>(test::random_floats(count, seed + 3));
+  // The saved statistics as the forward pass stores them: fp32.
+  const Stats stats = reference_stats(x, N, C);
+  std::vector<float> mean(N), rstd(N);
+  for (int r = 0; r < N; ++r) {
+    mean[r] = static_cast<float>(stats.mean[r]);
+    rstd[r] = static_cast<float>(stats.rstd[r]);
+  }
+  // Pre-filled gradients: the kernel must add to them.
+  const std::vector<T> dinp_before = test::from_floats<T>(test::random_floats(count, seed + 4));
+  const std::vector<T> dweight_before = test::from_floats<T>(test::random_floats(C, seed + 5));
+  const std::vector<T> dbias_before = test::from_floats<T>(test::random_floats(C, seed + 6));
+
+  const std::vector<float> dinp_before_f = test::to_floats(dinp_before);
+  const std::vector<float> dweight_before_f = test::to_floats(dweight_before);
+  const std::vector<float> dbias_before_f = test::to_floats(dbias_before);
+  std::vector<double> want_dinp(dinp_before_f.begin(), dinp_before_f.end());
+  std::vector<double> want_dweight(dweight_before_f.begin(), dweight_before_f.end());
+  std::vector<double> want_dbias(dbias_before_f.begin(), dbias_before_f.end());
+  for (int r = 0; r < N; ++r) {
+    const size_t row = static_cast<size_t>(r) * C;
+    double sum_dnorm = 0, sum_dnorm_norm = 0;
+    for (int c = 0; c < C; ++c) {
+      const double norm = (x[row + c] - static_cast<double>(mean[r])) * rstd[r];
+      const double dnorm = static_cast<double>(dy[row + c]) * p.weight[c];
+      sum_dnorm += dnorm;
+      sum_dnorm_norm += dnorm * norm;
+      want_dweight[c] += dy[row + c] * norm;
+      want_dbias[c] += dy[row + c];
+    }
+    for (int c = 0; c < C; ++c) {
+      const double norm = (x[row + c] - static_cast<double>(mean[r])) * rstd[r];
+      const double dnorm = static_cast<double>(dy[row + c]) * p.weight[c];
+      want_dinp[row + c] += rstd[r] * (dnorm - sum_dnorm / C - norm * sum_dnorm_norm / C);
+    }
+  }
+
+  test::DeviceBuffer<T> d_inp(test::from_floats<T>(x)), d_dout(test::from_floats<T>(dy));
+  test::DeviceBuffer<T> d_weight(test::from_floats<T>(p.weight));
+  test::DeviceBuffer<float> d_mean(mean), d_rstd(rstd);
+  test::DeviceBuffer<float> d_scratch(layernorm_backward_scratch_bytes(N, C) / sizeof(float));
+  test::DeviceBuffer<T> d_dinp(dinp_before), d_dweight(dweight_before), d_dbias(dbias_before);
+
+  layernorm_backward<T>(d_dinp, d_dweight, d_dbias, d_scratch, d_dout, d_inp, d_weight, d_mean, d_rstd, N, C, nullptr);
+  test::require_no_cuda_error();
+  const std::vector<T> dinp_first = d_dinp.download();
+  const std::vector<T> dweight_first = d_dweight.download(), dbias_first = d_dbias.download();
+  CHECK(test::all_close("layernorm_backward dinp", dinp_first, want_dinp, kRel<T>, kAbs));
+  CHECK(test::all_close("layernorm_backward dweight", dweight_first, want_dweight, kRel<T>, kParamGradAbs));
+  CHECK(test::all_close("layernorm_backward dbias", dbias_first, want_dbias, kRel<T>, kParamGradAbs));
+
+  // Same pre-filled gradients and a re-poisoned scratch: same bits.
+  d_dinp.upload(dinp_before);
+  d_dweight.upload(dweight_before);
+  d_dbias.upload(dbias_before);
+  d_scratch.poison();
+  layernorm_backward<T>(d_dinp, d_dweight, d_dbias, d_scratch, d_dout, d_inp, d_weight, d_mean, d_rstd, N, C, nullptr);
+  test::require_no_cuda_error();
+  CHECK(bytes_of(d_dinp.download()) == bytes_of(dinp_first));
+  CHECK(bytes_of(d_dweight.download()) == bytes_of(dweight_first));
+  CHECK(bytes_of(d_dbias.download()) == bytes_of(dbias_first));
+}
+
+const LayerNormShape kShapes[] = {
+    {1, 8},     // one row, one bf16 chunk
+    {3, 24},    // float: 6 chunks, bf16: 3 chunks per row
+    {37, 40},   // rows spread over 5 blocks, the last one partly idle
+    {5, 200},   // 25 bf16 / 50 float chunks: lanes with 0, 1 and 2 chunks
+    {3, 784},   // backward shared memory 50 KB (> 48 KB default); 3-7 chunks per lane
+    {4099, 8},  // more rows than the backward's 512 blocks · 8 warps: grid-stride rows
+};
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("layernorm forward and residual forward match CPU loops", "[layernorm]", float, bf16) {
+  uint64_t seed = 1000;
+  for (const LayerNormShape& s : kShapes) check_forward<TestType>(s, seed += 10);
+}
+
+TEMPLATE_TEST_CASE("layernorm backward accumulates gradients matching CPU loops", "[layernorm]", float, bf16) {
+  uint64_t seed = 2000;
+  for (const LayerNormShape& s : kShapes) check_backward<TestType>(s, seed += 10);
+}

@@ -1,0 +1,402 @@
+// The Linear layer (kernels/matmul.cuh) against plain CPU loops: forward with and without bias
+// and tanh-GELU, backward (dinp written; dweight/dbias accumulated onto known values; the GELU
+// gradient, separate and in place), determinism, the plain reference kernel, and cuBLASLt called
+// directly (padded leading dimensions, alpha/beta, a separate C). In the CPU build the cuBLASLt
+// calls are answered by simt/cublaslt.cpp; its refusals of what it does not implement are
+// checked at the end.
+#include "test_util.h"
+
+#include "../kernels/matmul.cuh"
+
+#include <cmath>
+#include <cstring>
+
+namespace {
+
+struct Shape {
+  int rows, C, OC;
+};
+// in/out features must be multiples of 8 (see matmul.cuh); rows are free.
+const Shape kShapes[] = {{1, 24, 8}, {3, 40, 72}, {37, 24, 72}, {37, 40, 8}};
+
+// Tolerances for sums of O(1) products: fp32 accumulation over up to 72 terms is off by a few
+// 1e-6 absolute; bf16 results are rounded once (2^-9 relative), and an element of the GELU
+// gradient may round to the neighbouring bf16 value when the reference's gelu' differs in the
+// last fp32 bit, which moves a sum by about 2^-8 of one term.
+template <typename T> struct MatmulTolerance;
+template <> struct MatmulTolerance<float> { static constexpr double rel = 1e-5, abs = 2e-5; };
+template <> struct MatmulTolerance<bf16> { static constexpr double rel = 1.6e-2, abs = 1e-2; };
+
+template <typename T, typename W>
+bool close(const std::string& what, const std::vector<T>& got, const std::vector<W>& want) {
+  return test::all_close(what, got, want, MatmulTolerance<T>::rel, MatmulTolerance<T>::abs);
+}
+
+double gelu_ref(double x) {
+  const double s = std::sqrt(2.0 / M_PI);
+  return 0.5 * x * (1.0 + std::tanh(s * (x + 0.044715 * x * x * x)));
+}
+double gelu_grad_ref(double x) {
+  const double s = std::sqrt(2.0 / M_PI);
+  const double t = std::tanh(s * (x + 0.044715 * x * x * x));
+  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * s * (1.0 + 3.0 * 0.044715 * x * x);
+}
+
+// y[r, o] = Σ_c x[r, c]·w[o, c] (+ b[o]), in double.
+std::vector<double> linear_ref(const std::vector<float>& x, const std::vector<float>& w, const std::vector<float>* b,
+                               const Shape& s) {
+  std::vector<double> y(static_cast<size_t>(s.rows) * s.OC);
+  for (int r = 0; r < s.rows; ++r)
+    for (int o = 0; o < s.OC; ++o) {
+      double acc = b != nullptr ? (*b)[o] : 0.0;
+      for (int c = 0; c < s.C; ++c) acc += static_cast<double>(x[r * s.C + c]) * w[o * s.C + c];
+      y[r * s.OC + o] = acc;
+    }
+  return y;
+}
+
+// Inputs of one layer, already rounded to T; weights scaled so pre-activations are O(1)
+// (GELU's curved region).
+template <typename T>
+struct LayerData {
+  std::vector<float> inp, weight, bias;
+  LayerData(const Shape& s, uint64_t seed)
+      : inp(test::round_to<T>(test::random_floats(static_cast<size_t>(s.rows) * s.C, seed))),
+        weight(test::round_to<T>(test::random_floats(static_cast<size_t>(s.OC) * s.C, seed + 1,
+                                                     1.0f / std::sqrt(static_cast<float>(s.C))))),
+        bias(test::round_to<T>(test::random_floats(s.OC, seed + 2, 0.5f))) {}
+};
+
+// matmul_init / matmul_destroy around each test case.
+struct MatmulSession {
+  MatmulSession() { matmul_init(); }
+  ~MatmulSession() { matmul_destroy(); }
+};
+
+std::string describe(const Shape& s, bool bias, bool gelu) {
+  return "rows=" + std::to_string(s.rows) + " C=" + std::to_string(s.C) + " OC=" + std::to_string(s.OC) +
+         (bias ? " +bias" : "") + (gelu ? " +gelu" : "");
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("matmul_forward computes inp @ weight^T + bias, optionally through tanh-GELU", "[matmul]", float,
+                   bf16) {
+  using T = TestType;
+  MatmulSession session;
+  uint64_t seed = 100;
+  for (const Shape& s : kShapes)
+    for (bool with_bias : {false, true})
+      for (bool with_gelu : {false, true}) {
+        INFO(describe(s, with_bias, with_gelu));
+        LayerData<T> data(s, seed += 10);
+        test::DeviceBuffer<T> inp(test::from_floats<T>(data.inp)), weight(test::from_floats<T>(data.weight)),
+            bias(test::from_floats<T>(data.bias));
+        test::DeviceBuffer<T> out(static_cast<size_t>(s.rows) * s.OC), pre_gelu(static_cast<size_t>(s.rows) * s.OC);
+        matmul_forward<T>(out, with_gelu ? pre_gelu.ptr : nullptr, inp, weight, with_bias ? bias.ptr : nullptr,
+                          s.rows, s.C, s.OC, nullptr);
+        test::require_no_cuda_error();
+
+        const std::vector<double> pre = linear_ref(data.inp, data.weight, with_bias ? &data.bias : nullptr, s);
+        if (with_gelu) {
+          std::vector<double> activated(pre.size());
+          for (size_t i = 0; i < pre.size(); ++i) activated[i] = gelu_ref(pre[i]);
+          CHECK(close("pre_gelu", pre_gelu.download(), pre));
+          CHECK(close("out = gelu(pre)", out.download(), activated));
+        } else {
+          CHECK(close("out", out.download(), pre));
+        }
+      }
+}
+
+TEMPLATE_TEST_CASE("matmul_backward writes dinp and accumulates dweight and dbias", "[matmul]", float, bf16) {
+  using T = TestType;
+  MatmulSession session;
+  uint64_t seed = 500;
+  for (const Shape& s : kShapes)
+    for (bool with_bias : {false, true})
+      for (bool with_gelu : {false, true}) {
+        // With GELU, the gradient w.r.t. the pre-activation goes to its own buffer without bias
+        // and over dout (in place) with bias, so both uses are covered.
+        const bool in_place = with_gelu && with_bias;
+        INFO(describe(s, with_bias, with_gelu) << (in_place ? " (dpre_gelu = dout)" : ""));
+        LayerData<T> data(s, seed += 10);
+        const size_t n_out = static_cast<size_t>(s.rows) * s.OC;
+        const std::vector<float> dout_v = test::round_to<T>(test::random_floats(n_out, seed + 3));
+        const std::vector<float> pre_v = test::round_to<T>(test::random_floats(n_out, seed + 4, 1.5f));
+        const std::vector<float> dweight_v =
+            test::round_to<T>(test::random_floats(static_cast<size_t>(s.OC) * s.C, seed + 5, 0.5f));
+        const std::vector<float> dbias_v = test::round_to<T>(test::random_floats(s.OC, seed + 6, 0.5f));
+
+        test::DeviceBuffer<T> inp(test::from_floats<T>(data.inp)), weight(test::from_floats<T>(data.weight));
+        test::DeviceBuffer<T> dout(test::from_floats<T>(dout_v)), pre(test::from_floats<T>(pre_v));
+        test::DeviceBuffer<T> dweight(test::from_floats<T>(dweight_v)), dbias(test::from_floats<T>(dbias_v));
+        test::DeviceBuffer<T> dinp(static_cast<size_t>(s.rows) * s.C), dpre_separate(n_out);
+        T* dpre = with_gelu ? (in_place ? dout.ptr : dpre_separate.ptr) : nullptr;
+        matmul_backward<T>(dinp, dweight, with_bias ? dbias.ptr : nullptr, dpre, dout, inp, weight,
+                           with_gelu ? pre.ptr : nullptr, s.rows, s.C, s.OC, nullptr);
+        test::require_no_cuda_error();
+
+        // g: the gradient the products see (rounded to T, as the kernel stores it).
+        std::vector<float> g = dout_v;
+        if (with_gelu) {
+          for (size_t i = 0; i < n_out; ++i) g[i] = static_cast<float>(dout_v[i] * gelu_grad_ref(pre_v[i]));
+          g = test::round_to<T>(g);
+          CHECK(close("dpre_gelu", (in_place ? dout : dpre_separate).download(), g));
+        } else {
+          const std::vector<T> dout_after = dout.download();
+          CHECK(std::memcmp(dout_after.data(), test::from_floats<T>(dout_v).data(), n_out * sizeof(T)) == 0);
+        }
+        std::vector<double> dinp_ref(static_cast<size_t>(s.rows) * s.C, 0.0);
+        std::vector<double> dweight_ref(dweight_v.begin(), dweight_v.end());
+        std::vector<double> dbias_ref(dbias_v.begin(), dbias_v.end());
+        for (int r = 0; r < s.rows; ++r)
+          for (int o = 0; o < s.OC; ++o) {
+            const double go = g[r * s.OC + o];
+            dbias_ref[o] += go;
+            for (int c = 0; c < s.C; ++c) {
+              dinp_ref[r * s.C + c] += go * data.weight[o * s.C + c];
+              dweight_ref[o * s.C + c] += go * data.inp[r * s.C + c];
+            }
+          }
+        CHECK(close("dinp", dinp.download(), dinp_ref));
+        CHECK(close("dweight (prefilled, +=)", dweight.download(), dweight_ref));
+        if (with_bias) {
+          CHECK(close("dbias (prefilled, +=)", dbias.download(), dbias_ref));
+        } else {
+          const std::vector<T> dbias_after = dbias.download();
+          CHECK(std::memcmp(dbias_after.data(), test::from_floats<T>(dbias_v).data(), s.OC * sizeof(T)) == 0);
+        }
+      }
+}
+
+TEMPLATE_TEST_CASE("matmul_backward is deterministic and accumulates across calls", "[matmul]", float, bf16) {
+  using T = TestType;
+  MatmulSession session;
+  // Enough rows for several bias-gradient chunks (64 rows each).
+  const Shape s{200, 40, 72};
+  LayerData<T> data(s, 900);
+  const size_t n_out = static_cast<size_t>(s.rows) * s.OC;
+  test::DeviceBuffer<T> inp(test::from_floats<T>(data.inp)), weight(test::from_floats<T>(data.weight));
+  test::DeviceBuffer<T> dout(test::from_floats<T>(test::random_floats(n_out, 901)));
+  test::DeviceBuffer<T> pre(test::from_floats<T>(test::random_floats(n_out, 902)));
+  const std::vector<T> zero_dweight(static_cast<size_t>(s.OC) * s.C, T(0.0f)), zero_dbias(s.OC, T(0.0f));
+
+  auto run = [&](int calls, std::vector<T>* dinp_out, std::vector<T>* dweight_out, std::vector<T>* dbias_out) {
+    test::DeviceBuffer<T> dinp(static_cast<size_t>(s.rows) * s.C), dpre(n_out);
+    test::DeviceBuffer<T> dweight(zero_dweight), dbias(zero_dbias);
+    for (int i = 0; i < calls; ++i)
+      matmul_backward<T>(dinp, dweight, dbias, dpre, dout, inp, weight, pre, s.rows, s.C, s.OC, nullptr);
+    test::require_no_cuda_error();
+    *dinp_out = dinp.download();
+    *dweight_out = dweight.download();
+    *dbias_out = dbias.download();
+  };
+  std::vector<T> dinp1, dweight1, dbias1, dinp1b, dweight1b, dbias1b, dinp2, dweight2, dbias2;
+  run(1, &dinp1, &dweight1, &dbias1);
+  run(1, &dinp1b, &dweight1b, &dbias1b);
+  CHECK(std::memcmp(dinp1.data(), dinp1b.data(), dinp1.size() * sizeof(T)) == 0);
+  CHECK(std::memcmp(dweight1.data(), dweight1b.data(), dweight1.size() * sizeof(T)) == 0);
+  CHECK(std::memcmp(dbias1.data(), dbias1b.data(), dbias1.size() * sizeof(T)) == 0);
+
+  run(2, &dinp2, &dweight2, &dbias2);
+  std::vector<double> twice_dweight(dweight1.size()), twice_dbias(dbias1.size());
+  for (size_t i = 0; i < dweight1.size(); ++i) twice_dweight[i] = 2.0 * static_cast<float>(dweight1[i]);
+  for (size_t i = 0; i < dbias1.size(); ++i) twice_dbias[i] = 2.0 * static_cast<float>(dbias1[i]);
+  CHECK(std::memcmp(dinp1.data(), dinp2.data(), dinp1.size() * sizeof(T)) == 0);  // written, not accumulated
+  CHECK(close("dweight after two calls", dweight2, twice_dweight));
+  CHECK(close("dbias after two calls", dbias2, twice_dbias));
+}
+
+TEMPLATE_TEST_CASE("matmul_reference_forward computes inp @ weight^T + bias", "[matmul]", float, bf16) {
+  using T = TestType;
+  // The plain kernel has no shape restrictions: odd sizes too.
+  const Shape shapes[] = {{1, 24, 8}, {37, 40, 72}, {5, 7, 3}, {1, 1, 1}};
+  uint64_t seed = 1300;
+  for (const Shape& s : shapes)
+    for (bool with_bias : {false, true}) {
+      INFO(describe(s, with_bias, false));
+      LayerData<T> data(s, seed += 10);
+      test::DeviceBuffer<T> inp(test::from_floats<T>(data.inp)), weight(test::from_floats<T>(data.weight)),
+          bias(test::from_floats<T>(data.bias));
+      test::DeviceBuffer<T> out(static_cast<size_t>(s.rows) * s.OC);
+      matmul_reference_forward<T>(out, inp, weight, with_bias ? bias.ptr : nullptr, s.rows, s.C, s.OC, nullptr);
+      test::require_no_cuda_error();
+      CHECK(close("out", out.download(), linear_ref(data.inp, data.weight, with_bias ? &data.bias : nullptr, s)));
+    }
+}
+
+// ---- cuBLASLt called directly.
+
+namespace {
+
+// Descriptors of one product, destroyed at scope exit.
+struct LtCall {
+  cublasLtHandle_t handle = nullptr;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
+  cublasLtMatmulPreference_t preference = nullptr;
+  LtCall() {
+    REQUIRE(cublasLtCreate(&handle) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(cublasLtMatmulPreferenceCreate(&preference) == CUBLAS_STATUS_SUCCESS);
+  }
+  ~LtCall() {
+    for (cublasLtMatrixLayout_t l : {a, b, c, d})
+      if (l != nullptr) cublasLtMatrixLayoutDestroy(l);
+    cublasLtMatmulPreferenceDestroy(preference);
+    cublasLtMatmulDescDestroy(desc);
+    cublasLtDestroy(handle);
+  }
+  template <typename V>
+  cublasStatus_t set(cublasLtMatmulDescAttributes_t attr, const V& value) {
+    return cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value));
+  }
+  cublasStatus_t heuristic(cublasLtMatmulHeuristicResult_t* result) {
+    int found = 0;
+    cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, desc, a, b, c, d, preference, 1, result, &found);
+    return status == CUBLAS_STATUS_SUCCESS && found == 0 ? CUBLAS_STATUS_NOT_SUPPORTED : status;
+  }
+};
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("cuBLASLt: padded leading dimensions, alpha/beta with a separate C, GELU_BIAS", "[matmul][cublaslt]",
+                   float, bf16) {
+  using T = TestType;
+  constexpr cudaDataType_t type = matmul_data_type<T>();
+  // D (m × n, ldd 40) = gelu(2·op(A)·B + 0.5·C + bias), op(A) = A^T with A stored k × m (lda 24),
+  // B stored k × n (ldb 24), C m × n (ldc 32). Padding holds NaN: it must never be read.
+  const int m = 24, n = 5, k = 16, lda = 24, ldb = 24, ldc = 32, ldd = 40;
+  const float alpha = 2.0f, beta = 0.5f;
+  std::vector<float> a_v = test::round_to<T>(test::random_floats(static_cast<size_t>(lda) * m, 31, 0.25f));
+  std::vector<float> b_v = test::round_to<T>(test::random_floats(static_cast<size_t>(ldb) * n, 32));
+  std::vector<float> c_v = test::round_to<T>(test::random_floats(static_cast<size_t>(ldc) * n, 33));
+  std::vector<float> bias_v = test::round_to<T>(test::random_floats(m, 34, 0.5f));
+  for (int j = 0; j < m; ++j)
+    for (int i = k; i < lda; ++i) a_v[i + j * lda] = NAN;
+  for (int j = 0; j < n; ++j) {
+    for (int i = k; i < ldb; ++i) b_v[i + j * ldb] = NAN;
+    for (int i = m; i < ldc; ++i) c_v[i + j * ldc] = NAN;
+  }
+  test::DeviceBuffer<T> a(test::from_floats<T>(a_v)), b(test::from_floats<T>(b_v)), c(test::from_floats<T>(c_v)),
+      bias(test::from_floats<T>(bias_v)), d(static_cast<size_t>(ldd) * n);
+
+  LtCall call;
+  REQUIRE(call.set(CUBLASLT_MATMUL_DESC_TRANSA, static_cast<int32_t>(CUBLAS_OP_T)) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(call.set(CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<uint32_t>(CUBLASLT_EPILOGUE_GELU_BIAS)) ==
+          CUBLAS_STATUS_SUCCESS);
+  REQUIRE(call.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(bias.ptr)) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(cublasLtMatrixLayoutCreate(&call.a, type, k, m, lda) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(cublasLtMatrixLayoutCreate(&call.b, type, k, n, ldb) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(cublasLtMatrixLayoutCreate(&call.c, type, m, n, ldc) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(cublasLtMatrixLayoutCreate(&call.d, type, m, n, ldd) == CUBLAS_STATUS_SUCCESS);
+  cublasLtMatmulHeuristicResult_t heuristic;
+  REQUIRE(call.heuristic(&heuristic) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(cublasLtMatmul(call.handle, call.desc, &alpha, a, call.a, b, call.b, &beta, c, call.c, d, call.d,
+                         &heuristic.algo, nullptr, 0, nullptr) == CUBLAS_STATUS_SUCCESS);
+  test::require_no_cuda_error();
+
+  const std::vector<T> got = d.download();
+  std::vector<T> got_packed;
+  std::vector<double> want;
+  for (int j = 0; j < n; ++j)
+    for (int i = 0; i < m; ++i) {
+      double acc = 0.0;
+      for (int p = 0; p < k; ++p) acc += static_cast<double>(a_v[p + i * lda]) * b_v[p + j * ldb];
+      want.push_back(gelu_ref(alpha * acc + beta * c_v[i + j * ldc] + bias_v[i]));
+      got_packed.push_back(got[i + j * ldd]);
+    }
+  CHECK(close("D", got_packed, want));
+}
+
+TEST_CASE("cuBLASLt rejects malformed attributes and requests", "[matmul][cublaslt]") {
+  LtCall call;
+  const int32_t op = CUBLAS_OP_T;
+  // Attribute sizes must match exactly (documented for every SetAttribute).
+  CHECK(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op, 8) == CUBLAS_STATUS_INVALID_VALUE);
+  CHECK(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_TRANSA, nullptr, 4) ==
+        CUBLAS_STATUS_INVALID_VALUE);
+  const uint32_t workspace = 0;  // the attribute is uint64_t
+  CHECK(cublasLtMatmulPreferenceSetAttribute(call.preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                                             sizeof(workspace)) == CUBLAS_STATUS_INVALID_VALUE);
+  REQUIRE(cublasLtMatrixLayoutCreate(&call.a, CUDA_R_32F, 8, 8, 8) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(cublasLtMatrixLayoutCreate(&call.b, CUDA_R_32F, 8, 8, 8) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(cublasLtMatrixLayoutCreate(&call.c, CUDA_R_32F, 8, 8, 8) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(cublasLtMatrixLayoutCreate(&call.d, CUDA_R_32F, 8, 8, 8) == CUBLAS_STATUS_SUCCESS);
+  cublasLtMatmulHeuristicResult_t result;
+  int found = 0;
+  CHECK(cublasLtMatmulAlgoGetHeuristic(call.handle, call.desc, call.a, call.b, call.c, call.d, call.preference, 0,
+                                       &result, &found) == CUBLAS_STATUS_INVALID_VALUE);
+}
+
+#ifdef SIMT
+// The CPU stand-in implements a subset of cuBLASLt; everything outside it must fail loudly.
+// (The real library implements these, so this case exists only in the CPU build.)
+TEST_CASE("simt cuBLASLt stand-in refuses what it does not implement", "[matmul][cublaslt]") {
+  LtCall call;
+  // Epilogues and attributes outside the subset.
+  CHECK(call.set(CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<uint32_t>(CUBLASLT_EPILOGUE_DGELU_BGRAD)) ==
+        CUBLAS_STATUS_NOT_SUPPORTED);
+  CHECK(call.set(CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<uint32_t>(CUBLASLT_EPILOGUE_RELU_BIAS)) ==
+        CUBLAS_STATUS_NOT_SUPPORTED);
+  CHECK(call.set(CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<uint32_t>(CUBLASLT_EPILOGUE_BGRADB)) ==
+        CUBLAS_STATUS_NOT_SUPPORTED);
+  CHECK(call.set(CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, static_cast<void*>(nullptr)) == CUBLAS_STATUS_NOT_SUPPORTED);
+  CHECK(call.set(CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, static_cast<int32_t>(64)) == CUBLAS_STATUS_NOT_SUPPORTED);
+  CHECK(call.set(CUBLASLT_MATMUL_DESC_TRANSA, static_cast<int32_t>(CUBLAS_OP_C)) == CUBLAS_STATUS_NOT_SUPPORTED);
+  CHECK(call.set(CUBLASLT_MATMUL_DESC_POINTER_MODE, static_cast<int32_t>(CUBLASLT_POINTER_MODE_DEVICE)) ==
+        CUBLAS_STATUS_NOT_SUPPORTED);
+  CHECK(call.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(CUDA_R_16F)) ==
+        CUBLAS_STATUS_NOT_SUPPORTED);
+  const uint32_t search = CUBLASLT_SEARCH_BEST_FIT;
+  CHECK(cublasLtMatmulPreferenceSetAttribute(call.preference, CUBLASLT_MATMUL_PREF_SEARCH_MODE, &search,
+                                             sizeof(search)) == CUBLAS_STATUS_NOT_SUPPORTED);
+  // Compute and data types outside the subset.
+  cublasLtMatmulDesc_t tf32_desc = nullptr;
+  CHECK(cublasLtMatmulDescCreate(&tf32_desc, CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F) == CUBLAS_STATUS_NOT_SUPPORTED);
+  cublasLtMatrixLayout_t half_layout = nullptr;
+  CHECK(cublasLtMatrixLayoutCreate(&half_layout, CUDA_R_16F, 8, 8, 8) == CUBLAS_STATUS_NOT_SUPPORTED);
+
+  // A well-formed 8×8×8 product, then one thing wrong at a time.
+  test::DeviceBuffer<float> a(64), b(64), d(64), aux(64);
+  test::DeviceBuffer<bf16> d_bf16(64);
+  const float alpha = 1.0f, beta = 0.0f;
+  REQUIRE(cublasLtMatrixLayoutCreate(&call.a, CUDA_R_32F, 8, 8, 8) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(cublasLtMatrixLayoutCreate(&call.b, CUDA_R_32F, 8, 8, 8) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(cublasLtMatrixLayoutCreate(&call.c, CUDA_R_32F, 8, 8, 8) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(cublasLtMatrixLayoutCreate(&call.d, CUDA_R_32F, 8, 8, 8) == CUBLAS_STATUS_SUCCESS);
+  cublasLtMatmulHeuristicResult_t heuristic;
+  REQUIRE(call.heuristic(&heuristic) == CUBLAS_STATUS_SUCCESS);
+  auto matmul = [&](const void* a_ptr, void* d_ptr, cublasLtMatrixLayout_t d_layout) {
+    return cublasLtMatmul(call.handle, call.desc, &alpha, a_ptr, call.a, b, call.b, &beta, d_ptr, call.c, d_ptr,
+                          d_layout, &heuristic.algo, nullptr, 0, nullptr);
+  };
+  // Operands less aligned than the heuristic was allowed to assume (256 bytes by default).
+  CHECK(matmul(a.ptr + 1, d, call.d) == CUBLAS_STATUS_INVALID_VALUE);
+  // Mixed data types (bf16 D with fp32 A/B/C).
+  cublasLtMatrixLayout_t bf16_layout = nullptr;
+  REQUIRE(cublasLtMatrixLayoutCreate(&bf16_layout, CUDA_R_16BF, 8, 8, 8) == CUBLAS_STATUS_SUCCESS);
+  CHECK(matmul(a, d_bf16, bf16_layout) == CUBLAS_STATUS_NOT_SUPPORTED);
+  cublasLtMatrixLayoutDestroy(bf16_layout);
+  // GELU_AUX needs an aux matrix whose leading dimension is a multiple of 8 and >= m.
+  REQUIRE(call.set(CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<uint32_t>(CUBLASLT_EPILOGUE_GELU_AUX)) ==
+          CUBLAS_STATUS_SUCCESS);
+  CHECK(matmul(a, d, call.d) == CUBLAS_STATUS_INVALID_VALUE);  // no aux pointer
+  REQUIRE(call.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<void*>(aux.ptr)) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(call.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, static_cast<int64_t>(12)) == CUBLAS_STATUS_SUCCESS);
+  CHECK(matmul(a, d, call.d) == CUBLAS_STATUS_INVALID_VALUE);
+  REQUIRE(call.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, static_cast<int64_t>(8)) == CUBLAS_STATUS_SUCCESS);
+  CHECK(matmul(a, d, call.d) == CUBLAS_STATUS_SUCCESS);
+  // BIAS epilogue without a bias vector.
+  REQUIRE(call.set(CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<uint32_t>(CUBLASLT_EPILOGUE_BIAS)) ==
+          CUBLAS_STATUS_SUCCESS);
+  CHECK(matmul(a, d, call.d) == CUBLAS_STATUS_INVALID_VALUE);
+  // Shapes that do not chain: op(A) is 8 × 8 but B has 4 rows.
+  REQUIRE(call.set(CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<uint32_t>(CUBLASLT_EPILOGUE_DEFAULT)) ==
+          CUBLAS_STATUS_SUCCESS);
+  cublasLtMatrixLayoutDestroy(call.b);
+  REQUIRE(cublasLtMatrixLayoutCreate(&call.b, CUDA_R_32F, 4, 16, 4) == CUBLAS_STATUS_SUCCESS);
+  CHECK(matmul(a, d, call.d) == CUBLAS_STATUS_INVALID_VALUE);
+}
+#endif  // SIMT
