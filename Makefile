@@ -59,9 +59,13 @@ $(BUILD)/cpu/%.o: %.cpp
 	@mkdir -p $(@D)
 	$(CXX) $(CPU_FLAGS) -c $< -o $@
 
+# ptxas reports each kernel's registers, spills and shared memory into NAME.o.ptxas
+# (read by make ptx-report); compiler warnings are errors and are shown.
 $(BUILD)/gpu/%.o: %.cu
 	@mkdir -p $(@D)
-	$(NVCC) $(GPU_FLAGS) -c $< -o $@
+	@echo "nvcc $<"
+	@$(NVCC) $(GPU_FLAGS) -Xptxas -v -c $< -o $@ 2> $@.ptxas || { grep -v '^ptxas info\|^    [0-9]* bytes stack' $@.ptxas; exit 1; }
+	@grep -v '^ptxas info\|^    [0-9]* bytes stack' $@.ptxas || true
 
 $(BUILD)/gpu/%.o: %.cpp
 	@mkdir -p $(@D)
@@ -76,17 +80,24 @@ $(BUILD)/gpu/test/%: $(BUILD)/gpu/test/%.o $(BUILD)/gpu/test/catch_main.o
 
 .PRECIOUS: $(BUILD)/cpu/%.o $(BUILD)/gpu/%.o
 
-test: $(CPU_TEST_BINS) train_gpt_cpu
+# PyTorch reference outputs the model tests compare against (generated, never committed).
+REFERENCE_DIR := $(BUILD)/reference
+REFERENCES    := $(REFERENCE_DIR)/tiny/reference.bin
+$(REFERENCE_DIR)/tiny/reference.bin: dev/gpt2_reference.py
+	$(PYTHON) dev/gpt2_reference.py --out $(@D) > /dev/null
+
+test: $(CPU_TEST_BINS) train_gpt_cpu $(REFERENCES)
 	@bash test/run_tests.sh cpu $(CPU_TEST_BINS)
 
-test-gpu: check-nvcc $(GPU_TEST_BINS) train_gpt
+test-gpu: check-nvcc $(GPU_TEST_BINS) train_gpt $(REFERENCES)
 	@bash test/run_tests.sh gpu $(GPU_TEST_BINS)
 
 # Compiles (never runs) the GPU build so it cannot rot on machines without a GPU.
 gpu-check: check-nvcc train_gpt $(GPU_TEST_BINS:$(BUILD)/gpu/test/%=$(BUILD)/gpu/test/%.o)
 
-ptx-report: check-nvcc
-	@bash scripts/ptx_report.sh $(BUILD)/ptx-report.txt $(NVCC) $(GPU_FLAGS)
+ptx-report: gpu-check
+	@bash scripts/ptx_report.sh $(BUILD)/ptx-report.txt \
+	  $(BUILD)/gpu/train_gpt.o.ptxas $(GPU_TEST_BINS:%=%.o.ptxas)
 
 run:
 	@bash scripts/run.sh

@@ -3,10 +3,11 @@
 // gradient, separate and in place), determinism, the plain reference kernel, and cuBLASLt called
 // directly (padded leading dimensions, alpha/beta, a separate C). In the CPU build the cuBLASLt
 // calls are answered by simt/cublaslt.cpp; its refusals of what it does not implement are
-// checked at the end.
+// checked in simt_cublaslt.cpp.
 #include "test_util.h"
 
 #include "../kernels/matmul.cuh"
+#include "cublaslt_call.h"
 
 #include <cmath>
 #include <cstring>
@@ -228,38 +229,6 @@ TEMPLATE_TEST_CASE("matmul_reference_forward computes inp @ weight^T + bias", "[
 
 // ---- cuBLASLt called directly.
 
-namespace {
-
-// Descriptors of one product, destroyed at scope exit.
-struct LtCall {
-  cublasLtHandle_t handle = nullptr;
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
-  cublasLtMatmulPreference_t preference = nullptr;
-  LtCall() {
-    REQUIRE(cublasLtCreate(&handle) == CUBLAS_STATUS_SUCCESS);
-    REQUIRE(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS);
-    REQUIRE(cublasLtMatmulPreferenceCreate(&preference) == CUBLAS_STATUS_SUCCESS);
-  }
-  ~LtCall() {
-    for (cublasLtMatrixLayout_t l : {a, b, c, d})
-      if (l != nullptr) cublasLtMatrixLayoutDestroy(l);
-    cublasLtMatmulPreferenceDestroy(preference);
-    cublasLtMatmulDescDestroy(desc);
-    cublasLtDestroy(handle);
-  }
-  template <typename V>
-  cublasStatus_t set(cublasLtMatmulDescAttributes_t attr, const V& value) {
-    return cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value));
-  }
-  cublasStatus_t heuristic(cublasLtMatmulHeuristicResult_t* result) {
-    int found = 0;
-    cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, desc, a, b, c, d, preference, 1, result, &found);
-    return status == CUBLAS_STATUS_SUCCESS && found == 0 ? CUBLAS_STATUS_NOT_SUPPORTED : status;
-  }
-};
-
-}  // namespace
 
 TEMPLATE_TEST_CASE("cuBLASLt: padded leading dimensions, alpha/beta with a separate C, GELU_BIAS", "[matmul][cublaslt]",
                    float, bf16) {
@@ -282,7 +251,7 @@ TEMPLATE_TEST_CASE("cuBLASLt: padded leading dimensions, alpha/beta with a separ
   test::DeviceBuffer<T> a(test::from_floats<T>(a_v)), b(test::from_floats<T>(b_v)), c(test::from_floats<T>(c_v)),
       bias(test::from_floats<T>(bias_v)), d(static_cast<size_t>(ldd) * n);
 
-  LtCall call;
+  test::LtCall call;
   REQUIRE(call.set(CUBLASLT_MATMUL_DESC_TRANSA, static_cast<int32_t>(CUBLAS_OP_T)) == CUBLAS_STATUS_SUCCESS);
   REQUIRE(call.set(CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<uint32_t>(CUBLASLT_EPILOGUE_GELU_BIAS)) ==
           CUBLAS_STATUS_SUCCESS);
@@ -311,7 +280,7 @@ TEMPLATE_TEST_CASE("cuBLASLt: padded leading dimensions, alpha/beta with a separ
 }
 
 TEST_CASE("cuBLASLt rejects malformed attributes and requests", "[matmul][cublaslt]") {
-  LtCall call;
+  test::LtCall call;
   const int32_t op = CUBLAS_OP_T;
   // Attribute sizes must match exactly (documented for every SetAttribute).
   CHECK(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op, 8) == CUBLAS_STATUS_INVALID_VALUE);
@@ -329,74 +298,3 @@ TEST_CASE("cuBLASLt rejects malformed attributes and requests", "[matmul][cublas
   CHECK(cublasLtMatmulAlgoGetHeuristic(call.handle, call.desc, call.a, call.b, call.c, call.d, call.preference, 0,
                                        &result, &found) == CUBLAS_STATUS_INVALID_VALUE);
 }
-
-#ifdef SIMT
-// The CPU stand-in implements a subset of cuBLASLt; everything outside it must fail loudly.
-// (The real library implements these, so this case exists only in the CPU build.)
-TEST_CASE("simt cuBLASLt stand-in refuses what it does not implement", "[matmul][cublaslt]") {
-  LtCall call;
-  // Epilogues and attributes outside the subset.
-  CHECK(call.set(CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<uint32_t>(CUBLASLT_EPILOGUE_DGELU_BGRAD)) ==
-        CUBLAS_STATUS_NOT_SUPPORTED);
-  CHECK(call.set(CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<uint32_t>(CUBLASLT_EPILOGUE_RELU_BIAS)) ==
-        CUBLAS_STATUS_NOT_SUPPORTED);
-  CHECK(call.set(CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<uint32_t>(CUBLASLT_EPILOGUE_BGRADB)) ==
-        CUBLAS_STATUS_NOT_SUPPORTED);
-  CHECK(call.set(CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, static_cast<void*>(nullptr)) == CUBLAS_STATUS_NOT_SUPPORTED);
-  CHECK(call.set(CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, static_cast<int32_t>(64)) == CUBLAS_STATUS_NOT_SUPPORTED);
-  CHECK(call.set(CUBLASLT_MATMUL_DESC_TRANSA, static_cast<int32_t>(CUBLAS_OP_C)) == CUBLAS_STATUS_NOT_SUPPORTED);
-  CHECK(call.set(CUBLASLT_MATMUL_DESC_POINTER_MODE, static_cast<int32_t>(CUBLASLT_POINTER_MODE_DEVICE)) ==
-        CUBLAS_STATUS_NOT_SUPPORTED);
-  CHECK(call.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(CUDA_R_16F)) ==
-        CUBLAS_STATUS_NOT_SUPPORTED);
-  const uint32_t search = CUBLASLT_SEARCH_BEST_FIT;
-  CHECK(cublasLtMatmulPreferenceSetAttribute(call.preference, CUBLASLT_MATMUL_PREF_SEARCH_MODE, &search,
-                                             sizeof(search)) == CUBLAS_STATUS_NOT_SUPPORTED);
-  // Compute and data types outside the subset.
-  cublasLtMatmulDesc_t tf32_desc = nullptr;
-  CHECK(cublasLtMatmulDescCreate(&tf32_desc, CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F) == CUBLAS_STATUS_NOT_SUPPORTED);
-  cublasLtMatrixLayout_t half_layout = nullptr;
-  CHECK(cublasLtMatrixLayoutCreate(&half_layout, CUDA_R_16F, 8, 8, 8) == CUBLAS_STATUS_NOT_SUPPORTED);
-
-  // A well-formed 8×8×8 product, then one thing wrong at a time.
-  test::DeviceBuffer<float> a(64), b(64), d(64), aux(64);
-  test::DeviceBuffer<bf16> d_bf16(64);
-  const float alpha = 1.0f, beta = 0.0f;
-  REQUIRE(cublasLtMatrixLayoutCreate(&call.a, CUDA_R_32F, 8, 8, 8) == CUBLAS_STATUS_SUCCESS);
-  REQUIRE(cublasLtMatrixLayoutCreate(&call.b, CUDA_R_32F, 8, 8, 8) == CUBLAS_STATUS_SUCCESS);
-  REQUIRE(cublasLtMatrixLayoutCreate(&call.c, CUDA_R_32F, 8, 8, 8) == CUBLAS_STATUS_SUCCESS);
-  REQUIRE(cublasLtMatrixLayoutCreate(&call.d, CUDA_R_32F, 8, 8, 8) == CUBLAS_STATUS_SUCCESS);
-  cublasLtMatmulHeuristicResult_t heuristic;
-  REQUIRE(call.heuristic(&heuristic) == CUBLAS_STATUS_SUCCESS);
-  auto matmul = [&](const void* a_ptr, void* d_ptr, cublasLtMatrixLayout_t d_layout) {
-    return cublasLtMatmul(call.handle, call.desc, &alpha, a_ptr, call.a, b, call.b, &beta, d_ptr, call.c, d_ptr,
-                          d_layout, &heuristic.algo, nullptr, 0, nullptr);
-  };
-  // Operands less aligned than the heuristic was allowed to assume (256 bytes by default).
-  CHECK(matmul(a.ptr + 1, d, call.d) == CUBLAS_STATUS_INVALID_VALUE);
-  // Mixed data types (bf16 D with fp32 A/B/C).
-  cublasLtMatrixLayout_t bf16_layout = nullptr;
-  REQUIRE(cublasLtMatrixLayoutCreate(&bf16_layout, CUDA_R_16BF, 8, 8, 8) == CUBLAS_STATUS_SUCCESS);
-  CHECK(matmul(a, d_bf16, bf16_layout) == CUBLAS_STATUS_NOT_SUPPORTED);
-  cublasLtMatrixLayoutDestroy(bf16_layout);
-  // GELU_AUX needs an aux matrix whose leading dimension is a multiple of 8 and >= m.
-  REQUIRE(call.set(CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<uint32_t>(CUBLASLT_EPILOGUE_GELU_AUX)) ==
-          CUBLAS_STATUS_SUCCESS);
-  CHECK(matmul(a, d, call.d) == CUBLAS_STATUS_INVALID_VALUE);  // no aux pointer
-  REQUIRE(call.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<void*>(aux.ptr)) == CUBLAS_STATUS_SUCCESS);
-  REQUIRE(call.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, static_cast<int64_t>(12)) == CUBLAS_STATUS_SUCCESS);
-  CHECK(matmul(a, d, call.d) == CUBLAS_STATUS_INVALID_VALUE);
-  REQUIRE(call.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, static_cast<int64_t>(8)) == CUBLAS_STATUS_SUCCESS);
-  CHECK(matmul(a, d, call.d) == CUBLAS_STATUS_SUCCESS);
-  // BIAS epilogue without a bias vector.
-  REQUIRE(call.set(CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<uint32_t>(CUBLASLT_EPILOGUE_BIAS)) ==
-          CUBLAS_STATUS_SUCCESS);
-  CHECK(matmul(a, d, call.d) == CUBLAS_STATUS_INVALID_VALUE);
-  // Shapes that do not chain: op(A) is 8 × 8 but B has 4 rows.
-  REQUIRE(call.set(CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<uint32_t>(CUBLASLT_EPILOGUE_DEFAULT)) ==
-          CUBLAS_STATUS_SUCCESS);
-  cublasLtMatrixLayoutDestroy(call.b);
-  REQUIRE(cublasLtMatrixLayoutCreate(&call.b, CUDA_R_32F, 4, 16, 4) == CUBLAS_STATUS_SUCCESS);
-  CHECK(matmul(a, d, call.d) == CUBLAS_STATUS_INVALID_VALUE);
-}
-#endif  // SIMT

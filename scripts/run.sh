@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# make run: the main job. With a GPU, builds and runs ./train_gpt; without one, builds the
+# CPU build and trains a small model on the built-in corpus, saying which it does.
+# Extra flags for the trainer: make run ARGS="--max-steps 50"
+set -euo pipefail
+cd "$(dirname "$0")/.."
+read -r -a extra <<< "${ARGS:-}"
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  echo "make run: GPU found ($(nvidia-smi -L | head -n 1)); building and running ./train_gpt"
+  make --no-print-directory -j"$(nproc)" train_gpt
+  exec ./train_gpt --out-dir runs/default "${extra[@]}"
+fi
+echo "make run: no GPU here; building the CPU build and training the small 'nano' model on the built-in corpus"
+make --no-print-directory -j"$(nproc)" train_gpt_cpu
+exec ./train_gpt_cpu --model nano --batch-size 4 --seq-len 64 --max-steps 20 --val-every 10 --val-steps 2 \
+  --out-dir runs/default_cpu "${extra[@]}"
