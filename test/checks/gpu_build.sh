@@ -6,6 +6,7 @@
 # usage: gpu_build.sh cpu|gpu   (in gpu mode make test-gpu has built everything already)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+[ "${1:-cpu}" = cpu ] || exit 77  # make test-gpu has just built and run all of it
 nvcc=${NVCC:-${CUDA_HOME:-/usr/local/cuda}/bin/nvcc}
 command -v "$nvcc" >/dev/null || { echo "nvcc not found at $nvcc: install the CUDA toolkit or set CUDA_HOME"; exit 1; }
 
