@@ -82,10 +82,33 @@ def init_params(cfg):
     return params
 
 
+# --tokens markov: each token has len(MARKOV_SUCCESSOR_PROBS) likely successors, taken with
+# these probabilities; with the remaining MARKOV_NOISE the next token is uniformly random.
+MARKOV_SUCCESSOR_PROBS = (0.6, 0.25, 0.1)
+MARKOV_NOISE = 1.0 - sum(MARKOV_SUCCESSOR_PROBS)
+
+
 def make_tokens(cfg):
+    """K·B·T + 1 tokens. uniform: i.i.d. in [0, V), so the loss stays near ln V whatever
+    the model learns. markov: a seeded sparse Markov chain, so there is something to learn
+    and the loss falls within a few steps."""
     count = cfg.steps * cfg.batch * cfg.seq_len + 1
     rng = np.random.default_rng(cfg.seed)
-    return rng.integers(0, cfg.vocab, size=count, dtype=np.int64).astype(np.uint16)
+    if cfg.tokens == "uniform":
+        return rng.integers(0, cfg.vocab, size=count, dtype=np.int64).astype(np.uint16)
+    # Successors follow a Zipf law over token ids (p ∝ 1/(id+1)), as word frequencies do: a few
+    # frequent tokens give the model a unigram to pick up in the first steps, the chain a bigram.
+    zipf = 1.0 / np.arange(1, cfg.vocab + 1)
+    successors = rng.choice(cfg.vocab, size=(cfg.vocab, len(MARKOV_SUCCESSOR_PROBS)), p=zipf / zipf.sum())
+    choices = rng.choice(len(MARKOV_SUCCESSOR_PROBS) + 1, size=count,
+                         p=list(MARKOV_SUCCESSOR_PROBS) + [MARKOV_NOISE])
+    noise = rng.integers(0, cfg.vocab, size=count, dtype=np.int64)
+    tokens = np.empty(count, dtype=np.int64)
+    tokens[0] = noise[0]
+    for i in range(1, count):
+        pick = choices[i]
+        tokens[i] = noise[i] if pick == len(MARKOV_SUCCESSOR_PROBS) else successors[tokens[i - 1], pick]
+    return tokens.astype(np.uint16)
 
 
 def step_batch(tokens, cfg, step):
@@ -295,6 +318,8 @@ def parse_args(argv):
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--grad-clip", type=float, default=1.0, help="0 disables clipping")
     ap.add_argument("--precision", choices=["fp32", "fp64"], default="fp32")
+    ap.add_argument("--tokens", choices=["markov", "uniform"], default="markov",
+                    help="token stream: a seeded sparse Markov chain (learnable) or uniform i.i.d.")
     ap.add_argument("--perturb-ln", action=argparse.BooleanOptionalAction, default=True,
                     help="LayerNorm w = 1 + 0.1 N(0,1), b = 0.1 N(0,1) instead of 1 / 0")
     ap.add_argument("--perturb-biases", action=argparse.BooleanOptionalAction, default=True,

@@ -1,0 +1,406 @@
+// config.h — every training option: one table (kFlags) drives command-line parsing, JSON
+// config files and --help, so the three cannot drift apart.
+//
+// Command line: GNU-style long flags, `--flag value` or `--flag=value`; later flags win.
+// `--config FILE` reads a JSON object whose keys are the flag names without the dashes
+// ({"lr": 3e-4, "lr-schedule": "wsd"}); flags on the command line override the file.
+// Every bad input is a std::invalid_argument with one line naming the flag, key or file
+// and what was expected.
+#pragma once
+#include "lr_schedule.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <iomanip>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+struct TrainConfig {
+  // data
+  std::string train_data = "data/default/*_train_*.bin";
+  std::string val_data = "data/default/*_val_*.bin";
+  bool shuffle = true;
+  long long seed = 1337;
+  // model
+  std::string init_from;
+  std::string model = "d12";
+  std::string dtype = "bf16";
+  // batch
+  int batch_size = 8;
+  int seq_len = 1024;
+  long long total_batch_tokens = 0;  // 0: batch_size·seq_len·ranks (no accumulation)
+  // optimizer and schedule
+  double lr = 6e-4;
+  std::string lr_schedule = "cosine";
+  long long warmup_steps = 100;
+  double final_lr_frac = 0.1;
+  double weight_decay = 0.0;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double adam_eps = 1e-8;
+  double grad_clip = 1.0;
+  // run
+  long long max_steps = 1000;
+  long long val_every = 100;
+  long long val_steps = 20;
+  std::string out_dir = "out";
+  std::string config_file;
+
+  // Flag names given on the command line or in the config file (not left at the default).
+  std::set<std::string> explicitly_set;
+  bool was_set(const std::string& name) const { return explicitly_set.count(name) != 0; }
+};
+
+// Allowed interval for a numeric flag.
+struct Range {
+  double lo, hi;
+  bool lo_open, hi_open;
+  Range(double lo_ = -HUGE_VAL, double hi_ = HUGE_VAL, bool lo_open_ = false, bool hi_open_ = false)
+      : lo(lo_), hi(hi_), lo_open(lo_open_), hi_open(hi_open_) {}
+  bool contains(double v) const {
+    return (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
+  }
+};
+
+using FlagField = std::variant<std::string TrainConfig::*, bool TrainConfig::*, int TrainConfig::*,
+                               long long TrainConfig::*, double TrainConfig::*>;
+
+struct Flag {
+  const char* name;      // without the leading "--"; also the JSON key
+  const char* metavar;   // what the value looks like, for --help
+  const char* help;
+  FlagField field;
+  Range range;                       // numeric flags
+  std::vector<std::string> choices;  // text flags with a fixed set of values (empty: any text)
+  const char* default_text;  // --help's default when the field's value would mislead
+  bool command_line_only;    // not accepted as a JSON key
+
+  Flag(const char* name_, const char* metavar_, const char* help_, FlagField field_, Range range_ = {},
+       std::vector<std::string> choices_ = {}, const char* default_text_ = nullptr, bool command_line_only_ = false)
+      : name(name_), metavar(metavar_), help(help_), field(field_), range(range_), choices(std::move(choices_)),
+        default_text(default_text_), command_line_only(command_line_only_) {}
+};
+
+inline const std::vector<Flag>& flag_table() {
+  static const std::vector<Flag> flags = {
+      {"config", "FILE", "JSON object of flag values (keys = flag names without '--'); command-line flags override it",
+       &TrainConfig::config_file, {}, {}, "none", true},
+      {"train-data", "GLOB", "training token shards (llm.c .bin format)", &TrainConfig::train_data},
+      {"val-data", "GLOB", "validation token shards", &TrainConfig::val_data},
+      {"shuffle", "0|1", "shuffle the training data (validation is never shuffled)", &TrainConfig::shuffle},
+      {"seed", "N", "seed for weight init, data shuffling and stochastic rounding", &TrainConfig::seed, {0, (double)LLONG_MAX}},
+      {"init-from", "FILE", "start from this model file (its header defines the architecture; excludes --model)",
+       &TrainConfig::init_from, {}, {}, "none (random init of --model)"},
+      {"model", "PRESET", "architecture for random init: d12 d24 d36 d48 (GPT-2 124M..1.5B), micro, nano",
+       &TrainConfig::model},
+      {"dtype", "bf16|fp32", "storage type of parameters, activations and gradients", &TrainConfig::dtype, {}, {"bf16", "fp32"}},
+      {"batch-size", "B", "sequences per micro-batch (per rank)", &TrainConfig::batch_size, {1, INT_MAX}},
+      {"seq-len", "T", "tokens per sequence (at most the model's max sequence length)", &TrainConfig::seq_len, {1, INT_MAX}},
+      {"total-batch-tokens", "N",
+       "tokens per optimizer step; a multiple of B*T*ranks, the rest is done by gradient accumulation",
+       &TrainConfig::total_batch_tokens, {0, (double)LLONG_MAX}, {}, "B*T*ranks (no accumulation)"},
+      {"lr", "X", "peak learning rate", &TrainConfig::lr, {0, HUGE_VAL}},
+      {"lr-schedule", "NAME", "cosine | linear | constant | wsd (warmup-stable-decay, decay over the last 20% of steps)",
+       &TrainConfig::lr_schedule, {}, lr_schedule_names()},
+      {"warmup-steps", "N", "steps of linear warmup from lr/N to lr", &TrainConfig::warmup_steps, {0, (double)LLONG_MAX}},
+      {"final-lr-frac", "X", "learning rate at the last step, as a fraction of --lr", &TrainConfig::final_lr_frac, {0, 1}},
+      {"weight-decay", "X", "AdamW weight decay (matrices and embeddings only)", &TrainConfig::weight_decay, {0, HUGE_VAL}},
+      {"beta1", "X", "AdamW beta1", &TrainConfig::beta1, {0, 1, false, true}},
+      {"beta2", "X", "AdamW beta2", &TrainConfig::beta2, {0, 1, false, true}},
+      {"adam-eps", "X", "AdamW epsilon", &TrainConfig::adam_eps, {0, HUGE_VAL, true, false}},
+      {"grad-clip", "X", "clip the global gradient norm to X (0 = off)", &TrainConfig::grad_clip, {0, HUGE_VAL}},
+      {"max-steps", "N", "optimizer steps to run", &TrainConfig::max_steps, {1, INT_MAX}},
+      {"val-every", "N", "validate after every N-th step and after the last (0 = never)", &TrainConfig::val_every,
+       {0, (double)LLONG_MAX}},
+      {"val-steps", "N", "validation batches (B x T each) averaged per validation", &TrainConfig::val_steps,
+       {1, (double)LLONG_MAX}},
+      {"out-dir", "DIR", "where metrics.jsonl (truncated at start) and the final model.bin go", &TrainConfig::out_dir},
+  };
+  return flags;
+}
+
+inline const Flag* find_flag(const std::string& name) {
+  for (const Flag& f : flag_table())
+    if (name == f.name) return &f;
+  return nullptr;
+}
+
+namespace config_detail {
+
+inline std::string format_number(double v) {
+  if (v == HUGE_VAL) return "inf";
+  if (v == static_cast<double>(LLONG_MAX)) return "max";
+  if (v == std::floor(v) && std::fabs(v) < 1e15) return std::to_string(static_cast<long long>(v));
+  std::ostringstream s;
+  s << std::setprecision(10) << v;
+  return s.str();
+}
+
+// "an integer >= 1", "a number in [0, 1)", "a number > 0", "one of: bf16 fp32", ...
+inline std::string expectation(const Flag& flag) {
+  return std::visit(
+      [&](auto member) -> std::string {
+        using V = std::remove_reference_t<decltype(std::declval<TrainConfig&>().*member)>;
+        if constexpr (std::is_same_v<V, std::string>) {
+          if (flag.choices.empty()) return "a non-empty string";
+          std::string s = "one of:";
+          for (const auto& c : flag.choices) s += " " + c;
+          return s;
+        } else if constexpr (std::is_same_v<V, bool>) {
+          return "0 or 1";
+        } else {
+          const char* kind = std::is_same_v<V, double> ? "a number" : "an integer";
+          const Range& r = flag.range;
+          bool has_lo = std::isfinite(r.lo), has_hi = std::isfinite(r.hi) && r.hi != static_cast<double>(LLONG_MAX);
+          if (has_lo && has_hi)
+            return std::string(kind) + " in " + (r.lo_open ? "(" : "[") + format_number(r.lo) + ", " +
+                   format_number(r.hi) + (r.hi_open ? ")" : "]");
+          if (has_lo) return std::string(kind) + (r.lo_open ? " > " : " >= ") + format_number(r.lo);
+          if (has_hi) return std::string(kind) + (r.hi_open ? " < " : " <= ") + format_number(r.hi);
+          return kind;
+        }
+      },
+      flag.field);
+}
+
+inline bool parse_integer(const std::string& text, long long* out) {
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0]))) return false;
+  errno = 0;
+  char* end = nullptr;
+  long long v = std::strtoll(text.c_str(), &end, 10);
+  if (errno != 0 || *end != '\0') return false;
+  *out = v;
+  return true;
+}
+
+inline bool parse_real(const std::string& text, double* out) {
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0]))) return false;
+  errno = 0;
+  char* end = nullptr;
+  double v = std::strtod(text.c_str(), &end);
+  if (errno != 0 || *end != '\0' || !std::isfinite(v)) return false;
+  *out = v;
+  return true;
+}
+
+// A value in its textual form plus the JSON it came from (null for command-line text).
+struct RawValue {
+  std::string text;
+  const nlohmann::json* json = nullptr;
+};
+
+// Stores `raw` into cfg's field for `flag`; throws invalid_argument("<where>: expected ..., got ...").
+inline void assign(TrainConfig& cfg, const Flag& flag, const RawValue& raw, const std::string& where) {
+  const std::string shown = raw.json ? raw.json->dump() : "'" + raw.text + "'";
+  auto bad = [&]() { return std::invalid_argument(where + ": expected " + expectation(flag) + ", got " + shown); };
+  std::visit(
+      [&](auto member) {
+        using V = std::remove_cv_t<std::remove_reference_t<decltype(cfg.*member)>>;
+        if constexpr (std::is_same_v<V, std::string>) {
+          if (raw.json && !raw.json->is_string()) throw bad();
+          std::string v = raw.json ? raw.json->template get<std::string>() : raw.text;
+          if (v.empty() && !flag.command_line_only && std::string(flag.name) != "init-from") throw bad();
+          if (!flag.choices.empty()) {
+            bool known = false;
+            for (const auto& c : flag.choices) known = known || c == v;
+            if (!known) throw bad();
+          }
+          cfg.*member = v;
+        } else if constexpr (std::is_same_v<V, bool>) {
+          long long v = -1;
+          if (raw.json) {
+            if (raw.json->is_boolean()) v = raw.json->template get<bool>() ? 1 : 0;
+            else if (raw.json->is_number_integer()) v = raw.json->template get<long long>();
+          } else if (raw.text == "true") {
+            v = 1;
+          } else if (raw.text == "false") {
+            v = 0;
+          } else if (!parse_integer(raw.text, &v)) {
+            throw bad();
+          }
+          if (v != 0 && v != 1) throw bad();
+          cfg.*member = v == 1;
+        } else if constexpr (std::is_same_v<V, double>) {
+          double v = 0;
+          if (raw.json) {
+            if (!raw.json->is_number()) throw bad();
+            v = raw.json->template get<double>();
+          } else if (!parse_real(raw.text, &v)) {
+            throw bad();
+          }
+          if (!std::isfinite(v) || !flag.range.contains(v)) throw bad();
+          cfg.*member = v;
+        } else {
+          long long v = 0;
+          if (raw.json) {
+            if (!raw.json->is_number_integer()) throw bad();
+            if (raw.json->is_number_unsigned() && raw.json->template get<unsigned long long>() > LLONG_MAX) throw bad();
+            v = raw.json->template get<long long>();
+          } else if (!parse_integer(raw.text, &v)) {
+            throw bad();
+          }
+          if (!flag.range.contains(static_cast<double>(v)) || v > std::numeric_limits<V>::max()) throw bad();
+          cfg.*member = static_cast<V>(v);
+        }
+      },
+      flag.field);
+  cfg.explicitly_set.insert(flag.name);
+}
+
+inline std::string value_text(const TrainConfig& cfg, const Flag& flag) {
+  return std::visit(
+      [&](auto member) -> std::string {
+        using V = std::remove_cv_t<std::remove_reference_t<decltype(cfg.*member)>>;
+        if constexpr (std::is_same_v<V, std::string>) return cfg.*member;
+        else if constexpr (std::is_same_v<V, bool>) return cfg.*member ? "1" : "0";
+        else if constexpr (std::is_same_v<V, double>) return format_number(cfg.*member);
+        else return std::to_string(cfg.*member);
+      },
+      flag.field);
+}
+
+}  // namespace config_detail
+
+// Applies a JSON config file (an object of flag values) to cfg.
+inline void apply_config_file(TrainConfig& cfg, const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::invalid_argument("--config " + path + ": cannot open the file");
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw std::invalid_argument("--config " + path + ": not valid JSON (" + e.what() + ")");
+  }
+  if (!doc.is_object())
+    throw std::invalid_argument("--config " + path + ": expected a JSON object of flag values, got " +
+                                std::string(doc.type_name()));
+  for (const auto& item : doc.items()) {
+    const Flag* flag = find_flag(item.key());
+    if (!flag || flag->command_line_only)
+      throw std::invalid_argument("--config " + path + ": unknown key \"" + item.key() +
+                                  "\" (keys are the flag names without '--'; see --help)");
+    config_detail::assign(cfg, *flag, {"", &item.value()}, "--config " + path + ": key \"" + item.key() + "\"");
+  }
+}
+
+struct ParsedArgs {
+  TrainConfig config;
+  bool help = false;
+};
+
+// Parses argv (argv[0] is the program). Reads --config first, then applies the other flags
+// in order. Checks each value; cross-flag checks are validate_config's.
+inline ParsedArgs parse_args(int argc, const char* const* argv) {
+  ParsedArgs result;
+  std::vector<std::pair<const Flag*, std::string>> given;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      result.help = true;
+      return result;
+    }
+    if (arg.rfind("--", 0) != 0 || arg.size() == 2)
+      throw std::invalid_argument("unexpected argument '" + arg + "' (flags look like --name value; see --help)");
+    std::string name = arg.substr(2), value;
+    size_t eq = name.find('=');
+    bool inline_value = eq != std::string::npos;
+    if (inline_value) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    }
+    const Flag* flag = find_flag(name);
+    if (!flag) throw std::invalid_argument("unknown flag '--" + name + "' (see --help)");
+    if (!inline_value) {
+      if (i + 1 >= argc) throw std::invalid_argument("--" + name + ": missing value (expected " +
+                                                     config_detail::expectation(*flag) + ")");
+      value = argv[++i];
+    }
+    given.emplace_back(flag, value);
+  }
+  for (const auto& [flag, value] : given)
+    if (std::string(flag->name) == "config") {
+      if (value.empty()) throw std::invalid_argument("--config: expected a file name");
+      result.config.config_file = value;
+    }
+  if (!result.config.config_file.empty()) apply_config_file(result.config, result.config.config_file);
+  for (const auto& [flag, value] : given)
+    if (std::string(flag->name) != "config") config_detail::assign(result.config, *flag, {value, nullptr}, std::string("--") + flag->name);
+  return result;
+}
+
+// Checks that need several flags together; resolves total_batch_tokens' default.
+// Returns the gradient accumulation steps per optimizer step.
+inline int validate_config(TrainConfig& cfg, int world_size) {
+  if (cfg.was_set("init-from") && !cfg.init_from.empty() && cfg.was_set("model"))
+    throw std::invalid_argument("--init-from and --model are mutually exclusive: the model file's header defines the "
+                                "architecture (drop --model)");
+  const long long micro_tokens = static_cast<long long>(cfg.batch_size) * cfg.seq_len * world_size;
+  if (cfg.total_batch_tokens == 0) cfg.total_batch_tokens = micro_tokens;
+  if (cfg.total_batch_tokens % micro_tokens != 0)
+    throw std::invalid_argument("--total-batch-tokens " + std::to_string(cfg.total_batch_tokens) +
+                                " is not a multiple of batch-size x seq-len x ranks = " +
+                                std::to_string(cfg.batch_size) + " x " + std::to_string(cfg.seq_len) + " x " +
+                                std::to_string(world_size) + " = " + std::to_string(micro_tokens));
+  const long long accum = cfg.total_batch_tokens / micro_tokens;
+  if (accum > INT_MAX) throw std::invalid_argument("--total-batch-tokens " + std::to_string(cfg.total_batch_tokens) +
+                                                   ": too many accumulation steps");
+  return static_cast<int>(accum);
+}
+
+// Checks the sequence length against the model (max_seq_len from the preset or file header).
+inline void validate_against_model(const TrainConfig& cfg, int max_seq_len, const std::string& model_source) {
+  if (cfg.seq_len > max_seq_len)
+    throw std::invalid_argument("--seq-len " + std::to_string(cfg.seq_len) + " exceeds the maximum sequence length " +
+                                std::to_string(max_seq_len) + " of " + model_source);
+}
+
+inline LrSchedule make_lr_schedule(const TrainConfig& cfg) {
+  LrSchedule s;
+  s.kind = parse_lr_schedule(cfg.lr_schedule);
+  s.peak_lr = cfg.lr;
+  s.warmup_steps = cfg.warmup_steps;
+  s.total_steps = cfg.max_steps;
+  s.final_lr_frac = cfg.final_lr_frac;
+  return s;
+}
+
+// --help text: every flag of the table with its default.
+inline std::string help_text(const std::string& program) {
+  const TrainConfig defaults;
+  std::ostringstream s;
+  s << "usage: " << program << " [--flag value | --flag=value]...\n"
+    << "Pretrains a GPT-2 model on llm.c token shards. Every flag can also be set in a JSON file given to --config.\n\n";
+  for (const Flag& f : flag_table()) {
+    std::string lhs = std::string("  --") + f.name + " " + f.metavar;
+    s << lhs << std::string(lhs.size() < 32 ? 32 - lhs.size() : 1, ' ') << f.help << "\n";
+    std::string def = f.default_text ? f.default_text : config_detail::value_text(defaults, f);
+    s << std::string(32, ' ') << "default: " << (def.empty() ? "none" : def) << "\n";
+  }
+  s << "  --help                        this text\n";
+  return s.str();
+}
+
+// The effective configuration, one "name value" per line, for the start of a run's log.
+inline std::string config_summary(const TrainConfig& cfg) {
+  std::ostringstream s;
+  for (const Flag& f : flag_table()) {
+    std::string value = config_detail::value_text(cfg, f);
+    if (value.empty()) value = "-";
+    if (std::string(f.name) == "model" && !cfg.init_from.empty()) value = "- (architecture from --init-from)";
+    s << "  " << f.name << std::string(std::string(f.name).size() < 20 ? 20 - std::string(f.name).size() : 1, ' ')
+      << value << (cfg.was_set(f.name) ? "" : "  (default)") << "\n";
+  }
+  return s.str();
+}

@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# Bad input to the binary: every case must exit non-zero with one message that names the
+# flag, key or file and what was expected, and must leave an existing --out-dir untouched.
+# Also: --help lists every flag with its default.
+# usage: cli_errors.sh cpu|gpu   (uses the tiny reference that `make test` builds)
+set -u
+cd "$(dirname "$0")/../.." || exit 1
+mode=${1:-cpu}
+bin=./train_gpt_cpu
+[ "$mode" = gpu ] && bin=./train_gpt
+python=/usr/bin/python3
+ref=build/reference/tiny
+for f in "$bin" "$ref/model.bin" "$ref/train.bin"; do
+  [ -e "$f" ] || { echo "FAIL: $f is missing (make test builds it)"; exit 1; }
+done
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+cases=0
+
+# A previous run's outputs that no failing invocation may touch.
+out=$tmp/previous_run
+mkdir -p "$out"
+echo '{"step": 1, "train_loss": 1.0}' >"$out/metrics.jsonl"
+echo 'previous model' >"$out/model.bin"
+snapshot() { (cd "$out" && ls -l --time-style=full-iso && cat metrics.jsonl model.bin) | md5sum; }
+before=$(snapshot)
+
+# Flags of a run that would succeed on the tiny reference.
+good=(--init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$ref/train.bin"
+      --batch-size 2 --seq-len 32 --max-steps 1 --val-steps 1 --out-dir "$out")
+
+# expect_error "description" "text the message must contain"... -- ARGS...
+expect_error() {
+  local what=$1; shift
+  local needles=()
+  while [ "$1" != "--" ]; do needles+=("$1"); shift; done
+  shift
+  cases=$((cases + 1))
+  "$bin" "$@" >"$tmp/stdout" 2>"$tmp/stderr"
+  local status=$? msg
+  msg=$(cat "$tmp/stderr")
+  if [ $status -eq 0 ]; then
+    echo "FAIL: $what: exit status 0"; failures=$((failures + 1)); return
+  fi
+  for n in "${needles[@]}"; do
+    if [[ "$msg" != *"$n"* ]]; then
+      echo "FAIL: $what: message does not contain '$n': $msg"; failures=$((failures + 1)); return
+    fi
+  done
+  if [ "$(grep -c . "$tmp/stderr")" -ne 1 ]; then
+    echo "FAIL: $what: expected a one-line message, got:"; cat "$tmp/stderr"; failures=$((failures + 1)); return
+  fi
+  echo "ok: $what: $msg"
+}
+
+# Files for the data and model cases.
+shard() {  # shard PATH MAGIC VERSION HEADER_COUNT ACTUAL_COUNT MAX_TOKEN
+  "$python" - "$@" <<'EOF'
+import random, struct, sys
+path, magic, version, count, actual, top = sys.argv[1], *map(int, sys.argv[2:])
+random.seed(1)
+with open(path, "wb") as f:
+    f.write(struct.pack("<256i", magic, version, count, *([0] * 253)))
+    f.write(struct.pack(f"<{actual}H", *[random.randrange(top) for _ in range(actual - 1)], top - 1))
+EOF
+}
+shard "$tmp/bad_magic.bin" 12345 1 1000 1000 500
+shard "$tmp/bad_version.bin" 20240520 7 1000 1000 500
+shard "$tmp/truncated.bin" 20240520 1 1000 900 500
+shard "$tmp/too_small.bin" 20240520 1 40 40 500
+shard "$tmp/big_vocab.bin" 20240520 1 1000 1000 50257
+head -c 5000 "$ref/model.bin" >"$tmp/truncated_model.bin"
+"$python" -c 'import sys; d=bytearray(open(sys.argv[1],"rb").read()); d[0]^=1; open(sys.argv[2],"wb").write(d)' \
+  "$ref/model.bin" "$tmp/bad_magic_model.bin"
+printf '{"lr": 0.001, "batch-size": 2,}' >"$tmp/invalid.json"
+printf '{"learning_rate": 0.001}' >"$tmp/unknown_key.json"
+printf '{"batch-size": "two"}' >"$tmp/wrong_type.json"
+printf '{"max-steps": 1.5}' >"$tmp/wrong_type_int.json"
+echo "not a directory" >"$tmp/a_file"
+
+# ---- flags
+expect_error "unknown flag" "unknown flag" "--learning-rate" -- "${good[@]}" --learning-rate 0.1
+expect_error "flag without a value" "--lr" "missing value" -- "${good[@]}" --lr
+expect_error "positional argument" "unexpected argument 'train.bin'" -- "${good[@]}" train.bin
+expect_error "non-number" "--lr" "expected a number" "'fast'" -- "${good[@]}" --lr fast
+expect_error "non-integer" "--batch-size" "expected an integer" -- "${good[@]}" --batch-size=2.5
+expect_error "zero batch" "--batch-size" "got '0'" -- "${good[@]}" --batch-size 0
+expect_error "negative lr" "--lr" ">= 0" -- "${good[@]}" --lr -1e-3
+expect_error "beta out of range" "--beta2" "[0, 1)" -- "${good[@]}" --beta2 1.0
+expect_error "eps zero" "--adam-eps" "> 0" -- "${good[@]}" --adam-eps 0
+expect_error "negative clip" "--grad-clip" -- "${good[@]}" --grad-clip -1
+expect_error "final-lr-frac > 1" "--final-lr-frac" "[0, 1]" -- "${good[@]}" --final-lr-frac 2
+expect_error "zero steps" "--max-steps" -- "${good[@]}" --max-steps 0
+expect_error "bad dtype" "--dtype" "bf16 fp32" -- "${good[@]}" --dtype fp16
+expect_error "bad schedule" "--lr-schedule" "cosine linear constant wsd" -- "${good[@]}" --lr-schedule step
+expect_error "bad switch" "--shuffle" "0 or 1" -- "${good[@]}" --shuffle maybe
+expect_error "T above the model's maximum" "--seq-len 128" "64" "$ref/model.bin" -- "${good[@]}" --seq-len 128
+expect_error "T above the preset's maximum" "--seq-len 256" "128" "nano" -- --model nano --seq-len 256 --out-dir "$out"
+expect_error "total batch not divisible" "--total-batch-tokens 100" "2 x 32 x 1 = 64" -- "${good[@]}" --total-batch-tokens 100
+expect_error "--init-from with --model" "--init-from and --model" -- "${good[@]}" --model d12
+expect_error "unknown preset" "--model" "unknown model preset 'd13'" -- --model d13 --out-dir "$out"
+
+# ---- config files
+expect_error "missing config file" "--config $tmp/none.json" "cannot open" -- --config "$tmp/none.json"
+expect_error "invalid JSON" "--config $tmp/invalid.json" "not valid JSON" -- "${good[@]}" --config "$tmp/invalid.json"
+expect_error "unknown config key" "$tmp/unknown_key.json" "unknown key \"learning_rate\"" -- "${good[@]}" --config "$tmp/unknown_key.json"
+expect_error "wrong JSON type" "$tmp/wrong_type.json" "key \"batch-size\"" "expected an integer" -- "${good[@]}" --config "$tmp/wrong_type.json"
+expect_error "float for an integer" "$tmp/wrong_type_int.json" "key \"max-steps\"" -- "${good[@]}" --config "$tmp/wrong_type_int.json"
+
+# ---- data
+expect_error "no training shard" "--train-data" "$tmp/missing_*.bin" "no file matches" -- "${good[@]}" --train-data "$tmp/missing_*.bin"
+expect_error "no validation shard" "--val-data" "$tmp/nothing.bin" -- "${good[@]}" --val-data "$tmp/nothing.bin"
+expect_error "shard magic" "--train-data" "$tmp/bad_magic.bin" "magic" -- "${good[@]}" --train-data "$tmp/bad_magic.bin"
+expect_error "shard version" "$tmp/bad_version.bin" "version" -- "${good[@]}" --train-data "$tmp/bad_version.bin"
+expect_error "truncated shard" "$tmp/truncated.bin" "expected 1024 + 2*" -- "${good[@]}" --train-data "$tmp/truncated.bin"
+expect_error "shard smaller than a batch" "$tmp/too_small.bin" "fewer than one global batch" -- "${good[@]}" --train-data "$tmp/too_small.bin"
+expect_error "vocab mismatch (train)" "--train-data" "$tmp/big_vocab.bin" "vocab size 500" -- "${good[@]}" --train-data "$tmp/big_vocab.bin"
+expect_error "vocab mismatch (val)" "--val-data" "$tmp/big_vocab.bin" "vocab size 500" -- "${good[@]}" --val-data "$tmp/big_vocab.bin"
+
+# ---- model file
+expect_error "missing model file" "--init-from" "$tmp/none.bin" "cannot open" -- "${good[@]}" --init-from "$tmp/none.bin"
+expect_error "truncated model file" "--init-from" "$tmp/truncated_model.bin" -- "${good[@]}" --init-from "$tmp/truncated_model.bin"
+expect_error "model file magic" "--init-from" "$tmp/bad_magic_model.bin" -- "${good[@]}" --init-from "$tmp/bad_magic_model.bin"
+
+# ---- output
+expect_error "--out-dir is a file" "--out-dir $tmp/a_file" -- "${good[@]}" --out-dir "$tmp/a_file"
+
+if [ "$(snapshot)" != "$before" ]; then
+  echo "FAIL: a failing run modified the existing --out-dir:"; ls -la "$out"; failures=$((failures + 1))
+fi
+
+# ---- --help: every flag with its default, exit 0, no device needed
+if "$bin" --help >"$tmp/help" 2>&1; then
+  for flag in config train-data val-data shuffle seed init-from model dtype batch-size seq-len total-batch-tokens \
+      lr lr-schedule warmup-steps final-lr-frac weight-decay beta1 beta2 adam-eps grad-clip max-steps val-every \
+      val-steps out-dir; do
+    grep -qE "^  --$flag " "$tmp/help" || { echo "FAIL: --help does not list --$flag"; failures=$((failures + 1)); }
+  done
+  flags=$(grep -cE '^  --[a-z]' "$tmp/help")
+  defaults=$(grep -c 'default: ' "$tmp/help")
+  # every flag but --help itself states its default
+  [ "$defaults" -eq $((flags - 1)) ] || { echo "FAIL: --help: $flags flags but $defaults defaults"; failures=$((failures + 1)); }
+  grep -q 'default: 0.95' "$tmp/help" || { echo "FAIL: --help does not show beta2's default"; failures=$((failures + 1)); }
+else
+  echo "FAIL: --help exited non-zero"; failures=$((failures + 1))
+fi
+
+echo "$cases error cases, $failures failures"
+[ "$failures" -eq 0 ]

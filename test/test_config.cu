@@ -1,0 +1,323 @@
+// Tests for src/config.h (flags, JSON config, --help) and src/lr_schedule.h.
+#include "test_util.h"
+
+#include "../src/config.h"
+#include "../src/lr_schedule.h"
+
+#include <cstdio>
+#include <fstream>
+#include <initializer_list>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+namespace {
+
+ParsedArgs parse(std::initializer_list<const char*> flags) {
+  std::vector<const char*> argv = {"train_gpt"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  return parse_args(static_cast<int>(argv.size()), argv.data());
+}
+
+// The message of the invalid_argument that parsing `flags` throws ("" if it does not throw).
+std::string parse_error(std::initializer_list<const char*> flags) {
+  try {
+    parse(flags);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A JSON file in a fresh temporary directory, removed at scope exit.
+struct TempJson {
+  std::string dir, path;
+  explicit TempJson(const std::string& text) {
+    char tmpl[] = "/tmp/test_config_XXXXXX";
+    REQUIRE(mkdtemp(tmpl) != nullptr);
+    dir = tmpl;
+    path = dir + "/run.json";
+    std::ofstream(path) << text;
+  }
+  ~TempJson() {
+    std::remove(path.c_str());
+    rmdir(dir.c_str());
+  }
+};
+
+std::string json_error(const std::string& text) {
+  TempJson file(text);
+  try {
+    parse({"--config", file.path.c_str()});
+  } catch (const std::invalid_argument& e) {
+    std::string msg = e.what();
+    CHECK(msg.find(file.path) != std::string::npos);  // every config-file error names the file
+    return msg;
+  }
+  return "";
+}
+
+bool contains(const std::string& haystack, const std::string& needle) { return haystack.find(needle) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("no flags give the documented defaults") {
+  ParsedArgs a = parse({});
+  CHECK_FALSE(a.help);
+  const TrainConfig& c = a.config;
+  CHECK(c.train_data == "data/default/*_train_*.bin");
+  CHECK(c.val_data == "data/default/*_val_*.bin");
+  CHECK(c.model == "d12");
+  CHECK(c.dtype == "bf16");
+  CHECK(c.init_from.empty());
+  CHECK(c.beta1 == 0.9);
+  CHECK(c.beta2 == 0.95);
+  CHECK(c.adam_eps == 1e-8);
+  CHECK(c.grad_clip == 1.0);
+  CHECK(c.weight_decay == 0.0);
+  CHECK(c.total_batch_tokens == 0);
+  CHECK(c.explicitly_set.empty());
+}
+
+TEST_CASE("both flag syntaxes, later flags win") {
+  TrainConfig c = parse({"--lr", "3e-4", "--batch-size=16", "--shuffle", "0", "--dtype=fp32", "--lr", "1e-3"}).config;
+  CHECK(c.lr == 1e-3);
+  CHECK(c.batch_size == 16);
+  CHECK_FALSE(c.shuffle);
+  CHECK(c.dtype == "fp32");
+  CHECK(c.was_set("lr"));
+  CHECK(c.was_set("batch-size"));
+  CHECK_FALSE(c.was_set("seq-len"));
+  // a value may itself start with dashes only in the --flag=value form
+  CHECK(parse({"--out-dir=--weird"}).config.out_dir == "--weird");
+  CHECK(parse({"--help"}).help);
+  CHECK(parse({"--lr", "1", "-h"}).help);
+}
+
+TEST_CASE("every flag of the table parses its own default text back") {
+  const TrainConfig defaults;
+  for (const Flag& f : flag_table()) {
+    if (f.command_line_only) continue;
+    std::string value = config_detail::value_text(defaults, f);
+    if (value.empty()) value = "x.bin";  // init-from has no default value
+    std::string arg = std::string("--") + f.name + "=" + value;
+    INFO(arg);
+    TrainConfig c = parse({arg.c_str()}).config;
+    CHECK(config_detail::value_text(c, f) == value);
+    CHECK(c.was_set(f.name));
+  }
+}
+
+TEST_CASE("bad command-line values name the flag and the expectation") {
+  struct Case { std::vector<const char*> args; std::vector<std::string> words; };
+  const std::vector<Case> cases = {
+      {{"--bogus", "1"}, {"unknown flag", "--bogus"}},
+      {{"--lr"}, {"--lr", "missing value"}},
+      {{"--lr", "abc"}, {"--lr", "expected a number", "'abc'"}},
+      {{"--lr", "1e-3x"}, {"--lr", "'1e-3x'"}},
+      {{"--lr", "nan"}, {"--lr", "expected a number"}},
+      {{"--lr", "-1"}, {"--lr", ">= 0"}},
+      {{"--batch-size", "0"}, {"--batch-size", "an integer in [1, 2147483647]"}},
+      {{"--batch-size", "2.5"}, {"--batch-size", "an integer"}},
+      {{"--batch-size", "99999999999"}, {"--batch-size", "2147483647"}},
+      {{"--seq-len", ""}, {"--seq-len", "an integer"}},
+      {{"--max-steps", "0"}, {"--max-steps", "an integer in [1, 2147483647]"}},
+      {{"--val-steps", "0"}, {"--val-steps"}},
+      {{"--warmup-steps", "-5"}, {"--warmup-steps"}},
+      {{"--beta1", "1"}, {"--beta1", "[0, 1)"}},
+      {{"--beta2", "-0.1"}, {"--beta2", "[0, 1)"}},
+      {{"--adam-eps", "0"}, {"--adam-eps", "> 0"}},
+      {{"--final-lr-frac", "1.5"}, {"--final-lr-frac", "[0, 1]"}},
+      {{"--grad-clip", "-1"}, {"--grad-clip"}},
+      {{"--weight-decay", "-0.1"}, {"--weight-decay"}},
+      {{"--dtype", "fp16"}, {"--dtype", "bf16 fp32", "'fp16'"}},
+      {{"--lr-schedule", "step"}, {"--lr-schedule", "cosine linear constant wsd"}},
+      {{"--shuffle", "2"}, {"--shuffle", "0 or 1"}},
+      {{"--shuffle", "yes"}, {"--shuffle", "0 or 1"}},
+      {{"--seed", "-1"}, {"--seed"}},
+      {{"--out-dir", ""}, {"--out-dir", "non-empty"}},
+      {{"lr", "1"}, {"unexpected argument 'lr'"}},
+  };
+  for (const Case& c : cases) {
+    std::vector<const char*> argv = {"train_gpt"};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    std::string msg;
+    try {
+      parse_args(static_cast<int>(argv.size()), argv.data());
+    } catch (const std::invalid_argument& e) {
+      msg = e.what();
+    }
+    INFO("args: " << c.args[0] << (c.args.size() > 1 ? std::string(" ") + c.args[1] : std::string()) << " -> " << msg);
+    REQUIRE_FALSE(msg.empty());
+    for (const std::string& w : c.words) CHECK(contains(msg, w));
+  }
+}
+
+TEST_CASE("JSON config sets flags; the command line overrides it") {
+  TempJson file(R"({"lr": 0.002, "batch-size": 4, "shuffle": false, "lr-schedule": "wsd", "out-dir": "runs/a",
+                    "seq-len": 64, "grad-clip": 0})");
+  TrainConfig c = parse({"--config", file.path.c_str(), "--batch-size", "2"}).config;
+  CHECK(c.lr == 0.002);
+  CHECK(c.batch_size == 2);
+  CHECK_FALSE(c.shuffle);
+  CHECK(c.lr_schedule == "wsd");
+  CHECK(c.out_dir == "runs/a");
+  CHECK(c.seq_len == 64);
+  CHECK(c.grad_clip == 0.0);
+  CHECK(c.config_file == file.path);
+  // the flag wins even when --config comes after it
+  CHECK(parse({"--lr=0.5", "--config", file.path.c_str()}).config.lr == 0.5);
+  // integers are fine where a number is expected, 0/1 where a switch is
+  TempJson ints(R"({"lr": 1, "shuffle": 1})");
+  TrainConfig d = parse({"--config", ints.path.c_str()}).config;
+  CHECK(d.lr == 1.0);
+  CHECK(d.shuffle);
+}
+
+TEST_CASE("bad JSON config files name the file, the key and the expectation") {
+  CHECK(contains(json_error(R"({"lr": "abc"})"), "key \"lr\": expected a number"));
+  CHECK(contains(json_error(R"({"batch-size": 2.5})"), "key \"batch-size\": expected an integer"));
+  CHECK(contains(json_error(R"({"batch-size": "4"})"), "key \"batch-size\""));
+  CHECK(contains(json_error(R"({"shuffle": "yes"})"), "key \"shuffle\": expected 0 or 1"));
+  CHECK(contains(json_error(R"({"dtype": "fp8"})"), "key \"dtype\": expected one of: bf16 fp32"));
+  CHECK(contains(json_error(R"({"model": 12})"), "key \"model\""));
+  CHECK(contains(json_error(R"({"beta2": 1.0})"), "key \"beta2\""));
+  CHECK(contains(json_error(R"({"max-steps": 18446744073709551615})"), "key \"max-steps\""));
+  CHECK(contains(json_error(R"({"learning-rate": 0.1})"), "unknown key \"learning-rate\""));
+  CHECK(contains(json_error(R"({"config": "other.json"})"), "unknown key \"config\""));
+  CHECK(contains(json_error(R"([1, 2])"), "expected a JSON object"));
+  CHECK(contains(json_error(R"({"lr": 0.1,})"), "not valid JSON"));
+  std::string missing = parse_error({"--config", "/nonexistent/run.json"});
+  CHECK(contains(missing, "/nonexistent/run.json"));
+  CHECK(contains(missing, "cannot open"));
+}
+
+TEST_CASE("cross-flag checks: gradient accumulation and --init-from vs --model") {
+  TrainConfig c = parse({"--batch-size", "4", "--seq-len", "64"}).config;
+  CHECK(validate_config(c, 1) == 1);
+  CHECK(c.total_batch_tokens == 256);
+
+  c = parse({"--batch-size", "4", "--seq-len", "64", "--total-batch-tokens", "1024"}).config;
+  CHECK(validate_config(c, 1) == 4);
+  c = parse({"--batch-size", "4", "--seq-len", "64", "--total-batch-tokens", "1024"}).config;
+  CHECK(validate_config(c, 2) == 2);
+
+  c = parse({"--batch-size", "4", "--seq-len", "64", "--total-batch-tokens", "1000"}).config;
+  try {
+    validate_config(c, 1);
+    FAIL("indivisible total batch accepted");
+  } catch (const std::invalid_argument& e) {
+    CHECK(contains(e.what(), "--total-batch-tokens 1000"));
+    CHECK(contains(e.what(), "4 x 64 x 1 = 256"));
+  }
+  c = parse({"--batch-size", "4", "--seq-len", "64", "--total-batch-tokens", "256"}).config;
+  CHECK_THROWS_WITH(validate_config(c, 2), Catch::Contains("4 x 64 x 2 = 512"));
+
+  c = parse({"--init-from", "m.bin", "--model", "d12"}).config;
+  CHECK_THROWS_WITH(validate_config(c, 1), Catch::Contains("--init-from and --model"));
+  TempJson file(R"({"model": "nano"})");
+  c = parse({"--config", file.path.c_str(), "--init-from", "m.bin"}).config;
+  CHECK_THROWS_WITH(validate_config(c, 1), Catch::Contains("--init-from and --model"));
+  c = parse({"--init-from", "m.bin"}).config;
+  CHECK_NOTHROW(validate_config(c, 1));
+
+  c = parse({"--seq-len", "128"}).config;
+  CHECK_NOTHROW(validate_against_model(c, 128, "m.bin"));
+  CHECK_THROWS_WITH(validate_against_model(c, 64, "m.bin"), Catch::Contains("--seq-len 128") && Catch::Contains("64") &&
+                                                                Catch::Contains("m.bin"));
+}
+
+TEST_CASE("--help lists every flag with its default") {
+  std::string help = help_text("train_gpt");
+  for (const Flag& f : flag_table()) {
+    INFO(f.name);
+    CHECK(contains(help, std::string("--") + f.name + " "));
+  }
+  CHECK(contains(help, "--help"));
+  CHECK(contains(help, "default: data/default/*_train_*.bin"));
+  CHECK(contains(help, "default: 0.95"));
+  CHECK(contains(help, "default: 1e-08"));
+  CHECK(contains(help, "default: B*T*ranks"));
+  // one "default:" per flag
+  size_t defaults = 0;
+  for (size_t at = help.find("default:"); at != std::string::npos; at = help.find("default:", at + 1)) ++defaults;
+  CHECK(defaults == flag_table().size());
+  std::string summary = config_summary(parse({"--lr", "0.01"}).config);
+  CHECK(contains(summary, "lr                  0.01\n"));
+  CHECK(contains(summary, "beta1               0.9  (default)"));
+}
+
+TEST_CASE("learning-rate schedules follow the documented formulas") {
+  LrSchedule s;
+  s.peak_lr = 1.0;
+  s.warmup_steps = 10;
+  s.total_steps = 110;
+  s.final_lr_frac = 0.1;
+  const double tol = 1e-12;
+
+  SECTION("warmup is linear from lr/W to lr, the same for every kind") {
+    for (LrScheduleKind kind : {LrScheduleKind::cosine, LrScheduleKind::linear, LrScheduleKind::constant,
+                                LrScheduleKind::wsd}) {
+      s.kind = kind;
+      CHECK(s.at(1) == Approx(0.1).margin(tol));
+      CHECK(s.at(5) == Approx(0.5).margin(tol));
+      CHECK(s.at(10) == Approx(1.0).margin(tol));
+    }
+  }
+  SECTION("cosine") {
+    s.kind = LrScheduleKind::cosine;
+    CHECK(s.at(60) == Approx(0.55).margin(tol));  // halfway: (1 + 0.1) / 2
+    CHECK(s.at(110) == Approx(0.1).margin(tol));
+    CHECK(s.at(35) == Approx(0.1 + 0.9 * 0.5 * (1 + std::cos(kPi * 0.25))).margin(tol));
+    for (long long k = 11; k <= 110; ++k) CHECK(s.at(k) < s.at(k - 1));
+  }
+  SECTION("linear") {
+    s.kind = LrScheduleKind::linear;
+    CHECK(s.at(60) == Approx(0.55).margin(tol));
+    CHECK(s.at(35) == Approx(1.0 - 0.9 * 0.25).margin(tol));
+    CHECK(s.at(110) == Approx(0.1).margin(tol));
+  }
+  SECTION("constant") {
+    s.kind = LrScheduleKind::constant;
+    CHECK(s.at(11) == 1.0);
+    CHECK(s.at(110) == 1.0);
+  }
+  SECTION("wsd decays linearly over the last 20% of the steps") {
+    s.kind = LrScheduleKind::wsd;
+    // N = 110: D = 22, decay starts after step S = 88
+    CHECK(s.at(11) == 1.0);
+    CHECK(s.at(88) == 1.0);
+    CHECK(s.at(89) == Approx(1.0 - 0.9 / 22).margin(tol));
+    CHECK(s.at(99) == Approx(1.0 - 0.9 * 11 / 22).margin(tol));
+    CHECK(s.at(110) == Approx(0.1).margin(tol));
+  }
+  SECTION("no warmup: step 1 is already past the peak") {
+    s.warmup_steps = 0;
+    s.total_steps = 4;
+    s.final_lr_frac = 0.0;
+    s.kind = LrScheduleKind::linear;
+    CHECK(s.at(1) == Approx(0.75).margin(tol));
+    CHECK(s.at(4) == Approx(0.0).margin(tol));
+    s.kind = LrScheduleKind::constant;
+    CHECK(s.at(1) == 1.0);
+    s.kind = LrScheduleKind::wsd;  // D = 0: no decay phase for 4 steps
+    CHECK(s.at(4) == 1.0);
+  }
+  SECTION("warmup longer than the run") {
+    s.warmup_steps = 200;
+    s.kind = LrScheduleKind::cosine;
+    CHECK(s.at(110) == Approx(110.0 / 200).margin(tol));
+  }
+  SECTION("steps outside the run are refused") {
+    CHECK_THROWS_AS(s.at(0), std::out_of_range);
+    CHECK_THROWS_AS(s.at(111), std::out_of_range);
+  }
+  SECTION("the config builds the schedule") {
+    TrainConfig c = parse({"--lr", "0.5", "--lr-schedule", "linear", "--warmup-steps", "0", "--max-steps", "2",
+                           "--final-lr-frac", "0"}).config;
+    LrSchedule m = make_lr_schedule(c);
+    CHECK(m.at(1) == Approx(0.25).margin(tol));
+    CHECK(m.at(2) == Approx(0.0).margin(tol));
+    CHECK_THROWS_AS(parse_lr_schedule("cosine2"), std::invalid_argument);
+  }
+}
