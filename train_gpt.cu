@@ -111,12 +111,13 @@ void train(const Run& run) {
     with_context("--val-data", [&] { val_loader->next_batch(inputs.data(), targets.data()); });
   }
 
-  GPT2<T> model(run.model, B, T_seq);
+  GPT2<T> model(run.model, B, T_seq, cfg.recompute);
   if (!cfg.init_from.empty()) with_context("--init-from", [&] { model.load(cfg.init_from); });
   else model.init_random(static_cast<uint64_t>(cfg.seed));
 
   cudaDeviceProp prop;
   check_cuda(cudaGetDeviceProperties(&prop, 0), "querying the device");
+  const ActivationBytes acts = gpt2_activation_bytes(run.model, B, T_seq, model.recompute(), GPT2<T>::dtype);
   const size_t param_bytes = model.parameter_bytes(), optim_bytes = model.optimizer_bytes(),
                act_bytes = model.activation_bytes();
   std::printf("train_gpt\nconfig:\n%s", config_summary(cfg).c_str());
@@ -125,6 +126,11 @@ void train(const Run& run) {
               thousands(model.num_parameters()).c_str());
   std::printf("memory: parameters+gradients %s, optimizer %s, activations %s, total %s\n", mib(param_bytes).c_str(),
               mib(optim_bytes).c_str(), mib(act_bytes).c_str(), mib(param_bytes + optim_bytes + act_bytes).c_str());
+  std::printf("activations at --recompute %d: blocks %s, logits and buffers %s; blocks at --recompute", model.recompute(),
+              mib(acts.blocks).c_str(), mib(acts.other).c_str());
+  for (int r = 0; r <= kRecomputeMax; ++r)
+    std::printf(" %d: %s%s", r, mib(gpt2_activation_bytes(run.model, B, T_seq, r, GPT2<T>::dtype).blocks).c_str(),
+                r < kRecomputeMax ? "," : "\n");
   std::printf("batch: %lld tokens per step = %d x %d tokens x %d rank(s) x %d accumulation step(s)\n",
               cfg.total_batch_tokens, B, T_seq, kWorldSize, run.grad_accum_steps);
   std::printf("train data: %zu shard(s), %s tokens", train_loader.num_shards(),

@@ -41,6 +41,7 @@ struct TrainConfig {
   int batch_size = 8;
   int seq_len = 1024;
   long long total_batch_tokens = 0;  // 0: batch_size·seq_len·ranks (no accumulation)
+  int recompute = 1;                 // activation recomputation 0..3 (gpt2.h: kRecomputeDefault)
   // optimizer and schedule
   double lr = 6e-4;
   std::string lr_schedule = "cosine";
@@ -111,6 +112,10 @@ inline const std::vector<Flag>& flag_table() {
       {"total-batch-tokens", "N",
        "tokens per optimizer step; a multiple of B*T*ranks, the rest is done by gradient accumulation",
        &TrainConfig::total_batch_tokens, {0, (double)LLONG_MAX}, {}, "B*T*ranks (no accumulation)"},
+      {"recompute", "0|1|2|3",
+       "activation memory vs compute: 0 keep every activation, 1 recompute GELU outputs, 2 also LayerNorm outputs, "
+       "3 keep only block inputs and rerun each block's forward in its backward (least memory, ~20% more compute)",
+       &TrainConfig::recompute, {0, 3}},
       {"lr", "X", "peak learning rate", &TrainConfig::lr, {0, HUGE_VAL}},
       {"lr-schedule", "NAME", "cosine | linear | constant | wsd (warmup-stable-decay, decay over the last 20% of steps)",
        &TrainConfig::lr_schedule, {}, lr_schedule_names()},

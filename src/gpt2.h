@@ -14,6 +14,7 @@
 #pragma once
 #include "../kernels/common.cuh"
 #include "../kernels/encoder.cuh"
+#include "../kernels/gelu.cuh"
 #include "../kernels/layernorm.cuh"
 #include "../kernels/matmul.cuh"
 #include "../kernels/attention.cuh"
@@ -292,6 +293,111 @@ class DeviceArray {
 };
 
 // ---------------------------------------------------------------------------------------
+// Activation recomputation and activation memory.
+//
+// --recompute trades compute for memory: the backward pass recomputes part of what the forward
+// pass computed instead of keeping it for every layer.
+//   0  every layer keeps everything its backward reads
+//   1  the GELU outputs fch_gelu (4C per row) are recomputed from the kept pre-activations fch
+//   2  also the LayerNorm outputs ln1 and ln2 (C each), from their kept inputs
+//   3  only the residual stream (every block's input) is kept: the backward reruns a block's
+//      forward from its input right before differentiating it
+// A tensor not kept for every layer has one layer-sized slice that the forward and the
+// recomputation reuse layer after layer. Recomputation runs the same deterministic kernels on the
+// same bits (a LayerNorm output recomputed by layernorm_forward is bitwise the fused residual
+// LayerNorm's: both round the residual to T first and share layernorm_row), so every setting
+// gives bit-identical losses and gradients.
+constexpr int kRecomputeMax = 3;
+constexpr int kRecomputeDefault = 1;
+
+inline void gpt2_check_recompute(int recompute) {
+  if (recompute < 0 || recompute > kRecomputeMax)
+    throw std::runtime_error("recompute: expected 0, 1, 2 or 3, found " + std::to_string(recompute));
+}
+
+// Element counts of the activation buffers of one B×T micro-batch, N = B·T rows. A per-layer
+// tensor holds L slices when kept for the backward pass, else 1 (block_keeps).
+struct ActivationCounts {
+  // T elements.
+  size_t encoded = 0, residual3 = 0;                        // the residual stream: (N, C), (L, N, C)
+  size_t ln1 = 0, atty = 0, residual2 = 0, ln2 = 0;         // (slices, N, C)
+  size_t qkv = 0;                                           // (slices, N, 3C)
+  size_t fch = 0, fch_gelu = 0;                             // (slices, N, 4C)
+  size_t lnf = 0, logits = 0, branch = 0, dresidual = 0, dwide = 0;
+  // fp32 elements.
+  size_t ln_stat = 0;  // each of ln1_mean, ln1_rstd, ln2_mean, ln2_rstd: (slices, N)
+  size_t lse = 0;      // (slices, B, NH, T)
+  size_t lnf_stat = 0, losses = 0, scratch = 0, norm_squared = 0;
+  // int elements.
+  size_t tokens = 0;  // each of inputs, targets
+  size_t buckets = 0;
+};
+
+enum class BlockTensor { fch_gelu, ln_output, other };
+
+// Whether setting `recompute` keeps a block tensor for every layer (see above): GELU outputs up
+// to 0, LayerNorm outputs up to 1, everything else (qkv, attention output and lse, residual2, fch,
+// LayerNorm statistics) up to 2. The residual stream is always kept.
+inline bool block_keeps(BlockTensor tensor, int recompute) {
+  switch (tensor) {
+    case BlockTensor::fch_gelu: return recompute < 1;
+    case BlockTensor::ln_output: return recompute < 2;
+    case BlockTensor::other: return recompute < 3;
+  }
+  return true;
+}
+
+inline ActivationCounts gpt2_activation_counts(const GPT2Config& cfg, int B, int seq_len, int recompute) {
+  gpt2_check_recompute(recompute);
+  const size_t L = cfg.num_layers, C = cfg.channels, N = static_cast<size_t>(B) * seq_len;
+  auto slices = [&](BlockTensor t) { return block_keeps(t, recompute) ? L : 1; };
+  ActivationCounts n;
+  n.encoded = N * C;
+  n.residual3 = L * N * C;
+  n.ln1 = n.ln2 = slices(BlockTensor::ln_output) * N * C;
+  n.atty = n.residual2 = slices(BlockTensor::other) * N * C;
+  n.qkv = slices(BlockTensor::other) * N * 3 * C;
+  n.fch = slices(BlockTensor::other) * N * 4 * C;
+  n.fch_gelu = slices(BlockTensor::fch_gelu) * N * 4 * C;
+  n.lnf = n.branch = n.dresidual = N * C;
+  n.logits = N * cfg.padded_vocab_size;
+  n.dwide = N * 4 * C;
+  n.ln_stat = slices(BlockTensor::other) * N;
+  n.lse = slices(BlockTensor::other) * N * cfg.num_heads;
+  n.lnf_stat = n.losses = N;
+  const size_t scratch_bytes =
+      std::max({layernorm_backward_scratch_bytes(static_cast<int>(N), cfg.channels),
+                attention_backward_scratch_bytes(B, seq_len, cfg.num_heads), global_norm_scratch_bytes()});
+  n.scratch = ceil_div(scratch_bytes, sizeof(float));
+  n.norm_squared = 1;
+  n.tokens = N;
+  n.buckets = encoder_backward_scratch_bytes(B, seq_len) / sizeof(int);
+  return n;
+}
+
+// Device memory of the activations (everything that scales with the micro-batch) in two parts:
+//   blocks: the transformer blocks' activations: the residual stream and what the blocks keep for
+//           the backward pass, including the one-layer slices the recomputation refills. This is
+//           what --recompute shrinks.
+//   other:  final LayerNorm, logits (N·Vp: the largest single buffer), losses, activation-gradient
+//           buffers, scratch, tokens. The same at every setting.
+struct ActivationBytes {
+  size_t blocks = 0, other = 0;
+  size_t total() const { return blocks + other; }
+};
+
+inline ActivationBytes gpt2_activation_bytes(const GPT2Config& cfg, int B, int seq_len, int recompute, DType dtype) {
+  const ActivationCounts n = gpt2_activation_counts(cfg, B, seq_len, recompute);
+  const size_t t = dtype == DType::fp32 ? sizeof(float) : sizeof(bf16), f = sizeof(float);
+  ActivationBytes bytes;
+  bytes.blocks = t * (n.encoded + n.residual3 + n.ln1 + n.atty + n.residual2 + n.ln2 + n.qkv + n.fch + n.fch_gelu) +
+                 f * (4 * n.ln_stat + n.lse);
+  bytes.other = t * (n.lnf + n.logits + n.branch + n.dresidual + n.dwide) +
+                f * (2 * n.lnf_stat + n.losses + n.scratch + n.norm_squared) + sizeof(int) * (2 * n.tokens + n.buckets);
+  return bytes;
+}
+
+// ---------------------------------------------------------------------------------------
 // The model.
 
 template <typename T>
@@ -302,10 +408,13 @@ class GPT2 {
   static constexpr DType dtype = std::is_same<T, float>::value ? DType::fp32 : DType::bf16;
 
   // Allocates parameters, gradients, optimizer state and the activations of one B×seq_len
-  // micro-batch (the sequence length is fixed for the model's lifetime). Parameters, gradients and
+  // micro-batch (the sequence length is fixed for the model's lifetime) at activation
+  // recomputation setting `recompute` (0..3, see kRecomputeMax). Parameters, gradients and
   // optimizer state start at zero: call init_random() or load().
-  GPT2(const GPT2Config& cfg, int B, int seq_len) : cfg_(cfg), B_(B), T_(seq_len) {
+  GPT2(const GPT2Config& cfg, int B, int seq_len, int recompute = kRecomputeDefault)
+      : cfg_(cfg), B_(B), T_(seq_len), recompute_(recompute) {
     gpt2_check_config(cfg, "model configuration");
+    gpt2_check_recompute(recompute);
     if (B < 1) throw std::runtime_error("batch size: expected B >= 1, found " + std::to_string(B));
     if (seq_len < 1 || seq_len > cfg.max_seq_len)
       throw std::runtime_error("sequence length: expected 1 <= T <= max_seq_len (" + std::to_string(cfg.max_seq_len) +
@@ -337,6 +446,7 @@ class GPT2 {
   const ParameterLayout& layout() const { return layout_; }
   int batch_size() const { return B_; }
   int seq_len() const { return T_; }
+  int recompute() const { return recompute_; }
   cudaStream_t stream() const { return stream_; }
 
   // Device buffers (llm.c order), for communication and checkpointing code.
@@ -546,21 +656,23 @@ class GPT2 {
 
   // Device memory, for the start-up summary. parameter_bytes: parameters and their gradients;
   // optimizer_bytes: AdamW moments and master weights; activation_bytes: everything that scales
-  // with the micro-batch (activations kept for the backward pass, gradient buffers, scratch, tokens).
+  // with the micro-batch (activations kept for the backward pass, gradient buffers, scratch, tokens),
+  // the sum of the buffers allocated, which gpt2_activation_bytes(...).total() predicts.
   size_t parameter_bytes() const { return params_.bytes() + grads_.bytes(); }
   size_t optimizer_bytes() const { return adam_m_.bytes() + adam_v_.bytes() + master_.bytes(); }
   size_t activation_bytes() const { return activation_bytes_; }
 
  private:
-  // Activations of one micro-batch, N = B·T rows. Per-layer tensors hold L slices.
+  // Activations of one micro-batch, N = B·T rows. Per-layer tensors hold L slices, or one slice
+  // reused by every layer when the recompute setting does not keep them (block_keeps; at()).
   struct Activations {
     DeviceArray<T> encoded;                       // (N, C) wte[token] + wpe[t]: layer 0's input
-    DeviceArray<T> ln1, atty, residual2, ln2;     // (L, N, C)
+    DeviceArray<T> ln1, atty, residual2, ln2;     // (L|1, N, C)
     DeviceArray<T> residual3;                     // (L, N, C) residual2 + fcproj: the next layer's input
-    DeviceArray<T> qkv;                           // (L, N, 3C)
-    DeviceArray<T> fch, fch_gelu;                 // (L, N, 4C) before / after GELU
-    DeviceArray<float> ln1_mean, ln1_rstd, ln2_mean, ln2_rstd;  // (L, N)
-    DeviceArray<float> lse;                       // (L, B, NH, T) attention log-sum-exp
+    DeviceArray<T> qkv;                           // (L|1, N, 3C)
+    DeviceArray<T> fch, fch_gelu;                 // (L|1, N, 4C) before / after GELU
+    DeviceArray<float> ln1_mean, ln1_rstd, ln2_mean, ln2_rstd;  // (L|1, N)
+    DeviceArray<float> lse;                       // (L|1, B, NH, T) attention log-sum-exp
     DeviceArray<T> lnf;                           // (N, C)
     DeviceArray<float> lnf_mean, lnf_rstd;        // (N)
     DeviceArray<T> logits;                        // (N, Vp); the classifier writes dlogits in place
@@ -579,7 +691,6 @@ class GPT2 {
   int rows() const { return B_ * T_; }
 
   void allocate() {
-    const size_t L = cfg_.num_layers, C = cfg_.channels, N = static_cast<size_t>(rows());
     const size_t P = layout_.total;
     params_ = DeviceArray<T>(P, "parameters");
     grads_ = DeviceArray<T>(P, "gradients");
@@ -591,39 +702,36 @@ class GPT2 {
       gpt2_cuda_check(cudaMemset(master_.get(), 0, master_.bytes()), "zeroing master weights");
     reset_training_state();
 
+    const ActivationCounts n = gpt2_activation_counts(cfg_, B_, T_, recompute_);
     Activations& a = acts_;
-    a.encoded = DeviceArray<T>(N * C, "activations (encoded)");
-    a.ln1 = DeviceArray<T>(L * N * C, "activations (ln1)");
-    a.atty = DeviceArray<T>(L * N * C, "activations (attention output)");
-    a.residual2 = DeviceArray<T>(L * N * C, "activations (residual2)");
-    a.ln2 = DeviceArray<T>(L * N * C, "activations (ln2)");
-    a.residual3 = DeviceArray<T>(L * N * C, "activations (residual3)");
-    a.qkv = DeviceArray<T>(L * N * 3 * C, "activations (qkv)");
-    a.fch = DeviceArray<T>(L * N * 4 * C, "activations (fch)");
-    a.fch_gelu = DeviceArray<T>(L * N * 4 * C, "activations (fch_gelu)");
-    a.ln1_mean = DeviceArray<float>(L * N, "activations (ln1 mean)");
-    a.ln1_rstd = DeviceArray<float>(L * N, "activations (ln1 rstd)");
-    a.ln2_mean = DeviceArray<float>(L * N, "activations (ln2 mean)");
-    a.ln2_rstd = DeviceArray<float>(L * N, "activations (ln2 rstd)");
-    a.lse = DeviceArray<float>(L * N * cfg_.num_heads, "activations (attention lse)");
-    a.lnf = DeviceArray<T>(N * C, "activations (lnf)");
-    a.lnf_mean = DeviceArray<float>(N, "activations (lnf mean)");
-    a.lnf_rstd = DeviceArray<float>(N, "activations (lnf rstd)");
-    a.logits = DeviceArray<T>(N * cfg_.padded_vocab_size, "activations (logits)");
-    a.losses = DeviceArray<float>(N, "activations (losses)");
-    a.branch = DeviceArray<T>(N * C, "activations (branch output / input gradient)");
-    a.dresidual = DeviceArray<T>(N * C, "activation gradients (residual)");
-    a.dwide = DeviceArray<T>(N * 4 * C, "activation gradients (fch / qkv)");
-    const size_t scratch_bytes =
-        std::max({layernorm_backward_scratch_bytes(rows(), cfg_.channels),
-                  attention_backward_scratch_bytes(B_, T_, cfg_.num_heads), global_norm_scratch_bytes()});
-    a.scratch = DeviceArray<float>(ceil_div(scratch_bytes, sizeof(float)), "scratch");
-    a.norm_squared = DeviceArray<float>(1, "gradient norm");
-    a.inputs = DeviceArray<int>(N, "input tokens");
-    a.targets = DeviceArray<int>(N, "target tokens");
-    const size_t bucket_bytes = encoder_backward_scratch_bytes(B_, T_);
-    a.buckets = DeviceArray<int>(bucket_bytes / sizeof(int), "encoder-gradient buckets");
-    buckets_host_.assign(bucket_bytes / sizeof(int), 0);
+    a.encoded = DeviceArray<T>(n.encoded, "activations (encoded)");
+    a.ln1 = DeviceArray<T>(n.ln1, "activations (ln1)");
+    a.atty = DeviceArray<T>(n.atty, "activations (attention output)");
+    a.residual2 = DeviceArray<T>(n.residual2, "activations (residual2)");
+    a.ln2 = DeviceArray<T>(n.ln2, "activations (ln2)");
+    a.residual3 = DeviceArray<T>(n.residual3, "activations (residual3)");
+    a.qkv = DeviceArray<T>(n.qkv, "activations (qkv)");
+    a.fch = DeviceArray<T>(n.fch, "activations (fch)");
+    a.fch_gelu = DeviceArray<T>(n.fch_gelu, "activations (fch_gelu)");
+    a.ln1_mean = DeviceArray<float>(n.ln_stat, "activations (ln1 mean)");
+    a.ln1_rstd = DeviceArray<float>(n.ln_stat, "activations (ln1 rstd)");
+    a.ln2_mean = DeviceArray<float>(n.ln_stat, "activations (ln2 mean)");
+    a.ln2_rstd = DeviceArray<float>(n.ln_stat, "activations (ln2 rstd)");
+    a.lse = DeviceArray<float>(n.lse, "activations (attention lse)");
+    a.lnf = DeviceArray<T>(n.lnf, "activations (lnf)");
+    a.lnf_mean = DeviceArray<float>(n.lnf_stat, "activations (lnf mean)");
+    a.lnf_rstd = DeviceArray<float>(n.lnf_stat, "activations (lnf rstd)");
+    a.logits = DeviceArray<T>(n.logits, "activations (logits)");
+    a.losses = DeviceArray<float>(n.losses, "activations (losses)");
+    a.branch = DeviceArray<T>(n.branch, "activations (branch output / input gradient)");
+    a.dresidual = DeviceArray<T>(n.dresidual, "activation gradients (residual)");
+    a.dwide = DeviceArray<T>(n.dwide, "activation gradients (fch / qkv)");
+    a.scratch = DeviceArray<float>(n.scratch, "scratch");
+    a.norm_squared = DeviceArray<float>(n.norm_squared, "gradient norm");
+    a.inputs = DeviceArray<int>(n.tokens, "input tokens");
+    a.targets = DeviceArray<int>(n.tokens, "target tokens");
+    a.buckets = DeviceArray<int>(n.buckets, "encoder-gradient buckets");
+    buckets_host_.assign(n.buckets, 0);
 
     activation_bytes_ = 0;
     for (size_t bytes : {a.encoded.bytes(), a.ln1.bytes(), a.atty.bytes(), a.residual2.bytes(), a.ln2.bytes(),
@@ -710,43 +818,65 @@ class GPT2 {
     return grads_.get() + layout_[tensor].offset + layer_stride * layer;
   }
 
+  // Layer l's slice of a per-layer activation of `slice` elements: its own slice when the tensor
+  // is kept for every layer, else the one slice all layers reuse.
+  template <typename U>
+  static U* at(const DeviceArray<U>& a, int l, size_t slice) {
+    return a.get() + (a.count() > slice ? static_cast<size_t>(l) * slice : 0);
+  }
+
+  // Layer l's input: the embeddings for layer 0, else the previous layer's output.
+  const T* block_input(int l) const {
+    return l == 0 ? acts_.encoded.get() : acts_.residual3.get() + static_cast<size_t>(l - 1) * rows() * cfg_.channels;
+  }
+
+  // Layer l's forward from its ln1 output (already in place) to its GELU output: everything the
+  // backward reads except ln1. The attention projection's output is left in a.branch.
+  void block_forward(int l) {
+    const int N = rows(), C = cfg_.channels, NH = cfg_.num_heads;
+    const size_t NC = static_cast<size_t>(N) * C, c = C;
+    Activations& a = acts_;
+    cudaStream_t s = stream_;
+    T* qkv = at(a.qkv, l, 3 * NC);
+    T* atty = at(a.atty, l, NC);
+    T* fch = at(a.fch, l, 4 * NC);
+    matmul_forward(qkv, static_cast<T*>(nullptr), at(a.ln1, l, NC), param(kQkvw, 3 * c * c, l),
+                   param(kQkvb, 3 * c, l), N, C, 3 * C, s);
+    attention_forward(atty, at(a.lse, l, static_cast<size_t>(N) * NH), qkv, B_, T_, C, NH, s);
+    matmul_forward(a.branch.get(), static_cast<T*>(nullptr), atty, param(kAttprojw, c * c, l), param(kAttprojb, c, l),
+                   N, C, C, s);
+    residual_layernorm_forward(at(a.residual2, l, NC), at(a.ln2, l, NC), at(a.ln2_mean, l, N), at(a.ln2_rstd, l, N),
+                               block_input(l), a.branch.get(), param(kLn2w, c, l), param(kLn2b, c, l), N, C, s);
+    // GELU as its own kernel on the rounded pre-activation (not cuBLASLt's GELU epilogue on the
+    // fp32 product), so that recomputing it from the kept fch reproduces the same bits.
+    matmul_forward(fch, static_cast<T*>(nullptr), at(a.ln2, l, NC), param(kFcw, 4 * c * c, l), param(kFcb, 4 * c, l),
+                   N, C, 4 * C, s);
+    gelu_forward(at(a.fch_gelu, l, 4 * NC), fch, 4 * NC, s);
+  }
+
   void run_forward() {
-    const int N = rows(), C = cfg_.channels, NH = cfg_.num_heads, L = cfg_.num_layers;
+    const int N = rows(), C = cfg_.channels, L = cfg_.num_layers;
     const size_t NC = static_cast<size_t>(N) * C, c = C;
     Activations& a = acts_;
     cudaStream_t s = stream_;
     encoder_forward(a.encoded.get(), a.inputs.get(), param(kWte, 0, 0), param(kWpe, 0, 0), B_, T_, C, s);
     // Layer 0 normalizes the embeddings; every later ln1 (and lnf) comes out of the previous
     // layer's fused residual add + LayerNorm.
-    layernorm_forward(a.ln1.get(), a.ln1_mean.get(), a.ln1_rstd.get(), a.encoded.get(), param(kLn1w, c, 0),
-                      param(kLn1b, c, 0), N, C, s);
+    layernorm_forward(at(a.ln1, 0, NC), at(a.ln1_mean, 0, N), at(a.ln1_rstd, 0, N), a.encoded.get(),
+                      param(kLn1w, c, 0), param(kLn1b, c, 0), N, C, s);
     for (int l = 0; l < L; ++l) {
-      const T* residual = l == 0 ? a.encoded.get() : a.residual3.get() + (l - 1) * NC;
-      T* ln1 = a.ln1.get() + l * NC;
-      T* qkv = a.qkv.get() + l * 3 * NC;
-      T* atty = a.atty.get() + l * NC;
-      T* residual2 = a.residual2.get() + l * NC;
-      T* ln2 = a.ln2.get() + l * NC;
-      T* fch = a.fch.get() + l * 4 * NC;
-      T* fch_gelu = a.fch_gelu.get() + l * 4 * NC;
+      block_forward(l);
+      matmul_forward(a.branch.get(), static_cast<T*>(nullptr), at(a.fch_gelu, l, 4 * NC),
+                     param(kFcprojw, 4 * c * c, l), param(kFcprojb, c, l), N, 4 * C, C, s);
       T* residual3 = a.residual3.get() + l * NC;
-      matmul_forward(qkv, static_cast<T*>(nullptr), ln1, param(kQkvw, 3 * c * c, l), param(kQkvb, 3 * c, l), N, C,
-                     3 * C, s);
-      attention_forward(atty, a.lse.get() + l * static_cast<size_t>(N) * NH, qkv, B_, T_, C, NH, s);
-      matmul_forward(a.branch.get(), static_cast<T*>(nullptr), atty, param(kAttprojw, c * c, l),
-                     param(kAttprojb, c, l), N, C, C, s);
-      residual_layernorm_forward(residual2, ln2, a.ln2_mean.get() + l * N, a.ln2_rstd.get() + l * N, residual,
-                                 a.branch.get(), param(kLn2w, c, l), param(kLn2b, c, l), N, C, s);
-      matmul_forward(fch_gelu, fch, ln2, param(kFcw, 4 * c * c, l), param(kFcb, 4 * c, l), N, C, 4 * C, s);
-      matmul_forward(a.branch.get(), static_cast<T*>(nullptr), fch_gelu, param(kFcprojw, 4 * c * c, l),
-                     param(kFcprojb, c, l), N, 4 * C, C, s);
       if (l + 1 < L) {
-        residual_layernorm_forward(residual3, a.ln1.get() + (l + 1) * NC, a.ln1_mean.get() + (l + 1) * N,
-                                   a.ln1_rstd.get() + (l + 1) * N, residual2, a.branch.get(),
+        residual_layernorm_forward(residual3, at(a.ln1, l + 1, NC), at(a.ln1_mean, l + 1, N),
+                                   at(a.ln1_rstd, l + 1, N), at(a.residual2, l, NC), a.branch.get(),
                                    param(kLn1w, c, l + 1), param(kLn1b, c, l + 1), N, C, s);
       } else {
-        residual_layernorm_forward(residual3, a.lnf.get(), a.lnf_mean.get(), a.lnf_rstd.get(), residual2,
-                                   a.branch.get(), param(kLnfw, 0, 0), param(kLnfb, 0, 0), N, C, s);
+        residual_layernorm_forward(residual3, a.lnf.get(), a.lnf_mean.get(), a.lnf_rstd.get(),
+                                   at(a.residual2, l, NC), a.branch.get(), param(kLnfw, 0, 0), param(kLnfb, 0, 0), N,
+                                   C, s);
       }
     }
     // Tied lm head over all Vp columns; the zero padding rows of wte give zero padding logits.
@@ -756,7 +886,9 @@ class GPT2 {
 
   // Backward from the dlogits the classifier left in a.logits. Parameter gradients accumulate;
   // dresidual holds d loss / d (residual stream) at the current depth: the skip connections pass
-  // it through unchanged and each LayerNorm backward adds its branch's share.
+  // it through unchanged and each LayerNorm backward adds its branch's share. Activations the
+  // recompute setting did not keep are recomputed into their layer slice right before they are
+  // read (a.branch, a.dwide and the scratch are free at the start of each layer).
   void run_backward() {
     const int N = rows(), C = cfg_.channels, NH = cfg_.num_heads, L = cfg_.num_layers;
     const size_t NC = static_cast<size_t>(N) * C, c = C;
@@ -773,38 +905,58 @@ class GPT2 {
     layernorm_backward(dresidual, grad(kLnfw, 0, 0), grad(kLnfb, 0, 0), scratch, dbranch,
                        a.residual3.get() + (L - 1) * NC, param(kLnfw, 0, 0), a.lnf_mean.get(), a.lnf_rstd.get(), N,
                        C, s);
+    const bool rerun_block = !block_keeps(BlockTensor::other, recompute_);
+    const bool recompute_gelu = !rerun_block && !block_keeps(BlockTensor::fch_gelu, recompute_);
+    const bool recompute_ln = !rerun_block && !block_keeps(BlockTensor::ln_output, recompute_);
     for (int l = L - 1; l >= 0; --l) {
-      const T* residual = l == 0 ? a.encoded.get() : a.residual3.get() + (l - 1) * NC;
-      const T* ln1 = a.ln1.get() + l * NC;
-      const T* qkv = a.qkv.get() + l * 3 * NC;
-      const T* atty = a.atty.get() + l * NC;
-      const T* residual2 = a.residual2.get() + l * NC;
-      const T* ln2 = a.ln2.get() + l * NC;
-      const T* fch = a.fch.get() + l * 4 * NC;
-      const T* fch_gelu = a.fch_gelu.get() + l * 4 * NC;
+      const T* residual = block_input(l);
+      T* ln1 = at(a.ln1, l, NC);
+      float* ln1_mean = at(a.ln1_mean, l, N);
+      float* ln1_rstd = at(a.ln1_rstd, l, N);
+      T* ln2 = at(a.ln2, l, NC);
+      float* ln2_mean = at(a.ln2_mean, l, N);
+      float* ln2_rstd = at(a.ln2_rstd, l, N);
+      const T* residual2 = at(a.residual2, l, NC);
+      const T* qkv = at(a.qkv, l, 3 * NC);
+      const T* atty = at(a.atty, l, NC);
+      const T* fch = at(a.fch, l, 4 * NC);
+      T* fch_gelu = at(a.fch_gelu, l, 4 * NC);
+      // A recomputed ln1 or ln2 (layernorm_forward of the kept, rounded input) equals the forward's
+      // fused residual LayerNorm output bit for bit, statistics included (kept statistics are
+      // rewritten with the values they hold).
+      if (rerun_block) {
+        layernorm_forward(ln1, ln1_mean, ln1_rstd, residual, param(kLn1w, c, l), param(kLn1b, c, l), N, C, s);
+        block_forward(l);
+      }
+      if (recompute_gelu) gelu_forward(fch_gelu, fch, 4 * NC, s);
       // MLP branch; dresidual = d/d residual3 = d/d fcproj.
       matmul_backward(dwide, grad(kFcprojw, 4 * c * c, l), grad(kFcprojb, c, l), static_cast<T*>(nullptr),
                       dresidual, fch_gelu, param(kFcprojw, 4 * c * c, l), static_cast<const T*>(nullptr), N, 4 * C,
                       C, s);
+      if (recompute_ln)
+        layernorm_forward(ln2, ln2_mean, ln2_rstd, residual2, param(kLn2w, c, l), param(kLn2b, c, l), N, C, s);
       matmul_backward(dbranch, grad(kFcw, 4 * c * c, l), grad(kFcb, 4 * c, l), dwide, dwide, ln2,
                       param(kFcw, 4 * c * c, l), fch, N, C, 4 * C, s);
       layernorm_backward(dresidual, grad(kLn2w, c, l), grad(kLn2b, c, l), scratch, dbranch, residual2,
-                         param(kLn2w, c, l), a.ln2_mean.get() + l * N, a.ln2_rstd.get() + l * N, N, C, s);
+                         param(kLn2w, c, l), ln2_mean, ln2_rstd, N, C, s);
       // Attention branch; dresidual = d/d residual2 = d/d attproj.
       matmul_backward(dbranch, grad(kAttprojw, c * c, l), grad(kAttprojb, c, l), static_cast<T*>(nullptr), dresidual,
                       atty, param(kAttprojw, c * c, l), static_cast<const T*>(nullptr), N, C, C, s);
-      attention_backward(dwide, scratch, dbranch, qkv, atty, a.lse.get() + l * static_cast<size_t>(N) * NH, B_, T_,
-                         C, NH, s);
+      attention_backward(dwide, scratch, dbranch, qkv, atty, at(a.lse, l, static_cast<size_t>(N) * NH), B_, T_, C,
+                         NH, s);
+      if (recompute_ln)
+        layernorm_forward(ln1, ln1_mean, ln1_rstd, residual, param(kLn1w, c, l), param(kLn1b, c, l), N, C, s);
       matmul_backward(dbranch, grad(kQkvw, 3 * c * c, l), grad(kQkvb, 3 * c, l), static_cast<T*>(nullptr), dwide,
                       ln1, param(kQkvw, 3 * c * c, l), static_cast<const T*>(nullptr), N, C, 3 * C, s);
       layernorm_backward(dresidual, grad(kLn1w, c, l), grad(kLn1b, c, l), scratch, dbranch, residual,
-                         param(kLn1w, c, l), a.ln1_mean.get() + l * N, a.ln1_rstd.get() + l * N, N, C, s);
+                         param(kLn1w, c, l), ln1_mean, ln1_rstd, N, C, s);
     }
     encoder_backward(grad(kWte, 0, 0), grad(kWpe, 0, 0), a.buckets.get(), num_buckets_, dresidual, B_, T_, C, s);
   }
 
   GPT2Config cfg_;
   int B_, T_;
+  int recompute_;
   ParameterLayout layout_;
   cudaStream_t stream_ = nullptr;
   DeviceArray<T> params_, grads_;
