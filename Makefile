@@ -37,8 +37,8 @@ GPU_TEST_BINS := $(KERNEL_TESTS:test/%.cu=$(BUILD)/gpu/test/%)
 .DEFAULT_GOAL := all
 
 all: gpu
-gpu: check-nvcc train_gpt
-cpu: train_gpt_cpu
+gpu: check-nvcc train_gpt tokenize
+cpu: train_gpt_cpu tokenize
 
 check-nvcc:
 	@command -v $(NVCC) >/dev/null 2>&1 || { echo "nvcc not found at $(NVCC): install the CUDA toolkit and set CUDA_HOME (or run 'make cpu' for the CPU build)"; exit 1; }
@@ -103,6 +103,16 @@ run:
 	@bash scripts/run.sh
 
 clean:
-	rm -rf $(BUILD) train_gpt train_gpt_cpu
+	rm -rf $(BUILD) train_gpt train_gpt_cpu tokenize
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+
+# ---- tokenize: GPT-2 BPE text → token shards (host-only tool; sources in data/tokenize/)
+TOKENIZE_OBJS := $(patsubst data/tokenize/%.cpp,$(BUILD)/tokenize/%.o,$(wildcard data/tokenize/*.cpp))
+
+tokenize: $(TOKENIZE_OBJS)
+	$(CXX) -pthread -o $@ $^ -lpcre2-8
+
+$(BUILD)/tokenize/%.o: data/tokenize/%.cpp
+	@mkdir -p $(@D)
+	$(CXX) -std=c++17 -O2 -Wall -Wextra -Werror -pthread -MMD -MP -c $< -o $@

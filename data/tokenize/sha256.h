@@ -1,0 +1,7 @@
+// sha256.h — SHA-256 (FIPS 180-4) of a byte string, as lowercase hex. Used to make sure the
+// vocabulary files are the standard GPT-2 ones before any token id depends on them.
+#pragma once
+#include <string>
+#include <string_view>
+
+std::string sha256_hex(std::string_view data);

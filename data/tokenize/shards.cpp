@@ -1,0 +1,166 @@
+#include "shards.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "shards are little-endian and are written straight from memory");
+
+namespace {
+
+std::runtime_error io_error(const std::string& what, const std::string& path) {
+  return std::runtime_error(what + " " + path + ": " + std::strerror(errno));
+}
+
+void write_all(std::FILE* file, const void* data, size_t bytes, const std::string& path) {
+  if (std::fwrite(data, 1, bytes, file) != bytes) throw io_error("cannot write", path);
+}
+
+void write_header(std::FILE* file, int32_t magic, int32_t version, int32_t value2, int32_t value3,
+                  const std::string& path) {
+  int32_t header[kHeaderInts] = {magic, version, value2, value3};
+  write_all(file, header, sizeof header, path);
+}
+
+std::string read_file_bytes(const std::string& path) {
+  std::FILE* file = std::fopen(path.c_str(), "rb");
+  if (file == nullptr) throw io_error("cannot open", path);
+  std::string content;
+  char buffer[1 << 16];
+  size_t got;
+  while ((got = std::fread(buffer, 1, sizeof buffer, file)) > 0) content.append(buffer, got);
+  bool failed = std::ferror(file) != 0;
+  std::fclose(file);
+  if (failed) throw io_error("cannot read", path);
+  return content;
+}
+
+}  // namespace
+
+ShardWriter::ShardWriter(std::string dir, std::string prefix, int64_t val_tokens, int64_t shard_tokens)
+    : dir_(std::move(dir)), prefix_(std::move(prefix)), val_limit_(val_tokens), shard_limit_(shard_tokens) {}
+
+ShardWriter::~ShardWriter() {
+  if (file_ != nullptr) std::fclose(file_);
+}
+
+void ShardWriter::open_next() {
+  in_val_ = val_written_ < val_limit_;
+  char name[64];
+  std::snprintf(name, sizeof name, "_%s_%06d.bin", in_val_ ? "val" : "train",
+                in_val_ ? val_shards_ : train_shards_);
+  path_ = dir_ + "/" + prefix_ + name;
+  file_ = std::fopen(path_.c_str(), "wb");
+  if (file_ == nullptr) throw io_error("cannot create", path_);
+  written_.push_back(path_);
+  in_file_ = 0;
+  write_header(file_, kShardMagic, kShardVersion, 0, 0, path_);  // count patched on close
+}
+
+void ShardWriter::close_current() {
+  if (std::fseek(file_, 0, SEEK_SET) != 0) throw io_error("cannot seek in", path_);
+  write_header(file_, kShardMagic, kShardVersion, static_cast<int32_t>(in_file_), 0, path_);
+  int closed = std::fclose(file_);
+  file_ = nullptr;
+  if (closed != 0) throw io_error("cannot write", path_);
+  if (in_val_) ++val_shards_;
+  else ++train_shards_;
+}
+
+void ShardWriter::write(const uint16_t* tokens, size_t count) {
+  while (count > 0) {
+    if (file_ == nullptr) open_next();
+    int64_t capacity = in_val_ ? std::min(shard_limit_, val_limit_ - val_written_ + in_file_)
+                               : shard_limit_;
+    auto take = static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(count), capacity - in_file_));
+    write_all(file_, tokens, take * sizeof(uint16_t), path_);
+    in_file_ += static_cast<int64_t>(take);
+    (in_val_ ? val_written_ : train_written_) += static_cast<int64_t>(take);
+    tokens += take;
+    count -= take;
+    if (in_file_ == capacity) close_current();
+  }
+}
+
+std::vector<std::string> ShardWriter::finish() {
+  if (file_ != nullptr) close_current();
+  return written_;
+}
+
+void ShardWriter::discard() {
+  if (file_ != nullptr) std::fclose(file_);
+  file_ = nullptr;
+  for (const auto& path : written_) std::remove(path.c_str());
+  written_.clear();
+}
+
+std::vector<uint16_t> read_shard(const std::string& path) {
+  std::string content = read_file_bytes(path);
+  int32_t header[kHeaderInts] = {};
+  if (content.size() < sizeof header)
+    throw std::runtime_error(path + ": " + std::to_string(content.size()) +
+                             " bytes, shorter than the 1024-byte shard header");
+  std::memcpy(header, content.data(), sizeof header);
+  if (header[0] != kShardMagic || header[1] != kShardVersion)
+    throw std::runtime_error(path + ": header starts " + std::to_string(header[0]) + " " +
+                             std::to_string(header[1]) + ", expected a token shard (20240520 1)");
+  if (header[2] < 0) throw std::runtime_error(path + ": negative token count " + std::to_string(header[2]));
+  size_t expected = sizeof header + 2 * size_t(header[2]);
+  if (content.size() != expected)
+    throw std::runtime_error(path + ": header says " + std::to_string(header[2]) + " tokens, so " +
+                             std::to_string(expected) + " bytes, but the file has " +
+                             std::to_string(content.size()));
+  std::vector<uint16_t> tokens(static_cast<size_t>(header[2]));
+  std::memcpy(tokens.data(), content.data() + sizeof header, 2 * tokens.size());
+  return tokens;
+}
+
+void write_tokenizer_file(const std::string& path, const std::vector<std::string>& token_bytes,
+                          int end_of_text) {
+  std::FILE* file = std::fopen(path.c_str(), "wb");
+  if (file == nullptr) throw io_error("cannot create", path);
+  try {
+    write_header(file, kTokenizerMagic, kTokenizerVersion, static_cast<int32_t>(token_bytes.size()),
+                 end_of_text, path);
+    for (const auto& bytes : token_bytes) {
+      if (bytes.empty() || bytes.size() > 255)
+        throw std::runtime_error(path + ": a token of " + std::to_string(bytes.size()) +
+                                 " bytes does not fit the format's length byte");
+      auto length = static_cast<unsigned char>(bytes.size());
+      write_all(file, &length, 1, path);
+      write_all(file, bytes.data(), bytes.size(), path);
+    }
+  } catch (...) {
+    std::fclose(file);
+    std::remove(path.c_str());
+    throw;
+  }
+  if (std::fclose(file) != 0) throw io_error("cannot write", path);
+}
+
+std::vector<std::string> read_tokenizer_file(const std::string& path) {
+  std::string content = read_file_bytes(path);
+  int32_t header[kHeaderInts] = {};
+  if (content.size() < sizeof header)
+    throw std::runtime_error(path + ": shorter than the 1024-byte tokenizer header");
+  std::memcpy(header, content.data(), sizeof header);
+  if (header[0] != kTokenizerMagic || header[1] != kTokenizerVersion || header[2] <= 0)
+    throw std::runtime_error(path + ": header starts " + std::to_string(header[0]) + " " +
+                             std::to_string(header[1]) + ", expected a tokenizer file (20240328 2)");
+  std::vector<std::string> token_bytes(static_cast<size_t>(header[2]));
+  size_t pos = sizeof header;
+  for (auto& bytes : token_bytes) {
+    if (pos >= content.size()) throw std::runtime_error(path + ": ends before its last token");
+    size_t length = static_cast<unsigned char>(content[pos++]);
+    if (length == 0 || pos + length > content.size())
+      throw std::runtime_error(path + ": token entry with bad length at byte " + std::to_string(pos - 1));
+    bytes.assign(content, pos, length);
+    pos += length;
+  }
+  if (pos != content.size())
+    throw std::runtime_error(path + ": " + std::to_string(content.size() - pos) +
+                             " bytes after the last token");
+  return token_bytes;
+}

@@ -1,0 +1,57 @@
+// shards.h — llm.c-compatible token shards and tokenizer file (layouts in FORMATS.md).
+// Every function throws std::runtime_error with a one-line message naming the file.
+#pragma once
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+constexpr int32_t kShardMagic = 20240520;
+constexpr int32_t kShardVersion = 1;
+constexpr int32_t kTokenizerMagic = 20240328;
+constexpr int32_t kTokenizerVersion = 2;
+constexpr size_t kHeaderInts = 256;
+constexpr int64_t kMaxShardTokens = 2147483647;  // header[2] is an int32
+
+// Writes a token stream as DIR/PREFIX_val_%06d.bin (the first val_tokens tokens) then
+// DIR/PREFIX_train_%06d.bin, each shard holding at most shard_tokens tokens.
+class ShardWriter {
+ public:
+  ShardWriter(std::string dir, std::string prefix, int64_t val_tokens, int64_t shard_tokens);
+  ~ShardWriter();
+  ShardWriter(const ShardWriter&) = delete;
+  ShardWriter& operator=(const ShardWriter&) = delete;
+
+  void write(const uint16_t* tokens, size_t count);
+  // Completes the open shard (its header gets the final count); returns every file written.
+  std::vector<std::string> finish();
+  // After a failure: closes and deletes every shard this writer created.
+  void discard();
+
+  int64_t val_tokens_written() const { return val_written_; }
+  int64_t train_tokens_written() const { return train_written_; }
+  int val_shards() const { return val_shards_; }
+  int train_shards() const { return train_shards_; }
+
+ private:
+  void open_next();
+  void close_current();
+
+  std::string dir_, prefix_;
+  int64_t val_limit_, shard_limit_;
+  int64_t val_written_ = 0, train_written_ = 0;
+  int val_shards_ = 0, train_shards_ = 0;
+  std::FILE* file_ = nullptr;
+  std::string path_;
+  int64_t in_file_ = 0;  // tokens in the open shard
+  bool in_val_ = false;
+  std::vector<std::string> written_;
+};
+
+// Reads a shard, checking magic, version and that the file size is exactly 1024 + 2·N.
+std::vector<uint16_t> read_shard(const std::string& path);
+
+// Tokenizer file: header then, per id, a length byte and the token's bytes.
+void write_tokenizer_file(const std::string& path, const std::vector<std::string>& token_bytes,
+                          int end_of_text);
+std::vector<std::string> read_tokenizer_file(const std::string& path);
