@@ -12,5 +12,6 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
 fi
 echo "make run: no GPU here; building the CPU build and training the small 'nano' model on the built-in corpus"
 make --no-print-directory -j"$(nproc)" train_gpt_cpu
-exec ./train_gpt_cpu --model nano --batch-size 4 --seq-len 64 --max-steps 20 --val-every 10 --val-steps 2 \
+exec ./train_gpt_cpu --model nano --batch-size 4 --seq-len 64 --max-steps 40 --lr 2e-3 --warmup-steps 4 \
+  --val-every 20 --val-steps 4 \
   --out-dir runs/default_cpu "${extra[@]}"
