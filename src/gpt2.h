@@ -20,6 +20,7 @@
 #include "../kernels/classifier.cuh"
 #include "../kernels/global_norm.cuh"
 #include "../kernels/adamw.cuh"
+#include "comm.h"
 
 #include <unistd.h>
 
@@ -304,8 +305,28 @@ class GPT2 {
   // Allocates parameters, gradients, optimizer state and the activations of one B×seq_len
   // micro-batch (the sequence length is fixed for the model's lifetime). Parameters, gradients and
   // optimizer state start at zero: call init_random() or load().
-  GPT2(const GPT2Config& cfg, int B, int seq_len) : cfg_(cfg), B_(B), T_(seq_len) {
+  //
+  // Data parallel (comm with more than one rank): every rank holds all parameters and gradients
+  // (padded to R·S elements, S = ceil(P/R) rounded up to a multiple of 8, so shard boundaries are
+  // 16-byte aligned) and runs the same steps on its own micro-batches.
+  //   zero_stage 0: gradients are averaged over ranks (all-reduce); every rank keeps the full
+  //     optimizer state and runs the full AdamW update.
+  //   zero_stage 1: rank r owns elements [r·S, (r+1)·S) ∩ [0, P): gradients are averaged onto
+  //     their owner only, the owner keeps AdamW moments (and fp32 master weights) for its shard
+  //     alone — 1/R of the optimizer state — and updates its shard, then the parameters are
+  //     all-gathered.
+  // Gradient communication overlaps the backward pass: layer l's gradients are sent on the
+  // communicator's stream as soon as layer l's backward is queued (wte, wpe and lnf after the
+  // last layer), and only on the last micro-step of an optimizer step (see forward_backward).
+  GPT2(const GPT2Config& cfg, int B, int seq_len, Communicator* comm = nullptr, int zero_stage = 0)
+      : cfg_(cfg), B_(B), T_(seq_len), comm_(comm), zero_(zero_stage) {
     gpt2_check_config(cfg, "model configuration");
+    if (zero_stage != 0 && zero_stage != 1)
+      throw std::runtime_error("ZeRO stage: expected 0 or 1, found " + std::to_string(zero_stage));
+    if (comm != nullptr) {
+      world_ = comm->world_size();
+      rank_ = comm->rank();
+    }
     if (B < 1) throw std::runtime_error("batch size: expected B >= 1, found " + std::to_string(B));
     if (seq_len < 1 || seq_len > cfg.max_seq_len)
       throw std::runtime_error("sequence length: expected 1 <= T <= max_seq_len (" + std::to_string(cfg.max_seq_len) +
@@ -338,6 +359,11 @@ class GPT2 {
   int batch_size() const { return B_; }
   int seq_len() const { return T_; }
   cudaStream_t stream() const { return stream_; }
+  int zero_stage() const { return zero_; }
+  // This rank's optimizer shard: elements [begin, end) of the parameter buffer (all of it at
+  // ZeRO stage 0).
+  size_t optimizer_shard_begin() const { return state_begin_; }
+  size_t optimizer_shard_end() const { return state_end_; }
 
   // Device buffers (llm.c order), for communication and checkpointing code.
   T* params_device() const { return params_.get(); }
@@ -466,8 +492,11 @@ class GPT2 {
 
   // Forward pass, then the gradient of (mean loss / grad_accum_steps) ADDED to the parameter
   // gradients (call zero_grad() before the first micro-step of an optimizer step). Returns this
-  // micro-batch's mean loss. Overwrites the logits with their gradient.
-  float forward_backward(const int* inputs, const int* targets, int grad_accum_steps) {
+  // micro-batch's mean loss. Overwrites the logits with their gradient. With several ranks, the
+  // micro-step with last_micro_step = true also averages the accumulated gradients over the ranks
+  // (onto their owners at ZeRO stage 1), overlapped with its backward pass; earlier micro-steps
+  // only accumulate locally.
+  float forward_backward(const int* inputs, const int* targets, int grad_accum_steps, bool last_micro_step = true) {
     if (grad_accum_steps < 1)
       throw std::runtime_error("gradient accumulation: expected at least 1 micro-step, found " +
                                std::to_string(grad_accum_steps));
@@ -481,7 +510,9 @@ class GPT2 {
     const float dloss = 1.0f / (static_cast<float>(rows()) * static_cast<float>(grad_accum_steps));
     fused_classifier(acts_.logits.get(), acts_.losses.get(), acts_.targets.get(), rows(), cfg_.vocab_size,
                      cfg_.padded_vocab_size, dloss, true, stream_);
+    communicate_gradients_ = communicating() && last_micro_step;
     run_backward();
+    communicate_gradients_ = false;
     return mean_loss();
   }
 
@@ -495,22 +526,42 @@ class GPT2 {
   // (wte, wpe, qkvw, attprojw, fcw, fcprojw). T = bf16 updates the fp32 master weights and stores
   // them stochastically rounded (seed adamw_rounding_seed(opt.seed, step, tensor)); T = float
   // updates the parameters themselves. A non-finite norm is returned as is (the caller decides).
+  //
+  // Data parallel: the update waits for the gradient communication. At ZeRO stage 1 the norm is
+  // the square root of the sum over ranks of each shard's squared norm, each rank updates its
+  // shard tensor piece by tensor piece (weight decay per tensor; the stochastic rounding uses the
+  // element's index within its tensor, so the bits match an unsharded update), and the updated
+  // parameters are all-gathered before anything else runs on the model's stream.
   float update(const OptimizerSettings& opt, float lr, int step) {
     if (step < 1) throw std::runtime_error("optimizer step: expected step >= 1, found " + std::to_string(step));
+    if (communicating()) comm_->order_before(stream_);
     float* norm_squared = acts_.norm_squared.get();
     gpt2_cuda_check(cudaMemsetAsync(norm_squared, 0, sizeof(float), stream_), "gradient norm");
-    global_norm_squared(norm_squared, acts_.scratch.get(), grads_.get(), layout_.total, stream_);
+    global_norm_squared(norm_squared, acts_.scratch.get(), grads_.get() + state_begin_, state_end_ - state_begin_,
+                        stream_);
+    if (communicating() && zero_ >= 1) {
+      comm_->wait_for(stream_);
+      comm_->all_reduce(norm_squared, 1, ncclSum);
+      comm_->order_before(stream_);
+    }
     float norm_squared_host = 0.0f;
     download(&norm_squared_host, norm_squared, sizeof(float));
     const float norm = std::sqrt(norm_squared_host);
     const float grad_scale = (opt.grad_clip > 0.0f && norm > opt.grad_clip) ? opt.grad_clip / norm : 1.0f;
     for (int i = 0; i < kNumParameterTensors; ++i) {
       const ParameterInfo& t = layout_[i];
-      float* master = master_.get() != nullptr ? master_.get() + t.offset : nullptr;
-      adamw_update(params_.get() + t.offset, master, grads_.get() + t.offset, adam_m_.get() + t.offset,
-                   adam_v_.get() + t.offset, t.count, lr, opt.beta1, opt.beta2, opt.eps,
-                   t.decayed ? opt.weight_decay : 0.0f, grad_scale, step, adamw_rounding_seed(opt.seed, step, i),
-                   stream_);
+      const size_t begin = std::max(t.offset, state_begin_), end = std::min(t.offset + t.count, state_end_);
+      if (begin >= end) continue;
+      const size_t state = begin - state_begin_;  // index into this rank's optimizer state
+      float* master = master_.get() != nullptr ? master_.get() + state : nullptr;
+      adamw_update(params_.get() + begin, master, grads_.get() + begin, adam_m_.get() + state, adam_v_.get() + state,
+                   end - begin, lr, opt.beta1, opt.beta2, opt.eps, t.decayed ? opt.weight_decay : 0.0f, grad_scale,
+                   step, adamw_rounding_seed(opt.seed, step, i), begin - t.offset, stream_);
+    }
+    if (communicating() && zero_ >= 1) {
+      comm_->wait_for(stream_);
+      comm_->all_gather(params_.get() + rank_ * shard_size_, params_.get(), shard_size_);
+      comm_->order_before(stream_);
     }
     return norm;
   }
@@ -548,6 +599,7 @@ class GPT2 {
   // optimizer_bytes: AdamW moments and master weights; activation_bytes: everything that scales
   // with the micro-batch (activations kept for the backward pass, gradient buffers, scratch, tokens).
   size_t parameter_bytes() const { return params_.bytes() + grads_.bytes(); }
+  size_t gradient_bytes() const { return grads_.bytes(); }
   size_t optimizer_bytes() const { return adam_m_.bytes() + adam_v_.bytes() + master_.bytes(); }
   size_t activation_bytes() const { return activation_bytes_; }
 
@@ -581,11 +633,15 @@ class GPT2 {
   void allocate() {
     const size_t L = cfg_.num_layers, C = cfg_.channels, N = static_cast<size_t>(rows());
     const size_t P = layout_.total;
-    params_ = DeviceArray<T>(P, "parameters");
-    grads_ = DeviceArray<T>(P, "gradients");
-    adam_m_ = DeviceArray<float>(P, "AdamW first moments");
-    adam_v_ = DeviceArray<float>(P, "AdamW second moments");
-    if (dtype == DType::bf16) master_ = DeviceArray<float>(P, "fp32 master weights");
+    shard_size_ = ceil_div(ceil_div(P, static_cast<size_t>(world_)), size_t(8)) * 8;
+    state_begin_ = zero_ == 0 ? 0 : std::min(P, rank_ * shard_size_);
+    state_end_ = zero_ == 0 ? P : std::min(P, state_begin_ + shard_size_);
+    const size_t state = zero_ == 0 ? P : shard_size_;
+    params_ = DeviceArray<T>(shard_size_ * world_, "parameters");
+    grads_ = DeviceArray<T>(shard_size_ * world_, "gradients");
+    adam_m_ = DeviceArray<float>(state, "AdamW first moments");
+    adam_v_ = DeviceArray<float>(state, "AdamW second moments");
+    if (dtype == DType::bf16) master_ = DeviceArray<float>(state, "fp32 master weights");
     gpt2_cuda_check(cudaMemset(params_.get(), 0, params_.bytes()), "zeroing parameters");
     if (master_.get() != nullptr)
       gpt2_cuda_check(cudaMemset(master_.get(), 0, master_.bytes()), "zeroing master weights");
@@ -649,9 +705,11 @@ class GPT2 {
     for (size_t k = 0; k < values.size(); ++k) stored[k] = host_from_float<T>(values[k]);
     gpt2_cuda_check(cudaMemcpy(params_.get() + t.offset, stored.data(), t.count * sizeof(T), cudaMemcpyHostToDevice),
                     std::string("uploading parameter tensor ") + t.name);
-    if (master_.get() != nullptr) {
-      gpt2_cuda_check(cudaMemcpy(master_.get() + t.offset, values.data(), t.count * sizeof(float),
-                                 cudaMemcpyHostToDevice),
+    // The master weights of this rank's optimizer shard only.
+    const size_t begin = std::max(t.offset, state_begin_), end = std::min(t.offset + t.count, state_end_);
+    if (master_.get() != nullptr && begin < end) {
+      gpt2_cuda_check(cudaMemcpy(master_.get() + (begin - state_begin_), values.data() + (begin - t.offset),
+                                 (end - begin) * sizeof(float), cudaMemcpyHostToDevice),
                       std::string("uploading master weights of ") + t.name);
     }
   }
@@ -799,12 +857,58 @@ class GPT2 {
                       ln1, param(kQkvw, 3 * c * c, l), static_cast<const T*>(nullptr), N, C, 3 * C, s);
       layernorm_backward(dresidual, grad(kLn1w, c, l), grad(kLn1b, c, l), scratch, dbranch, residual,
                          param(kLn1w, c, l), a.ln1_mean.get() + l * N, a.ln1_rstd.get() + l * N, N, C, s);
+      if (communicate_gradients_) send_layer_gradients(l);
     }
     encoder_backward(grad(kWte, 0, 0), grad(kWpe, 0, 0), a.buckets.get(), num_buckets_, dresidual, B_, T_, C, s);
+    if (communicate_gradients_) send_model_gradients();
+  }
+
+  bool communicating() const { return comm_ != nullptr && world_ > 1; }
+
+  // Averages gradient elements [offset, offset + n) over the ranks: everywhere (ZeRO 0), or onto
+  // the owner of each shard the range touches (ZeRO 1: one in-place reduce per owner).
+  void send_gradient_range(size_t offset, size_t n) {
+    T* g = grads_.get();
+    if (zero_ == 0) {
+      comm_->all_reduce(g + offset, n, ncclAvg);
+      return;
+    }
+    for (size_t begin = offset; begin < offset + n;) {
+      const size_t owner = begin / shard_size_;
+      const size_t end = std::min(offset + n, (owner + 1) * shard_size_);
+      comm_->reduce(g + begin, g + begin, end - begin, static_cast<int>(owner), ncclAvg);
+      begin = end;
+    }
+  }
+
+  // Layer l's gradients are complete once its backward is queued: send its slice of every
+  // per-layer tensor, after that backward (event), while the model's stream moves on to layer l-1.
+  void send_layer_gradients(int l) {
+    comm_->wait_for(stream_);
+    comm_->group_start();
+    for (int i = kLn1w; i <= kFcprojb; ++i) {
+      const size_t per_layer = layout_[i].count / cfg_.num_layers;
+      send_gradient_range(layout_[i].offset + per_layer * l, per_layer);
+    }
+    comm_->group_end();
+  }
+
+  // wte (lm head and embedding), wpe and lnf are complete after the encoder backward.
+  void send_model_gradients() {
+    comm_->wait_for(stream_);
+    comm_->group_start();
+    for (int i : {kWte, kWpe, kLnfw, kLnfb}) send_gradient_range(layout_[i].offset, layout_[i].count);
+    comm_->group_end();
   }
 
   GPT2Config cfg_;
   int B_, T_;
+  Communicator* comm_ = nullptr;
+  int zero_ = 0, world_ = 1;
+  size_t rank_ = 0;
+  size_t shard_size_ = 0;                     // S: elements per rank's shard of the padded buffers
+  size_t state_begin_ = 0, state_end_ = 0;    // elements whose optimizer state this rank holds
+  bool communicate_gradients_ = false;        // set during the backward of a last micro-step
   ParameterLayout layout_;
   cudaStream_t stream_ = nullptr;
   DeviceArray<T> params_, grads_;
