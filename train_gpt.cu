@@ -155,7 +155,7 @@ void train(const Run& run, Communicator& comm) {
   std::printf("\n");
   std::printf("distributed: world size %d (%s), ZeRO stage %d; per rank: parameters %zu bytes, gradients %zu bytes, "
               "optimizer state %zu bytes\n",
-              world_size, comm.launcher().c_str(), cfg.zero, model.parameter_bytes() - model.gradient_bytes(),
+              world_size, comm.launcher().c_str(), model.zero_stage(), model.parameter_bytes() - model.gradient_bytes(),
               model.gradient_bytes(), optim_bytes);
   std::fflush(stdout);
 

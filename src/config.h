@@ -131,8 +131,8 @@ inline const std::vector<Flag>& flag_table() {
       {"val-steps", "N", "validation batches (B x T each) averaged per validation", &TrainConfig::val_steps,
        {1, (double)LLONG_MAX}},
       {"out-dir", "DIR", "where metrics.jsonl (truncated at start) and the final model.bin go", &TrainConfig::out_dir},
-      {"zero", "0|1", "ZeRO stage with several ranks: 0 all-reduces gradients; 1 also shards the AdamW state (moments, "
-       "fp32 master weights) over the ranks", &TrainConfig::zero, {0, 1}},
+      {"zero", "0|1|2", "ZeRO stage with several ranks: 0 all-reduces gradients; 1 shards the AdamW state (moments, "
+       "fp32 master weights) over the ranks; 2 also shards the gradients", &TrainConfig::zero, {0, 2}},
       {"rendezvous", "file:PATH|tcp:HOST:PORT",
        "how ranks started without mpirun (SLURM srun) exchange the NCCL id: a file on a shared filesystem or rank 0's "
        "TCP port", &TrainConfig::rendezvous, {}, {}, "none (mpirun: MPI)"},

@@ -32,11 +32,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 enum class DType { fp32, bf16 };
@@ -315,18 +317,29 @@ class GPT2 {
   //     their owner only, the owner keeps AdamW moments (and fp32 master weights) for its shard
   //     alone — 1/R of the optimizer state — and updates its shard, then the parameters are
   //     all-gathered.
+  //   zero_stage 2: as 1, and no rank holds the full gradient: the backward pass writes layer l's
+  //     gradients into one of two per-layer working blocks (layer l % 2) and wte/wpe/lnf's into a
+  //     block of their own; each block is summed onto the owners' gradient shards (S elements)
+  //     as soon as it is complete, and a working block is reused only after its communication
+  //     finished (event). The loss gradient is pre-divided by R so the sum is the average. With
+  //     gradient accumulation every micro-step communicates (the working blocks cannot keep a
+  //     sum): before a block is written again, the owner copies its accumulated shard values
+  //     into its own part of the block, so the backward pass adds this micro-step's gradient to
+  //     them and the next sum over ranks yields the running total.
   // Gradient communication overlaps the backward pass: layer l's gradients are sent on the
   // communicator's stream as soon as layer l's backward is queued (wte, wpe and lnf after the
-  // last layer), and only on the last micro-step of an optimizer step (see forward_backward).
+  // last layer), and (stages 0 and 1) only on the last micro-step of an optimizer step.
+  // One rank (or no communicator) always runs stage 0: with R = 1 the stages compute the same.
   GPT2(const GPT2Config& cfg, int B, int seq_len, Communicator* comm = nullptr, int zero_stage = 0)
-      : cfg_(cfg), B_(B), T_(seq_len), comm_(comm), zero_(zero_stage) {
+      : cfg_(cfg), B_(B), T_(seq_len), comm_(comm) {
     gpt2_check_config(cfg, "model configuration");
-    if (zero_stage != 0 && zero_stage != 1)
-      throw std::runtime_error("ZeRO stage: expected 0 or 1, found " + std::to_string(zero_stage));
+    if (zero_stage < 0 || zero_stage > 2)
+      throw std::runtime_error("ZeRO stage: expected 0, 1 or 2, found " + std::to_string(zero_stage));
     if (comm != nullptr) {
       world_ = comm->world_size();
       rank_ = comm->rank();
     }
+    zero_ = world_ > 1 ? zero_stage : 0;
     if (B < 1) throw std::runtime_error("batch size: expected B >= 1, found " + std::to_string(B));
     if (seq_len < 1 || seq_len > cfg.max_seq_len)
       throw std::runtime_error("sequence length: expected 1 <= T <= max_seq_len (" + std::to_string(cfg.max_seq_len) +
@@ -339,19 +352,21 @@ class GPT2 {
     matmul_init();
     gpt2_cuda_check(cudaStreamCreate(&stream_), "creating the model's CUDA stream");
     try {
+      if (zero_ == 2)
+        for (cudaEvent_t& e : block_free_)
+          gpt2_cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "creating a gradient-block event");
       allocate();
     } catch (...) {
-      cudaStreamDestroy(stream_);  // no destructor runs for a constructor that throws
+      destroy_stream_and_events();  // no destructor runs for a constructor that throws
       throw;
     }
   }
   GPT2(const GPT2&) = delete;
   GPT2& operator=(const GPT2&) = delete;
   ~GPT2() {
-    if (stream_ != nullptr) {
-      cudaStreamSynchronize(stream_);
-      cudaStreamDestroy(stream_);
-    }
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    if (communicating()) cudaStreamSynchronize(comm_->stream());
+    destroy_stream_and_events();
   }
 
   const GPT2Config& config() const { return cfg_; }
@@ -507,16 +522,28 @@ class GPT2 {
                                     cudaMemcpyHostToDevice, stream_),
                     "uploading encoder-gradient buckets");
     run_forward();
-    const float dloss = 1.0f / (static_cast<float>(rows()) * static_cast<float>(grad_accum_steps));
+    // ZeRO 2 sums over ranks (ncclSum; see the constructor), so each rank's share is pre-divided.
+    const float ranks_summed = zero_ == 2 ? static_cast<float>(world_) : 1.0f;
+    const float dloss = 1.0f / (static_cast<float>(rows()) * static_cast<float>(grad_accum_steps) * ranks_summed);
+    if (zero_ == 2) {
+      comm_->order_before(stream_);  // the previous micro-step's sums into the shard are complete
+      prepare_gradient_block(model_grads_.get(), model_grads_.count(), {kWte, kWpe, kLnfw, kLnfb}, 0);
+    }
     fused_classifier(acts_.logits.get(), acts_.losses.get(), acts_.targets.get(), rows(), cfg_.vocab_size,
                      cfg_.padded_vocab_size, dloss, true, stream_);
-    communicate_gradients_ = communicating() && last_micro_step;
+    communicate_gradients_ = communicating() && (last_micro_step || zero_ == 2);
     run_backward();
     communicate_gradients_ = false;
+    shard_holds_gradients_ = zero_ == 2;
     return mean_loss();
   }
 
   void zero_grad() {
+    if (zero_ == 2) {
+      gpt2_cuda_check(cudaMemsetAsync(shard_grads_.get(), 0, shard_grads_.bytes(), stream_), "zeroing gradients");
+      shard_holds_gradients_ = false;
+      return;
+    }
     gpt2_cuda_check(cudaMemsetAsync(grads_.get(), 0, grads_.bytes(), stream_), "zeroing gradients");
   }
 
@@ -537,8 +564,8 @@ class GPT2 {
     if (communicating()) comm_->order_before(stream_);
     float* norm_squared = acts_.norm_squared.get();
     gpt2_cuda_check(cudaMemsetAsync(norm_squared, 0, sizeof(float), stream_), "gradient norm");
-    global_norm_squared(norm_squared, acts_.scratch.get(), grads_.get() + state_begin_, state_end_ - state_begin_,
-                        stream_);
+    const T* shard_grads = zero_ == 2 ? shard_grads_.get() : grads_.get() + state_begin_;
+    global_norm_squared(norm_squared, acts_.scratch.get(), shard_grads, state_end_ - state_begin_, stream_);
     if (communicating() && zero_ >= 1) {
       comm_->wait_for(stream_);
       comm_->all_reduce(norm_squared, 1, ncclSum);
@@ -554,7 +581,7 @@ class GPT2 {
       if (begin >= end) continue;
       const size_t state = begin - state_begin_;  // index into this rank's optimizer state
       float* master = master_.get() != nullptr ? master_.get() + state : nullptr;
-      adamw_update(params_.get() + begin, master, grads_.get() + begin, adam_m_.get() + state, adam_v_.get() + state,
+      adamw_update(params_.get() + begin, master, shard_grads + state, adam_m_.get() + state, adam_v_.get() + state,
                    end - begin, lr, opt.beta1, opt.beta2, opt.eps, t.decayed ? opt.weight_decay : 0.0f, grad_scale,
                    step, adamw_rounding_seed(opt.seed, step, i), begin - t.offset, stream_);
     }
@@ -570,7 +597,11 @@ class GPT2 {
 
   // Host copies as float, llm.c order.
   std::vector<float> parameters() const { return download_floats(params_.get(), layout_.total); }
-  std::vector<float> gradients() const { return download_floats(grads_.get(), layout_.total); }
+  // (At ZeRO stage 2 no rank holds them all: throws.)
+  std::vector<float> gradients() const {
+    if (zero_ == 2) throw std::runtime_error("gradients(): at ZeRO stage 2 each rank holds only its gradient shard");
+    return download_floats(grads_.get(), layout_.total);
+  }
   // B·T·Vp values ([B][T][Vp]) from the last forward(); after forward_backward() they are the
   // logits' gradients.
   std::vector<float> logits() const { return download_floats(acts_.logits.get(), acts_.logits.count()); }
@@ -598,8 +629,10 @@ class GPT2 {
   // Device memory, for the start-up summary. parameter_bytes: parameters and their gradients;
   // optimizer_bytes: AdamW moments and master weights; activation_bytes: everything that scales
   // with the micro-batch (activations kept for the backward pass, gradient buffers, scratch, tokens).
-  size_t parameter_bytes() const { return params_.bytes() + grads_.bytes(); }
-  size_t gradient_bytes() const { return grads_.bytes(); }
+  size_t parameter_bytes() const { return params_.bytes() + gradient_bytes(); }
+  size_t gradient_bytes() const {
+    return grads_.bytes() + shard_grads_.bytes() + layer_grads_.bytes() + model_grads_.bytes();
+  }
   size_t optimizer_bytes() const { return adam_m_.bytes() + adam_v_.bytes() + master_.bytes(); }
   size_t activation_bytes() const { return activation_bytes_; }
 
@@ -638,7 +671,21 @@ class GPT2 {
     state_end_ = zero_ == 0 ? P : std::min(P, state_begin_ + shard_size_);
     const size_t state = zero_ == 0 ? P : shard_size_;
     params_ = DeviceArray<T>(shard_size_ * world_, "parameters");
-    grads_ = DeviceArray<T>(shard_size_ * world_, "gradients");
+    if (zero_ == 2) {
+      // Working blocks: each tensor's offset within the block of its layer / of the model tensors.
+      size_t layer_block = 0, model_block = 0;
+      for (int i = 0; i < kNumParameterTensors; ++i) {
+        size_t& block = is_layer_tensor(i) ? layer_block : model_block;
+        block_offset_[i] = block;
+        block += is_layer_tensor(i) ? layout_[i].count / cfg_.num_layers : layout_[i].count;
+      }
+      layer_block_ = layer_block;
+      layer_grads_ = DeviceArray<T>(2 * layer_block, "gradients (two per-layer working blocks)");
+      model_grads_ = DeviceArray<T>(model_block, "gradients (wte, wpe, lnf working block)");
+      shard_grads_ = DeviceArray<T>(shard_size_, "gradients (this rank's shard)");
+    } else {
+      grads_ = DeviceArray<T>(shard_size_ * world_, "gradients");
+    }
     adam_m_ = DeviceArray<float>(state, "AdamW first moments");
     adam_v_ = DeviceArray<float>(state, "AdamW second moments");
     if (dtype == DType::bf16) master_ = DeviceArray<float>(state, "fp32 master weights");
@@ -692,7 +739,7 @@ class GPT2 {
   }
 
   void reset_training_state() {
-    gpt2_cuda_check(cudaMemsetAsync(grads_.get(), 0, grads_.bytes(), stream_), "zeroing gradients");
+    zero_grad();
     gpt2_cuda_check(cudaMemsetAsync(adam_m_.get(), 0, adam_m_.bytes(), stream_), "zeroing AdamW moments");
     gpt2_cuda_check(cudaMemsetAsync(adam_v_.get(), 0, adam_v_.bytes(), stream_), "zeroing AdamW moments");
     gpt2_cuda_check(cudaStreamSynchronize(stream_), "resetting training state");
@@ -764,8 +811,39 @@ class GPT2 {
   const T* param(int tensor, size_t layer_stride, int layer) const {
     return params_.get() + layout_[tensor].offset + layer_stride * layer;
   }
+  // Where the backward pass accumulates tensor `tensor`'s gradient (of layer `layer`).
   T* grad(int tensor, size_t layer_stride, int layer) const {
+    if (zero_ == 2)
+      return is_layer_tensor(tensor) ? layer_grads_.get() + (layer % 2) * layer_block_ + block_offset_[tensor]
+                                     : model_grads_.get() + block_offset_[tensor];
     return grads_.get() + layout_[tensor].offset + layer_stride * layer;
+  }
+  static bool is_layer_tensor(int tensor) { return tensor >= kLn1w && tensor <= kFcprojb; }
+
+  // Elements [offset, offset + n) of the parameter buffer that tensor `tensor`'s slice for
+  // `layer` covers (layer ignored for wte, wpe, lnf).
+  std::pair<size_t, size_t> global_range(int tensor, int layer) const {
+    const ParameterInfo& t = layout_[tensor];
+    if (!is_layer_tensor(tensor)) return {t.offset, t.count};
+    const size_t per_layer = t.count / cfg_.num_layers;
+    return {t.offset + per_layer * layer, per_layer};
+  }
+
+  // ZeRO 2: makes a working block (of `elements`) ready for a backward pass to accumulate into
+  // (the caller has ordered it after the block's previous communication): zeroes it and, after
+  // an earlier micro-step of this optimizer step, copies this rank's accumulated shard values
+  // into its own part of it.
+  void prepare_gradient_block(T* block, size_t elements, std::initializer_list<int> tensors, int layer) {
+    gpt2_cuda_check(cudaMemsetAsync(block, 0, elements * sizeof(T), stream_), "zeroing a gradient block");
+    if (!shard_holds_gradients_) return;
+    for (int i : tensors) {
+      const auto [offset, n] = global_range(i, layer);
+      const size_t begin = std::max(offset, state_begin_), end = std::min(offset + n, state_end_);
+      if (begin >= end) continue;
+      gpt2_cuda_check(cudaMemcpyAsync(grad(i, n, layer) + (begin - offset), shard_grads_.get() + (begin - state_begin_),
+                                      (end - begin) * sizeof(T), cudaMemcpyDeviceToDevice, stream_),
+                      "restoring accumulated gradients");
+    }
   }
 
   void run_forward() {
@@ -832,6 +910,7 @@ class GPT2 {
                        a.residual3.get() + (L - 1) * NC, param(kLnfw, 0, 0), a.lnf_mean.get(), a.lnf_rstd.get(), N,
                        C, s);
     for (int l = L - 1; l >= 0; --l) {
+      if (zero_ == 2) prepare_layer_block(l);
       const T* residual = l == 0 ? a.encoded.get() : a.residual3.get() + (l - 1) * NC;
       const T* ln1 = a.ln1.get() + l * NC;
       const T* qkv = a.qkv.get() + l * 3 * NC;
@@ -865,18 +944,32 @@ class GPT2 {
 
   bool communicating() const { return comm_ != nullptr && world_ > 1; }
 
-  // Averages gradient elements [offset, offset + n) over the ranks: everywhere (ZeRO 0), or onto
-  // the owner of each shard the range touches (ZeRO 1: one in-place reduce per owner).
-  void send_gradient_range(size_t offset, size_t n) {
-    T* g = grads_.get();
+  void prepare_layer_block(int l) {
+    gpt2_cuda_check(cudaStreamWaitEvent(stream_, block_free_[l % 2], 0), "waiting for a gradient block");
+    prepare_gradient_block(layer_grads_.get() + (l % 2) * layer_block_, layer_block_,
+                           {kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb, kLn2w, kLn2b, kFcw, kFcb, kFcprojw,
+                            kFcprojb},
+                           l);
+  }
+
+  // Communicates the gradient of tensor i (layer l's slice), at grad(i, ., l), over the ranks:
+  // ZeRO 0 averages it everywhere (in place); ZeRO 1 averages each piece onto the owner of the
+  // shard it falls in (one in-place reduce per owner); ZeRO 2 sums each piece into the owner's
+  // gradient shard.
+  void send_gradient(int i, int l) {
+    const auto [offset, n] = global_range(i, l);
+    T* src = grad(i, n, l);  // n is the layer stride of a per-layer tensor (l = 0 for the others)
     if (zero_ == 0) {
-      comm_->all_reduce(g + offset, n, ncclAvg);
+      comm_->all_reduce(src, n, ncclAvg);
       return;
     }
     for (size_t begin = offset; begin < offset + n;) {
       const size_t owner = begin / shard_size_;
       const size_t end = std::min(offset + n, (owner + 1) * shard_size_);
-      comm_->reduce(g + begin, g + begin, end - begin, static_cast<int>(owner), ncclAvg);
+      T* piece = src + (begin - offset);
+      if (zero_ == 1) comm_->reduce(piece, piece, end - begin, static_cast<int>(owner), ncclAvg);
+      else comm_->reduce(piece, shard_grads_.get() + (begin - owner * shard_size_), end - begin,
+                         static_cast<int>(owner), ncclSum);
       begin = end;
     }
   }
@@ -886,19 +979,24 @@ class GPT2 {
   void send_layer_gradients(int l) {
     comm_->wait_for(stream_);
     comm_->group_start();
-    for (int i = kLn1w; i <= kFcprojb; ++i) {
-      const size_t per_layer = layout_[i].count / cfg_.num_layers;
-      send_gradient_range(layout_[i].offset + per_layer * l, per_layer);
-    }
+    for (int i = kLn1w; i <= kFcprojb; ++i) send_gradient(i, l);
     comm_->group_end();
+    if (zero_ == 2)
+      gpt2_cuda_check(cudaEventRecord(block_free_[l % 2], comm_->stream()), "recording a gradient-block event");
   }
 
   // wte (lm head and embedding), wpe and lnf are complete after the encoder backward.
   void send_model_gradients() {
     comm_->wait_for(stream_);
     comm_->group_start();
-    for (int i : {kWte, kWpe, kLnfw, kLnfb}) send_gradient_range(layout_[i].offset, layout_[i].count);
+    for (int i : {kWte, kWpe, kLnfw, kLnfb}) send_gradient(i, 0);
     comm_->group_end();
+  }
+
+  void destroy_stream_and_events() {
+    for (cudaEvent_t e : block_free_)
+      if (e != nullptr) cudaEventDestroy(e);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
   GPT2Config cfg_;
@@ -908,7 +1006,14 @@ class GPT2 {
   size_t rank_ = 0;
   size_t shard_size_ = 0;                     // S: elements per rank's shard of the padded buffers
   size_t state_begin_ = 0, state_end_ = 0;    // elements whose optimizer state this rank holds
-  bool communicate_gradients_ = false;        // set during the backward of a last micro-step
+  bool communicate_gradients_ = false;        // set during the backward of a micro-step that communicates
+  // ZeRO 2 only: working blocks, the gradient shard, and whether the shard holds gradients of
+  // earlier micro-steps of the current optimizer step.
+  DeviceArray<T> layer_grads_, model_grads_, shard_grads_;
+  std::array<size_t, kNumParameterTensors> block_offset_{};
+  size_t layer_block_ = 0;
+  cudaEvent_t block_free_[2] = {nullptr, nullptr};  // recorded on the comm stream when a layer block is sent
+  bool shard_holds_gradients_ = false;
   ParameterLayout layout_;
   cudaStream_t stream_ = nullptr;
   DeviceArray<T> params_, grads_;
