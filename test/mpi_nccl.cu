@@ -1,6 +1,6 @@
 // Collectives of src/comm.h's Communicator (nccl* calls: the CPU build's MPI stand-in
 // simt/nccl.cpp, or NCCL on GPUs) against host loops over what every rank contributed.
-// Runs under mpirun with several ranks (test/checks/distributed_nccl.sh runs it with 2 and 4);
+// Runs under mpirun (test/checks/distributed_nccl.sh: 2 and 4 ranks; 1 on a one-GPU machine);
 // it is named mpi_* so the single-process test runner does not pick it up.
 //
 // Rank r's input element i is a value derived from (r, i), so every rank can compute every
@@ -58,7 +58,7 @@ template <typename T> void check_reduced(const std::vector<T>& got, size_t first
 }  // namespace
 
 TEST_CASE("the communicator sees the mpirun launch", "[nccl]") {
-  REQUIRE(comm().world_size() >= 2);
+  REQUIRE(comm().world_size() >= 1);
   CHECK(comm().rank() >= 0);
   CHECK(comm().rank() < comm().world_size());
   int mpi_rank = -1;
