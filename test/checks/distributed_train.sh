@@ -35,8 +35,8 @@ failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 export SIMT_THREADS=1
 
-common=(--init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-every 0 --seq-len 16 --max-steps 3
-        --lr 1e-3 --warmup-steps 0 --lr-schedule linear)
+common=(--init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$ref/train.bin" --val-every 2
+        --val-steps 1 --seq-len 16 --max-steps 3 --lr 1e-3 --warmup-steps 0 --lr-schedule linear)
 
 # run NAME RANKS ARGS...: one training run (RANKS 1: without mpirun) into $tmp/NAME.
 run() {
@@ -48,16 +48,17 @@ run() {
   fi
 }
 
-# same_steps REFERENCE OTHER REL: per-step train_loss and grad_norm agree within REL.
+# same_steps REFERENCE OTHER REL: per-step train_loss and grad_norm, and the validation losses
+# (after steps 2 and 3), agree within REL.
 same_steps() {
   "$python" - "$tmp/$1/metrics.jsonl" "$tmp/$2/metrics.jsonl" "$3" <<'PY' || fail "$2 differs from $1"
 import json, sys
 a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
 rel = float(sys.argv[3])
-bad = len(a) != len(b) or len(a) == 0
+bad = len(a) != len(b) or len(a) != 5
 worst = 0.0
 for x, y in zip(a, b):
-    for key in ("train_loss", "grad_norm"):
+    for key in ("val_loss",) if "val_loss" in x else ("train_loss", "grad_norm"):
         d = abs(x[key] - y[key]) / abs(x[key])
         worst = max(worst, d)
         if d > rel:
@@ -69,6 +70,7 @@ PY
 
 # 1. R ranks x B = 4/R rows against one process with B = 4 (same slots of the data, so also
 #    with shuffling); and with 2 accumulation steps against one process with B = 2 x 2 steps.
+#    Validation: each rank evaluates its rows of the (unshuffled) validation batches.
 for dtype in fp32 bf16; do
   tol=1e-5; [ "$dtype" = bf16 ] && tol=2e-3
   for shuffle in 0 1; do
@@ -134,7 +136,8 @@ sys.exit(1 if bad else 0)
 PY
 
 # 4. Only rank 0 writes: one metrics.jsonl and model.bin, and no rank's lines doubled in the log.
-[ "$(grep -c '^step ' "$tmp/r2_z1_fp32_s0.log")" -eq 3 ] || fail "2-rank log: expected 3 step lines (rank 0 only)"
+[ "$(grep -c '^step .* | loss ' "$tmp/r2_z1_fp32_s0.log")" -eq 3 ] || fail "2-rank log: expected 3 step lines (rank 0 only)"
+[ "$(grep -c 'val loss' "$tmp/r2_z1_fp32_s0.log")" -eq 2 ] || fail "2-rank log: expected 2 validation lines"
 
 [ "$failures" -eq 0 ] && echo "distributed_train: all checks passed"
 [ "$failures" -eq 0 ]
