@@ -32,6 +32,11 @@ KERNEL_TESTS := $(wildcard test/test_*.cu)
 SIMT_TESTS   := $(wildcard test/simt_*.cpp)
 CPU_TEST_BINS := $(KERNEL_TESTS:test/%.cu=$(BUILD)/cpu/test/%) $(SIMT_TESTS:test/%.cpp=$(BUILD)/cpu/test/%)
 GPU_TEST_BINS := $(KERNEL_TESTS:test/%.cu=$(BUILD)/gpu/test/%)
+# Multi-rank tests (test/mpi_*.cu) run under mpirun from test/checks/distributed_nccl.sh, not by
+# the single-process runner.
+MPI_TESTS         := $(wildcard test/mpi_*.cu)
+CPU_MPI_TEST_BINS := $(MPI_TESTS:test/%.cu=$(BUILD)/cpu/test/%)
+GPU_MPI_TEST_BINS := $(MPI_TESTS:test/%.cu=$(BUILD)/gpu/test/%)
 
 .PHONY: all gpu cpu test test-gpu gpu-check ptx-report run clean check-nvcc
 .DEFAULT_GOAL := all
@@ -86,14 +91,15 @@ REFERENCES    := $(REFERENCE_DIR)/tiny/reference.bin
 $(REFERENCE_DIR)/tiny/reference.bin: dev/gpt2_reference.py
 	$(PYTHON) dev/gpt2_reference.py --out $(@D) > /dev/null
 
-test: $(CPU_TEST_BINS) train_gpt_cpu $(REFERENCES)
+test: $(CPU_TEST_BINS) $(CPU_MPI_TEST_BINS) train_gpt_cpu $(REFERENCES)
 	@bash test/run_tests.sh cpu $(CPU_TEST_BINS)
 
-test-gpu: check-nvcc $(GPU_TEST_BINS) train_gpt $(REFERENCES)
+test-gpu: check-nvcc $(GPU_TEST_BINS) $(GPU_MPI_TEST_BINS) train_gpt $(REFERENCES)
 	@bash test/run_tests.sh gpu $(GPU_TEST_BINS)
 
 # Compiles (never runs) the GPU build so it cannot rot on machines without a GPU.
-gpu-check: check-nvcc train_gpt $(GPU_TEST_BINS:$(BUILD)/gpu/test/%=$(BUILD)/gpu/test/%.o)
+gpu-check: check-nvcc train_gpt $(GPU_TEST_BINS:$(BUILD)/gpu/test/%=$(BUILD)/gpu/test/%.o) \
+           $(GPU_MPI_TEST_BINS:$(BUILD)/gpu/test/%=$(BUILD)/gpu/test/%.o)
 
 ptx-report: gpu-check
 	@bash scripts/ptx_report.sh $(BUILD)/ptx-report.txt \

@@ -13,7 +13,13 @@
 // then one AdamW update at lr(k) (src/lr_schedule.h). Validation runs after step k when
 // k % val_every == 0 and after the last step, on the weights after that step's update: the mean
 // loss over the first val_steps batches of --val-data.
+//
+// Data parallel (src/comm.h): one process per GPU, started by mpirun or srun. Every rank reads its
+// own part of each global batch (src/dataloader.h) and runs the same steps; losses are averaged
+// over the ranks. Rank 0 alone prints the log, writes metrics.jsonl and the model file; an error on
+// any rank is printed with its rank and ends that rank (the launcher then ends the others).
 #include "kernels/common.cuh"
+#include "src/comm.h"
 #include "src/config.h"
 #include "src/dataloader.h"
 #include "src/gpt2.h"
@@ -31,9 +37,8 @@
 
 namespace {
 
-// This binary trains in one process on one device.
-constexpr int kWorldSize = 1;
-constexpr int kRank = 0;
+// "rank N: " once there is more than one rank, for error messages.
+std::string error_prefix;
 
 struct Run {
   TrainConfig cfg;
@@ -82,9 +87,24 @@ GPT2Config resolve_model(const TrainConfig& cfg, std::string* source) {
   return with_context("--model", [&] { return gpt2_preset(cfg.model); });
 }
 
+// Test hook: TRAIN_GPT_TEST_EXIT_AFTER_STEP=RANK:STEP makes rank RANK exit abruptly (no cleanup,
+// status 3) after step STEP, to test how the other ranks end when a peer dies.
+void maybe_die_for_test(int rank, long long step) {
+  const char* spec = std::getenv("TRAIN_GPT_TEST_EXIT_AFTER_STEP");
+  int die_rank = -1;
+  long long die_step = -1;
+  if (spec != nullptr && std::sscanf(spec, "%d:%lld", &die_rank, &die_step) == 2 && die_rank == rank &&
+      die_step == step) {
+    std::fprintf(stderr, "rank %d: exiting after step %lld (TRAIN_GPT_TEST_EXIT_AFTER_STEP)\n", rank, step);
+    std::_Exit(3);
+  }
+}
+
 template <typename T>
-void train(const Run& run) {
+void train(const Run& run, Communicator& comm) {
   const TrainConfig& cfg = run.cfg;
+  const int rank = comm.rank(), world_size = comm.world_size();
+  const bool lead = rank == 0;
   const int B = cfg.batch_size, T_seq = cfg.seq_len;
   const size_t micro_tokens = static_cast<size_t>(B) * T_seq;
   std::vector<int> inputs(micro_tokens), targets(micro_tokens);
@@ -93,7 +113,7 @@ void train(const Run& run) {
   // Token ids are checked as batches are read, so the first batch of each set is read now
   // (then rewound) to catch data tokenized for another vocabulary before anything is written.
   DataLoader train_loader = with_context("--train-data", [&] {
-    return DataLoader(cfg.train_data, B, T_seq, kRank, kWorldSize, cfg.shuffle, static_cast<uint64_t>(cfg.seed),
+    return DataLoader(cfg.train_data, B, T_seq, rank, world_size, cfg.shuffle, static_cast<uint64_t>(cfg.seed),
                       run.model.vocab_size);
   });
   with_context("--train-data", [&] {
@@ -103,7 +123,7 @@ void train(const Run& run) {
   std::unique_ptr<DataLoader> val_loader;
   if (cfg.val_every > 0) {
     try {
-      val_loader = std::make_unique<DataLoader>(cfg.val_data, B, T_seq, kRank, kWorldSize, false,
+      val_loader = std::make_unique<DataLoader>(cfg.val_data, B, T_seq, rank, world_size, false,
                                                 static_cast<uint64_t>(cfg.seed), run.model.vocab_size);
     } catch (const std::exception& e) {
       throw std::runtime_error(std::string("--val-data: ") + e.what() + " (--val-every 0 trains without validation)");
@@ -111,7 +131,7 @@ void train(const Run& run) {
     with_context("--val-data", [&] { val_loader->next_batch(inputs.data(), targets.data()); });
   }
 
-  GPT2<T> model(run.model, B, T_seq, cfg.recompute);
+  GPT2<T> model(run.model, B, T_seq, cfg.recompute, &comm, cfg.zero);
   if (!cfg.init_from.empty()) with_context("--init-from", [&] { model.load(cfg.init_from); });
   else model.init_random(static_cast<uint64_t>(cfg.seed));
 
@@ -132,19 +152,26 @@ void train(const Run& run) {
     std::printf(" %d: %s%s", r, mib(gpt2_activation_bytes(run.model, B, T_seq, r, GPT2<T>::dtype).blocks).c_str(),
                 r < kRecomputeMax ? "," : "\n");
   std::printf("batch: %lld tokens per step = %d x %d tokens x %d rank(s) x %d accumulation step(s)\n",
-              cfg.total_batch_tokens, B, T_seq, kWorldSize, run.grad_accum_steps);
+              cfg.total_batch_tokens, B, T_seq, world_size, run.grad_accum_steps);
   std::printf("train data: %zu shard(s), %s tokens", train_loader.num_shards(),
               thousands(train_loader.tokens_in_shards()).c_str());
   if (val_loader)
     std::printf("; val data: %zu shard(s), %s tokens", val_loader->num_shards(),
                 thousands(val_loader->tokens_in_shards()).c_str());
   std::printf("\n");
+  std::printf("distributed: world size %d (%s), ZeRO stage %d; per rank: parameters %zu bytes, gradients %zu bytes, "
+              "optimizer state %zu bytes\n",
+              world_size, comm.launcher().c_str(), model.zero_stage(), model.parameter_bytes() - model.gradient_bytes(),
+              model.gradient_bytes(), optim_bytes);
   std::fflush(stdout);
 
-  std::error_code ec;
-  std::filesystem::create_directories(cfg.out_dir, ec);
-  if (ec) throw std::runtime_error("--out-dir " + cfg.out_dir + ": cannot create the directory: " + ec.message());
-  MetricsLog metrics(cfg.out_dir + "/metrics.jsonl");
+  std::unique_ptr<MetricsLog> metrics;
+  if (lead) {
+    std::error_code ec;
+    std::filesystem::create_directories(cfg.out_dir, ec);
+    if (ec) throw std::runtime_error("--out-dir " + cfg.out_dir + ": cannot create the directory: " + ec.message());
+    metrics = std::make_unique<MetricsLog>(cfg.out_dir + "/metrics.jsonl");
+  }
 
   OptimizerSettings opt;
   opt.beta1 = static_cast<float>(cfg.beta1);
@@ -161,7 +188,8 @@ void train(const Run& run) {
     double loss_sum = 0.0;
     for (int micro = 0; micro < run.grad_accum_steps; ++micro) {
       with_context("--train-data", [&] { train_loader.next_batch(inputs.data(), targets.data()); });
-      loss_sum += model.forward_backward(inputs.data(), targets.data(), run.grad_accum_steps);
+      loss_sum += model.forward_backward(inputs.data(), targets.data(), run.grad_accum_steps,
+                                         micro + 1 == run.grad_accum_steps);
     }
     const double lr = run.schedule.at(step);
     const float grad_norm = model.update(opt, static_cast<float>(lr), static_cast<int>(step));
@@ -172,7 +200,7 @@ void train(const Run& run) {
     StepRecord record;
     record.step = step;
     record.total_steps = cfg.max_steps;
-    record.train_loss = loss_sum / run.grad_accum_steps;
+    record.train_loss = comm.sum(loss_sum / run.grad_accum_steps) / world_size;
     record.lr = lr;
     record.grad_norm = grad_norm;
     record.ms = ms;
@@ -180,7 +208,8 @@ void train(const Run& run) {
     record.eta_seconds = clock.eta_seconds(cfg.max_steps - step);
     std::printf("%s\n", format_step_line(record).c_str());
     std::fflush(stdout);
-    metrics.train_step(record);
+    if (lead) metrics->train_step(record);
+    maybe_die_for_test(rank, step);
 
     if (val_loader && (step % cfg.val_every == 0 || step == cfg.max_steps)) {
       val_loader->reset();
@@ -189,16 +218,19 @@ void train(const Run& run) {
         with_context("--val-data", [&] { val_loader->next_batch(inputs.data(), targets.data()); });
         val_sum += model.forward(inputs.data(), targets.data());
       }
-      const double val_loss = val_sum / static_cast<double>(cfg.val_steps);
+      const double val_loss = comm.sum(val_sum / static_cast<double>(cfg.val_steps)) / world_size;
       std::printf("%s\n", format_val_line(step, cfg.max_steps, val_loss).c_str());
       std::fflush(stdout);
-      metrics.validation(step, val_loss);
+      if (lead) metrics->validation(step, val_loss);
     }
   }
 
-  const std::string model_path = cfg.out_dir + "/model.bin";
-  model.save(model_path);
-  std::printf("saved %s\n", model_path.c_str());
+  if (lead) {
+    const std::string model_path = cfg.out_dir + "/model.bin";
+    model.save(model_path);
+    std::printf("saved %s\n", model_path.c_str());
+  }
+  comm.barrier();  // no rank tears down its communicator while another still needs it
 }
 
 // Everything after parsing; returns the exit code.
@@ -210,8 +242,6 @@ int run_main(int argc, char** argv) {
   }
   Run run;
   run.cfg = args.config;
-  run.grad_accum_steps = validate_config(run.cfg, kWorldSize);
-  run.schedule = make_lr_schedule(run.cfg);
 
   int devices = 0;
   cudaError_t err = cudaGetDeviceCount(&devices);
@@ -221,10 +251,23 @@ int run_main(int argc, char** argv) {
     return 1;
   }
 
+  CommOptions comm_options;
+  comm_options.rendezvous = run.cfg.rendezvous;
+  comm_options.timeout_seconds = run.cfg.comm_timeout;
+  const LaunchInfo launch = with_context("data-parallel start-up", [] { return detect_launch(); });
+  if (launch.world_size > 1) error_prefix = "rank " + std::to_string(launch.rank) + ": ";
+  const std::unique_ptr<Communicator> comm =
+      with_context("data-parallel start-up", [&] { return std::make_unique<Communicator>(comm_options); });
+  // The log is rank 0's; the other ranks' standard output is discarded (errors go to stderr).
+  if (comm->rank() != 0 && std::freopen("/dev/null", "w", stdout) == nullptr)
+    throw std::runtime_error("cannot redirect the standard output of rank " + std::to_string(comm->rank()));
+  run.grad_accum_steps = validate_config(run.cfg, comm->world_size());
+  run.schedule = make_lr_schedule(run.cfg);
+
   run.model = resolve_model(run.cfg, &run.model_source);
   validate_against_model(run.cfg, run.model.max_seq_len, run.model_source);
-  if (run.cfg.dtype == "fp32") train<float>(run);
-  else train<bf16>(run);
+  if (run.cfg.dtype == "fp32") train<float>(run, *comm);
+  else train<bf16>(run, *comm);
   return 0;
 }
 
@@ -235,7 +278,12 @@ int main(int argc, char** argv) {
     return run_main(argc, argv);
   } catch (const std::exception& e) {
     std::fflush(stdout);
-    std::fprintf(stderr, "error: %s\n", e.what());
+    std::fprintf(stderr, "%serror: %s\n", error_prefix.c_str(), e.what());
+    // Peers may be blocked in a collective with this rank: end the whole MPI job now.
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, 1);
     return 1;
   }
 }

@@ -59,7 +59,7 @@ template <> __device__ __forceinline__ bf16 adamw_store_value<bf16>(float x, uns
 // thread. The launcher passes vectors = 0 when the arrays are not mutually aligned.
 template <typename T>
 __global__ void adamw_kernel(T* params, float* master, const T* grads, float* m, float* v, size_t n, size_t head,
-                             size_t vectors, AdamWHyper h, unsigned seed) {
+                             size_t vectors, AdamWHyper h, unsigned seed, size_t index_offset) {
   constexpr int W = Vec128<T>::size;
   constexpr int F = W / Vec128<float>::size;  // fp32 vectors per chunk
   const size_t u = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
@@ -71,7 +71,7 @@ __global__ void adamw_kernel(T* params, float* master, const T* grads, float* m,
     const float p = master ? master[i] : to_float(params[i]);
     const float updated = adamw_step(p, to_float(grads[i]), m[i], v[i], h);
     if (master) master[i] = updated;
-    params[i] = adamw_store_value<T>(updated, seed, i);
+    params[i] = adamw_store_value<T>(updated, seed, index_offset + i);
     return;
   }
 
@@ -107,7 +107,7 @@ __global__ void adamw_kernel(T* params, float* master, const T* grads, float* m,
     if (master) store128cs(master + base + 4 * f, pf);
   }
   Vec128<T> out;
-  for (int k = 0; k < W; ++k) out[k] = adamw_store_value<T>(p[k], seed, base + k);
+  for (int k = 0; k < W; ++k) out[k] = adamw_store_value<T>(p[k], seed, index_offset + base + k);
   store128(params + base, out);
 }
 
@@ -123,7 +123,9 @@ inline bool adamw_aligned_after(const void* ptr, size_t head, size_t bytes_per_e
 // The bias corrections 1 - beta^step are computed once on the host (double, then fp32).
 // With master != nullptr, p is master[i] (fp32, updated in place) and params[i] receives it
 // rounded to T: exact for float, stochastically rounded for bf16 with random bits from
-// (seed, i) — i is the index within this call, so give each tensor and step its own seed.
+// (seed, index_offset + i) — give each tensor and step its own seed; index_offset is where this
+// call's range starts within the tensor, so updating a tensor in pieces (a ZeRO shard ending
+// inside it) rounds every element exactly as one call over the whole tensor would.
 // With master == nullptr, p is params[i] itself (fp32 mode; for bf16 the write-back is the
 // same stochastic rounding). Weight decay is whatever the caller passes: it calls once per
 // tensor with weight_decay for 2-D weights and 0 for biases and LayerNorm parameters.
@@ -134,7 +136,7 @@ inline bool adamw_aligned_after(const void* ptr, size_t head, size_t bytes_per_e
 template <typename T>
 void adamw_update(T* params, float* master, const T* grads, float* m, float* v, size_t n, float lr, float beta1,
                   float beta2, float eps, float weight_decay, float grad_scale, int step, unsigned seed,
-                  cudaStream_t stream) {
+                  size_t index_offset, cudaStream_t stream) {
   if (step < 1) {
     std::fprintf(stderr, "adamw_update: step must be >= 1 (1-based, for bias correction), got %d\n", step);
     std::exit(1);
@@ -161,6 +163,6 @@ void adamw_update(T* params, float* master, const T* grads, float* m, float* v, 
   const size_t units = n - vectors * (W - 1);
   const size_t blocks = ceil_div(units, static_cast<size_t>(kAdamWThreads));
   launch(adamw_kernel<T>, dim3(static_cast<unsigned>(blocks)), dim3(kAdamWThreads), 0, stream, params, master, grads,
-         m, v, n, head, vectors, h, seed);
+         m, v, n, head, vectors, h, seed, index_offset);
   CUDA_CHECK(cudaGetLastError());
 }

@@ -58,6 +58,10 @@ struct TrainConfig {
   long long val_steps = 20;
   std::string out_dir = "out";
   std::string config_file;
+  // data parallel
+  int zero = 0;
+  std::string rendezvous;
+  double comm_timeout = 300.0;
 
   // Flag names given on the command line or in the config file (not left at the default).
   std::set<std::string> explicitly_set;
@@ -132,6 +136,13 @@ inline const std::vector<Flag>& flag_table() {
       {"val-steps", "N", "validation batches (B x T each) averaged per validation", &TrainConfig::val_steps,
        {1, (double)LLONG_MAX}},
       {"out-dir", "DIR", "where metrics.jsonl (truncated at start) and the final model.bin go", &TrainConfig::out_dir},
+      {"zero", "0|1|2", "ZeRO stage with several ranks: 0 all-reduces gradients; 1 shards the AdamW state (moments, "
+       "fp32 master weights) over the ranks; 2 also shards the gradients", &TrainConfig::zero, {0, 2}},
+      {"rendezvous", "file:PATH|tcp:HOST:PORT",
+       "how ranks started without mpirun (SLURM srun) exchange the NCCL id: a file on a shared filesystem or rank 0's "
+       "TCP port", &TrainConfig::rendezvous, {}, {}, "none (mpirun: MPI)"},
+      {"comm-timeout", "SECONDS", "start-up fails with an error naming the missing ranks after this long",
+       &TrainConfig::comm_timeout, {0, HUGE_VAL, true, false}},
   };
   return flags;
 }

@@ -21,6 +21,7 @@
 #include "../kernels/classifier.cuh"
 #include "../kernels/global_norm.cuh"
 #include "../kernels/adamw.cuh"
+#include "comm.h"
 
 #include <unistd.h>
 
@@ -32,11 +33,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 enum class DType { fp32, bf16 };
@@ -411,10 +414,41 @@ class GPT2 {
   // micro-batch (the sequence length is fixed for the model's lifetime) at activation
   // recomputation setting `recompute` (0..3, see kRecomputeMax). Parameters, gradients and
   // optimizer state start at zero: call init_random() or load().
-  GPT2(const GPT2Config& cfg, int B, int seq_len, int recompute = kRecomputeDefault)
-      : cfg_(cfg), B_(B), T_(seq_len), recompute_(recompute) {
+  //
+  // Data parallel (comm with more than one rank): every rank holds all parameters and gradients
+  // (padded to R·S elements, S = ceil(P/R) rounded up to a multiple of 8, so shard boundaries are
+  // 16-byte aligned) and runs the same steps on its own micro-batches.
+  //   zero_stage 0: gradients are averaged over ranks (all-reduce); every rank keeps the full
+  //     optimizer state and runs the full AdamW update.
+  //   zero_stage 1: rank r owns elements [r·S, (r+1)·S) ∩ [0, P): gradients are averaged onto
+  //     their owner only, the owner keeps AdamW moments (and fp32 master weights) for its shard
+  //     alone — 1/R of the optimizer state — and updates its shard, then the parameters are
+  //     all-gathered.
+  //   zero_stage 2: as 1, and no rank holds the full gradient: the backward pass writes layer l's
+  //     gradients into one of two per-layer working blocks (layer l % 2) and wte/wpe/lnf's into a
+  //     block of their own; each block is summed onto the owners' gradient shards (S elements)
+  //     as soon as it is complete, and a working block is reused only after its communication
+  //     finished (event). The loss gradient is pre-divided by R so the sum is the average. With
+  //     gradient accumulation every micro-step communicates (the working blocks cannot keep a
+  //     sum): before a block is written again, the owner copies its accumulated shard values
+  //     into its own part of the block, so the backward pass adds this micro-step's gradient to
+  //     them and the next sum over ranks yields the running total.
+  // Gradient communication overlaps the backward pass: layer l's gradients are sent on the
+  // communicator's stream as soon as layer l's backward is queued (wte, wpe and lnf after the
+  // last layer), and (stages 0 and 1) only on the last micro-step of an optimizer step.
+  // One rank (or no communicator) always runs stage 0: with R = 1 the stages compute the same.
+  GPT2(const GPT2Config& cfg, int B, int seq_len, int recompute = kRecomputeDefault, Communicator* comm = nullptr,
+       int zero_stage = 0)
+      : cfg_(cfg), B_(B), T_(seq_len), recompute_(recompute), comm_(comm) {
     gpt2_check_config(cfg, "model configuration");
     gpt2_check_recompute(recompute);
+    if (zero_stage < 0 || zero_stage > 2)
+      throw std::runtime_error("ZeRO stage: expected 0, 1 or 2, found " + std::to_string(zero_stage));
+    if (comm != nullptr) {
+      world_ = comm->world_size();
+      rank_ = comm->rank();
+    }
+    zero_ = world_ > 1 ? zero_stage : 0;
     if (B < 1) throw std::runtime_error("batch size: expected B >= 1, found " + std::to_string(B));
     if (seq_len < 1 || seq_len > cfg.max_seq_len)
       throw std::runtime_error("sequence length: expected 1 <= T <= max_seq_len (" + std::to_string(cfg.max_seq_len) +
@@ -427,19 +461,21 @@ class GPT2 {
     matmul_init();
     gpt2_cuda_check(cudaStreamCreate(&stream_), "creating the model's CUDA stream");
     try {
+      if (zero_ == 2)
+        for (cudaEvent_t& e : block_free_)
+          gpt2_cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "creating a gradient-block event");
       allocate();
     } catch (...) {
-      cudaStreamDestroy(stream_);  // no destructor runs for a constructor that throws
+      destroy_stream_and_events();  // no destructor runs for a constructor that throws
       throw;
     }
   }
   GPT2(const GPT2&) = delete;
   GPT2& operator=(const GPT2&) = delete;
   ~GPT2() {
-    if (stream_ != nullptr) {
-      cudaStreamSynchronize(stream_);
-      cudaStreamDestroy(stream_);
-    }
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    if (communicating()) cudaStreamSynchronize(comm_->stream());
+    destroy_stream_and_events();
   }
 
   const GPT2Config& config() const { return cfg_; }
@@ -448,6 +484,11 @@ class GPT2 {
   int seq_len() const { return T_; }
   int recompute() const { return recompute_; }
   cudaStream_t stream() const { return stream_; }
+  int zero_stage() const { return zero_; }
+  // This rank's optimizer shard: elements [begin, end) of the parameter buffer (all of it at
+  // ZeRO stage 0).
+  size_t optimizer_shard_begin() const { return state_begin_; }
+  size_t optimizer_shard_end() const { return state_end_; }
 
   // Device buffers (llm.c order), for communication and checkpointing code.
   T* params_device() const { return params_.get(); }
@@ -576,8 +617,11 @@ class GPT2 {
 
   // Forward pass, then the gradient of (mean loss / grad_accum_steps) ADDED to the parameter
   // gradients (call zero_grad() before the first micro-step of an optimizer step). Returns this
-  // micro-batch's mean loss. Overwrites the logits with their gradient.
-  float forward_backward(const int* inputs, const int* targets, int grad_accum_steps) {
+  // micro-batch's mean loss. Overwrites the logits with their gradient. With several ranks, the
+  // micro-step with last_micro_step = true also averages the accumulated gradients over the ranks
+  // (onto their owners at ZeRO stage 1), overlapped with its backward pass; earlier micro-steps
+  // only accumulate locally.
+  float forward_backward(const int* inputs, const int* targets, int grad_accum_steps, bool last_micro_step = true) {
     if (grad_accum_steps < 1)
       throw std::runtime_error("gradient accumulation: expected at least 1 micro-step, found " +
                                std::to_string(grad_accum_steps));
@@ -588,14 +632,28 @@ class GPT2 {
                                     cudaMemcpyHostToDevice, stream_),
                     "uploading encoder-gradient buckets");
     run_forward();
-    const float dloss = 1.0f / (static_cast<float>(rows()) * static_cast<float>(grad_accum_steps));
+    // ZeRO 2 sums over ranks (ncclSum; see the constructor), so each rank's share is pre-divided.
+    const float ranks_summed = zero_ == 2 ? static_cast<float>(world_) : 1.0f;
+    const float dloss = 1.0f / (static_cast<float>(rows()) * static_cast<float>(grad_accum_steps) * ranks_summed);
+    if (zero_ == 2) {
+      comm_->order_before(stream_);  // the previous micro-step's sums into the shard are complete
+      prepare_gradient_block(model_grads_.get(), model_grads_.count(), {kWte, kWpe, kLnfw, kLnfb}, 0);
+    }
     fused_classifier(acts_.logits.get(), acts_.losses.get(), acts_.targets.get(), rows(), cfg_.vocab_size,
                      cfg_.padded_vocab_size, dloss, true, stream_);
+    communicate_gradients_ = communicating() && (last_micro_step || zero_ == 2);
     run_backward();
+    communicate_gradients_ = false;
+    shard_holds_gradients_ = zero_ == 2;
     return mean_loss();
   }
 
   void zero_grad() {
+    if (zero_ == 2) {
+      gpt2_cuda_check(cudaMemsetAsync(shard_grads_.get(), 0, shard_grads_.bytes(), stream_), "zeroing gradients");
+      shard_holds_gradients_ = false;
+      return;
+    }
     gpt2_cuda_check(cudaMemsetAsync(grads_.get(), 0, grads_.bytes(), stream_), "zeroing gradients");
   }
 
@@ -605,22 +663,42 @@ class GPT2 {
   // (wte, wpe, qkvw, attprojw, fcw, fcprojw). T = bf16 updates the fp32 master weights and stores
   // them stochastically rounded (seed adamw_rounding_seed(opt.seed, step, tensor)); T = float
   // updates the parameters themselves. A non-finite norm is returned as is (the caller decides).
+  //
+  // Data parallel: the update waits for the gradient communication. At ZeRO stage 1 the norm is
+  // the square root of the sum over ranks of each shard's squared norm, each rank updates its
+  // shard tensor piece by tensor piece (weight decay per tensor; the stochastic rounding uses the
+  // element's index within its tensor, so the bits match an unsharded update), and the updated
+  // parameters are all-gathered before anything else runs on the model's stream.
   float update(const OptimizerSettings& opt, float lr, int step) {
     if (step < 1) throw std::runtime_error("optimizer step: expected step >= 1, found " + std::to_string(step));
+    if (communicating()) comm_->order_before(stream_);
     float* norm_squared = acts_.norm_squared.get();
     gpt2_cuda_check(cudaMemsetAsync(norm_squared, 0, sizeof(float), stream_), "gradient norm");
-    global_norm_squared(norm_squared, acts_.scratch.get(), grads_.get(), layout_.total, stream_);
+    const T* shard_grads = zero_ == 2 ? shard_grads_.get() : grads_.get() + state_begin_;
+    global_norm_squared(norm_squared, acts_.scratch.get(), shard_grads, state_end_ - state_begin_, stream_);
+    if (communicating() && zero_ >= 1) {
+      comm_->wait_for(stream_);
+      comm_->all_reduce(norm_squared, 1, ncclSum);
+      comm_->order_before(stream_);
+    }
     float norm_squared_host = 0.0f;
     download(&norm_squared_host, norm_squared, sizeof(float));
     const float norm = std::sqrt(norm_squared_host);
     const float grad_scale = (opt.grad_clip > 0.0f && norm > opt.grad_clip) ? opt.grad_clip / norm : 1.0f;
     for (int i = 0; i < kNumParameterTensors; ++i) {
       const ParameterInfo& t = layout_[i];
-      float* master = master_.get() != nullptr ? master_.get() + t.offset : nullptr;
-      adamw_update(params_.get() + t.offset, master, grads_.get() + t.offset, adam_m_.get() + t.offset,
-                   adam_v_.get() + t.offset, t.count, lr, opt.beta1, opt.beta2, opt.eps,
-                   t.decayed ? opt.weight_decay : 0.0f, grad_scale, step, adamw_rounding_seed(opt.seed, step, i),
-                   stream_);
+      const size_t begin = std::max(t.offset, state_begin_), end = std::min(t.offset + t.count, state_end_);
+      if (begin >= end) continue;
+      const size_t state = begin - state_begin_;  // index into this rank's optimizer state
+      float* master = master_.get() != nullptr ? master_.get() + state : nullptr;
+      adamw_update(params_.get() + begin, master, shard_grads + state, adam_m_.get() + state, adam_v_.get() + state,
+                   end - begin, lr, opt.beta1, opt.beta2, opt.eps, t.decayed ? opt.weight_decay : 0.0f, grad_scale,
+                   step, adamw_rounding_seed(opt.seed, step, i), begin - t.offset, stream_);
+    }
+    if (communicating() && zero_ >= 1) {
+      comm_->wait_for(stream_);
+      comm_->all_gather(params_.get() + rank_ * shard_size_, params_.get(), shard_size_);
+      comm_->order_before(stream_);
     }
     return norm;
   }
@@ -629,7 +707,11 @@ class GPT2 {
 
   // Host copies as float, llm.c order.
   std::vector<float> parameters() const { return download_floats(params_.get(), layout_.total); }
-  std::vector<float> gradients() const { return download_floats(grads_.get(), layout_.total); }
+  // (At ZeRO stage 2 no rank holds them all: throws.)
+  std::vector<float> gradients() const {
+    if (zero_ == 2) throw std::runtime_error("gradients(): at ZeRO stage 2 each rank holds only its gradient shard");
+    return download_floats(grads_.get(), layout_.total);
+  }
   // B·T·Vp values ([B][T][Vp]) from the last forward(); after forward_backward() they are the
   // logits' gradients.
   std::vector<float> logits() const { return download_floats(acts_.logits.get(), acts_.logits.count()); }
@@ -658,7 +740,10 @@ class GPT2 {
   // optimizer_bytes: AdamW moments and master weights; activation_bytes: everything that scales
   // with the micro-batch (activations kept for the backward pass, gradient buffers, scratch, tokens),
   // the sum of the buffers allocated, which gpt2_activation_bytes(...).total() predicts.
-  size_t parameter_bytes() const { return params_.bytes() + grads_.bytes(); }
+  size_t parameter_bytes() const { return params_.bytes() + gradient_bytes(); }
+  size_t gradient_bytes() const {
+    return grads_.bytes() + shard_grads_.bytes() + layer_grads_.bytes() + model_grads_.bytes();
+  }
   size_t optimizer_bytes() const { return adam_m_.bytes() + adam_v_.bytes() + master_.bytes(); }
   size_t activation_bytes() const { return activation_bytes_; }
 
@@ -692,11 +777,29 @@ class GPT2 {
 
   void allocate() {
     const size_t P = layout_.total;
-    params_ = DeviceArray<T>(P, "parameters");
-    grads_ = DeviceArray<T>(P, "gradients");
-    adam_m_ = DeviceArray<float>(P, "AdamW first moments");
-    adam_v_ = DeviceArray<float>(P, "AdamW second moments");
-    if (dtype == DType::bf16) master_ = DeviceArray<float>(P, "fp32 master weights");
+    shard_size_ = ceil_div(ceil_div(P, static_cast<size_t>(world_)), size_t(8)) * 8;
+    state_begin_ = zero_ == 0 ? 0 : std::min(P, rank_ * shard_size_);
+    state_end_ = zero_ == 0 ? P : std::min(P, state_begin_ + shard_size_);
+    const size_t state = zero_ == 0 ? P : shard_size_;
+    params_ = DeviceArray<T>(shard_size_ * world_, "parameters");
+    if (zero_ == 2) {
+      // Working blocks: each tensor's offset within the block of its layer / of the model tensors.
+      size_t layer_block = 0, model_block = 0;
+      for (int i = 0; i < kNumParameterTensors; ++i) {
+        size_t& block = is_layer_tensor(i) ? layer_block : model_block;
+        block_offset_[i] = block;
+        block += is_layer_tensor(i) ? layout_[i].count / cfg_.num_layers : layout_[i].count;
+      }
+      layer_block_ = layer_block;
+      layer_grads_ = DeviceArray<T>(2 * layer_block, "gradients (two per-layer working blocks)");
+      model_grads_ = DeviceArray<T>(model_block, "gradients (wte, wpe, lnf working block)");
+      shard_grads_ = DeviceArray<T>(shard_size_, "gradients (this rank's shard)");
+    } else {
+      grads_ = DeviceArray<T>(shard_size_ * world_, "gradients");
+    }
+    adam_m_ = DeviceArray<float>(state, "AdamW first moments");
+    adam_v_ = DeviceArray<float>(state, "AdamW second moments");
+    if (dtype == DType::bf16) master_ = DeviceArray<float>(state, "fp32 master weights");
     gpt2_cuda_check(cudaMemset(params_.get(), 0, params_.bytes()), "zeroing parameters");
     if (master_.get() != nullptr)
       gpt2_cuda_check(cudaMemset(master_.get(), 0, master_.bytes()), "zeroing master weights");
@@ -744,7 +847,7 @@ class GPT2 {
   }
 
   void reset_training_state() {
-    gpt2_cuda_check(cudaMemsetAsync(grads_.get(), 0, grads_.bytes(), stream_), "zeroing gradients");
+    zero_grad();
     gpt2_cuda_check(cudaMemsetAsync(adam_m_.get(), 0, adam_m_.bytes(), stream_), "zeroing AdamW moments");
     gpt2_cuda_check(cudaMemsetAsync(adam_v_.get(), 0, adam_v_.bytes(), stream_), "zeroing AdamW moments");
     gpt2_cuda_check(cudaStreamSynchronize(stream_), "resetting training state");
@@ -757,9 +860,11 @@ class GPT2 {
     for (size_t k = 0; k < values.size(); ++k) stored[k] = host_from_float<T>(values[k]);
     gpt2_cuda_check(cudaMemcpy(params_.get() + t.offset, stored.data(), t.count * sizeof(T), cudaMemcpyHostToDevice),
                     std::string("uploading parameter tensor ") + t.name);
-    if (master_.get() != nullptr) {
-      gpt2_cuda_check(cudaMemcpy(master_.get() + t.offset, values.data(), t.count * sizeof(float),
-                                 cudaMemcpyHostToDevice),
+    // The master weights of this rank's optimizer shard only.
+    const size_t begin = std::max(t.offset, state_begin_), end = std::min(t.offset + t.count, state_end_);
+    if (master_.get() != nullptr && begin < end) {
+      gpt2_cuda_check(cudaMemcpy(master_.get() + (begin - state_begin_), values.data() + (begin - t.offset),
+                                 (end - begin) * sizeof(float), cudaMemcpyHostToDevice),
                       std::string("uploading master weights of ") + t.name);
     }
   }
@@ -814,8 +919,39 @@ class GPT2 {
   const T* param(int tensor, size_t layer_stride, int layer) const {
     return params_.get() + layout_[tensor].offset + layer_stride * layer;
   }
+  // Where the backward pass accumulates tensor `tensor`'s gradient (of layer `layer`).
   T* grad(int tensor, size_t layer_stride, int layer) const {
+    if (zero_ == 2)
+      return is_layer_tensor(tensor) ? layer_grads_.get() + (layer % 2) * layer_block_ + block_offset_[tensor]
+                                     : model_grads_.get() + block_offset_[tensor];
     return grads_.get() + layout_[tensor].offset + layer_stride * layer;
+  }
+  static bool is_layer_tensor(int tensor) { return tensor >= kLn1w && tensor <= kFcprojb; }
+
+  // Elements [offset, offset + n) of the parameter buffer that tensor `tensor`'s slice for
+  // `layer` covers (layer ignored for wte, wpe, lnf).
+  std::pair<size_t, size_t> global_range(int tensor, int layer) const {
+    const ParameterInfo& t = layout_[tensor];
+    if (!is_layer_tensor(tensor)) return {t.offset, t.count};
+    const size_t per_layer = t.count / cfg_.num_layers;
+    return {t.offset + per_layer * layer, per_layer};
+  }
+
+  // ZeRO 2: makes a working block (of `elements`) ready for a backward pass to accumulate into
+  // (the caller has ordered it after the block's previous communication): zeroes it and, after
+  // an earlier micro-step of this optimizer step, copies this rank's accumulated shard values
+  // into its own part of it.
+  void prepare_gradient_block(T* block, size_t elements, std::initializer_list<int> tensors, int layer) {
+    gpt2_cuda_check(cudaMemsetAsync(block, 0, elements * sizeof(T), stream_), "zeroing a gradient block");
+    if (!shard_holds_gradients_) return;
+    for (int i : tensors) {
+      const auto [offset, n] = global_range(i, layer);
+      const size_t begin = std::max(offset, state_begin_), end = std::min(offset + n, state_end_);
+      if (begin >= end) continue;
+      gpt2_cuda_check(cudaMemcpyAsync(grad(i, n, layer) + (begin - offset), shard_grads_.get() + (begin - state_begin_),
+                                      (end - begin) * sizeof(T), cudaMemcpyDeviceToDevice, stream_),
+                      "restoring accumulated gradients");
+    }
   }
 
   // Layer l's slice of a per-layer activation of `slice` elements: its own slice when the tensor
@@ -909,6 +1045,7 @@ class GPT2 {
     const bool recompute_gelu = !rerun_block && !block_keeps(BlockTensor::fch_gelu, recompute_);
     const bool recompute_ln = !rerun_block && !block_keeps(BlockTensor::ln_output, recompute_);
     for (int l = L - 1; l >= 0; --l) {
+      if (zero_ == 2) prepare_layer_block(l);
       const T* residual = block_input(l);
       T* ln1 = at(a.ln1, l, NC);
       float* ln1_mean = at(a.ln1_mean, l, N);
@@ -950,13 +1087,85 @@ class GPT2 {
                       ln1, param(kQkvw, 3 * c * c, l), static_cast<const T*>(nullptr), N, C, 3 * C, s);
       layernorm_backward(dresidual, grad(kLn1w, c, l), grad(kLn1b, c, l), scratch, dbranch, residual,
                          param(kLn1w, c, l), ln1_mean, ln1_rstd, N, C, s);
+      if (communicate_gradients_) send_layer_gradients(l);
     }
     encoder_backward(grad(kWte, 0, 0), grad(kWpe, 0, 0), a.buckets.get(), num_buckets_, dresidual, B_, T_, C, s);
+    if (communicate_gradients_) send_model_gradients();
+  }
+
+  bool communicating() const { return comm_ != nullptr && world_ > 1; }
+
+  void prepare_layer_block(int l) {
+    gpt2_cuda_check(cudaStreamWaitEvent(stream_, block_free_[l % 2], 0), "waiting for a gradient block");
+    prepare_gradient_block(layer_grads_.get() + (l % 2) * layer_block_, layer_block_,
+                           {kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb, kLn2w, kLn2b, kFcw, kFcb, kFcprojw,
+                            kFcprojb},
+                           l);
+  }
+
+  // Communicates the gradient of tensor i (layer l's slice), at grad(i, ., l), over the ranks:
+  // ZeRO 0 averages it everywhere (in place); ZeRO 1 averages each piece onto the owner of the
+  // shard it falls in (one in-place reduce per owner); ZeRO 2 sums each piece into the owner's
+  // gradient shard.
+  void send_gradient(int i, int l) {
+    const auto [offset, n] = global_range(i, l);
+    T* src = grad(i, n, l);  // n is the layer stride of a per-layer tensor (l = 0 for the others)
+    if (zero_ == 0) {
+      comm_->all_reduce(src, n, ncclAvg);
+      return;
+    }
+    for (size_t begin = offset; begin < offset + n;) {
+      const size_t owner = begin / shard_size_;
+      const size_t end = std::min(offset + n, (owner + 1) * shard_size_);
+      T* piece = src + (begin - offset);
+      if (zero_ == 1) comm_->reduce(piece, piece, end - begin, static_cast<int>(owner), ncclAvg);
+      else comm_->reduce(piece, shard_grads_.get() + (begin - owner * shard_size_), end - begin,
+                         static_cast<int>(owner), ncclSum);
+      begin = end;
+    }
+  }
+
+  // Layer l's gradients are complete once its backward is queued: send its slice of every
+  // per-layer tensor, after that backward (event), while the model's stream moves on to layer l-1.
+  void send_layer_gradients(int l) {
+    comm_->wait_for(stream_);
+    comm_->group_start();
+    for (int i = kLn1w; i <= kFcprojb; ++i) send_gradient(i, l);
+    comm_->group_end();
+    if (zero_ == 2)
+      gpt2_cuda_check(cudaEventRecord(block_free_[l % 2], comm_->stream()), "recording a gradient-block event");
+  }
+
+  // wte (lm head and embedding), wpe and lnf are complete after the encoder backward.
+  void send_model_gradients() {
+    comm_->wait_for(stream_);
+    comm_->group_start();
+    for (int i : {kWte, kWpe, kLnfw, kLnfb}) send_gradient(i, 0);
+    comm_->group_end();
+  }
+
+  void destroy_stream_and_events() {
+    for (cudaEvent_t e : block_free_)
+      if (e != nullptr) cudaEventDestroy(e);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
   GPT2Config cfg_;
   int B_, T_;
   int recompute_;
+  Communicator* comm_ = nullptr;
+  int zero_ = 0, world_ = 1;
+  size_t rank_ = 0;
+  size_t shard_size_ = 0;                     // S: elements per rank's shard of the padded buffers
+  size_t state_begin_ = 0, state_end_ = 0;    // elements whose optimizer state this rank holds
+  bool communicate_gradients_ = false;        // set during the backward of a micro-step that communicates
+  // ZeRO 2 only: working blocks, the gradient shard, and whether the shard holds gradients of
+  // earlier micro-steps of the current optimizer step.
+  DeviceArray<T> layer_grads_, model_grads_, shard_grads_;
+  std::array<size_t, kNumParameterTensors> block_offset_{};
+  size_t layer_block_ = 0;
+  cudaEvent_t block_free_[2] = {nullptr, nullptr};  // recorded on the comm stream when a layer block is sent
+  bool shard_holds_gradients_ = false;
   ParameterLayout layout_;
   cudaStream_t stream_ = nullptr;
   DeviceArray<T> params_, grads_;

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The communicator's collectives (test/mpi_nccl.cu: all-reduce, reduce-scatter, reduce,
+# all-gather, broadcast, groups, host sums) under mpirun with 2 and 4 ranks: the CPU build's
+# MPI-backed NCCL stand-in, or real NCCL in the GPU build (one GPU per rank: 2 and 4 ranks as the
+# GPUs allow, one rank on a one-GPU machine). CPU: both thread orders, like every other test binary.
+# usage: distributed_nccl.sh cpu|gpu
+set -u
+cd "$(dirname "$0")/../.." || exit 1
+mode=${1:-cpu}
+bin=build/$mode/test/mpi_nccl
+[ -x "$bin" ] || { echo "FAIL: $bin is missing (make test builds it)"; exit 1; }
+ranks_list="2 4"
+orders="forward reverse"
+if [ "$mode" = gpu ]; then
+  gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+  [ "$gpus" -ge 1 ] || { echo "FAIL: nvidia-smi sees no GPU"; exit 1; }
+  ranks_list=1; [ "$gpus" -ge 2 ] && ranks_list=2; [ "$gpus" -ge 4 ] && ranks_list="2 4"
+  orders=forward
+fi
+mpi_opts=(--oversubscribe -x SIMT_THREADS=1 -x SIMT_SCHEDULE)
+[ "$(id -u)" -eq 0 ] && mpi_opts+=(--allow-run-as-root)
+failures=0
+for ranks in $ranks_list; do
+  for order in $orders; do
+    log=$(mktemp)
+    if SIMT_THREADS=1 SIMT_SCHEDULE=$order timeout 300 mpirun -np "$ranks" "${mpi_opts[@]}" "$bin" >"$log" 2>&1 &&
+        [ "$(grep -c 'All tests passed' "$log")" -eq "$ranks" ]; then
+      echo "$ranks ranks [$order]: $(grep -m1 'All tests passed' "$log")"
+    else
+      echo "FAIL: $ranks ranks [$order]"; cat "$log"; failures=$((failures + 1))
+    fi
+    rm -f "$log"
+  done
+done
+[ "$failures" -eq 0 ]

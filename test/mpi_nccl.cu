@@ -1,0 +1,162 @@
+// Collectives of src/comm.h's Communicator (nccl* calls: the CPU build's MPI stand-in
+// simt/nccl.cpp, or NCCL on GPUs) against host loops over what every rank contributed.
+// Runs under mpirun (test/checks/distributed_nccl.sh: 2 and 4 ranks; 1 on a one-GPU machine);
+// it is named mpi_* so the single-process test runner does not pick it up.
+//
+// Rank r's input element i is a value derived from (r, i), so every rank can compute every
+// other rank's contribution and the reference. Sums are compared with a tolerance (NCCL's
+// order of additions depends on its algorithm; the stand-in adds in rank order in fp32, which
+// the reference also does, so on the CPU they agree exactly), and every rank must hold the
+// same bits as rank 0 (checked through MPI).
+#include "test_util.h"
+#include "../src/comm.h"
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+Communicator& comm() {
+  static Communicator instance{CommOptions{}};
+  return instance;
+}
+
+float contribution(int rank, size_t i) {
+  return static_cast<float>(((rank + 1) * 37 + static_cast<int>(i % 101) * 13) % 97) / 16.0f - 3.0f +
+         0.001953125f * static_cast<float>(rank);
+}
+
+template <typename T> std::vector<T> inputs_of(int rank, size_t n) {
+  std::vector<float> values(n);
+  for (size_t i = 0; i < n; ++i) values[i] = contribution(rank, i);
+  return test::from_floats<T>(values);
+}
+
+// op over ranks of element i, added in rank order in fp32 from the values as stored in T.
+template <typename T> float reference(size_t i, ncclRedOp_t op) {
+  float acc = 0.0f;
+  for (int r = 0; r < comm().world_size(); ++r) acc += test::to_floats<T>(inputs_of<T>(r, i + 1))[i];
+  return op == ncclAvg ? acc / static_cast<float>(comm().world_size()) : acc;
+}
+
+// Whether every rank holds the same bytes as rank 0.
+template <typename T> bool same_on_all_ranks(const std::vector<T>& values) {
+  std::vector<T> root = values;
+  MPI_Bcast(root.data(), static_cast<int>(root.size() * sizeof(T)), MPI_BYTE, 0, MPI_COMM_WORLD);
+  int same = std::memcmp(root.data(), values.data(), values.size() * sizeof(T)) == 0, all = 0;
+  MPI_Allreduce(&same, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return all == 1;
+}
+
+template <typename T> void check_reduced(const std::vector<T>& got, size_t first, ncclRedOp_t op) {
+  std::vector<float> want(got.size());
+  for (size_t k = 0; k < got.size(); ++k) want[k] = reference<T>(first + k, op);
+  CHECK(test::all_close<T>("reduced", test::to_floats<T>(got), test::round_to<T>(want)));
+}
+
+}  // namespace
+
+TEST_CASE("the communicator sees the mpirun launch", "[nccl]") {
+  REQUIRE(comm().world_size() >= 1);
+  CHECK(comm().rank() >= 0);
+  CHECK(comm().rank() < comm().world_size());
+  int mpi_rank = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &mpi_rank);
+  CHECK(comm().rank() == mpi_rank);
+}
+
+TEMPLATE_TEST_CASE("all_reduce sums and averages in place over the ranks", "[nccl]", float, bf16) {
+  for (size_t n : {size_t(1), size_t(7), size_t(1003)})
+    for (ncclRedOp_t op : {ncclSum, ncclAvg}) {
+      INFO("n " << n << " op " << op);
+      test::DeviceBuffer<TestType> data(inputs_of<TestType>(comm().rank(), n));
+      comm().all_reduce(data.ptr, n, op);
+      const std::vector<TestType> got = data.download();
+      check_reduced(got, 0, op);
+      CHECK(same_on_all_ranks(got));
+    }
+}
+
+TEMPLATE_TEST_CASE("reduce_scatter leaves block r of the sum on rank r, in and out of place", "[nccl]", float,
+                   bf16) {
+  const int R = comm().world_size(), rank = comm().rank();
+  for (size_t block : {size_t(1), size_t(5), size_t(333)}) {
+    INFO("block " << block);
+    test::DeviceBuffer<TestType> send(inputs_of<TestType>(rank, block * R));
+    test::DeviceBuffer<TestType> recv(block);
+    comm().reduce_scatter(send.ptr, recv.ptr, block, ncclAvg);
+    check_reduced(recv.download(), rank * block, ncclAvg);
+    // In place: the result lands in the rank's own block of the input.
+    comm().reduce_scatter(send.ptr, send.ptr + rank * block, block, ncclSum);
+    const std::vector<TestType> all = send.download();
+    check_reduced(std::vector<TestType>(all.begin() + rank * block, all.begin() + (rank + 1) * block), rank * block,
+                  ncclSum);
+  }
+}
+
+TEMPLATE_TEST_CASE("reduce leaves the sum on the root only", "[nccl]", float, bf16) {
+  const size_t n = 77;
+  const int rank = comm().rank();
+  for (int root : {0, comm().world_size() - 1}) {
+    INFO("root " << root);
+    const std::vector<TestType> mine = inputs_of<TestType>(rank, n);
+    test::DeviceBuffer<TestType> data(mine);
+    comm().reduce(data.ptr, data.ptr, n, root, ncclAvg);
+    const std::vector<TestType> got = data.download();
+    if (rank == root) check_reduced(got, 0, ncclAvg);
+    else CHECK(std::memcmp(got.data(), mine.data(), n * sizeof(TestType)) == 0);  // in place: untouched
+  }
+}
+
+TEMPLATE_TEST_CASE("all_gather concatenates the ranks' blocks, in and out of place", "[nccl]", float, bf16) {
+  const int R = comm().world_size(), rank = comm().rank();
+  for (size_t block : {size_t(1), size_t(9), size_t(250)}) {
+    INFO("block " << block);
+    std::vector<TestType> want;
+    for (int r = 0; r < R; ++r) {
+      const std::vector<TestType> part = inputs_of<TestType>(r, block);
+      want.insert(want.end(), part.begin(), part.end());
+    }
+    test::DeviceBuffer<TestType> send(inputs_of<TestType>(rank, block)), recv(block * R);
+    comm().all_gather(send.ptr, recv.ptr, block);
+    CHECK(test::all_close<TestType>("out of place", test::to_floats(recv.download()), test::to_floats(want)));
+    recv.poison();
+    CUDA_CHECK(cudaMemcpy(recv.ptr + rank * block, send.ptr, block * sizeof(TestType), cudaMemcpyDeviceToDevice));
+    comm().all_gather(recv.ptr + rank * block, recv.ptr, block);
+    CHECK(test::all_close<TestType>("in place", test::to_floats(recv.download()), test::to_floats(want)));
+  }
+}
+
+TEMPLATE_TEST_CASE("broadcast copies the root's buffer to every rank", "[nccl]", float, bf16) {
+  const size_t n = 131;
+  for (int root : {0, comm().world_size() - 1}) {
+    INFO("root " << root);
+    test::DeviceBuffer<TestType> data(inputs_of<TestType>(comm().rank(), n));
+    comm().broadcast(data.ptr, n, root);
+    CHECK(test::all_close<TestType>("broadcast", test::to_floats(data.download()),
+                                    test::to_floats(inputs_of<TestType>(root, n))));
+  }
+}
+
+TEST_CASE("collectives in a group all complete; host sums and the barrier agree", "[nccl]") {
+  const size_t n = 50;
+  test::DeviceBuffer<float> a(inputs_of<float>(comm().rank(), n)), b(inputs_of<float>(comm().rank(), 2 * n));
+  comm().group_start();
+  comm().all_reduce(a.ptr, n, ncclSum);
+  comm().all_reduce(b.ptr, 2 * n, ncclAvg);
+  comm().group_end();
+  check_reduced(a.download(), 0, ncclSum);
+  check_reduced(b.download(), 0, ncclAvg);
+
+  const int R = comm().world_size();
+  CHECK(comm().sum(static_cast<double>(comm().rank()) + 0.5) == R * (R - 1) / 2.0 + 0.5 * R);
+  comm().barrier();
+}
+
+TEST_CASE("invalid collective calls fail with an error instead of hanging", "[nccl]") {
+  test::DeviceBuffer<float> data(4);
+  CHECK_THROWS_WITH(comm().broadcast(data.ptr, 4, comm().world_size()), Catch::Contains("ncclBroadcast"));
+  CHECK_THROWS_WITH(comm().group_end(), Catch::Contains("ncclGroupEnd"));
+  comm().barrier();  // the ranks are still in step
+}
