@@ -350,6 +350,10 @@ inline bool block_keeps(BlockTensor tensor, int recompute) {
   return true;
 }
 
+// The lm head and the classifier run over chunks of at most this many rows of the micro-batch,
+// so the logits (Vp wide: the largest activation per row) need a (chunk, Vp) buffer, not (N, Vp).
+constexpr size_t kLogitsChunkRows = 1024;
+
 inline ActivationCounts gpt2_activation_counts(const GPT2Config& cfg, int B, int seq_len, int recompute) {
   gpt2_check_recompute(recompute);
   const size_t L = cfg.num_layers, C = cfg.channels, N = static_cast<size_t>(B) * seq_len;
@@ -363,7 +367,7 @@ inline ActivationCounts gpt2_activation_counts(const GPT2Config& cfg, int B, int
   n.fch = slices(BlockTensor::other) * N * 4 * C;
   n.fch_gelu = slices(BlockTensor::fch_gelu) * N * 4 * C;
   n.lnf = n.branch = n.dresidual = N * C;
-  n.logits = N * cfg.padded_vocab_size;
+  n.logits = std::min(N, kLogitsChunkRows) * cfg.padded_vocab_size;
   n.dwide = N * 4 * C;
   n.ln_stat = slices(BlockTensor::other) * N;
   n.lse = slices(BlockTensor::other) * N * cfg.num_heads;
@@ -382,7 +386,7 @@ inline ActivationCounts gpt2_activation_counts(const GPT2Config& cfg, int B, int
 //   blocks: the transformer blocks' activations: the residual stream and what the blocks keep for
 //           the backward pass, including the one-layer slices the recomputation refills. This is
 //           what --recompute shrinks.
-//   other:  final LayerNorm, logits (N·Vp: the largest single buffer), losses, activation-gradient
+//   other:  final LayerNorm, logits (min(N, kLogitsChunkRows)·Vp), losses, activation-gradient
 //           buffers, scratch, tokens. The same at every setting.
 struct ActivationBytes {
   size_t blocks = 0, other = 0;
@@ -601,17 +605,16 @@ class GPT2 {
   }
 
   // Forward pass over one micro-batch of host tokens (B·T each, row-major [B][T]). Returns the
-  // mean cross-entropy over the B·T positions and keeps the logits (logits()). targets may be
-  // nullptr (no loss: returns NaN), e.g. for sampling.
+  // mean cross-entropy over the B·T positions and keeps the logits of the last chunk of rows
+  // (logits()). targets may be nullptr (no loss: returns NaN).
   float forward(const int* inputs, const int* targets) {
     upload_tokens(inputs, targets);
     run_forward();
+    run_head(targets != nullptr, 0.0f, false);
     if (targets == nullptr) {
       gpt2_cuda_check(cudaStreamSynchronize(stream_), "forward pass");
       return std::numeric_limits<float>::quiet_NaN();
     }
-    fused_classifier(acts_.logits.get(), acts_.losses.get(), acts_.targets.get(), rows(), cfg_.vocab_size,
-                     cfg_.padded_vocab_size, 0.0f, false, stream_);
     return mean_loss();
   }
 
@@ -639,8 +642,7 @@ class GPT2 {
       comm_->order_before(stream_);  // the previous micro-step's sums into the shard are complete
       prepare_gradient_block(model_grads_.get(), model_grads_.count(), {kWte, kWpe, kLnfw, kLnfb}, 0);
     }
-    fused_classifier(acts_.logits.get(), acts_.losses.get(), acts_.targets.get(), rows(), cfg_.vocab_size,
-                     cfg_.padded_vocab_size, dloss, true, stream_);
+    run_head(true, dloss, true);
     communicate_gradients_ = communicating() && (last_micro_step || zero_ == 2);
     run_backward();
     communicate_gradients_ = false;
@@ -712,16 +714,12 @@ class GPT2 {
     if (zero_ == 2) throw std::runtime_error("gradients(): at ZeRO stage 2 each rank holds only its gradient shard");
     return download_floats(grads_.get(), layout_.total);
   }
-  // B·T·Vp values ([B][T][Vp]) from the last forward(); after forward_backward() they are the
-  // logits' gradients.
-  std::vector<float> logits() const { return download_floats(acts_.logits.get(), acts_.logits.count()); }
-  // The Vp logits of position (b, t) from the last forward() (for sampling).
-  std::vector<float> logits_at(int b, int t) const {
-    if (b < 0 || b >= B_ || t < 0 || t >= T_)
-      throw std::runtime_error("logits_at: position (" + std::to_string(b) + ", " + std::to_string(t) +
-                               ") is outside the micro-batch " + std::to_string(B_) + "x" + std::to_string(T_));
-    const size_t row = static_cast<size_t>(b) * T_ + t;
-    return download_floats(acts_.logits.get() + row * cfg_.padded_vocab_size, cfg_.padded_vocab_size);
+  // The logits of the last forward(): rows [N - r, N) of the micro-batch, r = N mod
+  // kLogitsChunkRows (or kLogitsChunkRows), which is every row when B·T <= kLogitsChunkRows.
+  // After forward_backward() they hold the logits' gradients.
+  std::vector<float> logits() const {
+    const size_t last_chunk = rows() - (rows() - 1) / kLogitsChunkRows * kLogitsChunkRows;
+    return download_floats(acts_.logits.get(), last_chunk * cfg_.padded_vocab_size);
   }
 
   // Replaces all parameters (llm.c order, as float; rounded to nearest for bf16, master weights get
@@ -760,7 +758,7 @@ class GPT2 {
     DeviceArray<float> lse;                       // (L|1, B, NH, T) attention log-sum-exp
     DeviceArray<T> lnf;                           // (N, C)
     DeviceArray<float> lnf_mean, lnf_rstd;        // (N)
-    DeviceArray<T> logits;                        // (N, Vp); the classifier writes dlogits in place
+    DeviceArray<T> logits;                        // (chunk, Vp); the classifier writes dlogits in place
     DeviceArray<float> losses;                    // (N)
     // Forward: output of a residual branch's projection before the residual add. Backward: the
     // gradient of the input of the matmul / attention just differentiated.
@@ -1015,12 +1013,33 @@ class GPT2 {
                                    C, s);
       }
     }
-    // Tied lm head over all Vp columns; the zero padding rows of wte give zero padding logits.
-    matmul_forward(a.logits.get(), static_cast<T*>(nullptr), a.lnf.get(), param(kWte, 0, 0), static_cast<T*>(nullptr),
-                   N, C, cfg_.padded_vocab_size, s);
   }
 
-  // Backward from the dlogits the classifier left in a.logits. Parameter gradients accumulate;
+  // The tied lm head (over all Vp columns; the zero padding rows of wte give zero padding logits)
+  // and the classifier, chunk by chunk of rows. With `losses`, each row's loss; with `train`, the
+  // classifier leaves dloss·dlogits in the chunk, and the chunk's share of the lm-head backward
+  // runs at once: its rows of d lnf (written into a.branch, which run_backward reads) and its
+  // product added to the wte gradient, in chunk order.
+  void run_head(bool losses, float dloss, bool train) {
+    const int N = rows(), C = cfg_.channels, Vp = cfg_.padded_vocab_size;
+    const int chunk = static_cast<int>(kLogitsChunkRows);
+    Activations& a = acts_;
+    for (int r = 0; r < N; r += chunk) {
+      const int n = std::min(chunk, N - r);
+      const size_t offset = static_cast<size_t>(r) * C;
+      matmul_forward(a.logits.get(), static_cast<T*>(nullptr), a.lnf.get() + offset, param(kWte, 0, 0),
+                     static_cast<T*>(nullptr), n, C, Vp, stream_);
+      if (!losses) continue;
+      fused_classifier(a.logits.get(), a.losses.get() + r, a.targets.get() + r, n, cfg_.vocab_size, Vp, dloss, train,
+                       stream_);
+      if (train)
+        matmul_backward(a.branch.get() + offset, grad(kWte, 0, 0), static_cast<T*>(nullptr), static_cast<T*>(nullptr),
+                        a.logits.get(), a.lnf.get() + offset, param(kWte, 0, 0), static_cast<const T*>(nullptr), n, C,
+                        Vp, stream_);
+    }
+  }
+
+  // Backward from d lnf, which run_head left in a.branch. Parameter gradients accumulate;
   // dresidual holds d loss / d (residual stream) at the current depth: the skip connections pass
   // it through unchanged and each LayerNorm backward adds its branch's share. Activations the
   // recompute setting did not keep are recomputed into their layer slice right before they are
@@ -1036,8 +1055,6 @@ class GPT2 {
     float* scratch = a.scratch.get();
     gpt2_cuda_check(cudaMemsetAsync(dresidual, 0, a.dresidual.bytes(), s), "zeroing the residual gradient");
 
-    matmul_backward(dbranch, grad(kWte, 0, 0), static_cast<T*>(nullptr), static_cast<T*>(nullptr), a.logits.get(),
-                    a.lnf.get(), param(kWte, 0, 0), static_cast<const T*>(nullptr), N, C, cfg_.padded_vocab_size, s);
     layernorm_backward(dresidual, grad(kLnfw, 0, 0), grad(kLnfb, 0, 0), scratch, dbranch,
                        a.residual3.get() + (L - 1) * NC, param(kLnfw, 0, 0), a.lnf_mean.get(), a.lnf_rstd.get(), N,
                        C, s);

@@ -133,37 +133,42 @@ TEST_CASE("recompute: activation bytes of GPT-2 124M at B=8, T=1024", "[recomput
       {10 * C, 4 + NH, 4 * C + 2 * C, 0},           // 2: and ln1, ln2
       {C, 0, 15 * C, 4 + NH},                       // 3: residual3 only; all the rest in one slice
   };
-  // Independent of the setting: lnf C, logits Vp, branch C, dresidual C, dwide 4C (T); lnf mean
-  // and rstd, loss (fp32); input and target tokens (int). The scratch and the encoder-gradient
-  // bucket list are sized by the kernels' own functions.
+  // Independent of the setting: per row lnf C, branch C, dresidual C, dwide 4C (T); lnf mean and
+  // rstd, loss (fp32); input and target tokens (int); logits Vp (T) for one chunk of 1024 rows.
+  // The scratch and the encoder-gradient bucket list are sized by the kernels' own functions.
   const size_t scratch = std::max({layernorm_backward_scratch_bytes(static_cast<int>(N), static_cast<int>(C)),
                                    attention_backward_scratch_bytes(B, T, static_cast<int>(NH)),
                                    global_norm_scratch_bytes()});
   const size_t fixed_bytes = scratch + sizeof(float) + encoder_backward_scratch_bytes(B, T);
   for (DType dtype : {DType::fp32, DType::bf16}) {
     const size_t t = dtype == DType::fp32 ? 4 : 2;
-    size_t blocks[4];
+    size_t blocks[4], totals[4];
     for (int r = 0; r <= kRecomputeMax; ++r) {
       INFO((dtype == DType::fp32 ? "fp32" : "bf16") << ", recompute " << r);
       const Setting& s = settings[r];
       // encoded (the input of layer 0) + L kept layers + the one-layer slice.
       const size_t want_blocks = N * (t * (C + L * s.kept_t + s.slice_t) + 4 * (L * s.kept_f + s.slice_f));
-      const size_t want_other = N * (t * (7 * C + Vp) + 4 * 3 + 4 * 2) + fixed_bytes;
+      const size_t want_other = N * (t * 7 * C + 4 * 3 + 4 * 2) + t * 1024 * Vp + fixed_bytes;
       const ActivationBytes got = gpt2_activation_bytes(d12, B, T, r, dtype);
       CHECK(got.blocks == want_blocks);
       CHECK(got.other == want_other);
       CHECK(got.total() == want_blocks + want_other);
       blocks[r] = got.blocks;
+      totals[r] = got.total();
     }
     CHECK(blocks[1] < blocks[0]);
     CHECK(blocks[2] < blocks[1]);
     CHECK(blocks[3] * 4 <= blocks[0]);
+    CHECK(totals[3] * 4 <= totals[0]);
   }
   // bf16: 2322 MiB of block activations at 0, 1794 at 1, 1530 at 2, 336 at 3 (6.9x less).
   CHECK(gpt2_activation_bytes(d12, B, T, 0, DType::bf16).blocks >> 20 == 2322);
   CHECK(gpt2_activation_bytes(d12, B, T, 1, DType::bf16).blocks >> 20 == 1794);
   CHECK(gpt2_activation_bytes(d12, B, T, 2, DType::bf16).blocks >> 20 == 1530);
   CHECK(gpt2_activation_bytes(d12, B, T, 3, DType::bf16).blocks >> 20 == 336);
+  // All activations, bf16: 2507 MiB at 0, 522 MiB at 3 (4.8x less).
+  CHECK(gpt2_activation_bytes(d12, B, T, 0, DType::bf16).total() >> 20 == 2507);
+  CHECK(gpt2_activation_bytes(d12, B, T, 3, DType::bf16).total() >> 20 == 522);
 }
 
 TEST_CASE("recompute: bad settings are refused with one clear line", "[recompute]") {
