@@ -7,6 +7,12 @@
 //   4. the data: every shard's header and size, and the first batch's token ids against the vocab
 //   5. the model: allocation, then --init-from's weights or a seeded random init
 //   6. --out-dir, DIR/metrics.jsonl (truncated), the training loop, DIR/model.bin
+// With --resume, the checkpoint is chosen and checked right after step 1 and replaces --init-from
+// and --model in steps 3 and 5; metrics.jsonl keeps its records up to the checkpoint's step.
+// A fresh run refuses an --out-dir that holds checkpoints (it would mix two runs' checkpoints).
+//
+// Checkpoints (src/checkpoint.h): after every --checkpoint-every-th step, after the last step, and
+// after the step during which SIGTERM or SIGUSR1 arrived (the run then exits 0).
 //
 // Step k (1-based) zeroes the gradients, runs grad_accum micro-batches of forward+backward
 // (their mean loss is step k's train_loss, measured with the weights before step k's update),
@@ -14,16 +20,21 @@
 // k % val_every == 0 and after the last step, on the weights after that step's update: the mean
 // loss over the first val_steps batches of --val-data.
 #include "kernels/common.cuh"
+#include "src/checkpoint.h"
 #include "src/config.h"
 #include "src/dataloader.h"
 #include "src/gpt2.h"
 #include "src/lr_schedule.h"
 #include "src/metrics.h"
+#include "src/step_guards.h"
 
 #include <chrono>
+#include <csignal>
 #include <exception>
 #include <filesystem>
 #include <memory>
+#include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -34,6 +45,21 @@ namespace {
 // This binary trains in one process on one device.
 constexpr int kWorldSize = 1;
 constexpr int kRank = 0;
+constexpr int kZeroStage = 0;
+
+// The signal (SIGTERM, SIGUSR1) that asked the run to stop after the current step; 0: none.
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+void request_stop(int signal) { g_stop_signal = signal; }
+
+void install_stop_handlers() {
+  struct sigaction action {};
+  action.sa_handler = request_stop;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;  // reads and writes in flight continue; the loop checks the flag
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGUSR1, &action, nullptr);
+}
 
 struct Run {
   TrainConfig cfg;
@@ -41,6 +67,7 @@ struct Run {
   GPT2Config model;
   std::string model_source;  // "preset d12" or the --init-from path
   LrSchedule schedule;
+  std::optional<Checkpoint> resume_from;  // --resume's checkpoint
 };
 
 // Runs f; an exception from it is rethrown as one line prefixed with `context` (a flag name).
@@ -73,7 +100,69 @@ std::string thousands(unsigned long long n) {
   return out;
 }
 
-GPT2Config resolve_model(const TrainConfig& cfg, std::string* source) {
+// The run's flags as the manifest records them ({"lr": "0.0006", ...}).
+nlohmann::json config_json(const TrainConfig& cfg) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const Flag& f : flag_table()) j[f.name] = config_detail::value_text(cfg, f);
+  return j;
+}
+
+// --resume: the checkpoint to continue from (nothing: start fresh), checked against this run.
+std::optional<Checkpoint> resolve_resume(const TrainConfig& cfg) {
+  const std::vector<CheckpointDir> existing = list_checkpoint_dirs(cfg.out_dir);
+  if (cfg.resume.empty()) {
+    if (!existing.empty())
+      throw std::runtime_error("--out-dir " + cfg.out_dir + " already holds checkpoints (newest: " +
+                               existing.front().path +
+                               "): continue that run with --resume auto, or choose another --out-dir");
+    return std::nullopt;
+  }
+  std::optional<Checkpoint> found;
+  if (cfg.resume == "auto") {
+    std::vector<std::string> skipped;
+    found = find_latest_checkpoint(cfg.out_dir, &skipped);
+    for (const std::string& s : skipped) std::fprintf(stderr, "warning: --resume auto: skipping %s\n", s.c_str());
+    if (!found) {
+      std::printf("--resume auto: no complete checkpoint in %s; starting from scratch\n", cfg.out_dir.c_str());
+      return std::nullopt;
+    }
+  } else {
+    std::string dir = cfg.resume, problem;
+    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+    found = verify_checkpoint(dir, &problem);
+    if (!found) throw std::runtime_error("--resume " + cfg.resume + ": not a complete checkpoint: " + problem);
+  }
+  const nlohmann::json& m = found->manifest;
+  const int world_size = m.value("world_size", -1), zero_stage = m.value("zero_stage", -1);
+  if (world_size != kWorldSize || zero_stage != kZeroStage)
+    throw std::runtime_error("--resume " + found->path + ": written by a run with " + std::to_string(world_size) +
+                             " rank(s) and ZeRO stage " + std::to_string(zero_stage) + "; this run has " +
+                             std::to_string(kWorldSize) + " rank(s) and ZeRO stage " + std::to_string(kZeroStage) +
+                             " (resuming with another world size or ZeRO stage is not supported)");
+  const std::string dtype = m.value("dtype", "");
+  if (dtype != cfg.dtype)
+    throw std::runtime_error("--resume " + found->path + ": the checkpoint holds " + dtype +
+                             " training state; run with --dtype " + dtype);
+  // Other flags may change on resume (e.g. a longer --max-steps); each change to what is trained
+  // is reported (flags about files and checkpointing are not).
+  const std::set<std::string> unreported = {"config", "resume", "out-dir", "checkpoint-every", "keep-checkpoints",
+                                            "keep-every"};
+  const nlohmann::json now = config_json(cfg), then = m.value("config", nlohmann::json::object());
+  for (const auto& item : now.items()) {
+    if (unreported.count(item.key()) != 0 || !then.contains(item.key()) || !then[item.key()].is_string()) continue;
+    const std::string before = then[item.key()].get<std::string>(), after = item.value().get<std::string>();
+    if (before != after)
+      std::fprintf(stderr, "warning: --resume: --%s is %s, the checkpointed run had %s\n", item.key().c_str(),
+                   after.c_str(), before.c_str());
+  }
+  return found;
+}
+
+GPT2Config resolve_model(const TrainConfig& cfg, const std::optional<Checkpoint>& resume_from, std::string* source) {
+  if (resume_from) {
+    *source = resume_from->path + "/" + kModelFileName;
+    return with_context("--resume", [&] { return read_model_header(*source); });
+  }
   if (!cfg.init_from.empty()) {
     *source = cfg.init_from;
     return with_context("--init-from", [&] { return read_model_header(cfg.init_from); });
@@ -112,8 +201,20 @@ void train(const Run& run) {
   }
 
   GPT2<T> model(run.model, B, T_seq);
-  if (!cfg.init_from.empty()) with_context("--init-from", [&] { model.load(cfg.init_from); });
-  else model.init_random(static_cast<uint64_t>(cfg.seed));
+  TrainingState state;
+  state.seed = static_cast<uint64_t>(cfg.seed);
+  state.guards.loss_z_limit = cfg.skip_loss_z;
+  state.guards.norm_z_limit = cfg.skip_norm_z;
+  if (run.resume_from) {
+    with_context("--resume " + run.resume_from->path, [&] {
+      load_checkpoint(*run.resume_from, model, &state, kRank, kWorldSize, kZeroStage);
+      train_loader.restore(state.train_data);
+    });
+  } else if (!cfg.init_from.empty()) {
+    with_context("--init-from", [&] { model.load(cfg.init_from); });
+  } else {
+    model.init_random(static_cast<uint64_t>(cfg.seed));
+  }
 
   cudaDeviceProp prop;
   check_cuda(cudaGetDeviceProperties(&prop, 0), "querying the device");
@@ -138,7 +239,14 @@ void train(const Run& run) {
   std::error_code ec;
   std::filesystem::create_directories(cfg.out_dir, ec);
   if (ec) throw std::runtime_error("--out-dir " + cfg.out_dir + ": cannot create the directory: " + ec.message());
-  MetricsLog metrics(cfg.out_dir + "/metrics.jsonl");
+  const size_t model_file_bytes = kModelHeaderBytes + model.num_parameters() * sizeof(T);
+  with_context("--out-dir", [&] {
+    check_output_directory(cfg.out_dir, checkpoint_bytes(model.num_parameters(), sizeof(T), model.num_parameters()) +
+                                            model_file_bytes);
+  });
+  const std::string metrics_path = cfg.out_dir + "/metrics.jsonl";
+  if (run.resume_from) keep_metrics_through_step(metrics_path, state.step);
+  MetricsLog metrics(metrics_path, run.resume_from.has_value());
 
   OptimizerSettings opt;
   opt.beta1 = static_cast<float>(cfg.beta1);
@@ -146,10 +254,36 @@ void train(const Run& run) {
   opt.eps = static_cast<float>(cfg.adam_eps);
   opt.weight_decay = static_cast<float>(cfg.weight_decay);
   opt.grad_clip = static_cast<float>(cfg.grad_clip);
-  opt.seed = static_cast<uint64_t>(cfg.seed);
+  opt.seed = state.seed;
+
+  CheckpointWriteInfo checkpoint_info;
+  checkpoint_info.rank = kRank;
+  checkpoint_info.world_size = kWorldSize;
+  checkpoint_info.zero_stage = kZeroStage;
+  checkpoint_info.config = config_json(cfg);
+  const std::string model_path = cfg.out_dir + "/model.bin";
+  auto save_checkpoint = [&]() {
+    const std::string dir = write_checkpoint(cfg.out_dir, model, state, checkpoint_info);
+    std::printf("checkpoint %s\n", dir.c_str());
+    for (const std::string& old : prune_checkpoints(cfg.out_dir, state.step, cfg.keep_checkpoints, cfg.keep_every))
+      std::printf("deleted old checkpoint %s\n", old.c_str());
+    std::fflush(stdout);
+  };
+
+  if (run.resume_from) {
+    std::printf("resumed from %s: %lld step(s) done, %llu update(s) skipped so far\n", run.resume_from->path.c_str(),
+                state.step, static_cast<unsigned long long>(state.guards.skipped_total()));
+    if (state.step >= cfg.max_steps) {
+      std::printf("the checkpoint already reached --max-steps %lld: nothing to train\n", cfg.max_steps);
+      model.save(model_path);
+      std::printf("saved %s\n", model_path.c_str());
+      return;
+    }
+  }
+  install_stop_handlers();
 
   StepClock clock;
-  for (long long step = 1; step <= cfg.max_steps; ++step) {
+  for (long long step = state.step + 1; step <= cfg.max_steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     model.zero_grad();
     double loss_sum = 0.0;
@@ -157,16 +291,22 @@ void train(const Run& run) {
       with_context("--train-data", [&] { train_loader.next_batch(inputs.data(), targets.data()); });
       loss_sum += model.forward_backward(inputs.data(), targets.data(), run.grad_accum_steps);
     }
+    const double train_loss = loss_sum / run.grad_accum_steps;
     const double lr = run.schedule.at(step);
-    const float grad_norm = model.update(opt, static_cast<float>(lr), static_cast<int>(step));
+    const float grad_norm = model.gradient_norm();
+    const std::string skipped = state.guards.check(train_loss, grad_norm);
+    if (skipped.empty()) model.apply_update(opt, static_cast<float>(lr), static_cast<int>(step), grad_norm);
     check_cuda(cudaDeviceSynchronize(), "training step");
+    state.step = step;
+    state.train_data = train_loader.position();
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     clock.add(ms);
 
     StepRecord record;
     record.step = step;
     record.total_steps = cfg.max_steps;
-    record.train_loss = loss_sum / run.grad_accum_steps;
+    record.train_loss = train_loss;
+    record.skipped = skipped;
     record.lr = lr;
     record.grad_norm = grad_norm;
     record.ms = ms;
@@ -188,9 +328,24 @@ void train(const Run& run) {
       std::fflush(stdout);
       metrics.validation(step, val_loss);
     }
+
+    const int stop_signal = g_stop_signal;
+    if (stop_signal != 0 || step == cfg.max_steps || (cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0))
+      save_checkpoint();
+    if (stop_signal != 0) {
+      model.save(model_path);
+      std::printf("received %s: stopped after step %lld of %lld, checkpoint written; continue with --resume auto\n",
+                  stop_signal == SIGTERM ? "SIGTERM" : "SIGUSR1", step, cfg.max_steps);
+      return;
+    }
   }
 
-  const std::string model_path = cfg.out_dir + "/model.bin";
+  if (state.guards.skipped_total() > 0)
+    std::printf("updates skipped: %llu (non-finite %llu, loss z-score %llu, gradient-norm z-score %llu)\n",
+                static_cast<unsigned long long>(state.guards.skipped_total()),
+                static_cast<unsigned long long>(state.guards.skipped_nonfinite),
+                static_cast<unsigned long long>(state.guards.skipped_loss_z),
+                static_cast<unsigned long long>(state.guards.skipped_norm_z));
   model.save(model_path);
   std::printf("saved %s\n", model_path.c_str());
 }
@@ -215,7 +370,8 @@ int run_main(int argc, char** argv) {
     return 1;
   }
 
-  run.model = resolve_model(run.cfg, &run.model_source);
+  run.resume_from = resolve_resume(run.cfg);
+  run.model = resolve_model(run.cfg, run.resume_from, &run.model_source);
   validate_against_model(run.cfg, run.model.max_seq_len, run.model_source);
   if (run.cfg.dtype == "fp32") train<float>(run);
   else train<bf16>(run);

@@ -496,13 +496,25 @@ class GPT2 {
   // them stochastically rounded (seed adamw_rounding_seed(opt.seed, step, tensor)); T = float
   // updates the parameters themselves. A non-finite norm is returned as is (the caller decides).
   float update(const OptimizerSettings& opt, float lr, int step) {
-    if (step < 1) throw std::runtime_error("optimizer step: expected step >= 1, found " + std::to_string(step));
+    const float norm = gradient_norm();
+    apply_update(opt, lr, step, norm);
+    return norm;
+  }
+
+  // The global norm of the accumulated gradients (update()'s first half, for callers that look at
+  // the norm before deciding whether to apply the step).
+  float gradient_norm() {
     float* norm_squared = acts_.norm_squared.get();
     gpt2_cuda_check(cudaMemsetAsync(norm_squared, 0, sizeof(float), stream_), "gradient norm");
     global_norm_squared(norm_squared, acts_.scratch.get(), grads_.get(), layout_.total, stream_);
     float norm_squared_host = 0.0f;
     download(&norm_squared_host, norm_squared, sizeof(float));
-    const float norm = std::sqrt(norm_squared_host);
+    return std::sqrt(norm_squared_host);
+  }
+
+  // update()'s second half: the AdamW step, given gradient_norm()'s result for the clipping.
+  void apply_update(const OptimizerSettings& opt, float lr, int step, float norm) {
+    if (step < 1) throw std::runtime_error("optimizer step: expected step >= 1, found " + std::to_string(step));
     const float grad_scale = (opt.grad_clip > 0.0f && norm > opt.grad_clip) ? opt.grad_clip / norm : 1.0f;
     for (int i = 0; i < kNumParameterTensors; ++i) {
       const ParameterInfo& t = layout_[i];
@@ -512,7 +524,6 @@ class GPT2 {
                    t.decayed ? opt.weight_decay : 0.0f, grad_scale, step, adamw_rounding_seed(opt.seed, step, i),
                    stream_);
     }
-    return norm;
   }
 
   size_t num_parameters() const { return layout_.total; }
