@@ -287,6 +287,11 @@ struct Checkpoint {
 // Reads DIR's manifest and checks every file it lists against its size and CRC-32C. Returns
 // the checkpoint, or nothing with *problem saying why DIR is not a complete checkpoint.
 inline std::optional<Checkpoint> verify_checkpoint(const std::string& dir, std::string* problem) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    *problem = "no such directory";
+    return std::nullopt;
+  }
   const std::string manifest_path = dir + "/" + kManifestName;
   std::ifstream in(manifest_path);
   if (!in) {

@@ -3,9 +3,9 @@
 # steps 4 and 8, the step-8 checkpoint is damaged: truncated at random offsets (model file and
 # state), its manifest missing or cut, a byte flipped (model file and state). Each time
 # --resume auto reports the damage, resumes from step 4 and reproduces the undamaged run exactly;
-# --resume DIR on the damaged one is an error. A checkpoint write that fails (file size limit,
-# like a full disk) is a clear error that leaves the previous checkpoint complete; an output
-# directory that takes no files fails before training.
+# --resume DIR on the damaged one is an error. Another world size or dtype is refused. A
+# checkpoint write that fails (file size limit, like a full disk) is a clear error that leaves
+# the previous checkpoint complete; an output directory that takes no files fails before training.
 # usage: checkpoint_corrupt.sh cpu|gpu
 set -u
 cd "$(dirname "$0")/../.." || exit 1
@@ -109,6 +109,25 @@ else
   else
     fail "resuming after the failed write failed"; cat "$full.again.log"
   fi
+fi
+
+# Resuming with another world size, ZeRO stage or dtype is refused, saying what differs.
+cp -r "$base" "$tmp/ranks"
+"$python" - "$tmp/ranks/checkpoint_00000008/manifest.json" <<'EOF'
+import json, sys
+m = json.load(open(sys.argv[1])); m["world_size"] = 2; json.dump(m, open(sys.argv[1], "w"))
+EOF
+if "$bin" "${common[@]}" --resume auto --out-dir "$tmp/ranks" >"$tmp/ranks.log" 2>&1; then
+  fail "a checkpoint of 2 ranks was resumed by 1"
+else
+  grep -q "^error: --resume .*: written by a run with 2 rank(s) and ZeRO stage 0; this run has 1 rank(s)" "$tmp/ranks.log" ||
+    fail "world-size message: $(tail -1 "$tmp/ranks.log")"
+fi
+if "$bin" "${common[@]}" --dtype fp32 --resume auto --out-dir "$base" >"$tmp/dtype.log" 2>&1; then
+  fail "a bf16 checkpoint was resumed by an fp32 run"
+else
+  grep -q "^error: --resume .*: the checkpoint holds bf16 training state; run with --dtype bf16" "$tmp/dtype.log" ||
+    fail "dtype message: $(tail -1 "$tmp/dtype.log")"
 fi
 
 # An output directory that takes no files: an error before the first step.
