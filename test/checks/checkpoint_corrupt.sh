@@ -18,7 +18,7 @@ for f in "$bin" "$ref/model.bin" "$ref/train.bin"; do
   [ -e "$f" ] || { echo "FAIL: $f is missing (make test builds it)"; exit 1; }
 done
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+trap 'umount "$tmp/small" 2>/dev/null; rm -rf "$tmp"' EXIT
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
@@ -137,6 +137,39 @@ else
   grep -q "^error: --out-dir: /proc/self/.write_test.tmp: cannot create" "$tmp/proc.log" ||
     fail "unwritable --out-dir message: $(tail -1 "$tmp/proc.log")"
   ! grep -q '^step ' "$tmp/proc.log" || fail "training started in an unwritable --out-dir"
+fi
+
+# A really full disk, on a small tmpfs (needs the right to mount one, e.g. root; else noted and
+# not run): 1 MiB cannot hold one checkpoint (~2 MiB) -> refused before training; 3 MiB holds
+# the step-4 checkpoint but not the step-8 one -> "No space left on device", step 4 intact
+# (copied elsewhere, it resumes exactly).
+small=$tmp/small
+mkdir -p "$small"
+if mount -t tmpfs -o size=1m tmpfs "$small" 2>/dev/null; then
+  if "$bin" "${common[@]}" --out-dir "$small/out" >"$tmp/small1.log" 2>&1; then
+    fail "a 1 MiB --out-dir was accepted"
+  else
+    grep -q "^error: --out-dir: $small/out: .* MiB free, a checkpoint and the final model file need .* MiB" "$tmp/small1.log" ||
+      fail "free-space message: $(tail -1 "$tmp/small1.log")"
+    ! grep -q '^step ' "$tmp/small1.log" || fail "training started without space for a checkpoint"
+  fi
+  umount "$small"
+  mount -t tmpfs -o size=3m tmpfs "$small"
+  if "$bin" "${common[@]}" --out-dir "$small/out" >"$tmp/small3.log" 2>&1; then
+    fail "a run whose second checkpoint cannot fit succeeded"
+  else
+    grep -q "^error: writing checkpoint $small/out/checkpoint_00000008: .*: No space left on device" "$tmp/small3.log" ||
+      fail "disk-full message: $(tail -1 "$tmp/small3.log")"
+    [ ! -e "$small/out/checkpoint_00000008" ] || fail "disk full: the partial checkpoint was left behind"
+    cp -r "$small/out" "$tmp/after_full"
+    "$bin" "${common[@]}" --resume auto --out-dir "$tmp/after_full" >"$tmp/after_full.log" 2>&1
+    grep -q "resumed from $tmp/after_full/checkpoint_00000004: 4 step" "$tmp/after_full.log" ||
+      fail "disk full: the step-4 checkpoint is not complete: $(tail -2 "$tmp/after_full.log")"
+    same_run "$base" "$tmp/after_full" || fail "disk full: resuming from step 4 differs from the base run"
+  fi
+  umount "$small"
+else
+  echo "note: cannot mount a small tmpfs here; the free-space and disk-full checks did not run"
 fi
 
 [ "$failures" -eq 0 ] && echo "checkpoint_corrupt: all checks passed"
