@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Exact resume (docs/CHECKPOINTS.md): for bf16 and fp32 with shuffling on, a 12-step run equals
 #   - a run killed (SIGKILL) after its step-4 checkpoint, then --resume auto to step 12, and
-#   - a run stopped by SIGTERM mid-run (exit 0, complete checkpoint), then --resume auto:
+#   - a run stopped by SIGTERM (bf16) or SIGUSR1 (fp32) mid-run (exit 0, complete checkpoint),
+#     then --resume auto:
 # every metrics.jsonl record (timing fields aside) and the final model.bin byte for byte. The bf16
 # runs also have the z-score guards on (tight, so step 9 is skipped) to show their state resumes.
 # Also: the final model.bin loads in a fresh process (--init-from) and gives the run's last
@@ -80,7 +81,10 @@ for dtype in bf16 fp32; do
     fail "$dtype: resume after SIGKILL failed"; cat "$killed.resume.log"
   fi
 
-  # 3. SIGTERM mid-run: finishes the step, checkpoints, exits 0; the checkpoint resumes exactly.
+  # 3. SIGTERM (bf16) / SIGUSR1 (fp32) mid-run: finishes the step, checkpoints, exits 0; the
+  # checkpoint resumes exactly.
+  signal=TERM
+  [ "$dtype" = fp32 ] && signal=USR1
   termed=$tmp/$dtype-term
   "$bin" "${common[@]}" "${guard[@]}" --dtype "$dtype" --out-dir "$termed" >"$termed.log" 2>&1 &
   pid=$!
@@ -88,22 +92,22 @@ for dtype in bf16 fp32; do
     [ "$(grep -c train_loss "$termed/metrics.jsonl" 2>/dev/null)" -ge 3 ] 2>/dev/null && break
     sleep 0.1
   done
-  kill -TERM "$pid"
+  kill "-$signal" "$pid"
   wait "$pid"; status=$?
-  stopped=$(sed -nE 's/^received SIGTERM: stopped after step ([0-9]+) of 12.*/\1/p' "$termed.log")
+  stopped=$(sed -nE "s/^received SIG$signal: stopped after step ([0-9]+) of 12.*/\\1/p" "$termed.log")
   if [ "$status" -ne 0 ] || [ -z "$stopped" ]; then
-    fail "$dtype: SIGTERM: exit status $status, expected 0 and a 'received SIGTERM' line"; tail -3 "$termed.log"
+    fail "$dtype: SIG$signal: exit status $status, expected 0 and a 'received SIG$signal' line"; tail -3 "$termed.log"
   elif [ "$stopped" -ge 12 ]; then
-    fail "$dtype: SIGTERM arrived only after the last step (test timing)"
+    fail "$dtype: SIG$signal arrived only after the last step (test timing)"
   else
     ckpt=$(printf '%s/checkpoint_%08d' "$termed" "$stopped")
-    [ -f "$ckpt/manifest.json" ] || fail "$dtype: SIGTERM left no complete checkpoint at step $stopped"
+    [ -f "$ckpt/manifest.json" ] || fail "$dtype: SIG$signal left no complete checkpoint at step $stopped"
     if "$bin" "${common[@]}" "${guard[@]}" --dtype "$dtype" --resume auto --out-dir "$termed" >"$termed.resume.log" 2>&1; then
       grep -q "resumed from $ckpt: $stopped step" "$termed.resume.log" || fail "$dtype: did not resume from $ckpt"
-      same_metrics "$straight" "$termed" || fail "$dtype: SIGTERM + resumed metrics differ from the straight run"
-      cmp -s "$straight/model.bin" "$termed/model.bin" || fail "$dtype: SIGTERM + resumed model.bin differs"
+      same_metrics "$straight" "$termed" || fail "$dtype: SIG$signal + resumed metrics differ from the straight run"
+      cmp -s "$straight/model.bin" "$termed/model.bin" || fail "$dtype: SIG$signal + resumed model.bin differs"
     else
-      fail "$dtype: resume after SIGTERM failed"; cat "$termed.resume.log"
+      fail "$dtype: resume after SIG$signal failed"; cat "$termed.resume.log"
     fi
   fi
 
