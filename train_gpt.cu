@@ -7,6 +7,12 @@
 //   4. the data: every shard's header and size, and the first batch's token ids against the vocab
 //   5. the model: allocation, then --init-from's weights or a seeded random init
 //   6. --out-dir, DIR/metrics.jsonl (truncated), the training loop, DIR/model.bin
+// With --resume, the checkpoint is chosen and checked right after step 1 and replaces --init-from
+// and --model in steps 3 and 5; metrics.jsonl keeps its records up to the checkpoint's step.
+// A fresh run refuses an --out-dir that holds checkpoints (it would mix two runs' checkpoints).
+//
+// Checkpoints (src/checkpoint.h): after every --checkpoint-every-th step, after the last step, and
+// after the step during which SIGTERM or SIGUSR1 arrived (the run then exits 0).
 //
 // Step k (1-based) zeroes the gradients, runs grad_accum micro-batches of forward+backward
 // (their mean loss is step k's train_loss, measured with the weights before step k's update),
@@ -19,17 +25,22 @@
 // over the ranks. Rank 0 alone prints the log, writes metrics.jsonl and the model file; an error on
 // any rank is printed with its rank and ends that rank (the launcher then ends the others).
 #include "kernels/common.cuh"
+#include "src/checkpoint.h"
 #include "src/comm.h"
 #include "src/config.h"
 #include "src/dataloader.h"
 #include "src/gpt2.h"
 #include "src/lr_schedule.h"
 #include "src/metrics.h"
+#include "src/step_guards.h"
 
 #include <chrono>
+#include <csignal>
 #include <exception>
 #include <filesystem>
 #include <memory>
+#include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -40,12 +51,27 @@ namespace {
 // "rank N: " once there is more than one rank, for error messages.
 std::string error_prefix;
 
+// The signal (SIGTERM, SIGUSR1) that asked the run to stop after the current step; 0: none.
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+void request_stop(int signal) { g_stop_signal = signal; }
+
+void install_stop_handlers() {
+  struct sigaction action {};
+  action.sa_handler = request_stop;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;  // reads and writes in flight continue; the loop checks the flag
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGUSR1, &action, nullptr);
+}
+
 struct Run {
   TrainConfig cfg;
   int grad_accum_steps = 1;
   GPT2Config model;
   std::string model_source;  // "preset d12" or the --init-from path
   LrSchedule schedule;
+  std::optional<Checkpoint> resume_from;  // --resume's checkpoint
 };
 
 // Runs f; an exception from it is rethrown as one line prefixed with `context` (a flag name).
@@ -78,7 +104,77 @@ std::string thousands(unsigned long long n) {
   return out;
 }
 
-GPT2Config resolve_model(const TrainConfig& cfg, std::string* source) {
+// The run's flags as the manifest records them ({"lr": "0.0006", ...}).
+nlohmann::json config_json(const TrainConfig& cfg) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const Flag& f : flag_table()) j[f.name] = config_detail::value_text(cfg, f);
+  return j;
+}
+
+// Checkpoints hold one process's whole training state; a data-parallel run (several ranks, whose
+// ZeRO shards would each need their own state file) writes only the final model file.
+constexpr int kCheckpointWorldSize = 1;
+
+// --resume: the checkpoint to continue from (nothing: start fresh), checked against this run.
+std::optional<Checkpoint> resolve_resume(const TrainConfig& cfg, int world_size) {
+  if (!cfg.resume.empty() && world_size != kCheckpointWorldSize)
+    throw std::runtime_error("--resume: checkpoints are written and resumed by single-process runs only; this run has " +
+                             std::to_string(world_size) + " ranks");
+  const std::vector<CheckpointDir> existing = list_checkpoint_dirs(cfg.out_dir);
+  if (cfg.resume.empty()) {
+    if (!existing.empty())
+      throw std::runtime_error("--out-dir " + cfg.out_dir + " already holds checkpoints (newest: " +
+                               existing.front().path +
+                               "): continue that run with --resume auto, or choose another --out-dir");
+    return std::nullopt;
+  }
+  std::optional<Checkpoint> found;
+  if (cfg.resume == "auto") {
+    std::vector<std::string> skipped;
+    found = find_latest_checkpoint(cfg.out_dir, &skipped);
+    for (const std::string& s : skipped) std::fprintf(stderr, "warning: --resume auto: skipping %s\n", s.c_str());
+    if (!found) {
+      std::printf("--resume auto: no complete checkpoint in %s; starting from scratch\n", cfg.out_dir.c_str());
+      return std::nullopt;
+    }
+  } else {
+    std::string dir = cfg.resume, problem;
+    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+    found = verify_checkpoint(dir, &problem);
+    if (!found) throw std::runtime_error("--resume " + cfg.resume + ": not a complete checkpoint: " + problem);
+  }
+  const nlohmann::json& m = found->manifest;
+  const int saved_world_size = m.value("world_size", -1), zero_stage = m.value("zero_stage", -1);
+  if (saved_world_size != world_size || zero_stage != 0)
+    throw std::runtime_error("--resume " + found->path + ": written by a run with " + std::to_string(saved_world_size) +
+                             " rank(s) and ZeRO stage " + std::to_string(zero_stage) + "; this run has " +
+                             std::to_string(world_size) +
+                             " rank(s) and ZeRO stage 0 (resuming with another world size or ZeRO stage is not "
+                             "supported)");
+  const std::string dtype = m.value("dtype", "");
+  if (dtype != cfg.dtype)
+    throw std::runtime_error("--resume " + found->path + ": the checkpoint holds " + dtype +
+                             " training state; run with --dtype " + dtype);
+  // Other flags may change on resume (e.g. a longer --max-steps); each change to what is trained
+  // is reported (flags about files and checkpointing are not).
+  const std::set<std::string> unreported = {"config", "resume", "out-dir", "checkpoint-every", "keep-checkpoints",
+                                            "keep-every"};
+  const nlohmann::json now = config_json(cfg), then = m.value("config", nlohmann::json::object());
+  for (const auto& item : now.items()) {
+    if (unreported.count(item.key()) != 0 || !then.contains(item.key()) || !then[item.key()].is_string()) continue;
+    const std::string before = then[item.key()].get<std::string>(), after = item.value().get<std::string>();
+    if (before != after)
+      std::fprintf(stderr, "warning: --resume: --%s is %s, the checkpointed run had %s\n", item.key().c_str(),
+                   after.c_str(), before.c_str());
+  }
+  return found;
+}
+
+GPT2Config resolve_model(const TrainConfig& cfg, const std::optional<Checkpoint>& resume_from, std::string* source) {
+  if (resume_from) {
+    *source = resume_from->path + "/" + kModelFileName;
+    return with_context("--resume", [&] { return read_model_header(*source); });
+  }
   if (!cfg.init_from.empty()) {
     *source = cfg.init_from;
     return with_context("--init-from", [&] { return read_model_header(cfg.init_from); });
@@ -132,8 +228,20 @@ void train(const Run& run, Communicator& comm) {
   }
 
   GPT2<T> model(run.model, B, T_seq, cfg.recompute, &comm, cfg.zero);
-  if (!cfg.init_from.empty()) with_context("--init-from", [&] { model.load(cfg.init_from); });
-  else model.init_random(static_cast<uint64_t>(cfg.seed));
+  TrainingState state;
+  state.seed = static_cast<uint64_t>(cfg.seed);
+  state.guards.loss_z_limit = cfg.skip_loss_z;
+  state.guards.norm_z_limit = cfg.skip_norm_z;
+  if (run.resume_from) {
+    with_context("--resume " + run.resume_from->path, [&] {
+      load_checkpoint(*run.resume_from, model, &state, rank, world_size, model.zero_stage());
+      train_loader.restore(state.train_data);
+    });
+  } else if (!cfg.init_from.empty()) {
+    with_context("--init-from", [&] { model.load(cfg.init_from); });
+  } else {
+    model.init_random(static_cast<uint64_t>(cfg.seed));
+  }
 
   cudaDeviceProp prop;
   check_cuda(cudaGetDeviceProperties(&prop, 0), "querying the device");
@@ -165,12 +273,20 @@ void train(const Run& run, Communicator& comm) {
               model.gradient_bytes(), optim_bytes);
   std::fflush(stdout);
 
+  const std::string model_path = cfg.out_dir + "/model.bin";
   std::unique_ptr<MetricsLog> metrics;
   if (lead) {
     std::error_code ec;
     std::filesystem::create_directories(cfg.out_dir, ec);
     if (ec) throw std::runtime_error("--out-dir " + cfg.out_dir + ": cannot create the directory: " + ec.message());
-    metrics = std::make_unique<MetricsLog>(cfg.out_dir + "/metrics.jsonl");
+    const size_t model_file_bytes = kModelHeaderBytes + model.num_parameters() * sizeof(T);
+    with_context("--out-dir", [&] {
+      check_output_directory(cfg.out_dir, checkpoint_bytes(model.num_parameters(), sizeof(T), model.num_parameters()) +
+                                              model_file_bytes);
+    });
+    const std::string metrics_path = cfg.out_dir + "/metrics.jsonl";
+    if (run.resume_from) keep_metrics_through_step(metrics_path, state.step);
+    metrics = std::make_unique<MetricsLog>(metrics_path, run.resume_from.has_value());
   }
 
   OptimizerSettings opt;
@@ -179,10 +295,42 @@ void train(const Run& run, Communicator& comm) {
   opt.eps = static_cast<float>(cfg.adam_eps);
   opt.weight_decay = static_cast<float>(cfg.weight_decay);
   opt.grad_clip = static_cast<float>(cfg.grad_clip);
-  opt.seed = static_cast<uint64_t>(cfg.seed);
+  opt.seed = state.seed;
+
+  CheckpointWriteInfo checkpoint_info;
+  checkpoint_info.rank = rank;
+  checkpoint_info.world_size = world_size;
+  checkpoint_info.zero_stage = model.zero_stage();
+  checkpoint_info.config = config_json(cfg);
+  // Checkpoints are written by single-process runs (see kCheckpointWorldSize).
+  const bool checkpointing = world_size == kCheckpointWorldSize;
+  if (!checkpointing && cfg.checkpoint_every > 0)
+    throw std::runtime_error("--checkpoint-every: checkpoints are written by single-process runs only; this run has " +
+                             std::to_string(world_size) + " ranks");
+  if (!checkpointing) std::printf("checkpoints: none with several ranks; the final model.bin is written\n");
+  auto save_checkpoint = [&]() {
+    if (!checkpointing) return;
+    const std::string dir = write_checkpoint(cfg.out_dir, model, state, checkpoint_info);
+    std::printf("checkpoint %s\n", dir.c_str());
+    for (const std::string& old : prune_checkpoints(cfg.out_dir, state.step, cfg.keep_checkpoints, cfg.keep_every))
+      std::printf("deleted old checkpoint %s\n", old.c_str());
+    std::fflush(stdout);
+  };
+
+  if (run.resume_from) {
+    std::printf("resumed from %s: %lld step(s) done, %llu update(s) skipped so far\n", run.resume_from->path.c_str(),
+                state.step, static_cast<unsigned long long>(state.guards.skipped_total()));
+    if (state.step >= cfg.max_steps) {
+      std::printf("the checkpoint already reached --max-steps %lld: nothing to train\n", cfg.max_steps);
+      model.save(model_path);
+      std::printf("saved %s\n", model_path.c_str());
+      return;
+    }
+  }
+  install_stop_handlers();
 
   StepClock clock;
-  for (long long step = 1; step <= cfg.max_steps; ++step) {
+  for (long long step = state.step + 1; step <= cfg.max_steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     model.zero_grad();
     double loss_sum = 0.0;
@@ -191,16 +339,23 @@ void train(const Run& run, Communicator& comm) {
       loss_sum += model.forward_backward(inputs.data(), targets.data(), run.grad_accum_steps,
                                          micro + 1 == run.grad_accum_steps);
     }
+    // The same loss and norm on every rank, so every rank takes the same skip decision.
+    const double train_loss = comm.sum(loss_sum / run.grad_accum_steps) / world_size;
     const double lr = run.schedule.at(step);
-    const float grad_norm = model.update(opt, static_cast<float>(lr), static_cast<int>(step));
+    const float grad_norm = model.gradient_norm();
+    const std::string skipped = state.guards.check(train_loss, grad_norm);
+    if (skipped.empty()) model.apply_update(opt, static_cast<float>(lr), static_cast<int>(step), grad_norm);
     check_cuda(cudaDeviceSynchronize(), "training step");
+    state.step = step;
+    state.train_data = train_loader.position();
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     clock.add(ms);
 
     StepRecord record;
     record.step = step;
     record.total_steps = cfg.max_steps;
-    record.train_loss = comm.sum(loss_sum / run.grad_accum_steps) / world_size;
+    record.train_loss = train_loss;
+    record.skipped = skipped;
     record.lr = lr;
     record.grad_norm = grad_norm;
     record.ms = ms;
@@ -223,10 +378,30 @@ void train(const Run& run, Communicator& comm) {
       std::fflush(stdout);
       if (lead) metrics->validation(step, val_loss);
     }
+
+    // Every rank stops after the same step when any of them was signalled.
+    int stop_signal = g_stop_signal;
+    if (world_size > 1 && comm.sum(stop_signal != 0 ? 1.0 : 0.0) > 0.0 && stop_signal == 0) stop_signal = SIGTERM;
+    if (stop_signal != 0 || step == cfg.max_steps || (cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0))
+      save_checkpoint();
+    if (stop_signal != 0) {
+      if (lead) model.save(model_path);
+      std::printf("received %s: stopped after step %lld of %lld, %s\n", stop_signal == SIGTERM ? "SIGTERM" : "SIGUSR1",
+                  step, cfg.max_steps,
+                  checkpointing ? "checkpoint written; continue with --resume auto"
+                                : "model.bin written (several ranks write no checkpoint)");
+      comm.barrier();
+      return;
+    }
   }
 
+  if (state.guards.skipped_total() > 0)
+    std::printf("updates skipped: %llu (non-finite %llu, loss z-score %llu, gradient-norm z-score %llu)\n",
+                static_cast<unsigned long long>(state.guards.skipped_total()),
+                static_cast<unsigned long long>(state.guards.skipped_nonfinite),
+                static_cast<unsigned long long>(state.guards.skipped_loss_z),
+                static_cast<unsigned long long>(state.guards.skipped_norm_z));
   if (lead) {
-    const std::string model_path = cfg.out_dir + "/model.bin";
     model.save(model_path);
     std::printf("saved %s\n", model_path.c_str());
   }
@@ -264,7 +439,8 @@ int run_main(int argc, char** argv) {
   run.grad_accum_steps = validate_config(run.cfg, comm->world_size());
   run.schedule = make_lr_schedule(run.cfg);
 
-  run.model = resolve_model(run.cfg, &run.model_source);
+  run.resume_from = resolve_resume(run.cfg, comm->world_size());
+  run.model = resolve_model(run.cfg, run.resume_from, &run.model_source);
   validate_against_model(run.cfg, run.model.max_seq_len, run.model_source);
   if (run.cfg.dtype == "fp32") train<float>(run, *comm);
   else train<bf16>(run, *comm);

@@ -62,6 +62,13 @@ struct TrainConfig {
   int zero = 0;
   std::string rendezvous;
   double comm_timeout = 300.0;
+  // checkpoints and bad-step guards (src/checkpoint.h, src/step_guards.h)
+  long long checkpoint_every = 0;  // 0: only the final checkpoint (last step or signal)
+  long long keep_checkpoints = 3;  // 0: keep all
+  long long keep_every = 0;        // 0: none kept for good
+  std::string resume;              // "", "auto" or a checkpoint directory
+  double skip_loss_z = 0.0;        // 0: off
+  double skip_norm_z = 0.0;        // 0: off
 
   // Flag names given on the command line or in the config file (not left at the default).
   std::set<std::string> explicitly_set;
@@ -143,6 +150,20 @@ inline const std::vector<Flag>& flag_table() {
        "TCP port", &TrainConfig::rendezvous, {}, {}, "none (mpirun: MPI)"},
       {"comm-timeout", "SECONDS", "start-up fails with an error naming the missing ranks after this long",
        &TrainConfig::comm_timeout, {0, HUGE_VAL, true, false}},
+      {"checkpoint-every", "N",
+       "write a checkpoint (DIR/checkpoint_<step>) after every N-th step; one is always written at the end (0 = only then)",
+       &TrainConfig::checkpoint_every, {0, (double)LLONG_MAX}},
+      {"keep-checkpoints", "K", "keep the newest K checkpoints, delete older ones (0 = keep all)",
+       &TrainConfig::keep_checkpoints, {0, (double)LLONG_MAX}},
+      {"keep-every", "M", "never delete checkpoints at steps that are multiples of M (0 = off)", &TrainConfig::keep_every,
+       {0, (double)LLONG_MAX}},
+      {"resume", "auto|DIR",
+       "continue from the newest complete checkpoint in --out-dir (auto) or from checkpoint directory DIR",
+       &TrainConfig::resume, {}, {}, "none (start fresh; refused if --out-dir holds checkpoints)"},
+      {"skip-loss-z", "X", "skip the update of a step whose loss is > X std above the recent mean (0 = off)",
+       &TrainConfig::skip_loss_z, {0, HUGE_VAL}},
+      {"skip-norm-z", "X", "skip the update of a step whose gradient norm is > X std above the recent mean (0 = off)",
+       &TrainConfig::skip_norm_z, {0, HUGE_VAL}},
   };
   return flags;
 }

@@ -673,6 +673,14 @@ class GPT2 {
   // parameters are all-gathered before anything else runs on the model's stream.
   float update(const OptimizerSettings& opt, float lr, int step) {
     if (step < 1) throw std::runtime_error("optimizer step: expected step >= 1, found " + std::to_string(step));
+    const float norm = gradient_norm();
+    apply_update(opt, lr, step, norm);
+    return norm;
+  }
+
+  // The global norm of the accumulated gradients (update()'s first half, for callers that look at
+  // the norm before deciding whether to apply the step). Waits for the gradient communication.
+  float gradient_norm() {
     if (communicating()) comm_->order_before(stream_);
     float* norm_squared = acts_.norm_squared.get();
     gpt2_cuda_check(cudaMemsetAsync(norm_squared, 0, sizeof(float), stream_), "gradient norm");
@@ -685,8 +693,14 @@ class GPT2 {
     }
     float norm_squared_host = 0.0f;
     download(&norm_squared_host, norm_squared, sizeof(float));
-    const float norm = std::sqrt(norm_squared_host);
+    return std::sqrt(norm_squared_host);
+  }
+
+  // update()'s second half: the AdamW step, given gradient_norm()'s result for the clipping.
+  void apply_update(const OptimizerSettings& opt, float lr, int step, float norm) {
+    if (step < 1) throw std::runtime_error("optimizer step: expected step >= 1, found " + std::to_string(step));
     const float grad_scale = (opt.grad_clip > 0.0f && norm > opt.grad_clip) ? opt.grad_clip / norm : 1.0f;
+    const T* shard_grads = zero_ == 2 ? shard_grads_.get() : grads_.get() + state_begin_;
     for (int i = 0; i < kNumParameterTensors; ++i) {
       const ParameterInfo& t = layout_[i];
       const size_t begin = std::max(t.offset, state_begin_), end = std::min(t.offset + t.count, state_end_);
@@ -702,7 +716,6 @@ class GPT2 {
       comm_->all_gather(params_.get() + rank_ * shard_size_, params_.get(), shard_size_);
       comm_->order_before(stream_);
     }
-    return norm;
   }
 
   size_t num_parameters() const { return layout_.total; }

@@ -2,6 +2,7 @@
 // object per line in DIR/metrics.jsonl:
 //   {"step": k, "train_loss": …, "lr": …, "grad_norm": …, "ms": …, "tokens_per_s": …}
 //   {"step": k, "val_loss": …}
+// A step whose update was skipped (src/step_guards.h) has one more key, "skipped": "<why>".
 // Both are flushed line by line so a crash or a `tail -f` sees every finished step.
 // Non-finite values are written as JSON null (JSON has no NaN).
 #pragma once
@@ -18,6 +19,7 @@ struct StepRecord {
   long long step = 0, total_steps = 0;
   double train_loss = 0, lr = 0, grad_norm = 0, ms = 0, tokens_per_s = 0;
   double eta_seconds = 0;  // estimated time for the remaining steps
+  std::string skipped;     // why the update was not applied (src/step_guards.h); empty: applied
 };
 
 // "45s", "12m05s", "3h07m".
@@ -36,6 +38,7 @@ inline std::string format_step_line(const StepRecord& r) {
   std::snprintf(buf, sizeof buf, "step %*lld/%lld | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | ETA %s",
                 static_cast<int>(std::to_string(r.total_steps).size()), r.step, r.total_steps, r.train_loss, r.lr,
                 r.grad_norm, r.ms, r.tokens_per_s, format_duration(r.eta_seconds).c_str());
+  if (!r.skipped.empty()) return std::string(buf) + " | update skipped: " + r.skipped;
   return buf;
 }
 
@@ -66,10 +69,12 @@ class StepClock {
   double first_ms_ = 0, later_ms_ = 0;
 };
 
-// Appends records to a metrics.jsonl it creates (truncating a previous run's file).
+// Appends records to a metrics.jsonl it creates (truncating a previous run's file), or, for a
+// resumed run (append = true), to the records the run kept.
 class MetricsLog {
  public:
-  explicit MetricsLog(const std::string& path) : path_(path), file_(std::fopen(path.c_str(), "w")) {
+  explicit MetricsLog(const std::string& path, bool append = false)
+      : path_(path), file_(std::fopen(path.c_str(), append ? "a" : "w")) {
     if (!file_) throw std::runtime_error("cannot create " + path + ": " + std::strerror(errno));
   }
   MetricsLog(const MetricsLog&) = delete;
@@ -77,8 +82,10 @@ class MetricsLog {
   ~MetricsLog() { std::fclose(file_); }
 
   void train_step(const StepRecord& r) {
-    write({{"step", r.step}, {"train_loss", r.train_loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},
-           {"ms", r.ms}, {"tokens_per_s", r.tokens_per_s}});
+    nlohmann::ordered_json record = {{"step", r.step}, {"train_loss", r.train_loss}, {"lr", r.lr},
+                                     {"grad_norm", r.grad_norm}, {"ms", r.ms}, {"tokens_per_s", r.tokens_per_s}};
+    if (!r.skipped.empty()) record["skipped"] = r.skipped;
+    write(record);
   }
   void validation(long long step, double val_loss) { write({{"step", step}, {"val_loss", val_loss}}); }
 

@@ -125,6 +125,9 @@ expect_error "model file magic" "--init-from" "$tmp/bad_magic_model.bin" -- "${g
 
 # ---- output
 expect_error "--out-dir is a file" "--out-dir $tmp/a_file" -- "${good[@]}" --out-dir "$tmp/a_file"
+expect_error "missing --resume directory" "--resume $tmp/none" "no such directory" -- "${good[@]}" --resume "$tmp/none"
+expect_error "negative --checkpoint-every" "--checkpoint-every" "expected an integer >= 0" -- "${good[@]}" --checkpoint-every -1
+expect_error "negative --skip-loss-z" "--skip-loss-z" "expected a number >= 0" -- "${good[@]}" --skip-loss-z -1
 
 if [ "$(snapshot)" != "$before" ]; then
   echo "FAIL: a failing run modified the existing --out-dir:"; ls -la "$out"; failures=$((failures + 1))

@@ -91,6 +91,8 @@ else
 fi
 
 # 2. A second run into the same directory truncates metrics.jsonl; validation at the last step.
+# (Without its checkpoints: a fresh run refuses a directory holding some, see checkpoint_resume.sh.)
+rm -r "$run1"/checkpoint_*
 if "$bin" --init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$ref/train.bin" \
     --batch-size 2 --seq-len 32 --max-steps 2 --lr-schedule wsd --warmup-steps 0 --val-every 5 --val-steps 1 \
     --out-dir "$run1" >"$tmp/run2.log" 2>&1; then
