@@ -8,19 +8,10 @@
 # the previous checkpoint complete; an output directory that takes no files fails before training.
 # usage: checkpoint_corrupt.sh cpu|gpu
 set -u
-cd "$(dirname "$0")/../.." || exit 1
-mode=${1:-cpu}
-bin=./train_gpt_cpu
-[ "$mode" = gpu ] && bin=./train_gpt
-python=/usr/bin/python3
-ref=build/reference/tiny
-for f in "$bin" "$ref/model.bin" "$ref/train.bin"; do
-  [ -e "$f" ] || { echo "FAIL: $f is missing (make test builds it)"; exit 1; }
-done
-tmp=$(mktemp -d)
+# shellcheck source=test/checks/lib/trainer.sh
+source "$(dirname "$0")/lib/trainer.sh" "$@"
+require_files "$bin" "$ref/model.bin" "$ref/train.bin"
 trap 'umount "$tmp/small" 2>/dev/null; rm -rf "$tmp"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
 common=(--init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$ref/train.bin" --shuffle 1
         --batch-size 2 --seq-len 32 --max-steps 8 --lr 2e-3 --warmup-steps 2 --val-every 4 --val-steps 1

@@ -4,18 +4,9 @@
 # Also: --help lists every flag with its default.
 # usage: cli_errors.sh cpu|gpu   (uses the tiny reference that `make test` builds)
 set -u
-cd "$(dirname "$0")/../.." || exit 1
-mode=${1:-cpu}
-bin=./train_gpt_cpu
-[ "$mode" = gpu ] && bin=./train_gpt
-python=/usr/bin/python3
-ref=build/reference/tiny
-for f in "$bin" "$ref/model.bin" "$ref/train.bin"; do
-  [ -e "$f" ] || { echo "FAIL: $f is missing (make test builds it)"; exit 1; }
-done
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failures=0
+# shellcheck source=test/checks/lib/trainer.sh
+source "$(dirname "$0")/lib/trainer.sh" "$@"
+require_files "$bin" "$ref/model.bin" "$ref/train.bin"
 cases=0
 
 # A previous run's outputs that no failing invocation may touch.

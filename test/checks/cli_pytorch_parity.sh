@@ -5,14 +5,9 @@
 # bf16: 2e-2).
 # usage: cli_pytorch_parity.sh cpu|gpu
 set -u
-cd "$(dirname "$0")/../.." || exit 1
-mode=${1:-cpu}
-bin=./train_gpt_cpu
-[ "$mode" = gpu ] && bin=./train_gpt
-python=/usr/bin/python3
-[ -e "$bin" ] || { echo "FAIL: $bin is missing (make test builds it)"; exit 1; }
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+# shellcheck source=test/checks/lib/trainer.sh
+source "$(dirname "$0")/lib/trainer.sh" "$@"
+require_files "$bin"
 
 steps=10
 if ! "$python" dev/gpt2_reference.py --out "$tmp" --layers 3 --heads 2 --channels 48 --vocab 300 --max-seq-len 32 \
@@ -20,7 +15,6 @@ if ! "$python" dev/gpt2_reference.py --out "$tmp" --layers 3 --heads 2 --channel
   echo "FAIL: dev/gpt2_reference.py failed"; exit 1
 fi
 
-failures=0
 for spec in "fp32 1e-4" "bf16 2e-2"; do
   read -r dtype tol <<<"$spec"
   if ! "$bin" --init-from "$tmp/model.bin" --train-data "$tmp/train.bin" --dtype "$dtype" --shuffle 0 \

@@ -5,18 +5,9 @@
 # and bad values fail with one line naming the flag.
 # usage: cli_recompute.sh cpu|gpu   (uses the tiny reference that `make test` builds)
 set -u
-cd "$(dirname "$0")/../.." || exit 1
-mode=${1:-cpu}
-bin=./train_gpt_cpu
-[ "$mode" = gpu ] && bin=./train_gpt
-ref=build/reference/tiny
-for f in "$bin" "$ref/model.bin" "$ref/train.bin"; do
-  [ -e "$f" ] || { echo "FAIL: $f is missing (make test builds it)"; exit 1; }
-done
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+# shellcheck source=test/checks/lib/trainer.sh
+source "$(dirname "$0")/lib/trainer.sh" "$@"
+require_files "$bin" "$ref/model.bin" "$ref/train.bin"
 
 # Step and validation lines without the timing fields (ms, tok/s, ETA).
 steps() { grep -E '^step ' "$1" | cut -d'|' -f1-4; }

@@ -5,19 +5,9 @@
 # accumulation equal to the bigger batch, and a random-init preset run.
 # usage: cli_train.sh cpu|gpu   (run from anywhere; uses the tiny reference that `make test` builds)
 set -u
-cd "$(dirname "$0")/../.." || exit 1
-mode=${1:-cpu}
-bin=./train_gpt_cpu
-[ "$mode" = gpu ] && bin=./train_gpt
-python=/usr/bin/python3
-ref=build/reference/tiny
-for f in "$bin" "$ref/model.bin" "$ref/train.bin"; do
-  [ -e "$f" ] || { echo "FAIL: $f is missing (make test builds it)"; exit 1; }
-done
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+# shellcheck source=test/checks/lib/trainer.sh
+source "$(dirname "$0")/lib/trainer.sh" "$@"
+require_files "$bin" "$ref/model.bin" "$ref/train.bin"
 
 # Checks DIR/metrics.jsonl of a run: train records for steps 1..N in order with exactly the
 # documented keys and finite values, lr(k) per the documented schedule, and a validation

@@ -6,23 +6,14 @@
 # a single process needs no mpirun; bad launch settings are one-line errors.
 # usage: distributed_failures.sh cpu|gpu
 set -u
-cd "$(dirname "$0")/../.." || exit 1
-mode=${1:-cpu}
-bin=./train_gpt_cpu
-[ "$mode" = gpu ] && bin=./train_gpt
-ref=build/reference/tiny
-for f in "$bin" "$ref/model.bin" "$ref/train.bin"; do
-  [ -e "$f" ] || { echo "FAIL: $f is missing (make test builds it)"; exit 1; }
-done
+# shellcheck source=test/checks/lib/trainer.sh
+source "$(dirname "$0")/lib/trainer.sh" "$@"
+require_files "$bin" "$ref/model.bin" "$ref/train.bin"
 if [ "$mode" = gpu ] && [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -lt 2 ]; then
   echo "skipped: needs at least 2 GPUs"; exit 77
 fi
 mpi_opts=(--oversubscribe -x SIMT_THREADS=1)
 [ "$(id -u)" -eq 0 ] && mpi_opts+=(--allow-run-as-root)
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 export SIMT_THREADS=1
 # Never inherit a launcher's identity from the calling environment.
 unset OMPI_COMM_WORLD_SIZE OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_LOCAL_RANK SLURM_NTASKS SLURM_PROCID SLURM_LOCALID

@@ -10,15 +10,9 @@
 # blocks (two layers' and wte/wpe/lnf's) instead of the whole gradient.
 # usage: distributed_train.sh cpu|gpu   (gpu: needs as many GPUs as ranks, else skipped)
 set -u
-cd "$(dirname "$0")/../.." || exit 1
-mode=${1:-cpu}
-bin=./train_gpt_cpu
-[ "$mode" = gpu ] && bin=./train_gpt
-python=/usr/bin/python3
-ref=build/reference/tiny
-for f in "$bin" "$ref/model.bin" "$ref/train.bin"; do
-  [ -e "$f" ] || { echo "FAIL: $f is missing (make test builds it)"; exit 1; }
-done
+# shellcheck source=test/checks/lib/trainer.sh
+source "$(dirname "$0")/lib/trainer.sh" "$@"
+require_files "$bin" "$ref/model.bin" "$ref/train.bin"
 command -v mpirun >/dev/null || { echo "FAIL: mpirun not found"; exit 1; }
 max_ranks=4
 if [ "$mode" = gpu ]; then
@@ -29,10 +23,6 @@ fi
 mpi=(mpirun -np)
 mpi_opts=(--oversubscribe -x SIMT_THREADS=1)
 [ "$(id -u)" -eq 0 ] && mpi_opts+=(--allow-run-as-root)
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 export SIMT_THREADS=1
 
 common=(--init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$ref/train.bin" --val-every 2

@@ -5,19 +5,9 @@
 # Then a z-score guard that trips: skipped steps are logged with their z-score.
 # usage: step_guards.sh cpu|gpu
 set -u
-cd "$(dirname "$0")/../.." || exit 1
-mode=${1:-cpu}
-bin=./train_gpt_cpu
-[ "$mode" = gpu ] && bin=./train_gpt
-python=/usr/bin/python3
-ref=build/reference/tiny
-for f in "$bin" "$ref/model.bin" "$ref/train.bin"; do
-  [ -e "$f" ] || { echo "FAIL: $f is missing (make test builds it)"; exit 1; }
-done
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+# shellcheck source=test/checks/lib/trainer.sh
+source "$(dirname "$0")/lib/trainer.sh" "$@"
+require_files "$bin" "$ref/model.bin" "$ref/train.bin"
 
 # The tiny fp32 model with its final LayerNorm's first weight set to +inf.
 "$python" - "$ref/model.bin" "$tmp/inf.bin" <<'EOF'
