@@ -335,8 +335,9 @@ void train(const Run& run, Communicator& comm) {
                 state.step, static_cast<unsigned long long>(state.guards.skipped_total()));
     if (state.step >= cfg.max_steps) {
       std::printf("the checkpoint already reached --max-steps %lld: nothing to train\n", cfg.max_steps);
-      model.save(model_path);
+      if (lead) model.save(model_path);
       std::printf("saved %s\n", model_path.c_str());
+      comm.barrier();
       return;
     }
   }

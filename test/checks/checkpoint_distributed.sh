@@ -6,7 +6,8 @@
 # aside) and the final model.bin byte for byte. Also: the checkpoint holds one state file per rank
 # with that rank's optimizer shard, listed in the manifest with world size and ZeRO stage; it is
 # refused by 1 rank, by 4 ranks and by another ZeRO stage; a damaged state file of rank 1 makes
-# every rank fall back to the previous checkpoint (resume auto) or refuse it (resume DIR).
+# every rank fall back to the previous checkpoint (resume auto) or refuse it (resume DIR); a
+# finished run resumed at --max-steps only rewrites model.bin.
 # usage: checkpoint_distributed.sh cpu|gpu   (gpu: needs 2 GPUs, else skipped)
 set -u
 cd "$(dirname "$0")/../.." || exit 1
@@ -109,6 +110,16 @@ PY
     fail "$name: resume failed"; tail -n 20 "$killed.resume.log"
   fi
 done
+
+# A checkpoint at --max-steps: nothing to train; rank 0 rewrites model.bin from it, all ranks end.
+done_dir=$tmp/fp32-zero1-straight
+cp "$done_dir/model.bin" "$tmp/final.bin"
+if ranks 2 --dtype fp32 --zero 1 --resume auto --out-dir "$done_dir" >"$tmp/done.log" 2>&1; then
+  grep -q 'already reached --max-steps 6: nothing to train' "$tmp/done.log" || fail "at --max-steps: no 'nothing to train'"
+  cmp -s "$tmp/final.bin" "$done_dir/model.bin" || fail "at --max-steps: model.bin changed"
+else
+  fail "resuming a finished 2-rank run failed"; tail -n 5 "$tmp/done.log"
+fi
 
 # Another world size or ZeRO stage is refused, naming both (every rank takes the same decision).
 ckpt=$tmp/bf16-zero1-killed/checkpoint_00000003
