@@ -24,6 +24,8 @@
 // own part of each global batch (src/dataloader.h) and runs the same steps; losses are averaged
 // over the ranks. Rank 0 alone prints the log, writes metrics.jsonl and the model file; an error on
 // any rank is printed with its rank and ends that rank (the launcher then ends the others).
+// Checkpoints are written by all ranks together (each its own state file, rank 0 the model file and
+// the manifest) into an --out-dir all ranks share.
 #include "kernels/common.cuh"
 #include "src/checkpoint.h"
 #include "src/comm.h"
@@ -111,15 +113,13 @@ nlohmann::json config_json(const TrainConfig& cfg) {
   return j;
 }
 
-// Checkpoints hold one process's whole training state; a data-parallel run (several ranks, whose
-// ZeRO shards would each need their own state file) writes only the final model file.
-constexpr int kCheckpointWorldSize = 1;
-
-// --resume: the checkpoint to continue from (nothing: start fresh), checked against this run.
-std::optional<Checkpoint> resolve_resume(const TrainConfig& cfg, int world_size) {
-  if (!cfg.resume.empty() && world_size != kCheckpointWorldSize)
-    throw std::runtime_error("--resume: checkpoints are written and resumed by single-process runs only; this run has " +
-                             std::to_string(world_size) + " ranks");
+// --resume: the checkpoint to continue from (nothing: start fresh), checked against this run. The
+// checkpoint directory is on a filesystem every rank sees: rank 0 chooses the checkpoint and
+// verifies every file's size and CRC-32C, the other ranks learn its choice (the step) through the
+// communicator and read that checkpoint's manifest, so every rank resumes from the same one.
+std::optional<Checkpoint> resolve_resume(const TrainConfig& cfg, Communicator& comm) {
+  const int world_size = comm.world_size(), zero = world_size > 1 ? cfg.zero : 0;
+  const bool lead = comm.rank() == 0;
   const std::vector<CheckpointDir> existing = list_checkpoint_dirs(cfg.out_dir);
   if (cfg.resume.empty()) {
     if (!existing.empty())
@@ -128,29 +128,44 @@ std::optional<Checkpoint> resolve_resume(const TrainConfig& cfg, int world_size)
                                "): continue that run with --resume auto, or choose another --out-dir");
     return std::nullopt;
   }
+  std::string dir = cfg.resume;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   std::optional<Checkpoint> found;
-  if (cfg.resume == "auto") {
-    std::vector<std::string> skipped;
-    found = find_latest_checkpoint(cfg.out_dir, &skipped);
-    for (const std::string& s : skipped) std::fprintf(stderr, "warning: --resume auto: skipping %s\n", s.c_str());
-    if (!found) {
-      std::printf("--resume auto: no complete checkpoint in %s; starting from scratch\n", cfg.out_dir.c_str());
-      return std::nullopt;
+  std::string error;  // rank 0's reason to stop
+  if (lead) {
+    if (cfg.resume == "auto") {
+      std::vector<std::string> skipped;
+      found = find_latest_checkpoint(cfg.out_dir, &skipped);
+      for (const std::string& s : skipped) std::fprintf(stderr, "warning: --resume auto: skipping %s\n", s.c_str());
+    } else {
+      std::string problem;
+      found = verify_checkpoint(dir, &problem);
+      if (!found) error = "--resume " + cfg.resume + ": not a complete checkpoint: " + problem;
     }
-  } else {
-    std::string dir = cfg.resume, problem;
-    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-    found = verify_checkpoint(dir, &problem);
-    if (!found) throw std::runtime_error("--resume " + cfg.resume + ": not a complete checkpoint: " + problem);
+  }
+  // Rank 0's decision: the checkpoint's step, -1 for none, -2 for an error.
+  const double lead_choice = !error.empty() ? -2.0 : found ? static_cast<double>(found->step) : -1.0;
+  const double choice = world_size > 1 ? comm.sum(lead ? lead_choice : 0.0) : lead_choice;
+  if (!error.empty()) throw std::runtime_error(error);
+  if (choice == -2.0) throw std::runtime_error("--resume " + cfg.resume + ": rank 0 refused the checkpoint (see its error)");
+  if (choice == -1.0) {
+    std::printf("--resume auto: no complete checkpoint in %s; starting from scratch\n", cfg.out_dir.c_str());
+    return std::nullopt;
+  }
+  if (!lead) {
+    const std::string path =
+        cfg.resume == "auto" ? cfg.out_dir + "/" + checkpoint_dir_name(static_cast<long long>(choice)) : dir;
+    std::string problem;
+    found = verify_checkpoint(path, &problem, false);
+    if (!found) throw std::runtime_error("--resume " + path + ": rank 0 chose it, but here: " + problem);
   }
   const nlohmann::json& m = found->manifest;
   const int saved_world_size = m.value("world_size", -1), zero_stage = m.value("zero_stage", -1);
-  if (saved_world_size != world_size || zero_stage != 0)
+  if (saved_world_size != world_size || zero_stage != zero)
     throw std::runtime_error("--resume " + found->path + ": written by a run with " + std::to_string(saved_world_size) +
                              " rank(s) and ZeRO stage " + std::to_string(zero_stage) + "; this run has " +
-                             std::to_string(world_size) +
-                             " rank(s) and ZeRO stage 0 (resuming with another world size or ZeRO stage is not "
-                             "supported)");
+                             std::to_string(world_size) + " rank(s) and ZeRO stage " + std::to_string(zero) +
+                             " (resuming with another world size or ZeRO stage is not supported)");
   const std::string dtype = m.value("dtype", "");
   if (dtype != cfg.dtype)
     throw std::runtime_error("--resume " + found->path + ": the checkpoint holds " + dtype +
@@ -161,6 +176,7 @@ std::optional<Checkpoint> resolve_resume(const TrainConfig& cfg, int world_size)
                                             "keep-every"};
   const nlohmann::json now = config_json(cfg), then = m.value("config", nlohmann::json::object());
   for (const auto& item : now.items()) {
+    if (!lead) break;  // reported once
     if (unreported.count(item.key()) != 0 || !then.contains(item.key()) || !then[item.key()].is_string()) continue;
     const std::string before = then[item.key()].get<std::string>(), after = item.value().get<std::string>();
     if (before != after)
@@ -281,7 +297,9 @@ void train(const Run& run, Communicator& comm) {
     if (ec) throw std::runtime_error("--out-dir " + cfg.out_dir + ": cannot create the directory: " + ec.message());
     const size_t model_file_bytes = kModelHeaderBytes + model.num_parameters() * sizeof(T);
     with_context("--out-dir", [&] {
-      check_output_directory(cfg.out_dir, checkpoint_bytes(model.num_parameters(), sizeof(T), model.num_parameters()) +
+      check_output_directory(cfg.out_dir, checkpoint_bytes(model.num_parameters(), sizeof(T),
+                                                               model.optimizer_shard_end() - model.optimizer_shard_begin(),
+                                                               world_size) +
                                               model_file_bytes);
     });
     const std::string metrics_path = cfg.out_dir + "/metrics.jsonl";
@@ -302,18 +320,13 @@ void train(const Run& run, Communicator& comm) {
   checkpoint_info.world_size = world_size;
   checkpoint_info.zero_stage = model.zero_stage();
   checkpoint_info.config = config_json(cfg);
-  // Checkpoints are written by single-process runs (see kCheckpointWorldSize).
-  const bool checkpointing = world_size == kCheckpointWorldSize;
-  if (!checkpointing && cfg.checkpoint_every > 0)
-    throw std::runtime_error("--checkpoint-every: checkpoints are written by single-process runs only; this run has " +
-                             std::to_string(world_size) + " ranks");
-  if (!checkpointing) std::printf("checkpoints: none with several ranks; the final model.bin is written\n");
+  // Every rank writes its state file; rank 0 the model file and the manifest, then applies retention.
   auto save_checkpoint = [&]() {
-    if (!checkpointing) return;
-    const std::string dir = write_checkpoint(cfg.out_dir, model, state, checkpoint_info);
+    const std::string dir = write_checkpoint(cfg.out_dir, model, state, checkpoint_info, &comm);
     std::printf("checkpoint %s\n", dir.c_str());
-    for (const std::string& old : prune_checkpoints(cfg.out_dir, state.step, cfg.keep_checkpoints, cfg.keep_every))
-      std::printf("deleted old checkpoint %s\n", old.c_str());
+    if (lead)
+      for (const std::string& old : prune_checkpoints(cfg.out_dir, state.step, cfg.keep_checkpoints, cfg.keep_every))
+        std::printf("deleted old checkpoint %s\n", old.c_str());
     std::fflush(stdout);
   };
 
@@ -322,8 +335,9 @@ void train(const Run& run, Communicator& comm) {
                 state.step, static_cast<unsigned long long>(state.guards.skipped_total()));
     if (state.step >= cfg.max_steps) {
       std::printf("the checkpoint already reached --max-steps %lld: nothing to train\n", cfg.max_steps);
-      model.save(model_path);
+      if (lead) model.save(model_path);
       std::printf("saved %s\n", model_path.c_str());
+      comm.barrier();
       return;
     }
   }
@@ -387,9 +401,7 @@ void train(const Run& run, Communicator& comm) {
     if (stop_signal != 0) {
       if (lead) model.save(model_path);
       std::printf("received %s: stopped after step %lld of %lld, %s\n", stop_signal == SIGTERM ? "SIGTERM" : "SIGUSR1",
-                  step, cfg.max_steps,
-                  checkpointing ? "checkpoint written; continue with --resume auto"
-                                : "model.bin written (several ranks write no checkpoint)");
+                  step, cfg.max_steps, "checkpoint written; continue with --resume auto");
       comm.barrier();
       return;
     }
@@ -439,7 +451,7 @@ int run_main(int argc, char** argv) {
   run.grad_accum_steps = validate_config(run.cfg, comm->world_size());
   run.schedule = make_lr_schedule(run.cfg);
 
-  run.resume_from = resolve_resume(run.cfg, comm->world_size());
+  run.resume_from = resolve_resume(run.cfg, *comm);
   run.model = resolve_model(run.cfg, run.resume_from, &run.model_source);
   validate_against_model(run.cfg, run.model.max_seq_len, run.model_source);
   if (run.cfg.dtype == "fp32") train<float>(run, *comm);

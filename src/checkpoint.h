@@ -243,10 +243,12 @@ inline std::string state_file_name(int rank) {
   return buf;
 }
 
-// Bytes of one checkpoint of a P-parameter model (model file + one rank's state + manifest).
-inline uint64_t checkpoint_bytes(size_t num_parameters, size_t param_element_bytes, size_t shard_count) {
-  return kModelHeaderBytes + num_parameters * param_element_bytes + sizeof(StateHeader) + 3 * shard_count * 4 +
-         2 * ZScoreWindow::kCapacity * 8 + 64 * 1024;
+// Bytes of one checkpoint of a P-parameter model (model file + world_size state files of at most
+// shard_count parameters each + manifest).
+inline uint64_t checkpoint_bytes(size_t num_parameters, size_t param_element_bytes, size_t shard_count,
+                                 size_t world_size) {
+  return kModelHeaderBytes + num_parameters * param_element_bytes +
+         world_size * (sizeof(StateHeader) + 3 * shard_count * 4 + 2 * ZScoreWindow::kCapacity * 8) + 64 * 1024;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -284,9 +286,12 @@ struct Checkpoint {
   nlohmann::json manifest;
 };
 
-// Reads DIR's manifest and checks every file it lists against its size and CRC-32C. Returns
-// the checkpoint, or nothing with *problem saying why DIR is not a complete checkpoint.
-inline std::optional<Checkpoint> verify_checkpoint(const std::string& dir, std::string* problem) {
+// Reads DIR's manifest and checks every file it lists against its size and CRC-32C (with
+// check_files false: only that the manifest is valid, for ranks other than the one that verified
+// the files). Returns the checkpoint, or nothing with *problem saying why DIR is not a complete
+// checkpoint.
+inline std::optional<Checkpoint> verify_checkpoint(const std::string& dir, std::string* problem,
+                                                   bool check_files = true) {
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     *problem = "no such directory";
@@ -315,6 +320,7 @@ inline std::optional<Checkpoint> verify_checkpoint(const std::string& dir, std::
       if (name.empty() || name.find('/') != std::string::npos) throw std::runtime_error("bad file name " + name);
       const uint64_t expected_size = f.at("bytes").get<uint64_t>();
       const std::string expected_crc = f.at("crc32c").get<std::string>();
+      if (!check_files) continue;
       uint64_t size = 0;
       uint32_t crc = 0;
       if (!file_size_and_crc(dir + "/" + name, &size, &crc)) {
@@ -413,15 +419,54 @@ struct CheckpointWriteInfo {
   nlohmann::json config;  // the run's flags, recorded in the manifest
 };
 
-// Writes OUT/checkpoint_<state.step>: model file, this rank's state, manifest last. A directory of
-// the same name (left by a run that died, or an abandoned later timeline) loses its manifest
-// before anything in it is replaced. On failure the partial directory is removed and the error
-// rethrown; other checkpoints are never touched. Returns the directory.
+namespace checkpoint_detail {
+
+// Every rank learns whether all ranks succeeded (a collective: every rank must call it). Without
+// a communicator: `ok` itself.
+inline bool all_ranks_ok(Communicator* comm, bool ok) {
+  if (comm == nullptr || comm->world_size() == 1) return ok;
+  return comm->sum(ok ? 0.0 : 1.0) == 0.0;
+}
+
+// Rank `from`'s value on every rank (a collective; exact for integers below 2^53).
+inline uint64_t from_rank(Communicator* comm, int from, uint64_t value) {
+  if (comm == nullptr || comm->world_size() == 1) return value;
+  return static_cast<uint64_t>(comm->sum(comm->rank() == from ? static_cast<double>(value) : 0.0));
+}
+
+}  // namespace checkpoint_detail
+
+// Writes OUT/checkpoint_<state.step>, collectively over the ranks of `comm` (nullptr: a single
+// process; every rank must call it): rank 0 (re)creates the directory — a directory of the same
+// name (left by a run that died, or an abandoned later timeline) loses its manifest before
+// anything in it is replaced — and writes model.bin; every rank writes its own state file (its
+// optimizer shard and data position); the sizes and CRC-32Cs of the state files reach rank 0
+// through the communicator and rank 0 writes the manifest last. OUT must be one shared directory
+// for all ranks. If any rank fails, rank 0 removes the partial directory and every rank throws
+// (the failing rank with its own error); other checkpoints are never touched. Returns the
+// directory.
 template <typename T>
 std::string write_checkpoint(const std::string& out_dir, const GPT2<T>& model, const TrainingState& state,
-                             const CheckpointWriteInfo& info) {
+                             const CheckpointWriteInfo& info, Communicator* comm = nullptr) {
   const std::string dir = out_dir + "/" + checkpoint_dir_name(state.step);
-  try {
+  const bool lead = info.rank == 0;
+  std::string error;  // this rank's failure
+  auto attempt = [&](auto&& part) {
+    if (!error.empty()) return;
+    try {
+      part();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  };
+  // After a failure anywhere: the directory goes, every rank throws.
+  auto agree = [&]() {
+    if (checkpoint_detail::all_ranks_ok(comm, error.empty())) return;
+    if (lead) checkpoint_detail::remove_checkpoint_dir(dir);
+    throw std::runtime_error("writing checkpoint " + dir + ": " + (error.empty() ? "another rank failed" : error));
+  };
+
+  if (lead) attempt([&] {
     struct stat st {};
     if (::stat(dir.c_str(), &st) == 0) {
       const std::string manifest = dir + "/" + kManifestName;
@@ -430,16 +475,21 @@ std::string write_checkpoint(const std::string& out_dir, const GPT2<T>& model, c
       if (::mkdir(dir.c_str(), 0755) != 0) throw checkpoint_detail::file_error(dir, "cannot create", errno);
       fsync_directory(out_dir);
     }
+  });
+  agree();
 
+  uint64_t model_size = 0, state_size = 0;
+  uint32_t model_crc = 0, state_crc = 0;
+  const size_t P = model.num_parameters();
+  const size_t shard_begin = model.optimizer_shard_begin(), shard_end = model.optimizer_shard_end();
+  if (lead) attempt([&] {
     const std::string model_path = dir + "/" + kModelFileName;
     model.save(model_path);
     fsync_directory(dir);
-    uint64_t model_size = 0;
-    uint32_t model_crc = 0;
     if (!file_size_and_crc(model_path, &model_size, &model_crc))
       throw checkpoint_detail::file_error(model_path, "cannot read back", errno);
-
-    const size_t P = model.num_parameters();
+  });
+  attempt([&] {
     StateHeader h{};
     std::memcpy(h.magic, kStateMagic, sizeof h.magic);
     h.version = kStateVersion;
@@ -450,8 +500,8 @@ std::string write_checkpoint(const std::string& out_dir, const GPT2<T>& model, c
     h.dtype = GPT2<T>::dtype == DType::bf16 ? 1u : 0u;
     h.step = static_cast<uint64_t>(state.step);
     h.num_parameters = P;
-    h.shard_offset = 0;  // one rank holds the whole model's optimizer state
-    h.shard_count = P;
+    h.shard_offset = shard_begin;
+    h.shard_count = shard_end - shard_begin;
     h.seed = state.seed;
     h.train_data = state.train_data;
     h.skipped_nonfinite = state.guards.skipped_nonfinite;
@@ -460,22 +510,34 @@ std::string write_checkpoint(const std::string& out_dir, const GPT2<T>& model, c
     h.loss_window_count = state.guards.loss_window.values().size();
     h.norm_window_count = state.guards.norm_window.values().size();
 
-    const std::string state_name = state_file_name(info.rank);
-    AtomicFileWriter out(dir + "/" + state_name);
+    AtomicFileWriter out(dir + "/" + state_file_name(info.rank));
     out.write(&h, sizeof h);
+    // The optimizer buffers hold the shard only (element 0 = parameter shard_begin); fp32
+    // parameters (the fp32 weights in fp32 mode) are full-size on every rank.
     if (model.master_device() != nullptr) {
-      checkpoint_detail::write_device_floats(out, model.master_device() + h.shard_offset, h.shard_count);
+      checkpoint_detail::write_device_floats(out, model.master_device(), h.shard_count);
     } else {
-      // fp32 mode: the parameters are the fp32 weights.
-      checkpoint_detail::write_device_floats(out, reinterpret_cast<const float*>(model.params_device()) + h.shard_offset,
+      checkpoint_detail::write_device_floats(out, reinterpret_cast<const float*>(model.params_device()) + shard_begin,
                                              h.shard_count);
     }
-    checkpoint_detail::write_device_floats(out, model.adam_m_device() + h.shard_offset, h.shard_count);
-    checkpoint_detail::write_device_floats(out, model.adam_v_device() + h.shard_offset, h.shard_count);
+    checkpoint_detail::write_device_floats(out, model.adam_m_device(), h.shard_count);
+    checkpoint_detail::write_device_floats(out, model.adam_v_device(), h.shard_count);
     checkpoint_detail::write_window(out, state.guards.loss_window);
     checkpoint_detail::write_window(out, state.guards.norm_window);
     out.commit();
+    state_size = out.size();
+    state_crc = out.crc32c();
+  });
+  agree();
 
+  nlohmann::ordered_json files = nlohmann::ordered_json::array();
+  files.push_back({{"name", kModelFileName}, {"bytes", model_size}, {"crc32c", crc_hex(model_crc)}});
+  for (int r = 0; r < info.world_size; ++r) {
+    const uint64_t bytes = checkpoint_detail::from_rank(comm, r, state_size);
+    const uint32_t crc = static_cast<uint32_t>(checkpoint_detail::from_rank(comm, r, state_crc));
+    files.push_back({{"name", state_file_name(r)}, {"bytes", bytes}, {"crc32c", crc_hex(crc)}});
+  }
+  if (lead) attempt([&] {
     const GPT2Config& mc = model.config();
     nlohmann::ordered_json manifest = {
         {"format", kManifestFormat},
@@ -493,18 +555,14 @@ std::string write_checkpoint(const std::string& out_dir, const GPT2<T>& model, c
           {"num_heads", mc.num_heads},
           {"channels", mc.channels}}},
         {"config", info.config},
-        {"files",
-         {{{"name", kModelFileName}, {"bytes", model_size}, {"crc32c", crc_hex(model_crc)}},
-          {{"name", state_name}, {"bytes", out.size()}, {"crc32c", crc_hex(out.crc32c())}}}},
+        {"files", files},
     };
     const std::string text = manifest.dump(2) + "\n";
     AtomicFileWriter manifest_out(dir + "/" + kManifestName);
     manifest_out.write(text.data(), text.size());
     manifest_out.commit();
-  } catch (const std::exception& e) {
-    checkpoint_detail::remove_checkpoint_dir(dir);
-    throw std::runtime_error("writing checkpoint " + dir + ": " + e.what());
-  }
+  });
+  agree();
   return dir;
 }
 
@@ -536,23 +594,25 @@ void load_checkpoint(const Checkpoint& c, GPT2<T>& model, TrainingState* state, 
     if (h.dtype != dtype)
       throw mismatch(std::string("written by a --dtype ") + (h.dtype == 1 ? "bf16" : "fp32") + " run, this run is " +
                      (dtype == 1 ? "bf16" : "fp32"));
-    if (h.num_parameters != model.num_parameters() || h.shard_offset + h.shard_count > h.num_parameters ||
-        h.shard_count != h.num_parameters)
-      throw mismatch("holds parameters [" + std::to_string(h.shard_offset) + ", " +
+    const size_t shard_begin = model.optimizer_shard_begin(), shard_end = model.optimizer_shard_end();
+    if (h.num_parameters != model.num_parameters() || h.shard_offset != shard_begin ||
+        h.shard_count != shard_end - shard_begin)
+      throw mismatch("holds the optimizer state of parameters [" + std::to_string(h.shard_offset) + ", " +
                      std::to_string(h.shard_offset + h.shard_count) + ") of " + std::to_string(h.num_parameters) +
-                     "; this run needs all " + std::to_string(model.num_parameters()));
+                     "; this rank needs [" + std::to_string(shard_begin) + ", " + std::to_string(shard_end) +
+                     ") of " + std::to_string(model.num_parameters()));
     if (h.step != static_cast<uint64_t>(c.step))
       throw mismatch("is at step " + std::to_string(h.step) + ", the manifest says " + std::to_string(c.step));
     if (h.loss_window_count > ZScoreWindow::kCapacity || h.norm_window_count > ZScoreWindow::kCapacity)
       throw mismatch("guard windows hold more than " + std::to_string(ZScoreWindow::kCapacity) + " values");
 
-    float* weights = model.master_device() != nullptr ? model.master_device()
-                                                      : reinterpret_cast<float*>(model.params_device());
-    checkpoint_detail::read_to_device(f, weights + h.shard_offset, h.shard_count, path, "the fp32 weights");
-    checkpoint_detail::read_to_device(f, model.adam_m_device() + h.shard_offset, h.shard_count, path,
-                                      "the AdamW first moments");
-    checkpoint_detail::read_to_device(f, model.adam_v_device() + h.shard_offset, h.shard_count, path,
-                                      "the AdamW second moments");
+    // As written: optimizer buffers from their element 0, fp32 parameters at the shard's offset.
+    float* weights = model.master_device() != nullptr
+                         ? model.master_device()
+                         : reinterpret_cast<float*>(model.params_device()) + h.shard_offset;
+    checkpoint_detail::read_to_device(f, weights, h.shard_count, path, "the fp32 weights");
+    checkpoint_detail::read_to_device(f, model.adam_m_device(), h.shard_count, path, "the AdamW first moments");
+    checkpoint_detail::read_to_device(f, model.adam_v_device(), h.shard_count, path, "the AdamW second moments");
     std::vector<double> loss_values(h.loss_window_count), norm_values(h.norm_window_count);
     checkpoint_detail::read_exact(f, loss_values.data(), loss_values.size() * sizeof(double), path, "the loss window");
     checkpoint_detail::read_exact(f, norm_values.data(), norm_values.size() * sizeof(double), path,
