@@ -10,15 +10,9 @@
 # finished run resumed at --max-steps only rewrites model.bin.
 # usage: checkpoint_distributed.sh cpu|gpu   (gpu: needs 2 GPUs, else skipped)
 set -u
-cd "$(dirname "$0")/../.." || exit 1
-mode=${1:-cpu}
-bin=./train_gpt_cpu
-[ "$mode" = gpu ] && bin=./train_gpt
-python=/usr/bin/python3
-ref=build/reference/tiny
-for f in "$bin" "$ref/model.bin" "$ref/train.bin"; do
-  [ -e "$f" ] || { echo "FAIL: $f is missing (make test builds it)"; exit 1; }
-done
+# shellcheck source=test/checks/lib/trainer.sh
+source "$(dirname "$0")/lib/trainer.sh" "$@"
+require_files "$bin" "$ref/model.bin" "$ref/train.bin"
 command -v mpirun >/dev/null || { echo "FAIL: mpirun not found"; exit 1; }
 if [ "$mode" = gpu ]; then
   gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
@@ -26,10 +20,6 @@ if [ "$mode" = gpu ]; then
 fi
 mpi_opts=(--oversubscribe -x SIMT_THREADS=1 -x TRAIN_GPT_TEST_EXIT_AFTER_STEP)
 [ "$(id -u)" -eq 0 ] && mpi_opts+=(--allow-run-as-root)
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 export SIMT_THREADS=1
 export TRAIN_GPT_TEST_EXIT_AFTER_STEP=
 
