@@ -400,8 +400,8 @@ void train(const Run& run, Communicator& comm) {
       save_checkpoint();
     if (stop_signal != 0) {
       if (lead) model.save(model_path);
-      std::printf("received %s: stopped after step %lld of %lld, %s\n", stop_signal == SIGTERM ? "SIGTERM" : "SIGUSR1",
-                  step, cfg.max_steps, "checkpoint written; continue with --resume auto");
+      std::printf("received %s: stopped after step %lld of %lld, checkpoint written; continue with --resume auto\n",
+                  stop_signal == SIGTERM ? "SIGTERM" : "SIGUSR1", step, cfg.max_steps);
       comm.barrier();
       return;
     }
