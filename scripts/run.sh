@@ -5,13 +5,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 read -r -a extra <<< "${ARGS:-}"
+# Every run trains from scratch into a directory of its own (a directory with checkpoints is
+# only continued with --resume auto).
+stamp=$(date +%Y%m%d-%H%M%S)
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   echo "make run: GPU found ($(nvidia-smi -L | head -n 1)); building and running ./train_gpt"
   make --no-print-directory -j"$(nproc)" train_gpt
-  exec ./train_gpt --out-dir runs/default "${extra[@]}"
+  exec ./train_gpt --out-dir "runs/gpu-$stamp" "${extra[@]}"
 fi
 echo "make run: no GPU here; building the CPU build and training the small 'nano' model on the built-in corpus"
 make --no-print-directory -j"$(nproc)" train_gpt_cpu
 exec ./train_gpt_cpu --model nano --batch-size 4 --seq-len 64 --max-steps 40 --lr 2e-3 --warmup-steps 4 \
   --val-every 20 --val-steps 4 \
-  --out-dir runs/default_cpu "${extra[@]}"
+  --out-dir "runs/cpu-$stamp" "${extra[@]}"
