@@ -140,11 +140,6 @@ OptimizerRun<T> run_and_check(size_t n, const Layout& layout, bool use_master, i
   return run;
 }
 
-template <typename T>
-bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
-
 }  // namespace
 
 TEMPLATE_TEST_CASE("adamw_update with master weights follows double AdamW over several steps", "[adamw]", float,
@@ -156,10 +151,10 @@ TEMPLATE_TEST_CASE("adamw_update with master weights follows double AdamW over s
     // Vector body, scalar head/tail and the all-scalar fallback do the same math per element.
     for (size_t k = 1; k < runs.size(); ++k) {
       INFO("n " << n << ": " << kLayouts[k].name << " vs aligned");
-      CHECK(same_bits(runs[k].params, runs[0].params));
-      CHECK(same_bits(runs[k].master, runs[0].master));
-      CHECK(same_bits(runs[k].m, runs[0].m));
-      CHECK(same_bits(runs[k].v, runs[0].v));
+      CHECK(test::same_bits(runs[k].params, runs[0].params));
+      CHECK(test::same_bits(runs[k].master, runs[0].master));
+      CHECK(test::same_bits(runs[k].m, runs[0].m));
+      CHECK(test::same_bits(runs[k].v, runs[0].v));
     }
   }
 }
@@ -185,7 +180,7 @@ std::vector<bf16> stochastic_round(const std::vector<float>& values, unsigned se
   adamw_update(params.ptr, master.ptr, grads.ptr, m.ptr, v.ptr, n, 0.0f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 1, seed,
                0, nullptr);
   test::require_no_cuda_error();
-  REQUIRE(same_bits(master.download(), values));
+  REQUIRE(test::same_bits(master.download(), values));
   return params.download();
 }
 
@@ -217,8 +212,8 @@ TEST_CASE("adamw_update rounds bf16 parameters stochastically and reproducibly",
     CHECK(std::fabs(rate - cases[k].fraction) <= 0.04);
   }
 
-  CHECK(same_bits(stochastic_round(values, 42u), rounded));
-  CHECK_FALSE(same_bits(stochastic_round(values, 43u), rounded));
+  CHECK(test::same_bits(stochastic_round(values, 42u), rounded));
+  CHECK_FALSE(test::same_bits(stochastic_round(values, 43u), rounded));
 }
 
 TEST_CASE("stochastic rounding of one element is unbiased over seeds", "[adamw]") {
@@ -251,10 +246,10 @@ TEMPLATE_TEST_CASE("adamw_update in pieces with index_offset matches one call ov
   };
   const auto whole = run({0, n}, true);
   const auto pieces = run({0, 3, 500, 501, 777, n}, true);
-  CHECK(same_bits(std::get<0>(pieces), std::get<0>(whole)));
-  CHECK(same_bits(std::get<1>(pieces), std::get<1>(whole)));
-  CHECK(same_bits(std::get<2>(pieces), std::get<2>(whole)));
-  CHECK(same_bits(std::get<3>(pieces), std::get<3>(whole)));
+  CHECK(test::same_bits(std::get<0>(pieces), std::get<0>(whole)));
+  CHECK(test::same_bits(std::get<1>(pieces), std::get<1>(whole)));
+  CHECK(test::same_bits(std::get<2>(pieces), std::get<2>(whole)));
+  CHECK(test::same_bits(std::get<3>(pieces), std::get<3>(whole)));
   if constexpr (std::is_same<TestType, bf16>::value)
-    CHECK_FALSE(same_bits(std::get<0>(run({0, 3, 500, 501, 777, n}, false)), std::get<0>(whole)));
+    CHECK_FALSE(test::same_bits(std::get<0>(run({0, 3, 500, 501, 777, n}, false)), std::get<0>(whole)));
 }

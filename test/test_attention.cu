@@ -102,11 +102,6 @@ double max_abs(const std::vector<double>& v) {
   return m;
 }
 
-template <typename T>
-bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
-
 }  // namespace
 
 // The reference's backward is itself checked: central differences of L = sum(out ∘ dout).
@@ -191,8 +186,8 @@ TEMPLATE_TEST_CASE("attention forward and backward match naive CPU loops", "[att
     attention_forward<T>(out, lse, qkv, B, T_, C, NH, nullptr);
     attention_backward<T>(dqkv, scratch, dout, qkv, out, lse, B, T_, C, NH, nullptr);
     test::require_no_cuda_error();
-    CHECK(same_bits(out.download(), out_got));
-    CHECK(same_bits(lse.download(), lse_got));
-    CHECK(same_bits(dqkv.download(), dqkv_got));
+    CHECK(test::same_bits(out.download(), out_got));
+    CHECK(test::same_bits(lse.download(), lse_got));
+    CHECK(test::same_bits(dqkv.download(), dqkv_got));
   }
 }

@@ -52,11 +52,6 @@ std::vector<U> download_all(const U* device, size_t count) {
   return host;
 }
 
-template <typename U>
-bool same_bits(const std::vector<U>& a, const std::vector<U>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(U)) == 0;
-}
-
 }  // namespace
 
 TEST_CASE("CRC-32C matches the published check values", "[checkpoint]") {
@@ -196,11 +191,11 @@ TEMPLATE_TEST_CASE("A checkpoint restores parameters, fp32 weights, moments and 
   TrainingState restored;
   load_checkpoint(*c, loaded, &restored, 0, 1, 0);
   const size_t P = model.num_parameters();
-  CHECK(same_bits(download_all(model.params_device(), P), download_all(loaded.params_device(), P)));
-  CHECK(same_bits(download_all(model.adam_m_device(), P), download_all(loaded.adam_m_device(), P)));
-  CHECK(same_bits(download_all(model.adam_v_device(), P), download_all(loaded.adam_v_device(), P)));
+  CHECK(test::same_bits(download_all(model.params_device(), P), download_all(loaded.params_device(), P)));
+  CHECK(test::same_bits(download_all(model.adam_m_device(), P), download_all(loaded.adam_m_device(), P)));
+  CHECK(test::same_bits(download_all(model.adam_v_device(), P), download_all(loaded.adam_v_device(), P)));
   if (model.master_device() != nullptr)
-    CHECK(same_bits(download_all(model.master_device(), P), download_all(loaded.master_device(), P)));
+    CHECK(test::same_bits(download_all(model.master_device(), P), download_all(loaded.master_device(), P)));
   CHECK(restored.step == 2);
   CHECK(restored.seed == 99);
   CHECK(std::memcmp(&restored.train_data, &state.train_data, sizeof(LoaderPosition)) == 0);
@@ -216,7 +211,7 @@ TEMPLATE_TEST_CASE("A checkpoint restores parameters, fp32 weights, moments and 
     m->forward_backward(inputs.data(), targets.data(), 1);
     m->update(opt, 1e-2f, 3);
   }
-  CHECK(same_bits(download_all(model.params_device(), P), download_all(loaded.params_device(), P)));
+  CHECK(test::same_bits(download_all(model.params_device(), P), download_all(loaded.params_device(), P)));
 
   // Another world size or ZeRO stage is refused, naming both.
   GPT2<TestType> other(config, B, T);

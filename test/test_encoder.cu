@@ -14,13 +14,6 @@ struct EncoderShape {
   int B, T, C, V;  // V: rows of wte (tokens drawn from [0, V))
 };
 
-template <typename T>
-std::vector<uint8_t> bytes_of(const std::vector<T>& v) {
-  std::vector<uint8_t> b(v.size() * sizeof(T));
-  std::memcpy(b.data(), v.data(), b.size());
-  return b;
-}
-
 // Forward: one fp32 add of two T values rounded once (float: exact to 1 float ulp; bf16: to
 // one bf16 ulp). Backward: fp32 sums of <= 37 O(1) terms (noise ~1e-6) plus the gradient's
 // one rounding to T.
@@ -94,8 +87,8 @@ void check_encoder(const EncoderShape& s, uint64_t seed) {
   d_dwpe.upload(dwpe_before);
   encoder_backward<T>(d_dwte, d_dwpe, d_buckets, num_buckets, d_dout, s.B, s.T, C, nullptr);
   test::require_no_cuda_error();
-  CHECK(bytes_of(d_dwte.download()) == bytes_of(dwte_first));
-  CHECK(bytes_of(d_dwpe.download()) == bytes_of(dwpe_first));
+  CHECK(test::bytes_of(d_dwte.download()) == test::bytes_of(dwte_first));
+  CHECK(test::bytes_of(d_dwpe.download()) == test::bytes_of(dwpe_first));
 }
 
 }  // namespace

@@ -25,13 +25,6 @@ double gelu_derivative_reference(double x) {
 template <typename T> constexpr double kRel = std::is_same<T, float>::value ? 1e-5 : 1.0 / 128;
 constexpr double kAbs = 1e-5;
 
-template <typename T>
-std::vector<uint8_t> bytes_of(const std::vector<T>& v) {
-  std::vector<uint8_t> b(v.size() * sizeof(T));
-  std::memcpy(b.data(), v.data(), b.size());
-  return b;
-}
-
 }  // namespace
 
 TEST_CASE("gelu derivative reference agrees with finite differences", "[gelu]") {
@@ -72,11 +65,11 @@ TEMPLATE_TEST_CASE("gelu forward and backward match CPU loops", "[gelu]", float,
     dinp.poison();
     gelu_backward<T>(dinp, inp, dout, n, nullptr);
     test::require_no_cuda_error();
-    CHECK(bytes_of(dinp.download()) == bytes_of(dinp_first));
+    CHECK(test::bytes_of(dinp.download()) == test::bytes_of(dinp_first));
 
     // In place (dinp == dout), as the MLP backward uses it: same bits as the separate output.
     gelu_backward<T>(dout, inp, dout, n, nullptr);
     test::require_no_cuda_error();
-    CHECK(bytes_of(dout.download()) == bytes_of(dinp_first));
+    CHECK(test::bytes_of(dout.download()) == test::bytes_of(dinp_first));
   }
 }

@@ -15,13 +15,6 @@ struct LayerNormShape {
   int N, C;
 };
 
-template <typename T>
-std::vector<uint8_t> bytes_of(const std::vector<T>& v) {
-  std::vector<uint8_t> b(v.size() * sizeof(T));
-  std::memcpy(b.data(), v.data(), b.size());
-  return b;
-}
-
 // Values written to T: fp32 math on O(1) inputs (noise ~1e-6, absolute where terms cancel),
 // then one rounding (bf16: within one ulp, 2^-7 relative). Statistics stay fp32 in both.
 template <typename T> constexpr double kRel = std::is_same<T, float>::value ? 1e-5 : 1.0 / 128;
@@ -115,7 +108,7 @@ void check_forward(const LayerNormShape& s, uint64_t seed) {
   d_rstd.poison();
   residual_layernorm_forward<T>(d_residual, d_out, d_mean, d_rstd, d_a, d_b, d_weight, d_bias, N, C, nullptr);
   test::require_no_cuda_error();
-  CHECK(bytes_of(d_residual.download()) == bytes_of(want_residual));
+  CHECK(test::bytes_of(d_residual.download()) == test::bytes_of(want_residual));
   CHECK(test::all_close("residual_layernorm mean", d_mean.download(), rstats.mean, kStatRel, kAbs));
   CHECK(test::all_close("residual_layernorm rstd", d_rstd.download(), rstats.rstd, kStatRel, kAbs));
   const std::vector<T> out_first = d_out.download();
@@ -125,8 +118,8 @@ void check_forward(const LayerNormShape& s, uint64_t seed) {
   d_out.poison();
   residual_layernorm_forward<T>(d_a, d_out, d_mean, d_rstd, d_a, d_b, d_weight, d_bias, N, C, nullptr);
   test::require_no_cuda_error();
-  CHECK(bytes_of(d_a.download()) == bytes_of(want_residual));
-  CHECK(bytes_of(d_out.download()) == bytes_of(out_first));
+  CHECK(test::bytes_of(d_a.download()) == test::bytes_of(want_residual));
+  CHECK(test::bytes_of(d_out.download()) == test::bytes_of(out_first));
 }
 
 template <typename T>
@@ -194,9 +187,9 @@ void check_backward(const LayerNormShape& s, uint64_t seed) {
   d_scratch.poison();
   layernorm_backward<T>(d_dinp, d_dweight, d_dbias, d_scratch, d_dout, d_inp, d_weight, d_mean, d_rstd, N, C, nullptr);
   test::require_no_cuda_error();
-  CHECK(bytes_of(d_dinp.download()) == bytes_of(dinp_first));
-  CHECK(bytes_of(d_dweight.download()) == bytes_of(dweight_first));
-  CHECK(bytes_of(d_dbias.download()) == bytes_of(dbias_first));
+  CHECK(test::bytes_of(d_dinp.download()) == test::bytes_of(dinp_first));
+  CHECK(test::bytes_of(d_dweight.download()) == test::bytes_of(dweight_first));
+  CHECK(test::bytes_of(d_dbias.download()) == test::bytes_of(dbias_first));
 }
 
 const LayerNormShape kShapes[] = {

@@ -59,10 +59,6 @@ Trace train(int recompute, size_t* activation_bytes) {
   return trace;
 }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
 // The first parameter tensor whose values differ in any bit from `want` ("" if none).
 std::string first_differing_tensor(const std::vector<float>& got, const std::vector<float>& want,
                                    const ParameterLayout& layout) {
@@ -85,7 +81,7 @@ TEMPLATE_TEST_CASE("recompute 1-3: losses, every gradient, norms and weights bit
   const Trace want = train<TestType>(0, &bytes0);
   CHECK(bytes0 == gpt2_activation_bytes(kTiny, kBatch, kSeqLen, 0, dtype_of<TestType>()).total());
   // The run is not degenerate: it learns (weights move, gradients change from step to step).
-  REQUIRE(!same_bits(want.grads[0], want.grads[1]));
+  REQUIRE(!test::same_bits(want.grads[0], want.grads[1]));
   REQUIRE(want.eval_loss == want.eval_loss);
 
   // The comparison sees a single bit: one gradient element of one tensor one ulp off.
@@ -104,15 +100,15 @@ TEMPLATE_TEST_CASE("recompute 1-3: losses, every gradient, norms and weights bit
     CHECK(bytes < previous_bytes);
     previous_bytes = bytes;
 
-    CHECK(same_bits(got.losses, want.losses));
-    CHECK(same_bits(got.norms, want.norms));
+    CHECK(test::same_bits(got.losses, want.losses));
+    CHECK(test::same_bits(got.norms, want.norms));
     for (int step = 0; step < kSteps; ++step) {
       INFO("gradients before update " << step + 1);
       CHECK(first_differing_tensor(got.grads[step], want.grads[step], layout) == "");
     }
     CHECK(first_differing_tensor(got.params, want.params, layout) == "");
     CHECK(std::memcmp(&got.eval_loss, &want.eval_loss, sizeof(float)) == 0);
-    CHECK(same_bits(got.eval_logits, want.eval_logits));
+    CHECK(test::same_bits(got.eval_logits, want.eval_logits));
   }
 }
 

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -110,6 +111,19 @@ bool all_close(const std::string& what, const std::vector<G>& got, const std::ve
 template <typename T, typename G, typename W>
 bool all_close(const std::string& what, const std::vector<G>& got, const std::vector<W>& want) {
   return all_close(what, got, want, Tolerance<T>::rel, Tolerance<T>::abs);
+}
+
+// Bitwise equality (determinism checks: same inputs must give the same bits, NaN included).
+template <typename T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+// The raw bytes of a vector, for comparisons that should report where the bits differ.
+template <typename T>
+std::vector<uint8_t> bytes_of(const std::vector<T>& v) {
+  std::vector<uint8_t> b(v.size() * sizeof(T));
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
 }
 
 // Launch errors (bad configuration, misaligned 128-bit access) must not pass silently.
