@@ -28,6 +28,7 @@
 // the manifest) into an --out-dir all ranks share.
 #include "kernels/common.cuh"
 #include "src/checkpoint.h"
+#include "src/checkpoint_dirs.h"
 #include "src/comm.h"
 #include "src/config.h"
 #include "src/dataloader.h"
@@ -86,10 +87,6 @@ auto with_context(const std::string& context, F&& f) -> decltype(f()) {
   }
 }
 
-void check_cuda(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
-}
-
 std::string mib(size_t bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
@@ -118,7 +115,7 @@ nlohmann::json config_json(const TrainConfig& cfg) {
 // verifies every file's size and CRC-32C, the other ranks learn its choice (the step) through the
 // communicator and read that checkpoint's manifest, so every rank resumes from the same one.
 std::optional<Checkpoint> resolve_resume(const TrainConfig& cfg, Communicator& comm) {
-  const int world_size = comm.world_size(), zero = world_size > 1 ? cfg.zero : 0;
+  const int world_size = comm.world_size(), zero = effective_zero_stage(cfg.zero, world_size);
   const bool lead = comm.rank() == 0;
   const std::vector<CheckpointDir> existing = list_checkpoint_dirs(cfg.out_dir);
   if (cfg.resume.empty()) {
@@ -260,7 +257,7 @@ void train(const Run& run, Communicator& comm) {
   }
 
   cudaDeviceProp prop;
-  check_cuda(cudaGetDeviceProperties(&prop, 0), "querying the device");
+  cuda_check(cudaGetDeviceProperties(&prop, 0), "querying the device");
   const ActivationBytes acts = gpt2_activation_bytes(run.model, B, T_seq, model.recompute(), GPT2<T>::dtype);
   const size_t param_bytes = model.parameter_bytes(), optim_bytes = model.optimizer_bytes(),
                act_bytes = model.activation_bytes();
@@ -295,7 +292,7 @@ void train(const Run& run, Communicator& comm) {
     std::error_code ec;
     std::filesystem::create_directories(cfg.out_dir, ec);
     if (ec) throw std::runtime_error("--out-dir " + cfg.out_dir + ": cannot create the directory: " + ec.message());
-    const size_t model_file_bytes = kModelHeaderBytes + model.num_parameters() * sizeof(T);
+    const size_t model_file_bytes = kHeaderBytes + model.num_parameters() * sizeof(T);
     with_context("--out-dir", [&] {
       check_output_directory(cfg.out_dir, checkpoint_bytes(model.num_parameters(), sizeof(T),
                                                                model.optimizer_shard_end() - model.optimizer_shard_begin(),
@@ -359,7 +356,7 @@ void train(const Run& run, Communicator& comm) {
     const float grad_norm = model.gradient_norm();
     const std::string skipped = state.guards.check(train_loss, grad_norm);
     if (skipped.empty()) model.apply_update(opt, static_cast<float>(lr), static_cast<int>(step), grad_norm);
-    check_cuda(cudaDeviceSynchronize(), "training step");
+    cuda_check(cudaDeviceSynchronize(), "training step");
     state.step = step;
     state.train_data = train_loader.position();
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();

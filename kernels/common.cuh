@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 #include <utility>
 
 #ifdef SIMT
@@ -92,16 +94,18 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 
 using bf16 = __nv_bfloat16;
 
-// Host-side error check for CUDA runtime calls: file, line and the runtime's message.
-#define CUDA_CHECK(call)                                                                  \
-  do {                                                                                    \
-    cudaError_t cuda_check_err_ = (call);                                                 \
-    if (cuda_check_err_ != cudaSuccess) {                                                 \
-      std::fprintf(stderr, "CUDA error at %s:%d: %s (%s)\n", __FILE__, __LINE__,          \
-                   cudaGetErrorString(cuda_check_err_), #call);                           \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
+// The one check of CUDA runtime results, for kernels' launchers, host code and tests alike: throws
+// std::runtime_error("<what>: <the runtime's message>"). CUDA_CHECK(call) names the call and where
+// it stands. The message is built only on failure: launchers check after every launch.
+[[noreturn]] inline void cuda_fail(cudaError_t err, const char* what) {
+  throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+}
+inline void cuda_check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) cuda_fail(err, what);
+}
+#define CUDA_CHECK_STRINGIFY_(x) #x
+#define CUDA_CHECK_LINE_(x) CUDA_CHECK_STRINGIFY_(x)
+#define CUDA_CHECK(call) cuda_check((call), __FILE__ ":" CUDA_CHECK_LINE_(__LINE__) ": " #call)
 
 template <typename T>
 __host__ __device__ constexpr T ceil_div(T a, T b) { return (a + b - 1) / b; }

@@ -22,7 +22,13 @@ __global__ void gelu_forward_kernel(T* out, const T* inp, size_t n) {
   store128(out + i, y);
 }
 
-// d gelu/dx = 0.5·(1 + tanh(u)) + 0.5·x·(1 - tanh²(u))·sqrt(2/π)·(1 + 3·0.044715·x²).
+// d gelu/dx = 0.5·(1 + tanh(u)) + 0.5·x·(1 - tanh²(u))·sqrt(2/π)·(1 + 3·0.044715·x²): GELU's
+// backward here and the GELU gradient fused into matmul_backward (matmul.cuh).
+__device__ __forceinline__ float gelu_grad(float x) {
+  const float t = tanhf(kGeluScale * (x + kGeluCubic * x * x * x));
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
+}
+
 // dinp and dout may be the same buffer: each thread reads its 16 bytes before writing them.
 template <typename T>
 __global__ void gelu_backward_kernel(T* dinp, const T* inp, const T* dout, size_t n) {
@@ -32,13 +38,7 @@ __global__ void gelu_backward_kernel(T* dinp, const T* inp, const T* dout, size_
   const Vec128<T> x = load128(inp + i);
   const Vec128<T> dy = load128(dout + i);
   Vec128<T> dx;
-  for (int k = 0; k < kVec; ++k) {
-    const float xf = to_float(x[k]);
-    const float t = tanhf(kGeluScale * (xf + kGeluCubic * xf * xf * xf));
-    const float du_dx = kGeluScale * (1.0f + 3.0f * kGeluCubic * xf * xf);
-    const float grad = 0.5f * (1.0f + t) + 0.5f * xf * (1.0f - t * t) * du_dx;
-    dx[k] = from_float<T>(to_float(dy[k]) * grad);
-  }
+  for (int k = 0; k < kVec; ++k) dx[k] = from_float<T>(to_float(dy[k]) * gelu_grad(to_float(x[k])));
   store128(dinp + i, dx);
 }
 

@@ -1,12 +1,11 @@
-// matmul.cuh — the Linear layer (PyTorch nn.Linear, row-major): out = inp @ weight^T + bias,
-// optionally followed by tanh-GELU, and its backward. Products run on cuBLASLt (the CPU build
-// answers the same cublasLt* calls in simt/cublaslt.cpp); the bias gradient, the GELU gradient
-// and a plain reference product are kernels here.
+// matmul.cuh — the Linear layer (PyTorch nn.Linear, row-major): out = inp @ weight^T + bias, and
+// its backward, optionally through the gradient of a tanh-GELU that followed it. Products run on
+// cuBLASLt (the CPU build answers the same cublasLt* calls in simt/cublaslt.cpp); the bias
+// gradient and the GELU gradient are kernels here.
 //
 // Shapes: inp (rows, C), weight (OC, C), bias (OC), out/pre_gelu (rows, OC), C = in_features,
-// OC = out_features. Both must be multiples of 8: cuBLASLt wants the GELU aux leading dimension
-// divisible by 8 and 16-byte aligned rows, and the bias-gradient kernel reads whole 128-bit
-// vectors of a row. The launchers report any other shape and exit.
+// OC = out_features. Both must be multiples of 8: cuBLASLt wants 16-byte aligned rows, and the
+// bias-gradient kernel reads whole 128-bit vectors of a row. The launchers report any other shape and exit.
 //
 // Row-major ↔ cuBLASLt (column-major): a row-major (r × c) matrix is the column-major (c × r)
 // matrix with ld = c, i.e. its transpose. So, with every buffer viewed column-major:
@@ -21,6 +20,7 @@
 // matmul calls on one stream.
 #pragma once
 #include "common.cuh"
+#include "gelu.cuh"
 
 #include <algorithm>
 
@@ -68,15 +68,6 @@ void matmul_destroy() {
 // ---------------------------------------------------------------------------------------
 // Kernels.
 
-// d gelu_tanh(x)/dx, gelu_tanh(x) = 0.5·x·(1 + tanh(u)), u = sqrt(2/π)·(x + 0.044715·x³)
-// (the GELU of cuBLASLt's GELU epilogues and of GPT-2).
-__device__ __forceinline__ float matmul_gelu_grad(float x) {
-  constexpr float kScale = 0.7978845608028654f;  // sqrt(2/π)
-  constexpr float kCubic = 0.044715f;
-  const float t = tanhf(kScale * (x + kCubic * x * x * x));
-  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kScale * (1.0f + 3.0f * kCubic * x * x);
-}
-
 // Bias-gradient block: x picks a 16-byte column group, y interleaves rows.
 constexpr int kBiasBlockX = 32;
 constexpr int kBiasBlockY = 8;
@@ -105,7 +96,7 @@ __global__ void matmul_backward_bias_partial_kernel(float* partials, T* dpre, co
       Vec128<T> g = load128(dout + offset);
       if (pre_gelu != nullptr) {
         const Vec128<T> x = load128(pre_gelu + offset);
-        for (int i = 0; i < kVec; ++i) g[i] = from_float<T>(to_float(g[i]) * matmul_gelu_grad(to_float(x[i])));
+        for (int i = 0; i < kVec; ++i) g[i] = from_float<T>(to_float(g[i]) * gelu_grad(to_float(x[i])));
         store128(dpre + offset, g);
       }
       for (int i = 0; i < kVec; ++i) sum[i] += to_float(g[i]);
@@ -133,22 +124,17 @@ __global__ void matmul_backward_bias_reduce_kernel(T* dbias, const float* partia
   dbias[col] = from_float<T>(to_float(dbias[col]) + s);
 }
 
-// Plain product for tests and for checking cuBLASLt on a GPU: one thread per output element,
-// out[r, o] = Σ_c inp[r, c]·weight[o, c] (fp32, c ascending) + bias[o], rounded once to T.
-template <typename T>
-__global__ void matmul_reference_forward_kernel(T* out, const T* inp, const T* weight, const T* bias, int rows,
-                                                int C, int OC) {
-  const size_t idx = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= static_cast<size_t>(rows) * OC) return;
-  const size_t r = idx / OC, o = idx % OC;
-  float acc = 0.0f;
-  for (int c = 0; c < C; ++c) acc += to_float(inp[r * C + c]) * to_float(weight[o * C + c]);
-  if (bias != nullptr) acc += to_float(bias[o]);
-  out[idx] = from_float<T>(acc);
-}
-
 // ---------------------------------------------------------------------------------------
 // Host side.
+
+// T in a parameter that must not take part in deducing T, so callers may pass a plain nullptr
+// for an optional pointer.
+template <typename T>
+struct NonDeducedType {
+  using type = T;
+};
+template <typename T>
+using NonDeduced = typename NonDeducedType<T>::type;
 
 template <typename T> constexpr cudaDataType_t matmul_data_type();
 template <> constexpr cudaDataType_t matmul_data_type<float>() { return CUDA_R_32F; }
@@ -177,11 +163,9 @@ uint32_t matmul_pointer_alignment(const void* p) {
 
 // One cuBLASLt product, column-major, every matrix packed (ld = its stored row count):
 //   D (m × n) = op(A) · op(B) + beta·D,  op(A) (m × k), op(B) (k × n),
-// then the epilogue: + bias (length m) if bias != nullptr; if gelu_aux != nullptr, the result
-// so far is stored to gelu_aux (m × n, ld m) and D = gelu_tanh(it).
+// then + bias (length m, cuBLASLt's BIAS epilogue) if bias != nullptr.
 template <typename T>
-void matmul_cublaslt(T* d, const T* a, bool transpose_a, const T* b, bool transpose_b, const T* bias, T* gelu_aux,
-                     int m, int n, int k, float beta, cudaStream_t stream) {
+void matmul_cublaslt(T* d, const T* a, bool transpose_a, const T* b, bool transpose_b, const T* bias, int m, int n, int k, float beta, cudaStream_t stream) {
   constexpr cudaDataType_t type = matmul_data_type<T>();
   cublasLtMatmulDesc_t desc;
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -189,16 +173,7 @@ void matmul_cublaslt(T* d, const T* a, bool transpose_a, const T* b, bool transp
   const int32_t op_b = transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
-  uint32_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-  if (gelu_aux != nullptr) {
-    epilogue = bias != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
-    const int64_t aux_ld = m;
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &gelu_aux,
-                                                sizeof(gelu_aux)));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
-  } else if (bias != nullptr) {
-    epilogue = CUBLASLT_EPILOGUE_BIAS;
-  }
+  const uint32_t epilogue = bias != nullptr ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
   if (bias != nullptr)
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
@@ -232,8 +207,8 @@ void matmul_cublaslt(T* d, const T* a, bool transpose_a, const T* b, bool transp
   CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(matmul_context.handle, desc, layout_a, layout_b, layout_d, layout_d,
                                               preference, 1, &heuristic, &found));
   if (found == 0) {
-    std::fprintf(stderr, "cuBLASLt has no algorithm for m=%d n=%d k=%d (transA=%d transB=%d, bias=%d, gelu=%d)\n", m,
-                 n, k, transpose_a, transpose_b, bias != nullptr, gelu_aux != nullptr);
+    std::fprintf(stderr, "cuBLASLt has no algorithm for m=%d n=%d k=%d (transA=%d transB=%d, bias=%d)\n", m, n, k,
+                 transpose_a, transpose_b, bias != nullptr);
     std::exit(1);
   }
   const float alpha = 1.0f;
@@ -247,14 +222,13 @@ void matmul_cublaslt(T* d, const T* a, bool transpose_a, const T* b, bool transp
   CUBLAS_CHECK(cublasLtMatmulDescDestroy(desc));
 }
 
-// out (rows × OC) = inp (rows × C) @ weight (OC × C)^T + bias (OC; nullptr: none).
-// pre_gelu != nullptr: pre_gelu = inp @ weight^T + bias and out = gelu_tanh(pre_gelu), both from
-// the fp32 result (cuBLASLt GELU_AUX[_BIAS] epilogue). Written, not accumulated.
+// out (rows × OC) = inp (rows × C) @ weight (OC × C)^T + bias (OC; nullptr: none). Written, not
+// accumulated. (GELU runs as its own kernel after it: see gelu.cuh.)
 template <typename T>
-void matmul_forward(T* out, T* pre_gelu, const T* inp, const T* weight, const T* bias, int rows, int in_features,
+void matmul_forward(T* out, const T* inp, const T* weight, const NonDeduced<T>* bias, int rows, int in_features,
                     int out_features, cudaStream_t stream) {
   matmul_check_shape("matmul_forward", rows, in_features, out_features);
-  matmul_cublaslt(out, weight, true, inp, false, bias, pre_gelu, out_features, rows, in_features, 0.0f, stream);
+  matmul_cublaslt(out, weight, true, inp, false, bias, out_features, rows, in_features, 0.0f, stream);
 }
 
 // Backward of matmul_forward. With g = dout (rows × OC), or g = dout ⊙ gelu'(pre_gelu) when the
@@ -267,8 +241,8 @@ void matmul_forward(T* out, T* pre_gelu, const T* inp, const T* weight, const T*
 // g and the bias sums come from one kernel (GELU gradient in fp32, rounded to T; fixed-order
 // fp32 column sums in chunks of rows, then the chunks in order), so the result is deterministic.
 template <typename T>
-void matmul_backward(T* dinp, T* dweight, T* dbias, T* dpre_gelu, const T* dout, const T* inp, const T* weight,
-                     const T* pre_gelu, int rows, int in_features, int out_features, cudaStream_t stream) {
+void matmul_backward(T* dinp, T* dweight, NonDeduced<T>* dbias, NonDeduced<T>* dpre_gelu, const T* dout, const T* inp,
+                     const T* weight, const NonDeduced<T>* pre_gelu, int rows, int in_features, int out_features, cudaStream_t stream) {
   const int C = in_features, OC = out_features;
   matmul_check_shape("matmul_backward", rows, C, OC);
   if ((pre_gelu == nullptr) != (dpre_gelu == nullptr)) {
@@ -298,18 +272,6 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, T* dpre_gelu, const T* dout,
     }
   }
   const T* g = pre_gelu != nullptr ? dpre_gelu : dout;
-  matmul_cublaslt<T>(dinp, weight, false, g, false, nullptr, nullptr, C, rows, OC, 0.0f, stream);
-  matmul_cublaslt<T>(dweight, inp, false, g, true, nullptr, nullptr, C, OC, rows, 1.0f, stream);
-}
-
-// The plain kernel's version of matmul_forward without GELU (see matmul_reference_forward_kernel).
-template <typename T>
-void matmul_reference_forward(T* out, const T* inp, const T* weight, const T* bias, int rows, int in_features,
-                              int out_features, cudaStream_t stream) {
-  const size_t total = static_cast<size_t>(rows) * out_features;
-  if (total == 0) return;
-  constexpr int kBlock = 256;
-  launch(matmul_reference_forward_kernel<T>, dim3(static_cast<unsigned>(ceil_div(total, static_cast<size_t>(kBlock)))),
-         dim3(kBlock), 0, stream, out, inp, weight, bias, rows, in_features, out_features);
-  CUDA_CHECK(cudaGetLastError());
+  matmul_cublaslt<T>(dinp, weight, false, g, false, nullptr, C, rows, OC, 0.0f, stream);
+  matmul_cublaslt<T>(dweight, inp, false, g, true, nullptr, C, OC, rows, 1.0f, stream);
 }

@@ -14,8 +14,11 @@
 // Errors throw std::runtime_error with one line naming the file and what went wrong.
 #pragma once
 #include "../kernels/common.cuh"
+#include "checkpoint_dirs.h"
 #include "dataloader.h"
+#include "durable_file.h"
 #include "gpt2.h"
+#include "model_file.h"
 #include "step_guards.h"
 
 #include <dirent.h>
@@ -42,158 +45,6 @@
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "checkpoint files are little-endian");
 
-namespace checkpoint_detail {
-
-inline std::runtime_error file_error(const std::string& path, const std::string& what, int err) {
-  return std::runtime_error(path + ": " + what + ": " + std::strerror(err));
-}
-
-// CRC-32C (Castagnoli polynomial, reflected 0x82F63B78), eight table lookups per 8 bytes.
-inline const std::array<std::array<uint32_t, 256>, 8>& crc32c_tables() {
-  static const std::array<std::array<uint32_t, 256>, 8> tables = [] {
-    std::array<std::array<uint32_t, 256>, 8> t{};
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int bit = 0; bit < 8; ++bit) c = (c >> 1) ^ ((c & 1u) ? 0x82F63B78u : 0u);
-      t[0][i] = c;
-    }
-    // t[s][i]: the CRC of byte i followed by s zero bytes.
-    for (int s = 1; s < 8; ++s)
-      for (uint32_t i = 0; i < 256; ++i) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xFFu];
-    return t;
-  }();
-  return tables;
-}
-
-}  // namespace checkpoint_detail
-
-class Crc32c {
- public:
-  void update(const void* data, size_t bytes) {
-    const auto& t = checkpoint_detail::crc32c_tables();
-    const unsigned char* p = static_cast<const unsigned char*>(data);
-    uint32_t c = state_;
-    for (; bytes >= 8; bytes -= 8, p += 8) {
-      uint64_t word;
-      std::memcpy(&word, p, 8);
-      word ^= c;
-      c = t[7][word & 0xFF] ^ t[6][(word >> 8) & 0xFF] ^ t[5][(word >> 16) & 0xFF] ^ t[4][(word >> 24) & 0xFF] ^
-          t[3][(word >> 32) & 0xFF] ^ t[2][(word >> 40) & 0xFF] ^ t[1][(word >> 48) & 0xFF] ^ t[0][word >> 56];
-    }
-    for (; bytes > 0; --bytes, ++p) c = (c >> 8) ^ t[0][(c ^ *p) & 0xFFu];
-    state_ = c;
-  }
-  uint32_t value() const { return ~state_; }
-
- private:
-  uint32_t state_ = 0xFFFFFFFFu;
-};
-
-inline std::string crc_hex(uint32_t crc) {
-  char buf[9];
-  std::snprintf(buf, sizeof buf, "%08x", crc);
-  return buf;
-}
-
-// fsync of a directory makes the creation, rename or removal of its entries durable.
-inline void fsync_directory(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) throw checkpoint_detail::file_error(dir, "cannot open the directory to sync it", errno);
-  const int status = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (status != 0) throw checkpoint_detail::file_error(dir, "cannot sync the directory", err);
-}
-
-inline std::string parent_directory(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
-
-// A file that appears complete or not at all. Bytes go to PATH.tmp (same directory, so the
-// rename cannot cross file systems); commit() syncs it, renames it to PATH and syncs the
-// directory. Destroyed without commit() (an error, an exception): the temp file is removed and
-// PATH is untouched.
-class AtomicFileWriter {
- public:
-  explicit AtomicFileWriter(std::string path) : path_(std::move(path)), temp_(path_ + ".tmp") {
-    fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) throw checkpoint_detail::file_error(temp_, "cannot create", errno);
-  }
-  AtomicFileWriter(const AtomicFileWriter&) = delete;
-  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
-  ~AtomicFileWriter() {
-    if (fd_ >= 0) {
-      ::close(fd_);
-      ::unlink(temp_.c_str());
-    }
-  }
-
-  void write(const void* data, size_t bytes) {
-    crc_.update(data, bytes);
-    const char* p = static_cast<const char*>(data);
-    while (bytes > 0) {
-      const ssize_t n = ::write(fd_, p, bytes);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) throw checkpoint_detail::file_error(temp_, "write failed", n < 0 ? errno : ENOSPC);
-      p += n;
-      bytes -= static_cast<size_t>(n);
-      size_ += static_cast<uint64_t>(n);
-    }
-  }
-
-  void commit() {
-    if (::fsync(fd_) != 0) throw checkpoint_detail::file_error(temp_, "fsync failed", errno);
-    const int status = ::close(fd_);
-    fd_ = -1;
-    if (status != 0) {
-      const int err = errno;
-      ::unlink(temp_.c_str());
-      throw checkpoint_detail::file_error(temp_, "close failed", err);
-    }
-    if (std::rename(temp_.c_str(), path_.c_str()) != 0) {
-      const int err = errno;
-      ::unlink(temp_.c_str());
-      throw checkpoint_detail::file_error(path_, "cannot rename " + temp_ + " into place", err);
-    }
-    fsync_directory(parent_directory(path_));
-  }
-
-  uint64_t size() const { return size_; }
-  uint32_t crc32c() const { return crc_.value(); }
-
- private:
-  std::string path_, temp_;
-  int fd_ = -1;
-  uint64_t size_ = 0;
-  Crc32c crc_;
-};
-
-// Size and CRC-32C of a whole file; false if it cannot be read.
-inline bool file_size_and_crc(const std::string& path, uint64_t* size, uint32_t* crc) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  std::vector<char> buffer(1 << 20);
-  Crc32c c;
-  uint64_t total = 0;
-  for (;;) {
-    const ssize_t n = ::read(fd, buffer.data(), buffer.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      ::close(fd);
-      return false;
-    }
-    if (n == 0) break;
-    c.update(buffer.data(), static_cast<size_t>(n));
-    total += static_cast<uint64_t>(n);
-  }
-  ::close(fd);
-  *size = total;
-  *crc = c.value();
-  return true;
-}
-
 // ---------------------------------------------------------------------------------------
 // Training state: everything besides the parameters that a resumed run needs.
 
@@ -206,11 +57,6 @@ struct TrainingState {
 
 constexpr uint32_t kStateVersion = 1;
 constexpr char kStateMagic[8] = {'T', 'G', 'P', 'T', 'S', 'T', 'A', 'T'};
-constexpr char kManifestFormat[] = "train_gpt checkpoint";
-constexpr int kManifestVersion = 1;
-constexpr char kManifestName[] = "manifest.json";
-constexpr char kModelFileName[] = "model.bin";
-constexpr char kCheckpointPrefix[] = "checkpoint_";
 
 // Fixed-size header of a state file (docs/CHECKPOINTS.md lists every field with its offset).
 struct StateHeader {
@@ -231,12 +77,6 @@ static_assert(std::is_trivially_copyable<StateHeader>::value, "StateHeader is wr
 static_assert(sizeof(LoaderPosition) == 56, "docs/CHECKPOINTS.md documents a 56-byte LoaderPosition");
 static_assert(sizeof(StateHeader) == 168, "docs/CHECKPOINTS.md documents a 168-byte state header");
 
-inline std::string checkpoint_dir_name(long long step) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%s%08lld", kCheckpointPrefix, step);
-  return buf;
-}
-
 inline std::string state_file_name(int rank) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "state_r%05d.bin", rank);
@@ -247,117 +87,17 @@ inline std::string state_file_name(int rank) {
 // shard_count parameters each + manifest).
 inline uint64_t checkpoint_bytes(size_t num_parameters, size_t param_element_bytes, size_t shard_count,
                                  size_t world_size) {
-  return kModelHeaderBytes + num_parameters * param_element_bytes +
+  return kHeaderBytes + num_parameters * param_element_bytes +
          world_size * (sizeof(StateHeader) + 3 * shard_count * 4 + 2 * ZScoreWindow::kCapacity * 8) + 64 * 1024;
 }
 
 // ---------------------------------------------------------------------------------------
-// Finding checkpoints.
-
-struct CheckpointDir {
-  long long step;
-  std::string path;
-};
-
-// Every OUT/checkpoint_<digits> directory, complete or not, newest (highest step) first.
-inline std::vector<CheckpointDir> list_checkpoint_dirs(const std::string& out_dir) {
-  std::vector<CheckpointDir> found;
-  DIR* dir = ::opendir(out_dir.c_str());
-  if (dir == nullptr) return found;
-  const size_t prefix = std::strlen(kCheckpointPrefix);
-  while (const dirent* entry = ::readdir(dir)) {
-    const std::string name = entry->d_name;
-    if (name.size() <= prefix || name.compare(0, prefix, kCheckpointPrefix) != 0) continue;
-    const std::string digits = name.substr(prefix);
-    if (digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
-    const std::string path = out_dir + "/" + name;
-    struct stat st {};
-    if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
-    found.push_back({std::stoll(digits), path});
-  }
-  ::closedir(dir);
-  std::sort(found.begin(), found.end(), [](const CheckpointDir& a, const CheckpointDir& b) { return a.step > b.step; });
-  return found;
-}
-
-struct Checkpoint {
-  std::string path;  // the checkpoint directory
-  long long step = 0;
-  nlohmann::json manifest;
-};
-
-// Reads DIR's manifest and checks every file it lists against its size and CRC-32C (with
-// check_files false: only that the manifest is valid, for ranks other than the one that verified
-// the files). Returns the checkpoint, or nothing with *problem saying why DIR is not a complete
-// checkpoint.
-inline std::optional<Checkpoint> verify_checkpoint(const std::string& dir, std::string* problem,
-                                                   bool check_files = true) {
-  struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    *problem = "no such directory";
-    return std::nullopt;
-  }
-  const std::string manifest_path = dir + "/" + kManifestName;
-  std::ifstream in(manifest_path);
-  if (!in) {
-    *problem = "no " + std::string(kManifestName) + " (incomplete: the run stopped while writing it)";
-    return std::nullopt;
-  }
-  Checkpoint c;
-  c.path = dir;
-  try {
-    c.manifest = nlohmann::json::parse(in);
-    if (c.manifest.value("format", "") != kManifestFormat)
-      throw std::runtime_error("\"format\" is not \"" + std::string(kManifestFormat) + "\"");
-    if (c.manifest.at("version").get<int>() != kManifestVersion)
-      throw std::runtime_error("version " + c.manifest.at("version").dump() + ", expected " +
-                               std::to_string(kManifestVersion));
-    c.step = c.manifest.at("step").get<long long>();
-    const nlohmann::json& files = c.manifest.at("files");
-    if (!files.is_array() || files.empty()) throw std::runtime_error("\"files\" is not a non-empty list");
-    for (const nlohmann::json& f : files) {
-      const std::string name = f.at("name").get<std::string>();
-      if (name.empty() || name.find('/') != std::string::npos) throw std::runtime_error("bad file name " + name);
-      const uint64_t expected_size = f.at("bytes").get<uint64_t>();
-      const std::string expected_crc = f.at("crc32c").get<std::string>();
-      if (!check_files) continue;
-      uint64_t size = 0;
-      uint32_t crc = 0;
-      if (!file_size_and_crc(dir + "/" + name, &size, &crc)) {
-        *problem = name + " is missing or unreadable";
-        return std::nullopt;
-      }
-      if (size != expected_size) {
-        *problem = name + " has " + std::to_string(size) + " bytes, the manifest says " +
-                   std::to_string(expected_size) + " (truncated or overwritten)";
-        return std::nullopt;
-      }
-      if (crc_hex(crc) != expected_crc) {
-        *problem = name + " has CRC-32C " + crc_hex(crc) + ", the manifest says " + expected_crc + " (corrupt)";
-        return std::nullopt;
-      }
-    }
-  } catch (const std::exception& e) {
-    *problem = std::string(kManifestName) + " is not a valid manifest (" + e.what() + ")";
-    return std::nullopt;
-  }
-  return c;
-}
-
-// --resume auto: the newest complete checkpoint in out_dir. Every newer directory that is not a
-// complete checkpoint is reported through `skipped` ("DIR: why") and passed over.
-inline std::optional<Checkpoint> find_latest_checkpoint(const std::string& out_dir, std::vector<std::string>* skipped) {
-  for (const CheckpointDir& d : list_checkpoint_dirs(out_dir)) {
-    std::string problem;
-    std::optional<Checkpoint> c = verify_checkpoint(d.path, &problem);
-    if (c) return c;
-    skipped->push_back(d.path + ": " + problem);
-  }
-  return std::nullopt;
-}
-
-// ---------------------------------------------------------------------------------------
 // Writing and reading.
+
+struct CheckpointWriteInfo {
+  int rank = 0, world_size = 1, zero_stage = 0;
+  nlohmann::json config;  // the run's flags, recorded in the manifest
+};
 
 namespace checkpoint_detail {
 
@@ -367,8 +107,8 @@ inline void write_device_floats(AtomicFileWriter& out, const float* device, size
   std::vector<float> host(std::min(count, kChunkElements));
   for (size_t done = 0; done < count;) {
     const size_t n = std::min(host.size(), count - done);
-    gpt2_cuda_check(cudaMemcpy(host.data(), device + done, n * sizeof(float), cudaMemcpyDeviceToHost),
-                    "copying training state to the host");
+    cuda_check(cudaMemcpy(host.data(), device + done, n * sizeof(float), cudaMemcpyDeviceToHost),
+               "copying training state to the host");
     out.write(host.data(), n * sizeof(float));
     done += n;
   }
@@ -384,8 +124,8 @@ void read_to_device(std::FILE* f, U* device, size_t count, const std::string& pa
   for (size_t done = 0; done < count;) {
     const size_t n = std::min(host.size(), count - done);
     read_exact(f, host.data(), n * sizeof(U), path, what);
-    gpt2_cuda_check(cudaMemcpy(device + done, host.data(), n * sizeof(U), cudaMemcpyHostToDevice),
-                    std::string("uploading ") + what);
+    cuda_check(cudaMemcpy(device + done, host.data(), n * sizeof(U), cudaMemcpyHostToDevice),
+               (std::string("uploading ") + what).c_str());
     done += n;
   }
 }
@@ -394,32 +134,6 @@ inline void write_window(AtomicFileWriter& out, const ZScoreWindow& window) {
   const std::vector<double> values = window.values();
   out.write(values.data(), values.size() * sizeof(double));
 }
-
-// Removes a checkpoint directory: the manifest first, so a removal cut short leaves an
-// incomplete directory rather than a "complete" one with missing files.
-inline void remove_checkpoint_dir(const std::string& dir) {
-  const std::string manifest = dir + "/" + kManifestName;
-  if (::unlink(manifest.c_str()) == 0) fsync_directory(dir);
-  if (DIR* d = ::opendir(dir.c_str())) {
-    std::vector<std::string> names;
-    while (const dirent* entry = ::readdir(d)) {
-      const std::string name = entry->d_name;
-      if (name != "." && name != "..") names.push_back(name);
-    }
-    ::closedir(d);
-    for (const std::string& name : names) ::unlink((dir + "/" + name).c_str());
-  }
-  ::rmdir(dir.c_str());
-}
-
-}  // namespace checkpoint_detail
-
-struct CheckpointWriteInfo {
-  int rank = 0, world_size = 1, zero_stage = 0;
-  nlohmann::json config;  // the run's flags, recorded in the manifest
-};
-
-namespace checkpoint_detail {
 
 // Every rank learns whether all ranks succeeded (a collective: every rank must call it). Without
 // a communicator: `ok` itself.
@@ -462,7 +176,7 @@ std::string write_checkpoint(const std::string& out_dir, const GPT2<T>& model, c
   // After a failure anywhere: the directory goes, every rank throws.
   auto agree = [&]() {
     if (checkpoint_detail::all_ranks_ok(comm, error.empty())) return;
-    if (lead) checkpoint_detail::remove_checkpoint_dir(dir);
+    if (lead) remove_checkpoint_dir(dir);
     throw std::runtime_error("writing checkpoint " + dir + ": " + (error.empty() ? "another rank failed" : error));
   };
 
@@ -472,7 +186,7 @@ std::string write_checkpoint(const std::string& out_dir, const GPT2<T>& model, c
       const std::string manifest = dir + "/" + kManifestName;
       if (::unlink(manifest.c_str()) == 0) fsync_directory(dir);
     } else {
-      if (::mkdir(dir.c_str(), 0755) != 0) throw checkpoint_detail::file_error(dir, "cannot create", errno);
+      if (::mkdir(dir.c_str(), 0755) != 0) throw file_error(dir, "cannot create", errno);
       fsync_directory(out_dir);
     }
   });
@@ -485,9 +199,8 @@ std::string write_checkpoint(const std::string& out_dir, const GPT2<T>& model, c
   if (lead) attempt([&] {
     const std::string model_path = dir + "/" + kModelFileName;
     model.save(model_path);
-    fsync_directory(dir);
     if (!file_size_and_crc(model_path, &model_size, &model_crc))
-      throw checkpoint_detail::file_error(model_path, "cannot read back", errno);
+      throw file_error(model_path, "cannot read back", errno);
   });
   attempt([&] {
     StateHeader h{};
@@ -497,7 +210,7 @@ std::string write_checkpoint(const std::string& out_dir, const GPT2<T>& model, c
     h.rank = static_cast<uint32_t>(info.rank);
     h.world_size = static_cast<uint32_t>(info.world_size);
     h.zero_stage = static_cast<uint32_t>(info.zero_stage);
-    h.dtype = GPT2<T>::dtype == DType::bf16 ? 1u : 0u;
+    h.dtype = static_cast<uint32_t>(GPT2<T>::dtype);
     h.step = static_cast<uint64_t>(state.step);
     h.num_parameters = P;
     h.shard_offset = shard_begin;
@@ -545,7 +258,7 @@ std::string write_checkpoint(const std::string& out_dir, const GPT2<T>& model, c
         {"step", state.step},
         {"world_size", info.world_size},
         {"zero_stage", info.zero_stage},
-        {"dtype", GPT2<T>::dtype == DType::bf16 ? "bf16" : "fp32"},
+        {"dtype", dtype_name(GPT2<T>::dtype)},
         {"num_parameters", P},
         {"model",
          {{"max_seq_len", mc.max_seq_len},
@@ -575,7 +288,7 @@ void load_checkpoint(const Checkpoint& c, GPT2<T>& model, TrainingState* state, 
   model.load(c.path + "/" + kModelFileName);
   const std::string path = c.path + "/" + state_file_name(rank);
   std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) throw checkpoint_detail::file_error(path, "cannot open", errno);
+  if (f == nullptr) throw file_error(path, "cannot open", errno);
   try {
     StateHeader h{};
     checkpoint_detail::read_exact(f, &h, sizeof h, path, "the header");
@@ -590,10 +303,9 @@ void load_checkpoint(const Checkpoint& c, GPT2<T>& model, TrainingState* state, 
                      " rank(s) and ZeRO stage " + std::to_string(zero_stage) +
                      " (resume with the same number of ranks and ZeRO stage)");
     if (h.rank != static_cast<uint32_t>(rank)) throw mismatch("belongs to rank " + std::to_string(h.rank));
-    const uint32_t dtype = GPT2<T>::dtype == DType::bf16 ? 1u : 0u;
-    if (h.dtype != dtype)
-      throw mismatch(std::string("written by a --dtype ") + (h.dtype == 1 ? "bf16" : "fp32") + " run, this run is " +
-                     (dtype == 1 ? "bf16" : "fp32"));
+    if (h.dtype != static_cast<uint32_t>(GPT2<T>::dtype))
+      throw mismatch(std::string("written by a --dtype ") + dtype_name(static_cast<DType>(h.dtype)) +
+                     " run, this run is " + dtype_name(GPT2<T>::dtype));
     const size_t shard_begin = model.optimizer_shard_begin(), shard_end = model.optimizer_shard_end();
     if (h.num_parameters != model.num_parameters() || h.shard_offset != shard_begin ||
         h.shard_count != shard_end - shard_begin)
@@ -632,67 +344,4 @@ void load_checkpoint(const Checkpoint& c, GPT2<T>& model, TrainingState* state, 
     throw;
   }
   std::fclose(f);
-}
-
-// Deletes the checkpoints at or before `current_step` that are neither among the newest
-// keep_last (0 = keep all) nor at a multiple of keep_every (0 = none kept for good). Later
-// directories (an abandoned timeline a resumed run will overwrite) are left alone. Returns the
-// deleted directories.
-inline std::vector<std::string> prune_checkpoints(const std::string& out_dir, long long current_step,
-                                                  long long keep_last, long long keep_every) {
-  std::vector<std::string> removed;
-  if (keep_last == 0) return removed;
-  long long kept = 0;
-  for (const CheckpointDir& d : list_checkpoint_dirs(out_dir)) {
-    if (d.step > current_step) continue;
-    if (kept < keep_last) {
-      ++kept;
-      continue;
-    }
-    if (keep_every > 0 && d.step % keep_every == 0) continue;
-    checkpoint_detail::remove_checkpoint_dir(d.path);
-    removed.push_back(d.path);
-  }
-  return removed;
-}
-
-// Before training: the output directory takes a file (created, synced, removed) and its file
-// system has room for one more checkpoint plus the final model file.
-inline void check_output_directory(const std::string& out_dir, uint64_t bytes_needed) {
-  {
-    AtomicFileWriter probe(out_dir + "/.write_test");
-    probe.write("ok\n", 3);
-    probe.commit();
-  }
-  ::unlink((out_dir + "/.write_test").c_str());
-  struct statvfs fs {};
-  if (::statvfs(out_dir.c_str(), &fs) != 0) throw checkpoint_detail::file_error(out_dir, "statvfs failed", errno);
-  const uint64_t available = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
-  if (available < bytes_needed) {
-    char buf[256];
-    std::snprintf(buf, sizeof buf, "%.1f MiB free, a checkpoint and the final model file need %.1f MiB",
-                  available / 1048576.0, bytes_needed / 1048576.0);
-    throw std::runtime_error(out_dir + ": " + buf + " (free space or choose another --out-dir)");
-  }
-}
-
-// On resume: metrics.jsonl keeps the records of steps up to `step` (later ones belong to steps
-// that will run again; a torn last line of a killed run is dropped). Rewritten atomically.
-inline void keep_metrics_through_step(const std::string& path, long long step) {
-  std::ifstream in(path);
-  std::string kept, line;
-  while (std::getline(in, line)) {
-    nlohmann::json record;
-    try {
-      record = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error&) {
-      continue;
-    }
-    if (record.is_object() && record.contains("step") && record["step"].is_number_integer() &&
-        record["step"].get<long long>() <= step)
-      kept += line + "\n";
-  }
-  AtomicFileWriter out(path);
-  out.write(kept.data(), kept.size());
-  out.commit();
 }

@@ -1,4 +1,4 @@
-// dataloader.h — token shards (FORMATS.md "Token shard") → (inputs, targets) micro-batches.
+// dataloader.h — token shards (docs/FORMATS.md, "Token shard") → (inputs, targets) micro-batches.
 //
 // Files: every path matching a glob pattern, sorted bytewise so all ranks agree on the
 // order. Each header and file size is validated at construction, so a corrupt or too-small
@@ -7,7 +7,7 @@
 // Order. G = R·B·T tokens form one global batch. A shard of N tokens holds (N-1)/G sample
 // slots; slot j covers tokens [j·G, j·G + G + 1) and rank r reads its B·T + 1 tokens at
 // j·G + r·B·T (inputs = the first B·T, targets = the last B·T). Without shuffling, step k
-// reads slot k of the current shard — exactly the FORMATS.md rule — then the next shard,
+// reads slot k of the current shard — exactly the docs/FORMATS.md rule — then the next shard,
 // wrapping to the first (epoch + 1). With shuffling, each epoch visits the shards in a
 // seeded permutation and each shard's slots in a seeded permutation; every rank derives the
 // same permutations from the seed, so the ranks stay disjoint and together read exactly the
@@ -20,6 +20,9 @@
 // Validation: construct a second loader with shuffle = false and call reset() before each
 // evaluation; it then yields the first batches of the validation shards in order.
 #pragma once
+#include "file_formats.h"
+#include "rng.h"
+
 #include <fcntl.h>
 #include <glob.h>
 #include <sys/stat.h>
@@ -54,30 +57,6 @@ struct LoaderPosition {
 static_assert(std::is_trivially_copyable<LoaderPosition>::value, "LoaderPosition is saved as raw bytes");
 
 namespace dataloader_detail {
-
-constexpr int32_t kShardMagic = 20240520;
-constexpr int32_t kShardVersion = 1;
-constexpr size_t kHeaderInts = 256;
-constexpr size_t kHeaderBytes = kHeaderInts * sizeof(int32_t);
-
-// SplitMix64: a counter-based generator whose every output is a fixed function of the seed,
-// identical on every platform (unlike std::shuffle / std::uniform_int_distribution).
-struct SplitMix64 {
-  uint64_t state;
-  uint64_t next() {
-    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [0, n), unbiased: rejects the lowest 2^64 mod n values.
-  uint64_t below(uint64_t n) {
-    const uint64_t threshold = (0 - n) % n;
-    uint64_t r = next();
-    while (r < threshold) r = next();
-    return r % n;
-  }
-};
 
 // Seed of the stream for one (purpose, seed, epoch, shard) tuple; chaining through the
 // generator keeps nearby tuples uncorrelated.
@@ -364,7 +343,7 @@ class DataLoader {
     size_t done = 0;
     while (done < bytes) {
       const ssize_t got = ::pread(open_fd_, dst + done, bytes - done,
-                                  static_cast<off_t>(dataloader_detail::kHeaderBytes + 2 * r.offset + done));
+                                  static_cast<off_t>(kHeaderBytes + 2 * r.offset + done));
       if (got < 0 && errno == EINTR) continue;
       if (got <= 0)
         throw dataloader_detail::file_error(

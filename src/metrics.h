@@ -6,12 +6,15 @@
 // Both are flushed line by line so a crash or a `tail -f` sees every finished step.
 // Non-finite values are written as JSON null (JSON has no NaN).
 #pragma once
+#include "durable_file.h"
+
 #include <nlohmann/json.hpp>
 
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <stdexcept>
 #include <string>
 
@@ -99,3 +102,24 @@ class MetricsLog {
   std::string path_;
   std::FILE* file_;
 };
+
+// On resume: metrics.jsonl keeps the records of steps up to `step` (later ones belong to steps
+// that will run again; a torn last line of a killed run is dropped). Rewritten atomically.
+inline void keep_metrics_through_step(const std::string& path, long long step) {
+  std::ifstream in(path);
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    nlohmann::json record;
+    try {
+      record = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::parse_error&) {
+      continue;
+    }
+    if (record.is_object() && record.contains("step") && record["step"].is_number_integer() &&
+        record["step"].get<long long>() <= step)
+      kept += line + "\n";
+  }
+  AtomicFileWriter out(path);
+  out.write(kept.data(), kept.size());
+  out.commit();
+}

@@ -4,6 +4,7 @@
 // The end-to-end behaviour (exact resume, signals, failed writes) is test/checks/checkpoint_*.sh.
 #include "test_util.h"
 #include "../src/checkpoint.h"
+#include "../src/metrics.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

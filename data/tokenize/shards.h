@@ -1,16 +1,13 @@
-// shards.h — llm.c-compatible token shards and tokenizer file (layouts in FORMATS.md).
+// shards.h — llm.c-compatible token shards and tokenizer file (layouts in docs/FORMATS.md).
 // Every function throws std::runtime_error with a one-line message naming the file.
 #pragma once
+#include "../../src/file_formats.h"
+
 #include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
 
-constexpr int32_t kShardMagic = 20240520;
-constexpr int32_t kShardVersion = 1;
-constexpr int32_t kTokenizerMagic = 20240328;
-constexpr int32_t kTokenizerVersion = 2;
-constexpr size_t kHeaderInts = 256;
 constexpr int64_t kMaxShardTokens = 2147483647;  // header[2] is an int32
 
 // Writes a token stream as DIR/PREFIX_val_%06d.bin (the first val_tokens tokens) then

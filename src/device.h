@@ -1,0 +1,65 @@
+// device.h — host-side helpers for device memory: the RAII device allocation every host file
+// uses, and conversions between the storage types and float on the host. (The one CUDA error
+// check, cuda_check / CUDA_CHECK, lives in kernels/common.cuh, which kernels share.)
+#pragma once
+#include "../kernels/common.cuh"
+
+#include <string>
+#include <utility>
+
+// A device allocation that frees itself. `what` names the buffer in the out-of-memory error.
+template <typename Elem>
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  DeviceArray(size_t count, const char* what) : count_(count) {
+    if (count == 0) return;
+    const cudaError_t err = cudaMalloc(reinterpret_cast<void**>(&ptr_), bytes());
+    if (err != cudaSuccess) {
+      throw std::runtime_error(std::string("allocating ") + what + " (" + std::to_string(bytes() >> 20) +
+                               " MiB of device memory): " + cudaGetErrorString(err));
+    }
+  }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  DeviceArray(DeviceArray&& o) noexcept : ptr_(o.ptr_), count_(o.count_) {
+    o.ptr_ = nullptr;
+    o.count_ = 0;
+  }
+  DeviceArray& operator=(DeviceArray&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(count_, o.count_);
+    return *this;
+  }
+  ~DeviceArray() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+  }
+  Elem* get() const { return ptr_; }
+  size_t count() const { return count_; }
+  size_t bytes() const { return count_ * sizeof(Elem); }
+
+ private:
+  Elem* ptr_ = nullptr;
+  size_t count_ = 0;
+};
+
+// Host conversions between storage types and float (common.cuh's to_float/from_float are
+// device functions). float → bf16 rounds to nearest even.
+inline float host_to_float(float x) { return x; }
+inline float host_to_float(bf16 x) { return __bfloat162float(x); }
+template <typename Elem> Elem host_from_float(float x);
+template <> inline float host_from_float<float>(float x) { return x; }
+template <> inline bf16 host_from_float<bf16>(float x) { return __float2bfloat16_rn(x); }
+
+// A CUDA stream destroyed with its owner (which synchronizes it first if work may be in flight).
+class CudaStream {
+ public:
+  explicit CudaStream(const char* what) { cuda_check(cudaStreamCreate(&stream_), what); }
+  CudaStream(const CudaStream&) = delete;
+  CudaStream& operator=(const CudaStream&) = delete;
+  ~CudaStream() { cudaStreamDestroy(stream_); }
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
