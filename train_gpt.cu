@@ -34,6 +34,7 @@
 #include "src/dataloader.h"
 #include "src/gpt2.h"
 #include "src/lr_schedule.h"
+#include "src/resume.h"
 #include "src/metrics.h"
 #include "src/step_guards.h"
 
@@ -103,86 +104,6 @@ std::string thousands(unsigned long long n) {
   return out;
 }
 
-// The run's flags as the manifest records them ({"lr": "0.0006", ...}).
-nlohmann::json config_json(const TrainConfig& cfg) {
-  nlohmann::json j = nlohmann::json::object();
-  for (const Flag& f : flag_table()) j[f.name] = config_detail::value_text(cfg, f);
-  return j;
-}
-
-// --resume: the checkpoint to continue from (nothing: start fresh), checked against this run. The
-// checkpoint directory is on a filesystem every rank sees: rank 0 chooses the checkpoint and
-// verifies every file's size and CRC-32C, the other ranks learn its choice (the step) through the
-// communicator and read that checkpoint's manifest, so every rank resumes from the same one.
-std::optional<Checkpoint> resolve_resume(const TrainConfig& cfg, Communicator& comm) {
-  const int world_size = comm.world_size(), zero = effective_zero_stage(cfg.zero, world_size);
-  const bool lead = comm.rank() == 0;
-  const std::vector<CheckpointDir> existing = list_checkpoint_dirs(cfg.out_dir);
-  if (cfg.resume.empty()) {
-    if (!existing.empty())
-      throw std::runtime_error("--out-dir " + cfg.out_dir + " already holds checkpoints (newest: " +
-                               existing.front().path +
-                               "): continue that run with --resume auto, or choose another --out-dir");
-    return std::nullopt;
-  }
-  std::string dir = cfg.resume;
-  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-  std::optional<Checkpoint> found;
-  std::string error;  // rank 0's reason to stop
-  if (lead) {
-    if (cfg.resume == "auto") {
-      std::vector<std::string> skipped;
-      found = find_latest_checkpoint(cfg.out_dir, &skipped);
-      for (const std::string& s : skipped) std::fprintf(stderr, "warning: --resume auto: skipping %s\n", s.c_str());
-    } else {
-      std::string problem;
-      found = verify_checkpoint(dir, &problem);
-      if (!found) error = "--resume " + cfg.resume + ": not a complete checkpoint: " + problem;
-    }
-  }
-  // Rank 0's decision: the checkpoint's step, -1 for none, -2 for an error.
-  const double lead_choice = !error.empty() ? -2.0 : found ? static_cast<double>(found->step) : -1.0;
-  const double choice = world_size > 1 ? comm.sum(lead ? lead_choice : 0.0) : lead_choice;
-  if (!error.empty()) throw std::runtime_error(error);
-  if (choice == -2.0) throw std::runtime_error("--resume " + cfg.resume + ": rank 0 refused the checkpoint (see its error)");
-  if (choice == -1.0) {
-    std::printf("--resume auto: no complete checkpoint in %s; starting from scratch\n", cfg.out_dir.c_str());
-    return std::nullopt;
-  }
-  if (!lead) {
-    const std::string path =
-        cfg.resume == "auto" ? cfg.out_dir + "/" + checkpoint_dir_name(static_cast<long long>(choice)) : dir;
-    std::string problem;
-    found = verify_checkpoint(path, &problem, false);
-    if (!found) throw std::runtime_error("--resume " + path + ": rank 0 chose it, but here: " + problem);
-  }
-  const nlohmann::json& m = found->manifest;
-  const int saved_world_size = m.value("world_size", -1), zero_stage = m.value("zero_stage", -1);
-  if (saved_world_size != world_size || zero_stage != zero)
-    throw std::runtime_error("--resume " + found->path + ": written by a run with " + std::to_string(saved_world_size) +
-                             " rank(s) and ZeRO stage " + std::to_string(zero_stage) + "; this run has " +
-                             std::to_string(world_size) + " rank(s) and ZeRO stage " + std::to_string(zero) +
-                             " (resuming with another world size or ZeRO stage is not supported)");
-  const std::string dtype = m.value("dtype", "");
-  if (dtype != cfg.dtype)
-    throw std::runtime_error("--resume " + found->path + ": the checkpoint holds " + dtype +
-                             " training state; run with --dtype " + dtype);
-  // Other flags may change on resume (e.g. a longer --max-steps); each change to what is trained
-  // is reported (flags about files and checkpointing are not).
-  const std::set<std::string> unreported = {"config", "resume", "out-dir", "checkpoint-every", "keep-checkpoints",
-                                            "keep-every"};
-  const nlohmann::json now = config_json(cfg), then = m.value("config", nlohmann::json::object());
-  for (const auto& item : now.items()) {
-    if (!lead) break;  // reported once
-    if (unreported.count(item.key()) != 0 || !then.contains(item.key()) || !then[item.key()].is_string()) continue;
-    const std::string before = then[item.key()].get<std::string>(), after = item.value().get<std::string>();
-    if (before != after)
-      std::fprintf(stderr, "warning: --resume: --%s is %s, the checkpointed run had %s\n", item.key().c_str(),
-                   after.c_str(), before.c_str());
-  }
-  return found;
-}
-
 GPT2Config resolve_model(const TrainConfig& cfg, const std::optional<Checkpoint>& resume_from, std::string* source) {
   if (resume_from) {
     *source = resume_from->path + "/" + kModelFileName;
@@ -209,213 +130,266 @@ void maybe_die_for_test(int rank, long long step) {
   }
 }
 
-template <typename T>
-void train(const Run& run, Communicator& comm) {
-  const TrainConfig& cfg = run.cfg;
-  const int rank = comm.rank(), world_size = comm.world_size();
-  const bool lead = rank == 0;
-  const int B = cfg.batch_size, T_seq = cfg.seq_len;
-  const size_t micro_tokens = static_cast<size_t>(B) * T_seq;
-  std::vector<int> inputs(micro_tokens), targets(micro_tokens);
+// The data a run reads: the training loader and, with --val-every > 0, the validation loader.
+struct RunData {
+  std::unique_ptr<DataLoader> train, val;
+};
 
-  // Data before the model: a missing or corrupt shard fails before gigabytes are allocated.
-  // Token ids are checked as batches are read, so the first batch of each set is read now
-  // (then rewound) to catch data tokenized for another vocabulary before anything is written.
-  DataLoader train_loader = with_context("--train-data", [&] {
-    return DataLoader(cfg.train_data, B, T_seq, rank, world_size, cfg.shuffle, static_cast<uint64_t>(cfg.seed),
-                      run.model.vocab_size);
-  });
+// Data before the model: a missing or corrupt shard fails before gigabytes are allocated. Token ids
+// are checked as batches are read, so the first batch of each set is read now (the training loader
+// is then rewound) to catch data tokenized for another vocabulary before anything is written.
+RunData open_data(const Run& run, int rank, int world_size, std::vector<int>& inputs, std::vector<int>& targets) {
+  const TrainConfig& cfg = run.cfg;
+  const uint64_t seed = static_cast<uint64_t>(cfg.seed);
+  RunData data;
   with_context("--train-data", [&] {
-    train_loader.next_batch(inputs.data(), targets.data());
-    train_loader.reset();
+    data.train = std::make_unique<DataLoader>(cfg.train_data, cfg.batch_size, cfg.seq_len, rank, world_size,
+                                              cfg.shuffle, seed, run.model.vocab_size);
+    data.train->next_batch(inputs.data(), targets.data());
+    data.train->reset();
   });
-  std::unique_ptr<DataLoader> val_loader;
   if (cfg.val_every > 0) {
     try {
-      val_loader = std::make_unique<DataLoader>(cfg.val_data, B, T_seq, rank, world_size, false,
-                                                static_cast<uint64_t>(cfg.seed), run.model.vocab_size);
+      data.val = std::make_unique<DataLoader>(cfg.val_data, cfg.batch_size, cfg.seq_len, rank, world_size, false, seed,
+                                              run.model.vocab_size);
     } catch (const std::exception& e) {
       throw std::runtime_error(std::string("--val-data: ") + e.what() + " (--val-every 0 trains without validation)");
     }
-    with_context("--val-data", [&] { val_loader->next_batch(inputs.data(), targets.data()); });
+    with_context("--val-data", [&] { data.val->next_batch(inputs.data(), targets.data()); });
+  }
+  return data;
+}
+
+// One run's training: set-up (data, model, output directory), then the loop of steps, each
+// followed by its log line, validation and checkpoint when due.
+template <typename Elem>
+class Trainer {
+ public:
+  Trainer(const Run& run, Communicator& comm)
+      : run_(run),
+        cfg_(run.cfg),
+        comm_(comm),
+        lead_(comm.rank() == 0),
+        inputs_(static_cast<size_t>(cfg_.batch_size) * cfg_.seq_len),
+        targets_(inputs_.size()),
+        data_(open_data(run, comm.rank(), comm.world_size(), inputs_, targets_)),
+        model_(run.model, cfg_.batch_size, cfg_.seq_len, cfg_.recompute, &comm, cfg_.zero),
+        model_path_(cfg_.out_dir + "/model.bin") {
+    initialize_model();
+    print_summary();
+    if (lead_) open_out_dir();
+    opt_.beta1 = static_cast<float>(cfg_.beta1);
+    opt_.beta2 = static_cast<float>(cfg_.beta2);
+    opt_.eps = static_cast<float>(cfg_.adam_eps);
+    opt_.weight_decay = static_cast<float>(cfg_.weight_decay);
+    opt_.grad_clip = static_cast<float>(cfg_.grad_clip);
+    opt_.seed = state_.seed;
   }
 
-  GPT2<T> model(run.model, B, T_seq, cfg.recompute, &comm, cfg.zero);
-  TrainingState state;
-  state.seed = static_cast<uint64_t>(cfg.seed);
-  state.guards.loss_z_limit = cfg.skip_loss_z;
-  state.guards.norm_z_limit = cfg.skip_norm_z;
-  if (run.resume_from) {
-    with_context("--resume " + run.resume_from->path, [&] {
-      load_checkpoint(*run.resume_from, model, &state, rank, world_size, model.zero_stage());
-      train_loader.restore(state.train_data);
-    });
-  } else if (!cfg.init_from.empty()) {
-    with_context("--init-from", [&] { model.load(cfg.init_from); });
-  } else {
-    model.init_random(static_cast<uint64_t>(cfg.seed));
+  void run() {
+    if (run_.resume_from) {
+      std::printf("resumed from %s: %lld step(s) done, %llu update(s) skipped so far\n", run_.resume_from->path.c_str(),
+                  state_.step, static_cast<unsigned long long>(state_.guards.skipped_total()));
+      if (state_.step >= cfg_.max_steps) {
+        std::printf("the checkpoint already reached --max-steps %lld: nothing to train\n", cfg_.max_steps);
+        finish();
+        return;
+      }
+    }
+    install_stop_handlers();
+    for (long long step = state_.step + 1; step <= cfg_.max_steps; ++step) {
+      log_step(train_step(step));
+      maybe_die_for_test(comm_.rank(), step);
+      if (data_.val && (step % cfg_.val_every == 0 || step == cfg_.max_steps)) validate(step);
+      const int stop_signal = agreed_stop_signal();
+      if (stop_signal != 0 || step == cfg_.max_steps || (cfg_.checkpoint_every > 0 && step % cfg_.checkpoint_every == 0))
+        save_checkpoint();
+      if (stop_signal != 0) {
+        if (lead_) model_.save(model_path_);
+        std::printf("received %s: stopped after step %lld of %lld, checkpoint written; continue with --resume auto\n",
+                    stop_signal == SIGTERM ? "SIGTERM" : "SIGUSR1", step, cfg_.max_steps);
+        comm_.barrier();
+        return;
+      }
+    }
+    print_skipped_updates();
+    finish();
   }
 
-  cudaDeviceProp prop;
-  cuda_check(cudaGetDeviceProperties(&prop, 0), "querying the device");
-  const ActivationBytes acts = gpt2_activation_bytes(run.model, B, T_seq, model.recompute(), GPT2<T>::dtype);
-  const size_t param_bytes = model.parameter_bytes(), optim_bytes = model.optimizer_bytes(),
-               act_bytes = model.activation_bytes();
-  std::printf("train_gpt\nconfig:\n%s", config_summary(cfg).c_str());
-  std::printf("device: %s (%s)\n", prop.name, mib(prop.totalGlobalMem).c_str());
-  std::printf("model: %s from %s, %s parameters\n", describe(run.model).c_str(), run.model_source.c_str(),
-              thousands(model.num_parameters()).c_str());
-  std::printf("memory: parameters+gradients %s, optimizer %s, activations %s, total %s\n", mib(param_bytes).c_str(),
-              mib(optim_bytes).c_str(), mib(act_bytes).c_str(), mib(param_bytes + optim_bytes + act_bytes).c_str());
-  std::printf("activations at --recompute %d: blocks %s, logits and buffers %s; blocks at --recompute", model.recompute(),
-              mib(acts.blocks).c_str(), mib(acts.other).c_str());
-  for (int r = 0; r <= kRecomputeMax; ++r)
-    std::printf(" %d: %s%s", r, mib(gpt2_activation_bytes(run.model, B, T_seq, r, GPT2<T>::dtype).blocks).c_str(),
-                r < kRecomputeMax ? "," : "\n");
-  std::printf("batch: %lld tokens per step = %d x %d tokens x %d rank(s) x %d accumulation step(s)\n",
-              cfg.total_batch_tokens, B, T_seq, world_size, run.grad_accum_steps);
-  std::printf("train data: %zu shard(s), %s tokens", train_loader.num_shards(),
-              thousands(train_loader.tokens_in_shards()).c_str());
-  if (val_loader)
-    std::printf("; val data: %zu shard(s), %s tokens", val_loader->num_shards(),
-                thousands(val_loader->tokens_in_shards()).c_str());
-  std::printf("\n");
-  std::printf("distributed: world size %d (%s), ZeRO stage %d; per rank: parameters %zu bytes, gradients %zu bytes, "
-              "optimizer state %zu bytes\n",
-              world_size, comm.launcher().c_str(), model.zero_stage(), model.parameter_bytes() - model.gradient_bytes(),
-              model.gradient_bytes(), optim_bytes);
-  std::fflush(stdout);
-
-  const std::string model_path = cfg.out_dir + "/model.bin";
-  std::unique_ptr<MetricsLog> metrics;
-  if (lead) {
-    std::error_code ec;
-    std::filesystem::create_directories(cfg.out_dir, ec);
-    if (ec) throw std::runtime_error("--out-dir " + cfg.out_dir + ": cannot create the directory: " + ec.message());
-    const size_t model_file_bytes = kHeaderBytes + model.num_parameters() * sizeof(T);
-    with_context("--out-dir", [&] {
-      check_output_directory(cfg.out_dir, checkpoint_bytes(model.num_parameters(), sizeof(T),
-                                                               model.optimizer_shard_end() - model.optimizer_shard_begin(),
-                                                               world_size) +
-                                              model_file_bytes);
-    });
-    const std::string metrics_path = cfg.out_dir + "/metrics.jsonl";
-    if (run.resume_from) keep_metrics_through_step(metrics_path, state.step);
-    metrics = std::make_unique<MetricsLog>(metrics_path, run.resume_from.has_value());
-  }
-
-  OptimizerSettings opt;
-  opt.beta1 = static_cast<float>(cfg.beta1);
-  opt.beta2 = static_cast<float>(cfg.beta2);
-  opt.eps = static_cast<float>(cfg.adam_eps);
-  opt.weight_decay = static_cast<float>(cfg.weight_decay);
-  opt.grad_clip = static_cast<float>(cfg.grad_clip);
-  opt.seed = state.seed;
-
-  CheckpointWriteInfo checkpoint_info;
-  checkpoint_info.rank = rank;
-  checkpoint_info.world_size = world_size;
-  checkpoint_info.zero_stage = model.zero_stage();
-  checkpoint_info.config = config_json(cfg);
-  // Every rank writes its state file; rank 0 the model file and the manifest, then applies retention.
-  auto save_checkpoint = [&]() {
-    const std::string dir = write_checkpoint(cfg.out_dir, model, state, checkpoint_info, &comm);
-    std::printf("checkpoint %s\n", dir.c_str());
-    if (lead)
-      for (const std::string& old : prune_checkpoints(cfg.out_dir, state.step, cfg.keep_checkpoints, cfg.keep_every))
-        std::printf("deleted old checkpoint %s\n", old.c_str());
-    std::fflush(stdout);
-  };
-
-  if (run.resume_from) {
-    std::printf("resumed from %s: %lld step(s) done, %llu update(s) skipped so far\n", run.resume_from->path.c_str(),
-                state.step, static_cast<unsigned long long>(state.guards.skipped_total()));
-    if (state.step >= cfg.max_steps) {
-      std::printf("the checkpoint already reached --max-steps %lld: nothing to train\n", cfg.max_steps);
-      if (lead) model.save(model_path);
-      std::printf("saved %s\n", model_path.c_str());
-      comm.barrier();
-      return;
+ private:
+  // --resume's checkpoint, --init-from's weights, or a seeded random init.
+  void initialize_model() {
+    state_.seed = static_cast<uint64_t>(cfg_.seed);
+    state_.guards.loss_z_limit = cfg_.skip_loss_z;
+    state_.guards.norm_z_limit = cfg_.skip_norm_z;
+    if (run_.resume_from) {
+      with_context("--resume " + run_.resume_from->path, [&] {
+        load_checkpoint(*run_.resume_from, model_, &state_, comm_.rank(), comm_.world_size(), model_.zero_stage());
+        data_.train->restore(state_.train_data);
+      });
+    } else if (!cfg_.init_from.empty()) {
+      with_context("--init-from", [&] { model_.load(cfg_.init_from); });
+    } else {
+      model_.init_random(static_cast<uint64_t>(cfg_.seed));
     }
   }
-  install_stop_handlers();
 
-  StepClock clock;
-  for (long long step = state.step + 1; step <= cfg.max_steps; ++step) {
+  void print_summary() const {
+    cudaDeviceProp prop;
+    cuda_check(cudaGetDeviceProperties(&prop, 0), "querying the device");
+    const int B = cfg_.batch_size, seq_len = cfg_.seq_len, world_size = comm_.world_size();
+    const ActivationBytes acts = gpt2_activation_bytes(run_.model, B, seq_len, model_.recompute(), GPT2<Elem>::dtype);
+    const size_t param_bytes = model_.parameter_bytes(), optim_bytes = model_.optimizer_bytes(),
+                 act_bytes = model_.activation_bytes();
+    std::printf("train_gpt\nconfig:\n%s", config_summary(cfg_).c_str());
+    std::printf("device: %s (%s)\n", prop.name, mib(prop.totalGlobalMem).c_str());
+    std::printf("model: %s from %s, %s parameters\n", describe(run_.model).c_str(), run_.model_source.c_str(),
+                thousands(model_.num_parameters()).c_str());
+    std::printf("memory: parameters+gradients %s, optimizer %s, activations %s, total %s\n", mib(param_bytes).c_str(),
+                mib(optim_bytes).c_str(), mib(act_bytes).c_str(), mib(param_bytes + optim_bytes + act_bytes).c_str());
+    std::printf("activations at --recompute %d: blocks %s, logits and buffers %s; blocks at --recompute",
+                model_.recompute(), mib(acts.blocks).c_str(), mib(acts.other).c_str());
+    for (int r = 0; r <= kRecomputeMax; ++r)
+      std::printf(" %d: %s%s", r, mib(gpt2_activation_bytes(run_.model, B, seq_len, r, GPT2<Elem>::dtype).blocks).c_str(),
+                  r < kRecomputeMax ? "," : "\n");
+    std::printf("batch: %lld tokens per step = %d x %d tokens x %d rank(s) x %d accumulation step(s)\n",
+                cfg_.total_batch_tokens, B, seq_len, world_size, run_.grad_accum_steps);
+    std::printf("train data: %zu shard(s), %s tokens", data_.train->num_shards(),
+                thousands(data_.train->tokens_in_shards()).c_str());
+    if (data_.val)
+      std::printf("; val data: %zu shard(s), %s tokens", data_.val->num_shards(),
+                  thousands(data_.val->tokens_in_shards()).c_str());
+    std::printf("\n");
+    std::printf("distributed: world size %d (%s), ZeRO stage %d; per rank: parameters %zu bytes, gradients %zu bytes, "
+                "optimizer state %zu bytes\n",
+                world_size, comm_.launcher().c_str(), model_.zero_stage(),
+                model_.parameter_bytes() - model_.gradient_bytes(), model_.gradient_bytes(), optim_bytes);
+    std::fflush(stdout);
+  }
+
+  // Rank 0: --out-dir exists, takes a file and has room; metrics.jsonl truncated, or kept up to
+  // the checkpoint's step on resume.
+  void open_out_dir() {
+    std::error_code ec;
+    std::filesystem::create_directories(cfg_.out_dir, ec);
+    if (ec) throw std::runtime_error("--out-dir " + cfg_.out_dir + ": cannot create the directory: " + ec.message());
+    const size_t model_file_bytes = kHeaderBytes + model_.num_parameters() * sizeof(Elem);
+    with_context("--out-dir", [&] {
+      check_output_directory(cfg_.out_dir, checkpoint_bytes(model_.num_parameters(), sizeof(Elem),
+                                                            model_.optimizer_shard_end() - model_.optimizer_shard_begin(),
+                                                            comm_.world_size()) +
+                                               model_file_bytes);
+    });
+    const std::string metrics_path = cfg_.out_dir + "/metrics.jsonl";
+    if (run_.resume_from) keep_metrics_through_step(metrics_path, state_.step);
+    metrics_ = std::make_unique<MetricsLog>(metrics_path, run_.resume_from.has_value());
+  }
+
+  // Step k (1-based): grad_accum micro-batches of forward+backward, then one AdamW update at lr(k)
+  // unless a bad-step guard skips it.
+  StepRecord train_step(long long step) {
     const auto start = std::chrono::steady_clock::now();
-    model.zero_grad();
+    model_.zero_grad();
     double loss_sum = 0.0;
-    for (int micro = 0; micro < run.grad_accum_steps; ++micro) {
-      with_context("--train-data", [&] { train_loader.next_batch(inputs.data(), targets.data()); });
-      loss_sum += model.forward_backward(inputs.data(), targets.data(), run.grad_accum_steps,
-                                         micro + 1 == run.grad_accum_steps);
+    for (int micro = 0; micro < run_.grad_accum_steps; ++micro) {
+      with_context("--train-data", [&] { data_.train->next_batch(inputs_.data(), targets_.data()); });
+      loss_sum += model_.forward_backward(inputs_.data(), targets_.data(), run_.grad_accum_steps,
+                                          micro + 1 == run_.grad_accum_steps);
     }
     // The same loss and norm on every rank, so every rank takes the same skip decision.
-    const double train_loss = comm.sum(loss_sum / run.grad_accum_steps) / world_size;
-    const double lr = run.schedule.at(step);
-    const float grad_norm = model.gradient_norm();
-    const std::string skipped = state.guards.check(train_loss, grad_norm);
-    if (skipped.empty()) model.apply_update(opt, static_cast<float>(lr), static_cast<int>(step), grad_norm);
-    cuda_check(cudaDeviceSynchronize(), "training step");
-    state.step = step;
-    state.train_data = train_loader.position();
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    clock.add(ms);
-
     StepRecord record;
+    record.train_loss = comm_.sum(loss_sum / run_.grad_accum_steps) / comm_.world_size();
+    record.lr = run_.schedule.at(step);
+    record.grad_norm = model_.gradient_norm();
+    record.skipped = state_.guards.check(record.train_loss, static_cast<float>(record.grad_norm));
+    if (record.skipped.empty())
+      model_.apply_update(opt_, static_cast<float>(record.lr), static_cast<int>(step),
+                          static_cast<float>(record.grad_norm));
+    cuda_check(cudaDeviceSynchronize(), "training step");
+    state_.step = step;
+    state_.train_data = data_.train->position();
     record.step = step;
-    record.total_steps = cfg.max_steps;
-    record.train_loss = train_loss;
-    record.skipped = skipped;
-    record.lr = lr;
-    record.grad_norm = grad_norm;
-    record.ms = ms;
-    record.tokens_per_s = static_cast<double>(cfg.total_batch_tokens) / (ms / 1000.0);
-    record.eta_seconds = clock.eta_seconds(cfg.max_steps - step);
+    record.total_steps = cfg_.max_steps;
+    record.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    clock_.add(record.ms);
+    record.tokens_per_s = static_cast<double>(cfg_.total_batch_tokens) / (record.ms / 1000.0);
+    record.eta_seconds = clock_.eta_seconds(cfg_.max_steps - step);
+    return record;
+  }
+
+  void log_step(const StepRecord& record) {
     std::printf("%s\n", format_step_line(record).c_str());
     std::fflush(stdout);
-    if (lead) metrics->train_step(record);
-    maybe_die_for_test(rank, step);
+    if (lead_) metrics_->train_step(record);
+  }
 
-    if (val_loader && (step % cfg.val_every == 0 || step == cfg.max_steps)) {
-      val_loader->reset();
-      double val_sum = 0.0;
-      for (long long v = 0; v < cfg.val_steps; ++v) {
-        with_context("--val-data", [&] { val_loader->next_batch(inputs.data(), targets.data()); });
-        val_sum += model.forward(inputs.data(), targets.data());
-      }
-      const double val_loss = comm.sum(val_sum / static_cast<double>(cfg.val_steps)) / world_size;
-      std::printf("%s\n", format_val_line(step, cfg.max_steps, val_loss).c_str());
-      std::fflush(stdout);
-      if (lead) metrics->validation(step, val_loss);
+  // The mean loss over the first val_steps batches of --val-data, on the weights after `step`.
+  void validate(long long step) {
+    data_.val->reset();
+    double val_sum = 0.0;
+    for (long long v = 0; v < cfg_.val_steps; ++v) {
+      with_context("--val-data", [&] { data_.val->next_batch(inputs_.data(), targets_.data()); });
+      val_sum += model_.forward(inputs_.data(), targets_.data());
     }
+    const double val_loss = comm_.sum(val_sum / static_cast<double>(cfg_.val_steps)) / comm_.world_size();
+    std::printf("%s\n", format_val_line(step, cfg_.max_steps, val_loss).c_str());
+    std::fflush(stdout);
+    if (lead_) metrics_->validation(step, val_loss);
+  }
 
-    // Every rank stops after the same step when any of them was signalled.
+  // The signal that stops the run after this step (0: none); every rank stops after the same step
+  // when any of them was signalled.
+  int agreed_stop_signal() {
     int stop_signal = g_stop_signal;
-    if (world_size > 1 && comm.sum(stop_signal != 0 ? 1.0 : 0.0) > 0.0 && stop_signal == 0) stop_signal = SIGTERM;
-    if (stop_signal != 0 || step == cfg.max_steps || (cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0))
-      save_checkpoint();
-    if (stop_signal != 0) {
-      if (lead) model.save(model_path);
-      std::printf("received %s: stopped after step %lld of %lld, checkpoint written; continue with --resume auto\n",
-                  stop_signal == SIGTERM ? "SIGTERM" : "SIGUSR1", step, cfg.max_steps);
-      comm.barrier();
-      return;
-    }
+    if (comm_.world_size() > 1 && comm_.sum(stop_signal != 0 ? 1.0 : 0.0) > 0.0 && stop_signal == 0)
+      stop_signal = SIGTERM;
+    return stop_signal;
   }
 
-  if (state.guards.skipped_total() > 0)
-    std::printf("updates skipped: %llu (non-finite %llu, loss z-score %llu, gradient-norm z-score %llu)\n",
-                static_cast<unsigned long long>(state.guards.skipped_total()),
-                static_cast<unsigned long long>(state.guards.skipped_nonfinite),
-                static_cast<unsigned long long>(state.guards.skipped_loss_z),
-                static_cast<unsigned long long>(state.guards.skipped_norm_z));
-  if (lead) {
-    model.save(model_path);
-    std::printf("saved %s\n", model_path.c_str());
+  // Every rank writes its state file; rank 0 the model file and the manifest, then applies retention.
+  void save_checkpoint() {
+    CheckpointWriteInfo info;
+    info.rank = comm_.rank();
+    info.world_size = comm_.world_size();
+    info.zero_stage = model_.zero_stage();
+    info.config = config_json(cfg_);
+    const std::string dir = write_checkpoint(cfg_.out_dir, model_, state_, info, &comm_);
+    std::printf("checkpoint %s\n", dir.c_str());
+    if (lead_)
+      for (const std::string& old : prune_checkpoints(cfg_.out_dir, state_.step, cfg_.keep_checkpoints, cfg_.keep_every))
+        std::printf("deleted old checkpoint %s\n", old.c_str());
+    std::fflush(stdout);
   }
-  comm.barrier();  // no rank tears down its communicator while another still needs it
-}
+
+  void print_skipped_updates() const {
+    const BadStepGuards& g = state_.guards;
+    if (g.skipped_total() == 0) return;
+    std::printf("updates skipped: %llu (non-finite %llu, loss z-score %llu, gradient-norm z-score %llu)\n",
+                static_cast<unsigned long long>(g.skipped_total()), static_cast<unsigned long long>(g.skipped_nonfinite),
+                static_cast<unsigned long long>(g.skipped_loss_z), static_cast<unsigned long long>(g.skipped_norm_z));
+  }
+
+  // The final model file (rank 0), then a barrier: no rank tears down its communicator while
+  // another still needs it.
+  void finish() {
+    if (lead_) model_.save(model_path_);
+    std::printf("saved %s\n", model_path_.c_str());
+    comm_.barrier();
+  }
+
+  const Run& run_;
+  const TrainConfig& cfg_;
+  Communicator& comm_;
+  const bool lead_;
+  std::vector<int> inputs_, targets_;
+  RunData data_;
+  GPT2<Elem> model_;
+  const std::string model_path_;
+  TrainingState state_;
+  OptimizerSettings opt_;
+  std::unique_ptr<MetricsLog> metrics_;
+  StepClock clock_;
+};
 
 // Everything after parsing; returns the exit code.
 int run_main(int argc, char** argv) {
@@ -451,8 +425,8 @@ int run_main(int argc, char** argv) {
   run.resume_from = resolve_resume(run.cfg, *comm);
   run.model = resolve_model(run.cfg, run.resume_from, &run.model_source);
   validate_against_model(run.cfg, run.model.max_seq_len, run.model_source);
-  if (run.cfg.dtype == "fp32") train<float>(run, *comm);
-  else train<bf16>(run, *comm);
+  if (run.cfg.dtype == "fp32") Trainer<float>(run, *comm).run();
+  else Trainer<bf16>(run, *comm).run();
   return 0;
 }
 

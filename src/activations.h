@@ -10,6 +10,7 @@
 #include "gpt2_config.h"
 
 #include <algorithm>
+#include <climits>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
@@ -53,6 +54,22 @@ struct ActivationCounts {
   size_t tokens = 0;  // each of inputs, targets
   size_t buckets = 0;
 };
+
+// The configuration of a model that runs micro-batches of B×seq_len tokens at setting `recompute`,
+// after every check that needs no allocation.
+inline const GPT2Config& gpt2_check_micro_batch(const GPT2Config& cfg, int B, int seq_len, int recompute) {
+  gpt2_check_config(cfg, "model configuration");
+  gpt2_check_recompute(recompute);
+  if (B < 1) throw std::runtime_error("batch size: expected B >= 1, found " + std::to_string(B));
+  if (seq_len < 1 || seq_len > cfg.max_seq_len)
+    throw std::runtime_error("sequence length: expected 1 <= T <= max_seq_len (" + std::to_string(cfg.max_seq_len) +
+                             "), found " + std::to_string(seq_len));
+  // The kernels index rows (B·T) and attention rows (B·NH·T) with int.
+  if (static_cast<size_t>(B) * seq_len * cfg.num_heads > static_cast<size_t>(INT_MAX))
+    throw std::runtime_error("micro-batch: B*T*NH = " + std::to_string(B) + "*" + std::to_string(seq_len) + "*" +
+                             std::to_string(cfg.num_heads) + " exceeds the kernels' int indexing");
+  return cfg;
+}
 
 enum class BlockTensor { fch_gelu, ln_output, other };
 

@@ -159,8 +159,8 @@ inline uint64_t from_rank(Communicator* comm, int from, uint64_t value) {
 // for all ranks. If any rank fails, rank 0 removes the partial directory and every rank throws
 // (the failing rank with its own error); other checkpoints are never touched. Returns the
 // directory.
-template <typename T>
-std::string write_checkpoint(const std::string& out_dir, const GPT2<T>& model, const TrainingState& state,
+template <typename Elem>
+std::string write_checkpoint(const std::string& out_dir, const GPT2<Elem>& model, const TrainingState& state,
                              const CheckpointWriteInfo& info, Communicator* comm = nullptr) {
   const std::string dir = out_dir + "/" + checkpoint_dir_name(state.step);
   const bool lead = info.rank == 0;
@@ -210,7 +210,7 @@ std::string write_checkpoint(const std::string& out_dir, const GPT2<T>& model, c
     h.rank = static_cast<uint32_t>(info.rank);
     h.world_size = static_cast<uint32_t>(info.world_size);
     h.zero_stage = static_cast<uint32_t>(info.zero_stage);
-    h.dtype = static_cast<uint32_t>(GPT2<T>::dtype);
+    h.dtype = static_cast<uint32_t>(GPT2<Elem>::dtype);
     h.step = static_cast<uint64_t>(state.step);
     h.num_parameters = P;
     h.shard_offset = shard_begin;
@@ -258,7 +258,7 @@ std::string write_checkpoint(const std::string& out_dir, const GPT2<T>& model, c
         {"step", state.step},
         {"world_size", info.world_size},
         {"zero_stage", info.zero_stage},
-        {"dtype", dtype_name(GPT2<T>::dtype)},
+        {"dtype", dtype_name(GPT2<Elem>::dtype)},
         {"num_parameters", P},
         {"model",
          {{"max_seq_len", mc.max_seq_len},
@@ -282,8 +282,8 @@ std::string write_checkpoint(const std::string& out_dir, const GPT2<T>& model, c
 // Loads a verified checkpoint into a model built with the checkpoint's architecture and dtype:
 // parameters from model.bin, fp32 weights (master weights for bf16) and AdamW moments from this
 // rank's state file, and the rest into *state (guard limits are left as they are).
-template <typename T>
-void load_checkpoint(const Checkpoint& c, GPT2<T>& model, TrainingState* state, int rank, int world_size,
+template <typename Elem>
+void load_checkpoint(const Checkpoint& c, GPT2<Elem>& model, TrainingState* state, int rank, int world_size,
                      int zero_stage) {
   model.load(c.path + "/" + kModelFileName);
   const std::string path = c.path + "/" + state_file_name(rank);
@@ -303,9 +303,9 @@ void load_checkpoint(const Checkpoint& c, GPT2<T>& model, TrainingState* state, 
                      " rank(s) and ZeRO stage " + std::to_string(zero_stage) +
                      " (resume with the same number of ranks and ZeRO stage)");
     if (h.rank != static_cast<uint32_t>(rank)) throw mismatch("belongs to rank " + std::to_string(h.rank));
-    if (h.dtype != static_cast<uint32_t>(GPT2<T>::dtype))
+    if (h.dtype != static_cast<uint32_t>(GPT2<Elem>::dtype))
       throw mismatch(std::string("written by a --dtype ") + dtype_name(static_cast<DType>(h.dtype)) +
-                     " run, this run is " + dtype_name(GPT2<T>::dtype));
+                     " run, this run is " + dtype_name(GPT2<Elem>::dtype));
     const size_t shard_begin = model.optimizer_shard_begin(), shard_end = model.optimizer_shard_end();
     if (h.num_parameters != model.num_parameters() || h.shard_offset != shard_begin ||
         h.shard_count != shard_end - shard_begin)

@@ -310,6 +310,13 @@ inline std::string value_text(const TrainConfig& cfg, const Flag& flag) {
 
 }  // namespace config_detail
 
+// The run's flags as the manifest records them ({"lr": "0.0006", ...}).
+inline nlohmann::json config_json(const TrainConfig& cfg) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const Flag& f : flag_table()) j[f.name] = config_detail::value_text(cfg, f);
+  return j;
+}
+
 // Applies a JSON config file (an object of flag values) to cfg.
 inline void apply_config_file(TrainConfig& cfg, const std::string& path) {
   std::ifstream in(path);

@@ -147,16 +147,16 @@ class DataLoader {
  public:
   // Reads micro-batches of B×T for `rank` of `world_size`; token ids must be < vocab_size.
   // prefetch = false reads synchronously inside next_batch (same results).
-  DataLoader(const std::string& pattern, int B, int T, int rank, int world_size, bool shuffle, uint64_t seed,
+  DataLoader(const std::string& pattern, int B, int seq_len, int rank, int world_size, bool shuffle, uint64_t seed,
              int vocab_size, bool prefetch = true)
-      : B_(B), T_(T), rank_(rank), vocab_size_(vocab_size), shuffle_(shuffle),
+      : B_(B), seq_len_(seq_len), rank_(rank), vocab_size_(vocab_size), shuffle_(shuffle),
         prefetch_(prefetch), seed_(seed) {
-    if (B <= 0 || T <= 0) throw std::runtime_error("DataLoader: B and T must be positive");
+    if (B <= 0 || seq_len <= 0) throw std::runtime_error("DataLoader: B and T must be positive");
     if (world_size <= 0 || rank < 0 || rank >= world_size)
       throw std::runtime_error("DataLoader: rank " + std::to_string(rank) + " is not in [0, world size " +
                                std::to_string(world_size) + ")");
     if (vocab_size <= 0) throw std::runtime_error("DataLoader: vocab_size must be positive");
-    const uint64_t local = static_cast<uint64_t>(B) * static_cast<uint64_t>(T);
+    const uint64_t local = static_cast<uint64_t>(B) * static_cast<uint64_t>(seq_len);
     global_batch_tokens_ = local * static_cast<uint64_t>(world_size);
     for (const std::string& path : dataloader_detail::matching_files(pattern)) {
       dataloader_detail::ShardInfo info;
@@ -165,7 +165,7 @@ class DataLoader {
       if (info.num_tokens < global_batch_tokens_ + 1)
         throw dataloader_detail::file_error(
             path, "shard holds " + std::to_string(info.num_tokens) + " tokens, fewer than one global batch + 1 = " +
-                      std::to_string(world_size) + "*" + std::to_string(B) + "*" + std::to_string(T) + "+1 = " +
+                      std::to_string(world_size) + "*" + std::to_string(B) + "*" + std::to_string(seq_len) + "+1 = " +
                       std::to_string(global_batch_tokens_ + 1) + " tokens (world size * B * T + 1)");
       info.num_slots = static_cast<uint32_t>((info.num_tokens - 1) / global_batch_tokens_);
       tokens_in_shards_ += info.num_tokens;
@@ -289,7 +289,7 @@ class DataLoader {
   void request_read() {
     const uint64_t slot = shuffle_ ? slot_order_[pos_.sample] : pos_.sample;
     const ReadRequest r{current_file(),
-                        slot * global_batch_tokens_ + static_cast<uint64_t>(rank_) * B_ * T_};
+                        slot * global_batch_tokens_ + static_cast<uint64_t>(rank_) * B_ * seq_len_};
     if (!prefetch_) {
       request_ = r;
       return;
@@ -358,7 +358,7 @@ class DataLoader {
                                                             " is >= the vocab size " + std::to_string(vocab_size_));
   }
 
-  const int B_, T_, rank_, vocab_size_;
+  const int B_, seq_len_, rank_, vocab_size_;
   const bool shuffle_, prefetch_;
   uint64_t seed_;
   uint64_t global_batch_tokens_ = 0;

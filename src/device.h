@@ -1,11 +1,12 @@
-// device.h — host-side helpers for device memory: the RAII device allocation every host file
-// uses, and conversions between the storage types and float on the host. (The one CUDA error
+// device.h — host-side helpers for device memory: the RAII device allocation and stream every
+// host file uses, copies to the host, and conversions between the storage types and float. (The one CUDA error
 // check, cuda_check / CUDA_CHECK, lives in kernels/common.cuh, which kernels share.)
 #pragma once
 #include "../kernels/common.cuh"
 
 #include <string>
 #include <utility>
+#include <vector>
 
 // A device allocation that frees itself. `what` names the buffer in the out-of-memory error.
 template <typename Elem>
@@ -63,3 +64,19 @@ class CudaStream {
  private:
   cudaStream_t stream_ = nullptr;
 };
+
+// Copies `bytes` from the device once the work queued on `stream` is done.
+inline void copy_to_host(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+  cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream), "copying to the host");
+  cuda_check(cudaStreamSynchronize(stream), "copying to the host");
+}
+
+// `count` device elements as float values on the host.
+template <typename Elem>
+std::vector<float> copy_floats_to_host(const Elem* src, size_t count, cudaStream_t stream) {
+  std::vector<Elem> raw(count);
+  copy_to_host(raw.data(), src, count * sizeof(Elem), stream);
+  std::vector<float> values(count);
+  for (size_t k = 0; k < count; ++k) values[k] = host_to_float(raw[k]);
+  return values;
+}

@@ -1,16 +1,11 @@
 // gpt2.h — the GPT-2 model on the GPU: parameters, AdamW state and activations in device memory,
-// and the host code that runs the kernels of kernels/ for the forward pass, the backward pass and
-// the optimizer step. What the model is (architecture, presets, parameter layout) is
-// gpt2_config.h's; its files are model_file.h's; what it keeps per micro-batch is activations.h's;
-// where its gradients live and how they travel between ranks is grad_sync.h's.
-//
-// GPT2<Elem> stores parameters, gradients and activations as Elem (float: --dtype fp32, bf16: the
-// default). LayerNorm statistics, attention log-sum-exps, losses, AdamW moments and (for bf16)
-// the master weights are fp32.
-//
-// Errors (bad configuration, file, token) throw std::runtime_error with a one-line message that
-// names the file or setting and says what was expected and what was found. All shapes are
-// checked here before any kernel launcher sees them (the launchers exit on bad shapes).
+// and the host code that runs kernels/ for the forward pass, the backward pass and the optimizer
+// step. The architecture and parameter layout are gpt2_config.h's, the files model_file.h's, the
+// per-micro-batch buffers activations.h's, the gradients and their communication grad_sync.h's.
+// Parameters, gradients and activations are Elem (float: --dtype fp32, bf16: the default);
+// LayerNorm statistics, attention log-sum-exps, losses, AdamW moments and master weights are fp32.
+// Errors (bad configuration, file, token) throw std::runtime_error with one line naming the file or
+// setting, what was expected and what was found; shapes are checked before any launcher sees them.
 #pragma once
 #include "../kernels/adamw.cuh"
 #include "../kernels/attention.cuh"
@@ -59,7 +54,7 @@ class GPT2 {
   // ranks, gradients are synchronized at `zero_stage` (grad_sync.h).
   GPT2(const GPT2Config& cfg, int B, int seq_len, int recompute = kRecomputeDefault, Communicator* comm = nullptr,
        int zero_stage = 0)
-      : cfg_(checked(cfg, B, seq_len, recompute)),
+      : cfg_(gpt2_check_micro_batch(cfg, B, seq_len, recompute)),
         layout_(cfg),
         B_(B),
         seq_len_(seq_len),
@@ -93,16 +88,15 @@ class GPT2 {
   int recompute() const { return recompute_; }
   cudaStream_t stream() const { return stream_.get(); }
   int zero_stage() const { return grads_.zero_stage(); }
-  // This rank's optimizer shard: elements [begin, end) of the parameter buffer (all of it at
-  // ZeRO stage 0).
+  // This rank's optimizer shard: elements [begin, end) of the parameter buffer (at ZeRO 0: all).
   size_t optimizer_shard_begin() const { return grads_.shard_begin(); }
   size_t optimizer_shard_end() const { return grads_.shard_end(); }
 
-  // Device buffers (llm.c order), for checkpointing code.
+  // Device buffers (llm.c order) for checkpoints; master weights: nullptr for Elem = float.
   Elem* params_device() const { return params_.get(); }
   float* adam_m_device() const { return adam_m_.get(); }
   float* adam_v_device() const { return adam_v_.get(); }
-  float* master_device() const { return master_.get(); }  // nullptr for Elem = float
+  float* master_device() const { return master_.get(); }
 
   // GPT-2 initialization from `seed`: weights N(0, 0.02), the residual-branch projections attprojw
   // and fcprojw N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weights 1 and biases 0, wte padding rows 0.
@@ -152,7 +146,7 @@ class GPT2 {
     out.write(header.data(), sizeof header);
     for (int i = 0; i < kNumParameterTensors; ++i) {
       std::vector<Elem> values(layout_[i].count);
-      download(values.data(), params_.get() + layout_[i].offset, values.size() * sizeof(Elem));
+      copy_to_host(values.data(), params_.get() + layout_[i].offset, values.size() * sizeof(Elem), stream_.get());
       out.write(values.data(), values.size() * sizeof(Elem));
     }
     out.commit();
@@ -228,7 +222,7 @@ class GPT2 {
                         stream_.get());
     grads_.sum_norm_squared(norm_squared);
     float norm_squared_host = 0.0f;
-    download(&norm_squared_host, norm_squared, sizeof(float));
+    copy_to_host(&norm_squared_host, norm_squared, sizeof(float), stream_.get());
     return std::sqrt(norm_squared_host);
   }
 
@@ -253,15 +247,15 @@ class GPT2 {
   size_t num_parameters() const { return layout_.total; }
 
   // Host copies as float, llm.c order.
-  std::vector<float> parameters() const { return download_floats(params_.get(), layout_.total); }
+  std::vector<float> parameters() const { return copy_floats_to_host(params_.get(), layout_.total, stream_.get()); }
   // (At ZeRO stage 2 no rank holds them all: throws.)
-  std::vector<float> gradients() const { return download_floats(grads_.full(), layout_.total); }
+  std::vector<float> gradients() const { return copy_floats_to_host(grads_.full(), layout_.total, stream_.get()); }
   // The logits of the last forward(): rows [N - r, N) of the micro-batch, r = N mod
   // kLogitsChunkRows (or kLogitsChunkRows), which is every row when B·T <= kLogitsChunkRows.
   // After forward_backward() they hold the logits' gradients.
   std::vector<float> logits() const {
     const size_t last_chunk = rows() - (rows() - 1) / kLogitsChunkRows * kLogitsChunkRows;
-    return download_floats(acts_.logits.get(), last_chunk * cfg_.padded_vocab_size);
+    return copy_floats_to_host(acts_.logits.get(), last_chunk * cfg_.padded_vocab_size, stream_.get());
   }
 
   // Replaces all parameters (llm.c order, as float; rounded to nearest for bf16, master weights get
@@ -285,21 +279,6 @@ class GPT2 {
   size_t activation_bytes() const { return acts_.bytes(); }
 
  private:
-  // The configuration, after every check that needs no allocation.
-  static const GPT2Config& checked(const GPT2Config& cfg, int B, int seq_len, int recompute) {
-    gpt2_check_config(cfg, "model configuration");
-    gpt2_check_recompute(recompute);
-    if (B < 1) throw std::runtime_error("batch size: expected B >= 1, found " + std::to_string(B));
-    if (seq_len < 1 || seq_len > cfg.max_seq_len)
-      throw std::runtime_error("sequence length: expected 1 <= T <= max_seq_len (" + std::to_string(cfg.max_seq_len) +
-                               "), found " + std::to_string(seq_len));
-    // The kernels index rows (B·T) and attention rows (B·NH·T) with int.
-    if (static_cast<size_t>(B) * seq_len * cfg.num_heads > static_cast<size_t>(INT_MAX))
-      throw std::runtime_error("micro-batch: B*T*NH = " + std::to_string(B) + "*" + std::to_string(seq_len) + "*" +
-                               std::to_string(cfg.num_heads) + " exceeds the kernels' int indexing");
-    return cfg;
-  }
-
   int rows() const { return B_ * seq_len_; }
 
   void reset_training_state() {
@@ -324,19 +303,6 @@ class GPT2 {
                             (end - begin) * sizeof(float), cudaMemcpyHostToDevice),
                  (std::string("uploading master weights of ") + t.name).c_str());
     }
-  }
-
-  void download(void* dst, const void* src, size_t bytes) const {
-    cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_.get()), "copying to the host");
-    cuda_check(cudaStreamSynchronize(stream_.get()), "copying to the host");
-  }
-
-  std::vector<float> download_floats(const Elem* src, size_t count) const {
-    std::vector<Elem> raw(count);
-    download(raw.data(), src, count * sizeof(Elem));
-    std::vector<float> values(count);
-    for (size_t k = 0; k < count; ++k) values[k] = host_to_float(raw[k]);
-    return values;
   }
 
   // Every token must index a real vocabulary row; anything else means the data was tokenized for
@@ -367,7 +333,7 @@ class GPT2 {
   // Per-position losses summed on the host in position order (double), over B·T.
   float mean_loss() const {
     std::vector<float> losses(rows());
-    download(losses.data(), acts_.losses.get(), losses.size() * sizeof(float));
+    copy_to_host(losses.data(), acts_.losses.get(), losses.size() * sizeof(float), stream_.get());
     double sum = 0.0;
     for (float x : losses) sum += x;
     return static_cast<float>(sum / rows());
@@ -394,17 +360,15 @@ class GPT2 {
     Elem* qkv = layer_slice(a.qkv, l, 3 * NC);
     Elem* atty = layer_slice(a.atty, l, NC);
     Elem* fch = layer_slice(a.fch, l, 4 * NC);
-    matmul_forward(qkv, layer_slice(a.ln1, l, NC), param(kQkvw, l),
-                   param(kQkvb, l), N, C, 3 * C, s);
+    matmul_forward(qkv, layer_slice(a.ln1, l, NC), param(kQkvw, l), param(kQkvb, l), N, C, 3 * C, s);
     attention_forward(atty, layer_slice(a.lse, l, static_cast<size_t>(N) * NH), qkv, B_, seq_len_, C, NH, s);
-    matmul_forward(a.branch.get(), atty, param(kAttprojw, l), param(kAttprojb, l),
-                   N, C, C, s);
-    residual_layernorm_forward(layer_slice(a.residual2, l, NC), layer_slice(a.ln2, l, NC), layer_slice(a.ln2_mean, l, N), layer_slice(a.ln2_rstd, l, N),
-                               block_input(l), a.branch.get(), param(kLn2w, l), param(kLn2b, l), N, C, s);
+    matmul_forward(a.branch.get(), atty, param(kAttprojw, l), param(kAttprojb, l), N, C, C, s);
+    residual_layernorm_forward(layer_slice(a.residual2, l, NC), layer_slice(a.ln2, l, NC),
+                               layer_slice(a.ln2_mean, l, N), layer_slice(a.ln2_rstd, l, N), block_input(l),
+                               a.branch.get(), param(kLn2w, l), param(kLn2b, l), N, C, s);
     // GELU as its own kernel on the rounded pre-activation (not cuBLASLt's GELU epilogue on the
     // fp32 product), so that recomputing it from the kept fch reproduces the same bits.
-    matmul_forward(fch, layer_slice(a.ln2, l, NC), param(kFcw, l), param(kFcb, l),
-                   N, C, 4 * C, s);
+    matmul_forward(fch, layer_slice(a.ln2, l, NC), param(kFcw, l), param(kFcb, l), N, C, 4 * C, s);
     gelu_forward(layer_slice(a.fch_gelu, l, 4 * NC), fch, 4 * NC, s);
   }
 
@@ -416,12 +380,12 @@ class GPT2 {
     encoder_forward(a.encoded.get(), a.inputs.get(), param(kWte), param(kWpe), B_, seq_len_, C, s);
     // Layer 0 normalizes the embeddings; every later ln1 (and lnf) comes out of the previous
     // layer's fused residual add + LayerNorm.
-    layernorm_forward(layer_slice(a.ln1, 0, NC), layer_slice(a.ln1_mean, 0, N), layer_slice(a.ln1_rstd, 0, N), a.encoded.get(),
-                      param(kLn1w), param(kLn1b), N, C, s);
+    layernorm_forward(layer_slice(a.ln1, 0, NC), layer_slice(a.ln1_mean, 0, N), layer_slice(a.ln1_rstd, 0, N),
+                      a.encoded.get(), param(kLn1w), param(kLn1b), N, C, s);
     for (int l = 0; l < L; ++l) {
       block_forward(l);
-      matmul_forward(a.branch.get(), layer_slice(a.fch_gelu, l, 4 * NC),
-                     param(kFcprojw, l), param(kFcprojb, l), N, 4 * C, C, s);
+      matmul_forward(a.branch.get(), layer_slice(a.fch_gelu, l, 4 * NC), param(kFcprojw, l), param(kFcprojb, l), N,
+                     4 * C, C, s);
       Elem* residual3 = a.residual3.get() + l * NC;
       if (l + 1 < L) {
         residual_layernorm_forward(residual3, layer_slice(a.ln1, l + 1, NC), layer_slice(a.ln1_mean, l + 1, N),
@@ -429,8 +393,8 @@ class GPT2 {
                                    param(kLn1w, l + 1), param(kLn1b, l + 1), N, C, s);
       } else {
         residual_layernorm_forward(residual3, a.lnf.get(), a.lnf_mean.get(), a.lnf_rstd.get(),
-                                   layer_slice(a.residual2, l, NC), a.branch.get(), param(kLnfw), param(kLnfb), N,
-                                   C, s);
+                                   layer_slice(a.residual2, l, NC), a.branch.get(), param(kLnfw), param(kLnfb), N, C,
+                                   s);
       }
     }
   }
@@ -447,15 +411,13 @@ class GPT2 {
     for (int r = 0; r < N; r += chunk) {
       const int n = std::min(chunk, N - r);
       const size_t offset = static_cast<size_t>(r) * C;
-      matmul_forward(a.logits.get(), a.lnf.get() + offset, param(kWte),
-                     nullptr, n, C, Vp, stream_.get());
+      matmul_forward(a.logits.get(), a.lnf.get() + offset, param(kWte), nullptr, n, C, Vp, stream_.get());
       if (!losses) continue;
       fused_classifier(a.logits.get(), a.losses.get() + r, a.targets.get() + r, n, cfg_.vocab_size, Vp, dloss, train,
                        stream_.get());
       if (train)
-        matmul_backward(a.branch.get() + offset, grad(kWte), nullptr, nullptr,
-                        a.logits.get(), a.lnf.get() + offset, param(kWte), nullptr, n, C,
-                        Vp, stream_.get());
+        matmul_backward(a.branch.get() + offset, grad(kWte), nullptr, nullptr, a.logits.get(), a.lnf.get() + offset,
+                        param(kWte), nullptr, n, C, Vp, stream_.get());
     }
   }
 
@@ -475,9 +437,8 @@ class GPT2 {
     float* scratch = a.scratch.get();
     cuda_check(cudaMemsetAsync(dresidual, 0, a.dresidual.bytes(), s), "zeroing the residual gradient");
 
-    layernorm_backward(dresidual, grad(kLnfw), grad(kLnfb), scratch, dbranch,
-                       a.residual3.get() + (L - 1) * NC, param(kLnfw), a.lnf_mean.get(), a.lnf_rstd.get(), N,
-                       C, s);
+    layernorm_backward(dresidual, grad(kLnfw), grad(kLnfb), scratch, dbranch, a.residual3.get() + (L - 1) * NC,
+                       param(kLnfw), a.lnf_mean.get(), a.lnf_rstd.get(), N, C, s);
     const bool rerun_block = !block_keeps(BlockTensor::other, recompute_);
     const bool recompute_gelu = !rerun_block && !block_keeps(BlockTensor::fch_gelu, recompute_);
     const bool recompute_ln = !rerun_block && !block_keeps(BlockTensor::ln_output, recompute_);
@@ -504,31 +465,27 @@ class GPT2 {
       }
       if (recompute_gelu) gelu_forward(fch_gelu, fch, 4 * NC, s);
       // MLP branch; dresidual = d/d residual3 = d/d fcproj.
-      matmul_backward(dwide, grad(kFcprojw, l), grad(kFcprojb, l), nullptr,
-                      dresidual, fch_gelu, param(kFcprojw, l), nullptr, N, 4 * C,
-                      C, s);
+      matmul_backward(dwide, grad(kFcprojw, l), grad(kFcprojb, l), nullptr, dresidual, fch_gelu, param(kFcprojw, l),
+                      nullptr, N, 4 * C, C, s);
       if (recompute_ln)
         layernorm_forward(ln2, ln2_mean, ln2_rstd, residual2, param(kLn2w, l), param(kLn2b, l), N, C, s);
-      matmul_backward(dbranch, grad(kFcw, l), grad(kFcb, l), dwide, dwide, ln2,
-                      param(kFcw, l), fch, N, C, 4 * C, s);
-      layernorm_backward(dresidual, grad(kLn2w, l), grad(kLn2b, l), scratch, dbranch, residual2,
-                         param(kLn2w, l), ln2_mean, ln2_rstd, N, C, s);
+      matmul_backward(dbranch, grad(kFcw, l), grad(kFcb, l), dwide, dwide, ln2, param(kFcw, l), fch, N, C, 4 * C, s);
+      layernorm_backward(dresidual, grad(kLn2w, l), grad(kLn2b, l), scratch, dbranch, residual2, param(kLn2w, l),
+                         ln2_mean, ln2_rstd, N, C, s);
       // Attention branch; dresidual = d/d residual2 = d/d attproj.
-      matmul_backward(dbranch, grad(kAttprojw, l), grad(kAttprojb, l), nullptr, dresidual,
-                      atty, param(kAttprojw, l), nullptr, N, C, C, s);
-      attention_backward(dwide, scratch, dbranch, qkv, atty, layer_slice(a.lse, l, static_cast<size_t>(N) * NH), B_, seq_len_, C,
-                         NH, s);
-      if (recompute_ln)
-        layernorm_forward(ln1, ln1_mean, ln1_rstd, residual, param(kLn1w, l), param(kLn1b, l), N, C, s);
-      matmul_backward(dbranch, grad(kQkvw, l), grad(kQkvb, l), nullptr, dwide,
-                      ln1, param(kQkvw, l), nullptr, N, C, 3 * C, s);
-      layernorm_backward(dresidual, grad(kLn1w, l), grad(kLn1b, l), scratch, dbranch, residual,
-                         param(kLn1w, l), ln1_mean, ln1_rstd, N, C, s);
+      matmul_backward(dbranch, grad(kAttprojw, l), grad(kAttprojb, l), nullptr, dresidual, atty, param(kAttprojw, l),
+                      nullptr, N, C, C, s);
+      attention_backward(dwide, scratch, dbranch, qkv, atty, layer_slice(a.lse, l, static_cast<size_t>(N) * NH), B_,
+                         seq_len_, C, NH, s);
+      if (recompute_ln) layernorm_forward(ln1, ln1_mean, ln1_rstd, residual, param(kLn1w, l), param(kLn1b, l), N, C, s);
+      matmul_backward(dbranch, grad(kQkvw, l), grad(kQkvb, l), nullptr, dwide, ln1, param(kQkvw, l), nullptr, N, C,
+                      3 * C, s);
+      layernorm_backward(dresidual, grad(kLn1w, l), grad(kLn1b, l), scratch, dbranch, residual, param(kLn1w, l),
+                         ln1_mean, ln1_rstd, N, C, s);
       grads_.after_layer(l);
     }
     encoder_backward(grad(kWte), grad(kWpe), a.buckets.get(), num_buckets_, dresidual, B_, seq_len_, C, s);
   }
-
 
   const GPT2Config cfg_;
   const ParameterLayout layout_;

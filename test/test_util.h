@@ -2,9 +2,11 @@
 // random data, bf16 rounding for references, and tolerance-aware comparison.
 #pragma once
 #include "../kernels/common.cuh"
+#include "../src/device.h"
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -13,21 +15,19 @@
 
 namespace test {
 
-// A device allocation that frees itself. Fresh buffers are poisoned with 0xFF bytes
-// (NaN as float and as bf16) so an element a kernel forgets to write shows up.
+// A device allocation (src/device.h's DeviceArray, at least one element so that an empty buffer
+// still has an address) whose fresh contents are poisoned with 0xFF bytes (NaN as float and as
+// bf16), so an element a kernel forgets to write shows up.
 template <typename T>
 struct DeviceBuffer {
+  DeviceArray<T> storage;
   T* ptr = nullptr;
   size_t count = 0;
-  explicit DeviceBuffer(size_t n) : count(n) {
-    CUDA_CHECK(cudaMalloc(&ptr, bytes()));
+  explicit DeviceBuffer(size_t n) : storage(std::max<size_t>(n, 1), "test buffer"), ptr(storage.get()), count(n) {
     poison();
   }
   explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) { upload(host); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() { cudaFree(ptr); }
-  size_t bytes() const { return count * sizeof(T) > 0 ? count * sizeof(T) : 1; }
+  size_t bytes() const { return storage.bytes(); }
   void poison() { CUDA_CHECK(cudaMemset(ptr, 0xFF, bytes())); }
   void upload(const std::vector<T>& host) {
     REQUIRE(host.size() == count);
