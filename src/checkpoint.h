@@ -1,5 +1,6 @@
-// checkpoint.h — checkpoints that survive crashes, full disks and preemption, and resume bit for
-// bit. The format is documented field by field in docs/CHECKPOINTS.md.
+// checkpoint.h — what a checkpoint holds and how all ranks write and load one, so that runs survive
+// crashes, full disks and preemption and resume bit for bit (format, field by field:
+// docs/CHECKPOINTS.md; finding, verifying and pruning checkpoint directories: checkpoint_dirs.h).
 //
 // A checkpoint is the directory OUT/checkpoint_SSSSSSSS (S = the optimizer steps completed):
 //   model.bin            llm.c model file (bf16 v5 / fp32 v3): exactly the parameters

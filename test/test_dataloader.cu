@@ -1,4 +1,4 @@
-// DataLoader vs. the FORMATS.md reading rule written out here: exact unshuffled order, shard
+// DataLoader vs. the docs/FORMATS.md reading rule written out here: exact unshuffled order, shard
 // switching and epoch wrap, rank disjointness and epoch coverage with and without shuffling,
 // seeds, position save/restore, prefetch independence, and every file error by message.
 #include "test_util.h"
@@ -115,7 +115,7 @@ std::vector<Batch> take(DataLoader& loader, int B, int T, size_t steps) {
   return out;
 }
 
-// One epoch for one rank by the FORMATS.md rule: step k reads B*T+1 tokens at k*R*B*T + r*B*T
+// One epoch for one rank by the docs/FORMATS.md rule: step k reads B*T+1 tokens at k*R*B*T + r*B*T
 // of the current shard while at least R*B*T+1 tokens remain from k*R*B*T on.
 std::vector<Batch> reference_epoch(const Corpus& c, int B, int T, int rank, int R, uint64_t epoch) {
   std::vector<Batch> out;
@@ -165,7 +165,7 @@ TEST_CASE("dataloader finds the shards sorted and counts their tokens", "[datalo
   CHECK(loader.tokens_in_shards() == 301u + 97 + 250 + 413);
 }
 
-TEST_CASE("dataloader without shuffling reads exactly the FORMATS.md order, wrapping epochs", "[dataloader]") {
+TEST_CASE("dataloader without shuffling reads exactly the docs/FORMATS.md order, wrapping epochs", "[dataloader]") {
   Corpus c;
   for (const Shape& s : kShapes) {
     for (int rank = 0; rank < s.R; ++rank) {

@@ -465,7 +465,7 @@ TEST_CASE("GPT2 presets", "[gpt2]") {
   CHECK(gpt2_preset_names() == std::vector<std::string>{"nano", "micro", "d12", "d24", "d36", "d48"});
   const GPT2Config d12 = gpt2_preset("d12");
   CHECK(d12 == GPT2Config{1024, 50257, 50304, 12, 12, 768});
-  CHECK(ParameterLayout(d12).total == 124475904u);  // FORMATS.md
+  CHECK(ParameterLayout(d12).total == 124475904u);  // docs/FORMATS.md
   CHECK(gpt2_preset("d48") == GPT2Config{1024, 50257, 50304, 48, 25, 1600});
   CHECK(gpt2_preset("nano") == GPT2Config{128, 50257, 50304, 2, 4, 64});
   CHECK(gpt2_preset("micro") == GPT2Config{256, 50257, 50304, 4, 4, 128});

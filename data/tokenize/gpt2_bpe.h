@@ -29,7 +29,7 @@ constexpr int kGpt2VocabSize = 50257;
 constexpr uint16_t kEndOfText = 50256;
 constexpr int kGpt2Merges = 50000;
 
-// sha256 of the standard files (also listed in the project's FORMATS.md).
+// sha256 of the standard files (see docs/FORMATS.md).
 constexpr const char* kEncoderJsonSha256 =
     "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783";
 constexpr const char* kVocabBpeSha256 =
