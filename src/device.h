@@ -16,10 +16,9 @@ class DeviceArray {
   DeviceArray(size_t count, const char* what) : count_(count) {
     if (count == 0) return;
     const cudaError_t err = cudaMalloc(reinterpret_cast<void**>(&ptr_), bytes());
-    if (err != cudaSuccess) {
-      throw std::runtime_error(std::string("allocating ") + what + " (" + std::to_string(bytes() >> 20) +
-                               " MiB of device memory): " + cudaGetErrorString(err));
-    }
+    if (err != cudaSuccess)
+      cuda_fail(err, (std::string("allocating ") + what + " (" + std::to_string(bytes() >> 20) + " MiB of device memory)")
+                         .c_str());
   }
   DeviceArray(const DeviceArray&) = delete;
   DeviceArray& operator=(const DeviceArray&) = delete;
