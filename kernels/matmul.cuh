@@ -23,6 +23,8 @@
 #include "gelu.cuh"
 
 #include <algorithm>
+#include <map>
+#include <tuple>
 
 #include <cublasLt.h>
 
@@ -43,10 +45,21 @@
 constexpr size_t kMatmulWorkspaceBytes = 32u << 20;    // cuBLASLt's recommendation for Hopper
 constexpr size_t kBiasPartialFloats = 4u << 20;        // 16 MiB of fp32 per-chunk column sums
 
+// One cuBLASLt plan: the matmul descriptor, the matrix layouts and the heuristic's algorithm for
+// one (m, n, k, transposes, bias or not, data type, operand alignments). Made on first use and
+// kept, so a training step makes no descriptor and queries no heuristic after its first.
+struct MatmulPlan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t layout_a = nullptr, layout_b = nullptr, layout_d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+using MatmulPlanKey = std::tuple<int, int, int, bool, bool, bool, cudaDataType_t, uint32_t, uint32_t, uint32_t>;
+
 struct MatmulContext {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   float* bias_partials = nullptr;  // (chunks × OC) column sums of the bias-gradient kernel
+  std::map<MatmulPlanKey, MatmulPlan> plans;
 };
 MatmulContext matmul_context;
 
@@ -59,6 +72,12 @@ void matmul_init() {
 
 void matmul_destroy() {
   if (matmul_context.handle == nullptr) return;
+  for (auto& [key, plan] : matmul_context.plans) {
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan.layout_d));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan.layout_b));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan.layout_a));
+    CUBLAS_CHECK(cublasLtMatmulDescDestroy(plan.desc));
+  }
   CUDA_CHECK(cudaFree(matmul_context.bias_partials));
   CUDA_CHECK(cudaFree(matmul_context.workspace));
   CUBLAS_CHECK(cublasLtDestroy(matmul_context.handle));
@@ -161,37 +180,36 @@ uint32_t matmul_pointer_alignment(const void* p) {
   return alignment;
 }
 
-// One cuBLASLt product, column-major, every matrix packed (ld = its stored row count):
-//   D (m × n) = op(A) · op(B) + beta·D,  op(A) (m × k), op(B) (k × n),
-// then + bias (length m, cuBLASLt's BIAS epilogue) if bias != nullptr.
+// The plan for one product (see MatmulPlan): found in matmul_context.plans, or made now.
 template <typename T>
-void matmul_cublaslt(T* d, const T* a, bool transpose_a, const T* b, bool transpose_b, const T* bias, int m, int n, int k, float beta, cudaStream_t stream) {
+const MatmulPlan& matmul_plan(bool transpose_a, bool transpose_b, const T* bias, uint32_t align_a, uint32_t align_b,
+                              uint32_t align_d, int m, int n, int k) {
   constexpr cudaDataType_t type = matmul_data_type<T>();
-  cublasLtMatmulDesc_t desc;
-  CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const MatmulPlanKey key{m, n, k, transpose_a, transpose_b, bias != nullptr, type, align_a, align_b, align_d};
+  const auto found = matmul_context.plans.find(key);
+  if (found != matmul_context.plans.end()) return found->second;
+
+  MatmulPlan plan;
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const int32_t op_a = transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const int32_t op_b = transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
   const uint32_t epilogue = bias != nullptr ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-  if (bias != nullptr)
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-
-  cublasLtMatrixLayout_t layout_a, layout_b, layout_d;
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_a, type, transpose_a ? k : m, transpose_a ? m : k,
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+  if (bias != nullptr)  // the pointer itself is set again by every call
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.layout_a, type, transpose_a ? k : m, transpose_a ? m : k,
                                           transpose_a ? k : m));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_b, type, transpose_b ? n : k, transpose_b ? k : n,
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.layout_b, type, transpose_b ? n : k, transpose_b ? k : n,
                                           transpose_b ? n : k));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_d, type, m, n, m));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.layout_d, type, m, n, m));
 
   cublasLtMatmulPreference_t preference;
   CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
   const uint64_t workspace_bytes = kMatmulWorkspaceBytes;
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                     &workspace_bytes, sizeof(workspace_bytes)));
-  const uint32_t align_a = matmul_pointer_alignment(a), align_b = matmul_pointer_alignment(b),
-                 align_d = matmul_pointer_alignment(d);
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
                                                     sizeof(align_a)));
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
@@ -200,26 +218,36 @@ void matmul_cublaslt(T* d, const T* a, bool transpose_a, const T* b, bool transp
                                                     sizeof(align_d)));
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
                                                     sizeof(align_d)));
-
   // C is D (in place; only read when beta != 0).
   cublasLtMatmulHeuristicResult_t heuristic;
-  int found = 0;
-  CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(matmul_context.handle, desc, layout_a, layout_b, layout_d, layout_d,
-                                              preference, 1, &heuristic, &found));
-  if (found == 0) {
+  int found_count = 0;
+  CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(matmul_context.handle, plan.desc, plan.layout_a, plan.layout_b,
+                                              plan.layout_d, plan.layout_d, preference, 1, &heuristic, &found_count));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(preference));
+  if (found_count == 0) {
     std::fprintf(stderr, "cuBLASLt has no algorithm for m=%d n=%d k=%d (transA=%d transB=%d, bias=%d)\n", m, n, k,
                  transpose_a, transpose_b, bias != nullptr);
     std::exit(1);
   }
-  const float alpha = 1.0f;
-  CUBLAS_CHECK(cublasLtMatmul(matmul_context.handle, desc, &alpha, a, layout_a, b, layout_b, &beta, d, layout_d, d,
-                              layout_d, &heuristic.algo, matmul_context.workspace, kMatmulWorkspaceBytes, stream));
+  plan.algo = heuristic.algo;
+  return matmul_context.plans.emplace(key, plan).first->second;
+}
 
-  CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(preference));
-  CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(layout_d));
-  CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(layout_b));
-  CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(layout_a));
-  CUBLAS_CHECK(cublasLtMatmulDescDestroy(desc));
+// One cuBLASLt product, column-major, every matrix packed (ld = its stored row count):
+//   D (m × n) = op(A) · op(B) + beta·D,  op(A) (m × k), op(B) (k × n),
+// then + bias (length m, cuBLASLt's BIAS epilogue) if bias != nullptr.
+template <typename T>
+void matmul_cublaslt(T* d, const T* a, bool transpose_a, const T* b, bool transpose_b, const T* bias, int m, int n,
+                     int k, float beta, cudaStream_t stream) {
+  const MatmulPlan& plan =
+      matmul_plan<T>(transpose_a, transpose_b, bias, matmul_pointer_alignment(a),
+                     matmul_pointer_alignment(b), matmul_pointer_alignment(d), m, n, k);
+  if (bias != nullptr)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  const float alpha = 1.0f;
+  CUBLAS_CHECK(cublasLtMatmul(matmul_context.handle, plan.desc, &alpha, a, plan.layout_a, b, plan.layout_b, &beta, d,
+                              plan.layout_d, d, plan.layout_d, &plan.algo, matmul_context.workspace,
+                              kMatmulWorkspaceBytes, stream));
 }
 
 // out (rows × OC) = inp (rows × C) @ weight (OC × C)^T + bias (OC; nullptr: none). Written, not

@@ -18,6 +18,8 @@
 // Everything else — other attributes, values, types, epilogues, orders, batching — returns
 // CUBLAS_STATUS_NOT_SUPPORTED (or INVALID_VALUE for malformed input); nothing is ignored.
 #include <cublasLt.h>
+
+#include "counters.h"
 #include <cblas.h>
 
 #include <cmath>
@@ -372,6 +374,7 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t ligh
                                                            int requestedAlgoCount,
                                                            cublasLtMatmulHeuristicResult_t heuristicResultsArray[],
                                                            int* returnAlgoCount) {
+  ++simt::counters().heuristic_queries;
   if (requestedAlgoCount <= 0 || heuristicResultsArray == nullptr || returnAlgoCount == nullptr)
     return CUBLAS_STATUS_INVALID_VALUE;
   const Preference* p = preference_of(preference);

@@ -54,6 +54,24 @@ void launch_refused(const LaunchSpec& spec, cudaError_t err, const char* why) {
   fail(err);
 }
 
+// Pinned host allocations (start → size): a copy into them does not block the host.
+std::mutex pinned_mutex;
+std::map<const char*, size_t> pinned;
+
+bool is_pinned(const void* p) {
+  const char* c = static_cast<const char*>(p);
+  std::lock_guard<std::mutex> lock(pinned_mutex);
+  auto it = pinned.upper_bound(c);
+  if (it == pinned.begin()) return false;
+  --it;
+  return c < it->first + it->second;
+}
+
+cudaError_t copy(void* dst, const void* src, size_t count) {
+  if (count && (!dst || !src)) return fail(cudaErrorInvalidValue);
+  if (count) std::memmove(dst, src, count);
+  return sticky_or(cudaSuccess);
+}
 }  // namespace
 
 void report_kernel_fault(cudaError_t err, const char* what, const void* address, const void* kernel) {
@@ -83,6 +101,11 @@ void run_launch(const LaunchSpec& spec) {
     return launch_refused(spec, cudaErrorInvalidValue,
                           "dynamic shared memory over the kernel's limit (48 KB unless raised by cudaFuncSetAttribute)");
   execute_launch(spec);
+}
+
+Counters& counters() {
+  static Counters c;
+  return c;
 }
 
 }  // namespace simt
@@ -140,7 +163,10 @@ cudaError_t cudaGetDevice(int* device) {
   return cudaSuccess;
 }
 cudaError_t cudaDeviceReset(void) { return cudaSuccess; }
-cudaError_t cudaDeviceSynchronize(void) { return sticky_or(cudaSuccess); }
+cudaError_t cudaDeviceSynchronize(void) {
+  ++simt::counters().host_syncs;
+  return sticky_or(cudaSuccess);
+}
 cudaError_t cudaDriverGetVersion(int* version) {
   if (!version) return fail(cudaErrorInvalidValue);
   *version = CUDART_VERSION;
@@ -208,9 +234,22 @@ cudaError_t cudaFree(void* ptr) {
   if (ptr) ::operator delete(ptr, std::align_val_t(kAllocationAlignment));
   return cudaSuccess;
 }
-cudaError_t cudaMallocHost(void** ptr, size_t size) { return cudaMalloc(ptr, size); }
-cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int) { return cudaMalloc(ptr, size); }
-cudaError_t cudaFreeHost(void* ptr) { return cudaFree(ptr); }
+cudaError_t cudaMallocHost(void** ptr, size_t size) {
+  const cudaError_t err = cudaMalloc(ptr, size);
+  if (err == cudaSuccess) {
+    std::lock_guard<std::mutex> lock(simt::pinned_mutex);
+    simt::pinned[static_cast<const char*>(*ptr)] = size;
+  }
+  return err;
+}
+cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int) { return cudaMallocHost(ptr, size); }
+cudaError_t cudaFreeHost(void* ptr) {
+  {
+    std::lock_guard<std::mutex> lock(simt::pinned_mutex);
+    simt::pinned.erase(static_cast<const char*>(ptr));
+  }
+  return cudaFree(ptr);
+}
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   if (!free_bytes || !total_bytes) return fail(cudaErrorInvalidValue);
   *total_bytes = physical_memory();
@@ -218,12 +257,12 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind) {
-  if (count && (!dst || !src)) return fail(cudaErrorInvalidValue);
-  if (count) std::memmove(dst, src, count);
-  return sticky_or(cudaSuccess);
+  ++simt::counters().host_syncs;
+  return simt::copy(dst, src, count);
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t) {
-  return cudaMemcpy(dst, src, count, kind);
+  if (kind == cudaMemcpyDeviceToHost && !simt::is_pinned(dst)) ++simt::counters().host_syncs;
+  return simt::copy(dst, src, count);
 }
 cudaError_t cudaMemset(void* ptr, int value, size_t count) {
   if (count && !ptr) return fail(cudaErrorInvalidValue);
@@ -243,7 +282,10 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   delete reinterpret_cast<char*>(stream);
   return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return sticky_or(cudaSuccess); }
+cudaError_t cudaStreamSynchronize(cudaStream_t) {
+  ++simt::counters().host_syncs;
+  return sticky_or(cudaSuccess);
+}
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t event, unsigned int) {
   return event ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
 }
@@ -265,6 +307,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  ++simt::counters().host_syncs;
   return event ? sticky_or(cudaSuccess) : fail(cudaErrorInvalidResourceHandle);
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {

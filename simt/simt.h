@@ -37,6 +37,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "counters.h"
+
 // Built-in variables, kept current by the scheduler at every fiber switch.
 inline thread_local uint3 threadIdx;
 inline thread_local uint3 blockIdx;
@@ -297,3 +299,4 @@ inline void cp_async_16(void* smem_dst, const void* gmem_src) {
 inline void cp_async_commit() { simt::cp_async_commit_group(); }
 template <int N>
 inline void cp_async_wait() { simt::cp_async_wait_groups(N); }
+

@@ -1,0 +1,73 @@
+// What host code would make a GPU wait for, counted on the CPU build (simt/counters.h): blocking
+// host synchronisations and cuBLASLt heuristic queries. The counters exist only in the CPU build,
+// so this test does too.
+#include "test_util.h"
+#include "../src/gpt2.h"
+
+#include <vector>
+
+namespace {
+
+const GPT2Config kTiny{32, 500, 512, 2, 4, 64};
+constexpr int kBatch = 2, kSeqLen = 16, kMicroSteps = 4;
+
+// One optimizer step of kMicroSteps micro-steps on fresh random tokens.
+template <typename Elem>
+void train_step(GPT2<Elem>& model, int step) {
+  const size_t rows = static_cast<size_t>(kBatch) * kSeqLen;
+  model.zero_grad();
+  for (int micro = 0; micro < kMicroSteps; ++micro) {
+    const std::vector<int> tokens = test::random_tokens(rows + 1, kTiny.vocab_size, 100 * step + micro);
+    const std::vector<int> inputs(tokens.begin(), tokens.end() - 1), targets(tokens.begin() + 1, tokens.end());
+    model.forward_backward(inputs.data(), targets.data(), kMicroSteps, micro + 1 == kMicroSteps);
+  }
+  OptimizerSettings opt;
+  model.update(opt, 1e-3f, step);
+}
+
+}  // namespace
+
+TEST_CASE("simt counts blocking copies and synchronisations, not copies into pinned memory", "[simt]") {
+  test::DeviceBuffer<float> device(16);
+  std::vector<float> pageable(16);
+  float* pinned = nullptr;
+  REQUIRE(cudaMallocHost(reinterpret_cast<void**>(&pinned), 16 * sizeof(float)) == cudaSuccess);
+  cudaStream_t stream;
+  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  simt::counters() = simt::Counters{};
+  CHECK(cudaMemcpyAsync(pinned + 4, device.ptr, 4 * sizeof(float), cudaMemcpyDeviceToHost, stream) == cudaSuccess);
+  CHECK(cudaMemcpyAsync(device.ptr, pageable.data(), 4 * sizeof(float), cudaMemcpyHostToDevice, stream) ==
+        cudaSuccess);
+  CHECK(simt::counters().host_syncs == 0);
+  CHECK(cudaMemcpyAsync(pageable.data(), device.ptr, 4 * sizeof(float), cudaMemcpyDeviceToHost, stream) ==
+        cudaSuccess);
+  CHECK(simt::counters().host_syncs == 1);
+  CHECK(cudaStreamSynchronize(stream) == cudaSuccess);
+  CHECK(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(cudaMemcpy(pageable.data(), device.ptr, sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
+  CHECK(simt::counters().host_syncs == 4);
+  CHECK(cudaFreeHost(pinned) == cudaSuccess);
+  CHECK(cudaStreamDestroy(stream) == cudaSuccess);
+}
+
+TEST_CASE("matmul makes one cuBLASLt plan per shape", "[simt][matmul]") {
+  matmul_init();
+  test::DeviceBuffer<bf16> inp(24 * 40), weight(72 * 40), bias(72), out(24 * 72);
+  simt::counters() = simt::Counters{};
+  matmul_forward<bf16>(out, inp, weight, bias, 24, 40, 72, nullptr);
+  matmul_forward<bf16>(out, inp, weight, bias, 24, 40, 72, nullptr);
+  CHECK(simt::counters().heuristic_queries == 1);
+  matmul_forward<bf16>(out, inp, weight, nullptr, 24, 40, 72, nullptr);  // no bias: another plan
+  matmul_forward<bf16>(out, inp, weight, bias, 16, 40, 72, nullptr);     // other rows: another plan
+  CHECK(simt::counters().heuristic_queries == 3);
+}
+
+TEMPLATE_TEST_CASE("a training step queries no cuBLASLt heuristic after the first step", "[simt][gpt2]", float, bf16) {
+  GPT2<TestType> model(kTiny, kBatch, kSeqLen);
+  model.init_random(7);
+  train_step(model, 1);
+  simt::counters() = simt::Counters{};
+  train_step(model, 2);
+  train_step(model, 3);
+  CHECK(simt::counters().heuristic_queries == 0);
+}
