@@ -5,6 +5,8 @@
 #   make test-gpu   the same suite built with nvcc, run on a GPU
 #   make run        train: GPU binary when a GPU is present, else the CPU build on a small model
 #   make ptx-report ptxas registers / spills / shared memory per kernel → build/ptx-report.txt
+#   make gpu-deps   on a networked Debian machine: the OpenMPI, Catch2, nlohmann-json .debs a bare
+#                   GPU machine needs → build/gpu-deps/ (scripts/gpu_deps.sh)
 
 CUDA_HOME ?= /usr/local/cuda
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
@@ -38,7 +40,7 @@ MPI_TESTS         := $(wildcard test/mpi_*.cu)
 CPU_MPI_TEST_BINS := $(MPI_TESTS:test/%.cu=$(BUILD)/cpu/test/%)
 GPU_MPI_TEST_BINS := $(MPI_TESTS:test/%.cu=$(BUILD)/gpu/test/%)
 
-.PHONY: all gpu cpu test test-gpu gpu-check ptx-report run clean check-nvcc
+.PHONY: all gpu cpu test test-gpu gpu-check ptx-report run clean check-nvcc gpu-deps
 .DEFAULT_GOAL := all
 
 all: gpu
@@ -107,6 +109,9 @@ ptx-report: gpu-check
 
 run:
 	@bash scripts/run.sh
+
+gpu-deps:
+	@bash scripts/gpu_deps.sh
 
 clean:
 	rm -rf $(BUILD) train_gpt train_gpt_cpu tokenize
