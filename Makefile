@@ -1,5 +1,5 @@
 # train_gpt — one source tree, two builds:
-#   make            ./train_gpt      nvcc, sm_80 + sm_90a, cuBLASLt, NCCL, MPI
+#   make            ./train_gpt      nvcc, sm_80 + sm_90a (+ compute_90 PTX), cuBLASLt, NCCL, MPI
 #   make cpu        ./train_gpt_cpu  g++ over simt/ (CUDA semantics on CPU fibers)
 #   make test       CPU test suite in both thread orders + GPU build compile check
 #   make test-gpu   the same suite built with nvcc, run on a GPU
@@ -23,7 +23,10 @@ CPU_FLAGS := -std=c++17 -O2 -g -DSIMT -fno-strict-aliasing -Wall -Wextra -Werror
 CPU_LIBS  := -rdynamic -lboost_context -lopenblas -ldl -pthread $(MPI_LINK)
 
 # ---- GPU build (nvcc)
-GPU_ARCH  := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a
+# Machine code for A100 (sm_80) and H100/H200 (sm_90a), plus compute_90 PTX that the driver
+# compiles at load time on GPUs newer than both (sm_90a code runs on sm_90 chips only).
+GPU_ARCH  := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a \
+             -gencode arch=compute_90,code=compute_90
 GPU_FLAGS := -std=c++17 -O3 -lineinfo $(GPU_ARCH) -Werror all-warnings -Xcompiler -Wall,-Wextra \
              -I. $(MPI_COMPILE) -MMD -MP
 GPU_LIBS  := -lcublasLt -lnccl $(MPI_LINK)
