@@ -7,6 +7,8 @@
 #   make ptx-report ptxas registers / spills / shared memory per kernel → build/ptx-report.txt
 #   make gpu-deps   on a networked Debian machine: the OpenMPI, Catch2, nlohmann-json .debs a bare
 #                   GPU machine needs → build/gpu-deps/ (scripts/gpu_deps.sh)
+#   make gpu-acceptance  on a GPU machine: build, test-gpu, sanitizers, PyTorch parity, determinism,
+#                   ceilings, throughput → build/acceptance/summary.md (scripts/gpu_acceptance.sh)
 
 CUDA_HOME ?= /usr/local/cuda
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
@@ -43,7 +45,7 @@ MPI_TESTS         := $(wildcard test/mpi_*.cu)
 CPU_MPI_TEST_BINS := $(MPI_TESTS:test/%.cu=$(BUILD)/cpu/test/%)
 GPU_MPI_TEST_BINS := $(MPI_TESTS:test/%.cu=$(BUILD)/gpu/test/%)
 
-.PHONY: all gpu cpu test test-gpu gpu-check ptx-report run clean check-nvcc gpu-deps
+.PHONY: all gpu cpu test test-gpu gpu-check ptx-report run clean check-nvcc gpu-deps gpu-acceptance
 .DEFAULT_GOAL := all
 
 all: gpu
@@ -115,6 +117,9 @@ run:
 
 gpu-deps:
 	@bash scripts/gpu_deps.sh
+
+gpu-acceptance:
+	@bash scripts/gpu_acceptance.sh
 
 clean:
 	rm -rf $(BUILD) train_gpt train_gpt_cpu tokenize

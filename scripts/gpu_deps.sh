@@ -48,19 +48,19 @@ mib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }
 # .deb that the MANIFEST does not list, the packages' architecture this machine's, the total at
 # most limit_mib. Prints one line either way.
 check_staged() {
-  local dir=$1 manifest=$1/MANIFEST total=0 count=0 name version arch file bytes actual machine
+  local dir=$1 manifest=$1/MANIFEST total=0 count=0 name arch file bytes actual machine
   [ -d "$dir" ] || die "$dir is missing: run 'make gpu-deps' on a networked Debian machine and bring $dir along"
   [ -f "$manifest" ] || die "$manifest is missing ($dir was not made by make gpu-deps): rerun make gpu-deps"
   machine=$(dpkg --print-architecture 2>/dev/null || uname -m)
   [ "$machine" = x86_64 ] && machine=amd64
   [ "$machine" = aarch64 ] && machine=arm64
-  while read -r name version arch file bytes; do
+  while read -r name _ arch file bytes; do
     case $name in '#'* | '') continue ;; esac
     [ -f "$dir/$file" ] || die "$dir/$file (listed in $manifest) is missing: rerun make gpu-deps"
     actual=$(stat -c %s "$dir/$file")
     [ "$actual" = "$bytes" ] || die "$dir/$file has $actual bytes, $manifest says $bytes: rerun make gpu-deps"
     [ "$arch" = all ] || [ "$arch" = "$machine" ] ||
-      die "$dir/$file is for $arch, this machine is $machine: run make gpu-deps on a $machine machine"
+      die "$dir/$file is for $arch, this machine is $machine: run make gpu-deps on a machine of the same architecture"
     total=$((total + actual)); count=$((count + 1))
   done < "$manifest"
   [ "$count" -gt 0 ] || die "$manifest lists no packages: rerun make gpu-deps"
@@ -111,7 +111,8 @@ check_closure || die "the package lists in scripts/gpu_deps.sh are out of date (
 
 out=build/gpu-deps
 staging=$out.tmp
-rm -rf "$staging" && mkdir -p "$staging" || die "cannot create $staging"
+rm -rf "$staging"
+mkdir -p "$staging" || die "cannot create $staging"
 trap 'rm -rf "$staging"' EXIT
 apt_options=()
 # As root, apt downloads as the user _apt, who cannot write into a directory that only root may
@@ -132,5 +133,6 @@ rm -f "$staging/download.log"
 [ "$(grep -vc '^#' "$staging/MANIFEST")" -eq "${#packages[@]}" ] ||
   die "apt-get download gave $(grep -vc '^#' "$staging/MANIFEST") packages for ${#packages[@]} names"
 check_staged "$staging" >/dev/null
-rm -rf "$out" && mv "$staging" "$out" || die "cannot move $staging to $out"
+rm -rf "$out"
+mv "$staging" "$out" || die "cannot move $staging to $out"
 check_staged "$out"
