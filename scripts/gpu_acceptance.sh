@@ -255,7 +255,8 @@ stage_sanitizer() {
   local tool target running=0 outcome names summary part results_found
   sanitizer=$CUDA_HOME/bin/compute-sanitizer
   sanitizer_timeout=${SANITIZER_TIMEOUT:-30}
-  [ -x "$sanitizer" ] || { status=FAIL; text="no compute-sanitizer at $sanitizer"; return; }
+  # Some CUDA installations leave the sanitizer out; that says nothing about train_gpt.
+  [ -x "$sanitizer" ] || { status=SKIP; text="no compute-sanitizer at $sanitizer"; return; }
   if ! build "$logs/sanitizer/make.log" train_gpt "${test_binaries[@]}" build/reference/tiny/reference.bin; then
     status=FAIL; text="build failed (logs/sanitizer/make.log)"; return
   fi
@@ -272,7 +273,7 @@ stage_sanitizer() {
   status=PASS; text=""; figures=("timeout_s=$sanitizer_timeout" "targets=$(( ${#test_binaries[@]} + 1 ))")
   results_found=$(compgen -G "$logs/sanitizer/*.result" | wc -l)
   if [ "$results_found" -ne $(( 4 * (${#test_binaries[@]} + 1) )) ]; then
-    status=FAIL; text="only $results_found of $(( 4 * (${#test_binaries[@]} + 1) )) runs reported; "
+    status=FAIL; text="only $results_found of $(( 4 * (${#test_binaries[@]} + 1) )) runs reported"
   fi
   for tool in memcheck racecheck synccheck initcheck; do
     summary=""
@@ -357,7 +358,7 @@ stage_ceilings() {
   text="copy $copy GB/s (read + write), bf16 GEMM $gemm TFLOP/s"
   figures=("ceilings=$ceilings")
   if make -n bench >/dev/null 2>&1; then
-    if make -j"$jobs" bench > "$logs/ceilings/bench.log" 2>&1; then
+    if timeout 300 make -j"$jobs" bench > "$logs/ceilings/bench.log" 2>&1; then
       text+="; make bench: ran (logs/ceilings/bench.log)"
     else
       status=FAIL; text+="; make bench failed (logs/ceilings/bench.log)"
