@@ -1,10 +1,14 @@
 # train_gpt — one source tree, two builds:
-#   make            ./train_gpt      nvcc, sm_80 + sm_90a, cuBLASLt, NCCL, MPI
+#   make            ./train_gpt      nvcc, sm_80 + sm_90a (+ compute_90 PTX), cuBLASLt, NCCL, MPI
 #   make cpu        ./train_gpt_cpu  g++ over simt/ (CUDA semantics on CPU fibers)
 #   make test       CPU test suite in both thread orders + GPU build compile check
 #   make test-gpu   the same suite built with nvcc, run on a GPU
 #   make run        train: GPU binary when a GPU is present, else the CPU build on a small model
 #   make ptx-report ptxas registers / spills / shared memory per kernel → build/ptx-report.txt
+#   make gpu-deps   on a networked Debian machine: the OpenMPI, Catch2, nlohmann-json .debs a bare
+#                   GPU machine needs → build/gpu-deps/ (scripts/gpu_deps.sh)
+#   make gpu-acceptance  on a GPU machine: build, test-gpu, sanitizers, PyTorch parity, determinism,
+#                   ceilings, throughput → build/acceptance/summary.md (scripts/gpu_acceptance.sh)
 
 CUDA_HOME ?= /usr/local/cuda
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
@@ -21,7 +25,10 @@ CPU_FLAGS := -std=c++17 -O2 -g -DSIMT -fno-strict-aliasing -Wall -Wextra -Werror
 CPU_LIBS  := -rdynamic -lboost_context -lopenblas -ldl -pthread $(MPI_LINK)
 
 # ---- GPU build (nvcc)
-GPU_ARCH  := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a
+# Machine code for A100 (sm_80) and H100/H200 (sm_90a), plus compute_90 PTX that the driver
+# compiles at load time on GPUs newer than both (sm_90a code runs on sm_90 chips only).
+GPU_ARCH  := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a \
+             -gencode arch=compute_90,code=compute_90
 GPU_FLAGS := -std=c++17 -O3 -lineinfo $(GPU_ARCH) -Werror all-warnings -Xcompiler -Wall,-Wextra \
              -I. $(MPI_COMPILE) -MMD -MP
 GPU_LIBS  := -lcublasLt -lnccl $(MPI_LINK)
@@ -38,7 +45,7 @@ MPI_TESTS         := $(wildcard test/mpi_*.cu)
 CPU_MPI_TEST_BINS := $(MPI_TESTS:test/%.cu=$(BUILD)/cpu/test/%)
 GPU_MPI_TEST_BINS := $(MPI_TESTS:test/%.cu=$(BUILD)/gpu/test/%)
 
-.PHONY: all gpu cpu test test-gpu gpu-check ptx-report run clean check-nvcc
+.PHONY: all gpu cpu test test-gpu gpu-check ptx-report run clean check-nvcc gpu-deps gpu-acceptance
 .DEFAULT_GOAL := all
 
 all: gpu
@@ -107,6 +114,12 @@ ptx-report: gpu-check
 
 run:
 	@bash scripts/run.sh
+
+gpu-deps:
+	@bash scripts/gpu_deps.sh
+
+gpu-acceptance:
+	@bash scripts/gpu_acceptance.sh
 
 clean:
 	rm -rf $(BUILD) train_gpt train_gpt_cpu tokenize

@@ -9,6 +9,9 @@ and compare.
 Runs only under Debian's python3-torch:  /usr/bin/python3 dev/gpt2_reference.py --out DIR
 See dev/README.md for the CLI and the layout of reference.bin.
 
+--device cuda runs the training on the GPU (fp32 matmuls without TF32); the initial weights and
+tokens are drawn on the CPU either way, and --self-check always runs on the CPU.
+
 Precision: --precision fp32 (default) computes everything in float32, as
 train_gpt's fp32 mode does, except that the gradient norm is accumulated in
 float64 so the reference value itself carries no summation-order noise.
@@ -111,9 +114,9 @@ def make_tokens(cfg):
     return tokens.astype(np.uint16)
 
 
-def step_batch(tokens, cfg, step):
+def step_batch(tokens, cfg, step, device="cpu"):
     BT = cfg.batch * cfg.seq_len
-    window = torch.from_numpy(tokens[step * BT: step * BT + BT + 1].astype(np.int64))
+    window = torch.from_numpy(tokens[step * BT: step * BT + BT + 1].astype(np.int64)).to(device)
     inputs = window[:-1].view(cfg.batch, cfg.seq_len)
     targets = window[1:].view(cfg.batch, cfg.seq_len)
     return inputs, targets
@@ -130,7 +133,7 @@ def causal_self_attention(x, qkvw, qkvb, projw, projb, n_head):
     # Columns [0:C] are q, [C:2C] k, [2C:3C] v; head h owns channels h*HS:(h+1)*HS of each.
     q, k, v = (qkv[..., i * C:(i + 1) * C].view(B, T, n_head, HS).transpose(1, 2) for i in range(3))
     scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(HS))
-    future = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+    future = torch.triu(torch.ones(T, T, dtype=torch.bool, device=x.device), diagonal=1)
     probs = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
     y = (probs @ v).transpose(1, 2).reshape(B, T, C)
     return y @ projw.t() + projb
@@ -187,13 +190,13 @@ def forward_backward(params, inputs, targets, cfg):
 
 
 def train(initial, tokens, cfg, dtype):
-    params = {name: t.to(dtype).clone().requires_grad_(True) for name, t in initial.items()}
-    m = {name: torch.zeros_like(t, dtype=dtype) for name, t in initial.items()}
-    v = {name: torch.zeros_like(t, dtype=dtype) for name, t in initial.items()}
+    params = {name: t.to(cfg.device, dtype).clone().requires_grad_(True) for name, t in initial.items()}
+    m = {name: torch.zeros_like(t) for name, t in params.items()}
+    v = {name: torch.zeros_like(t) for name, t in params.items()}
     losses, norms = [], []
     first = None
     for step in range(cfg.steps):
-        inputs, targets = step_batch(tokens, cfg, step)
+        inputs, targets = step_batch(tokens, cfg, step, cfg.device)
         logits, loss, grads = forward_backward(params, inputs, targets, cfg)
         if step == 0:  # copied: clipping below scales the gradients in place
             first = (logits, loss, {name: g.clone() for name, g in grads.items()})
@@ -235,7 +238,7 @@ def write_outputs(cfg, initial, tokens, first, losses, norms, final):
                         cfg.layers, cfg.heads, cfg.channels, cfg.vocab, cfg.padded_vocab,
                         cfg.max_seq_len, num_params]).tobytes())
         for section in sections:
-            f.write(section.double().numpy().astype("<f4").tobytes())
+            f.write(section.double().cpu().numpy().astype("<f4").tobytes())
 
     summary = {key: val for key, val in vars(cfg).items() if key not in ("out", "self_check")}
     summary.update(num_params=num_params, num_tokens=len(tokens), losses=losses, grad_norms=norms)
@@ -324,6 +327,7 @@ def parse_args(argv):
                     help="LayerNorm w = 1 + 0.1 N(0,1), b = 0.1 N(0,1) instead of 1 / 0")
     ap.add_argument("--perturb-biases", action=argparse.BooleanOptionalAction, default=True,
                     help="linear biases 0.02 N(0,1) instead of 0")
+    ap.add_argument("--device", default="cpu", help="torch device for the training, e.g. cuda (default: cpu)")
     ap.add_argument("--self-check", action="store_true",
                     help="also verify gradients by finite differences and AdamW against torch (fp64)")
     cfg = ap.parse_args(argv)
@@ -353,6 +357,7 @@ def main(argv):
     torch.set_flush_denormal(True)
     torch.set_num_threads(1)
     dtype = torch.float64 if cfg.precision == "fp64" else torch.float32
+    torch.backends.cuda.matmul.allow_tf32 = False
 
     initial = init_params(cfg)
     tokens = make_tokens(cfg)
