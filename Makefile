@@ -5,6 +5,7 @@
 #   make test-gpu   the same suite built with nvcc, run on a GPU
 #   make run        train: GPU binary when a GPU is present, else the CPU build on a small model
 #   make ptx-report ptxas registers / spills / shared memory per kernel → build/ptx-report.txt
+#   make bench      build/bench_attention (nvcc): attention timings, flash vs simple vs PyTorch, run on a GPU
 
 CUDA_HOME ?= /usr/local/cuda
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
@@ -38,7 +39,7 @@ MPI_TESTS         := $(wildcard test/mpi_*.cu)
 CPU_MPI_TEST_BINS := $(MPI_TESTS:test/%.cu=$(BUILD)/cpu/test/%)
 GPU_MPI_TEST_BINS := $(MPI_TESTS:test/%.cu=$(BUILD)/gpu/test/%)
 
-.PHONY: all gpu cpu test test-gpu gpu-check ptx-report run clean check-nvcc
+.PHONY: all gpu cpu test test-gpu gpu-check ptx-report bench run clean check-nvcc
 .DEFAULT_GOAL := all
 
 all: gpu
@@ -104,6 +105,12 @@ gpu-check: check-nvcc train_gpt $(GPU_TEST_BINS:$(BUILD)/gpu/test/%=$(BUILD)/gpu
 ptx-report: gpu-check
 	@bash scripts/ptx_report.sh $(BUILD)/ptx-report.txt \
 	  $(BUILD)/gpu/train_gpt.o.ptxas $(GPU_TEST_BINS:%=%.o.ptxas)
+
+# Kernel benchmarks: built here, run on a GPU machine (dev/README.md).
+bench: check-nvcc $(BUILD)/bench_attention
+
+$(BUILD)/bench_attention: $(BUILD)/gpu/dev/bench_attention.o
+	$(NVCC) $(GPU_ARCH) -o $@ $^
 
 run:
 	@bash scripts/run.sh
