@@ -9,15 +9,14 @@
 // Head dims 64 and 128 (a template parameter), any B, NH and T >= 1; tensors 16-byte aligned.
 //
 // Tiling (docs/ATTENTION.md has the numbers): every kernel runs 4 warps; a block owns 64 rows
-// (16 per warp) and streams tiles of the other operand through double-buffered shared memory
-// (cp.async). Products run on mma.m16n8k16 (bf16 in, fp32 accumulate) with fragments loaded by
-// ldmatrix; a product's result feeds the next one as an A fragment straight from registers.
-//   forward        64 query rows per block; 64-key tiles of K and V; online softmax in registers.
-//   key/value      64 keys per block, dK and dV in fp32 registers; walks the query tiles from the
-//                  diagonal to the end, recomputing P from Q, K and lse (32-query tiles at HD 128,
-//                  so the 128 fp32 accumulators per thread leave room for the rest).
-//   query          64 query rows per block, dQ in fp32 registers; walks the key tiles up to the
-//                  diagonal (32-key tiles at HD 128).
+// (16 per warp) and streams tiles of the other operand, 64 rows at HD 64 and 32 at HD 128,
+// through double-buffered shared memory (cp.async). Products run on mma.m16n8k16 (bf16 in,
+// fp32 accumulate) with fragments loaded by ldmatrix; a product's result feeds the next one as
+// an A fragment straight from registers.
+//   forward        64 query rows per block; streams K and V; online softmax in registers.
+//   key/value      64 keys per block, dK and dV in fp32 registers; streams Q and dO from the
+//                  diagonal to the end, recomputing P from Q, K and lse.
+//   query          64 query rows per block, dQ in fp32 registers; streams K and V up to the diagonal.
 // Both backward kernels read D = rowsum(dO ∘ O) from a small kernel that runs first. Every
 // output element is produced by exactly one thread in a fixed order: no atomics, so the
 // results are bitwise reproducible.
@@ -37,20 +36,21 @@ struct FlashTiles {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kRows = 16 * kWarps;  // rows a block owns: queries (forward, dQ) or keys (dK, dV)
-  static constexpr int kForwardKeys = 64;    // keys per streamed tile of the forward
-  static constexpr int kBackwardStream = HD == 64 ? 64 : 32;  // rows per streamed tile of the backward
+  // Rows per streamed tile. 32 at HD 128 keeps the forward's shared memory at 51 KB (two blocks
+  // per SM on sm_80 too) and leaves the backward registers for its 128 fp32 accumulators.
+  static constexpr int kStream = HD == 64 ? 64 : 32;
   static constexpr int kStride = HD + 8;     // shared-memory row pitch in bf16 (padding: see the top)
   static constexpr int kChunks = HD / 8;     // 16-byte chunks per row
 
   static constexpr size_t tile_bytes(int rows) { return static_cast<size_t>(rows) * kStride * sizeof(bf16); }
   // Q + two K and two V buffers.
-  static constexpr size_t forward_smem() { return tile_bytes(kRows) + 4 * tile_bytes(kForwardKeys); }
+  static constexpr size_t forward_smem() { return tile_bytes(kRows) + 4 * tile_bytes(kStream); }
   // K, V + two Q and two dO buffers + two buffers of the streamed rows' lse and D.
   static constexpr size_t key_value_smem() {
-    return 2 * tile_bytes(kRows) + 4 * tile_bytes(kBackwardStream) + 4 * kBackwardStream * sizeof(float);
+    return 2 * tile_bytes(kRows) + 4 * tile_bytes(kStream) + 4 * kStream * sizeof(float);
   }
   // Q, dO + two K and two V buffers.
-  static constexpr size_t query_smem() { return 2 * tile_bytes(kRows) + 4 * tile_bytes(kBackwardStream); }
+  static constexpr size_t query_smem() { return 2 * tile_bytes(kRows) + 4 * tile_bytes(kStream); }
 };
 
 constexpr float kFlashLog2e = 1.4426950408889634f;
@@ -179,7 +179,7 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
     flash_attention_forward_kernel(bf16* out, float* lse, const bf16* qkv, int B, int seq_len, int NH,
                                    float scale_log2) {
   using Tiles = FlashTiles<HD>;
-  constexpr int BM = Tiles::kRows, BN = Tiles::kForwardKeys, S = Tiles::kStride;
+  constexpr int BM = Tiles::kRows, BN = Tiles::kStream, S = Tiles::kStride;
   DYNAMIC_SHARED(bf16, smem);
   bf16* q_tile = smem;
   bf16* k_tiles = q_tile + BM * S;
@@ -310,7 +310,7 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
                                               const float* lse, int B, int seq_len, int NH, float scale,
                                               float scale_log2) {
   using Tiles = FlashTiles<HD>;
-  constexpr int BN = Tiles::kRows, BM = Tiles::kBackwardStream, S = Tiles::kStride;
+  constexpr int BN = Tiles::kRows, BM = Tiles::kStream, S = Tiles::kStride;
   DYNAMIC_SHARED(bf16, smem);
   bf16* k_tile = smem;
   bf16* v_tile = k_tile + BN * S;
@@ -409,7 +409,7 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
                                           const float* lse, int B, int seq_len, int NH, float scale,
                                           float scale_log2) {
   using Tiles = FlashTiles<HD>;
-  constexpr int BM = Tiles::kRows, BN = Tiles::kBackwardStream, S = Tiles::kStride;
+  constexpr int BM = Tiles::kRows, BN = Tiles::kStream, S = Tiles::kStride;
   DYNAMIC_SHARED(bf16, smem);
   bf16* q_tile = smem;
   bf16* do_tile = q_tile + BM * S;
