@@ -253,7 +253,8 @@ void check_shape(const FlashShape& s, uint64_t seed, Report& report) {
   // (a) the simple kernel: its own forward; its backward on the flash forward's out and lse, so
   // both backward passes see the same inputs.
   test::DeviceBuffer<bf16> simple_out(out_n), simple_dqkv(qkv_n);
-  test::DeviceBuffer<float> simple_lse(lse_n), simple_scratch(attention_backward_scratch_bytes(B, T, NH) / 4);
+  test::DeviceBuffer<float> simple_lse(lse_n);
+  test::DeviceBuffer<float> simple_scratch(attention_backward_scratch_bytes(B, T, NH) / sizeof(float));
   attention_forward<bf16>(simple_out, simple_lse, qkv, B, T, C, NH, nullptr);
   attention_backward<bf16>(simple_dqkv, simple_scratch, dout, qkv, out, lse, B, T, C, NH, nullptr);
   test::require_no_cuda_error();
@@ -284,8 +285,8 @@ void check_shape(const FlashShape& s, uint64_t seed, Report& report) {
 void check_head_dim(int HD) {
   // T: a single row, a tail inside the first tile, exactly one 64-row tile, one row into the
   // next, and several tiles with a tail (also a tail of the 32-row tiles of HD 128's backward).
-  // The last two shapes have sharp inputs: scores up to ~|4·4|·sqrt(HD), a nearly one-hot softmax
-  // whose running maximum changes from tile to tile.
+  // The last two shapes have sharp inputs (std 4: scaled scores with std 16), a nearly one-hot
+  // softmax whose running maximum changes from tile to tile.
   const FlashShape shapes[] = {
       {1, 1, 1, HD, 1.0f},  {2, 1, 3, HD, 1.0f},  {1, 7, 1, HD, 1.0f},   {2, 7, 3, HD, 1.0f},
       {1, 64, 1, HD, 1.0f}, {2, 64, 3, HD, 1.0f}, {1, 65, 1, HD, 1.0f},  {2, 65, 3, HD, 1.0f},
