@@ -9,6 +9,7 @@
 #                   GPU machine needs → build/gpu-deps/ (scripts/gpu_deps.sh)
 #   make gpu-acceptance  on a GPU machine: build, test-gpu, sanitizers, PyTorch parity, determinism,
 #                   ceilings, throughput → build/acceptance/summary.md (scripts/gpu_acceptance.sh)
+#   make bench      build/bench_attention (nvcc): attention timings, flash vs simple vs PyTorch, run on a GPU
 
 CUDA_HOME ?= /usr/local/cuda
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
@@ -45,7 +46,7 @@ MPI_TESTS         := $(wildcard test/mpi_*.cu)
 CPU_MPI_TEST_BINS := $(MPI_TESTS:test/%.cu=$(BUILD)/cpu/test/%)
 GPU_MPI_TEST_BINS := $(MPI_TESTS:test/%.cu=$(BUILD)/gpu/test/%)
 
-.PHONY: all gpu cpu test test-gpu gpu-check ptx-report run clean check-nvcc gpu-deps gpu-acceptance
+.PHONY: all gpu cpu test test-gpu gpu-check ptx-report bench run clean check-nvcc gpu-deps gpu-acceptance
 .DEFAULT_GOAL := all
 
 all: gpu
@@ -111,6 +112,12 @@ gpu-check: check-nvcc train_gpt $(GPU_TEST_BINS:$(BUILD)/gpu/test/%=$(BUILD)/gpu
 ptx-report: gpu-check
 	@bash scripts/ptx_report.sh $(BUILD)/ptx-report.txt \
 	  $(BUILD)/gpu/train_gpt.o.ptxas $(GPU_TEST_BINS:%=%.o.ptxas)
+
+# Kernel benchmarks: built here, run on a GPU machine (dev/README.md).
+bench: check-nvcc $(BUILD)/bench_attention
+
+$(BUILD)/bench_attention: $(BUILD)/gpu/dev/bench_attention.o
+	$(NVCC) $(GPU_ARCH) -o $@ $^
 
 run:
 	@bash scripts/run.sh

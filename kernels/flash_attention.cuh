@@ -1,0 +1,587 @@
+// flash_attention.cuh — causal multi-head self-attention on tensor cores (FlashAttention-2
+// style): forward, backward and their launchers; bf16 in and out, fp32 accumulation and
+// softmax statistics.
+//
+// Same tensors and meaning as attention.cuh, so the two are interchangeable: q, k, v are read
+// straight from qkv (B, T, 3C) (q = channels [0, C), k = [C, 2C), v = [2C, 3C); head h owns
+// channels h*HD .. h*HD+HD-1 of each), out is (B, T, C), lse (B, NH, T) is the natural-log
+// log-sum-exp of each row's scaled scores, and dqkv is written in the fused (B, T, 3C) layout.
+// Head dims 64 and 128 (a template parameter), any B, NH and T >= 1; tensors 16-byte aligned.
+//
+// Tiling (docs/ATTENTION.md has the numbers): every kernel runs 4 warps; a block owns 64 rows
+// (16 per warp) and streams tiles of the other operand, 64 rows at HD 64 and 32 at HD 128,
+// through double-buffered shared memory (cp.async). Products run on mma.m16n8k16 (bf16 in,
+// fp32 accumulate) with fragments loaded by ldmatrix; a product's result feeds the next one as
+// an A fragment straight from registers.
+//   forward        64 query rows per block; streams K and V; online softmax in registers.
+//   key/value      64 keys per block, dK and dV in fp32 registers; streams Q and dO from the
+//                  diagonal to the end, recomputing P from Q, K and lse.
+//   query          64 query rows per block, dQ in fp32 registers; streams K and V up to the diagonal.
+// Both backward kernels read D = rowsum(dO ∘ O) from a small kernel that runs first. Every
+// output element is produced by exactly one thread in a fixed order: no atomics, so the
+// results are bitwise reproducible.
+//
+// Shared memory rows are padded by 8 bf16 (16 bytes): consecutive rows then start 4 banks
+// apart, so the 8 rows an ldmatrix phase reads and the 16-byte chunks a cp.async quarter-warp
+// writes fall into distinct banks. Rows at or beyond T are zero-filled, never read, and never
+// written back; keys at or beyond T are always causally masked for rows < T.
+#pragma once
+#include <initializer_list>
+
+#include "common.cuh"
+
+template <int HD>
+struct FlashTiles {
+  static_assert(HD == 64 || HD == 128, "flash attention supports head dims 64 and 128");
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kRows = 16 * kWarps;  // rows a block owns: queries (forward, dQ) or keys (dK, dV)
+  // Rows per streamed tile. 32 at HD 128 keeps the forward's shared memory at 51 KB (two blocks
+  // per SM on sm_80 too) and leaves the backward registers for its 128 fp32 accumulators.
+  static constexpr int kStream = HD == 64 ? 64 : 32;
+  static constexpr int kStride = HD + 8;     // shared-memory row pitch in bf16 (padding: see the top)
+  static constexpr int kChunks = HD / 8;     // 16-byte chunks per row
+
+  static constexpr size_t tile_bytes(int rows) { return static_cast<size_t>(rows) * kStride * sizeof(bf16); }
+  // Q + two K and two V buffers.
+  static constexpr size_t forward_smem() { return tile_bytes(kRows) + 4 * tile_bytes(kStream); }
+  // K, V + two Q and two dO buffers + two buffers of the streamed rows' lse and D.
+  static constexpr size_t key_value_smem() {
+    return 2 * tile_bytes(kRows) + 4 * tile_bytes(kStream) + 4 * kStream * sizeof(float);
+  }
+  // Q, dO + two K and two V buffers.
+  static constexpr size_t query_smem() { return 2 * tile_bytes(kRows) + 4 * tile_bytes(kStream); }
+};
+
+constexpr float kFlashLog2e = 1.4426950408889634f;
+constexpr float kFlashLn2 = 0.6931471805599453f;
+
+__device__ __forceinline__ uint32_t flash_pack_bf16x2(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  uint32_t bits;
+  memcpy(&bits, &v, sizeof bits);
+  return bits;
+}
+
+// Rows [row0, row0 + ROWS) of one head into a padded shared tile, by cp.async (the caller
+// commits and waits); src is row 0 of the head's HD channels, rows row_stride elements apart.
+// Rows at or beyond seq_len are zero-filled instead of read.
+template <int HD, int ROWS>
+__device__ __forceinline__ void flash_load_tile(bf16* tile, const bf16* src, size_t row_stride, int row0,
+                                                int seq_len) {
+  using Tiles = FlashTiles<HD>;
+  for (int c = threadIdx.x; c < ROWS * Tiles::kChunks; c += Tiles::kThreads) {
+    const int r = c / Tiles::kChunks, col = (c % Tiles::kChunks) * 8;
+    bf16* dst = tile + r * Tiles::kStride + col;
+    if (row0 + r < seq_len) {
+      cp_async_16(dst, src + static_cast<size_t>(row0 + r) * row_stride + col);
+    } else {
+      store_int4(dst, int4{0, 0, 0, 0});
+    }
+  }
+}
+
+// ldmatrix.x4 fragments; lane l gives row l % 8 of matrix l / 8. Fragment layouts per the PTX
+// ISA ("Matrix Fragments for mma.m16n8k16"): g = lane / 4 indexes rows of A and columns of B.
+//
+// A (16 x 16, row-major) = tile rows row0.., columns k0..: matrices (rows +0, +8) x (columns +0, +8).
+template <int HD>
+__device__ __forceinline__ void flash_load_a(uint32_t a[4], const bf16* tile, int row0, int k0) {
+  const int lane = threadIdx.x % 32, m = lane / 8;
+  ldmatrix_x4(a, tile + (row0 + lane % 8 + 8 * (m % 2)) * FlashTiles<HD>::kStride + k0 + 8 * (m / 2));
+}
+// B = tileᵀ for two n-tiles: tile rows n0.. are B's columns, tile columns k0.. its rows.
+// b[0..1] is n-tile n0, b[2..3] n-tile n0 + 8.
+template <int HD>
+__device__ __forceinline__ void flash_load_b_transposed(uint32_t b[4], const bf16* tile, int n0, int k0) {
+  const int lane = threadIdx.x % 32, m = lane / 8;
+  ldmatrix_x4(b, tile + (n0 + lane % 8 + 8 * (m / 2)) * FlashTiles<HD>::kStride + k0 + 8 * (m % 2));
+}
+// B = tile for two n-tiles: tile rows k0.. are B's rows, tile columns n0.. its columns, so the
+// col-major fragment needs the transposing load. b[0..1] is n-tile n0, b[2..3] n-tile n0 + 8.
+template <int HD>
+__device__ __forceinline__ void flash_load_b(uint32_t b[4], const bf16* tile, int k0, int n0) {
+  const int lane = threadIdx.x % 32, m = lane / 8;
+  ldmatrix_x4_trans(b, tile + (k0 + lane % 8 + 8 * (m % 2)) * FlashTiles<HD>::kStride + n0 + 8 * (m / 2));
+}
+
+// acc (16 x N) += A · Bᵀ with A = 16 rows of a_tile from row0 and B = the first N rows of
+// b_tile, both HD wide: a score-like product (S = Q Kᵀ, dP = dO Vᵀ, ...).
+template <int HD, int N>
+__device__ __forceinline__ void flash_mma_rows_by_rows(float acc[N / 8][4], const bf16* a_tile, int row0,
+                                                       const bf16* b_tile) {
+  for (int k0 = 0; k0 < HD; k0 += 16) {
+    uint32_t a[4];
+    flash_load_a<HD>(a, a_tile, row0, k0);
+    for (int n = 0; n < N / 16; ++n) {
+      uint32_t b[4];
+      flash_load_b_transposed<HD>(b, b_tile, 16 * n, k0);
+      mma_m16n8k16_bf16(acc[2 * n], a, b, acc[2 * n]);
+      mma_m16n8k16_bf16(acc[2 * n + 1], a, b + 2, acc[2 * n + 1]);
+    }
+  }
+}
+
+// acc (16 x HD) += A · B with A (16 x N) in registers (from flash_to_a) and B = the first N
+// rows of b_tile: a value-like product (O += P V, dV += Pᵀ dO, ...).
+template <int HD, int N>
+__device__ __forceinline__ void flash_mma_regs_by_rows(float acc[HD / 8][4], const uint32_t a[N / 16][4],
+                                                       const bf16* b_tile) {
+  for (int kk = 0; kk < N / 16; ++kk) {
+    for (int n = 0; n < HD / 16; ++n) {
+      uint32_t b[4];
+      flash_load_b<HD>(b, b_tile, 16 * kk, 16 * n);
+      mma_m16n8k16_bf16(acc[2 * n], a[kk], b, acc[2 * n]);
+      mma_m16n8k16_bf16(acc[2 * n + 1], a[kk], b + 2, acc[2 * n + 1]);
+    }
+  }
+}
+
+// An fp32 accumulator (16 x N, C layout) as bf16 A fragments: the C layout of n-tiles 2kk and
+// 2kk+1 holds exactly the elements the A layout of k-chunk kk wants in this lane.
+template <int N>
+__device__ __forceinline__ void flash_to_a(uint32_t a[N / 16][4], const float c[N / 8][4]) {
+  for (int kk = 0; kk < N / 16; ++kk) {
+    a[kk][0] = flash_pack_bf16x2(c[2 * kk][0], c[2 * kk][1]);
+    a[kk][1] = flash_pack_bf16x2(c[2 * kk][2], c[2 * kk][3]);
+    a[kk][2] = flash_pack_bf16x2(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+    a[kk][3] = flash_pack_bf16x2(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+  }
+}
+
+// Writes a warp's 16 x HD accumulator as bf16 rows row0..row0+15 of dst (rows row_stride
+// apart), skipping rows at or beyond seq_len. The fragments go through the warp's own 16 rows
+// of shared memory (stage) first, so global memory sees whole 16-byte chunks.
+template <int HD>
+__device__ __forceinline__ void flash_store_rows(bf16* dst, size_t row_stride, int row0, int seq_len, bf16* stage,
+                                                 const float acc[HD / 8][4]) {
+  using Tiles = FlashTiles<HD>;
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  for (int n = 0; n < HD / 8; ++n) {
+    *reinterpret_cast<__nv_bfloat162*>(stage + g * Tiles::kStride + 8 * n + 2 * t) =
+        __floats2bfloat162_rn(acc[n][0], acc[n][1]);
+    *reinterpret_cast<__nv_bfloat162*>(stage + (g + 8) * Tiles::kStride + 8 * n + 2 * t) =
+        __floats2bfloat162_rn(acc[n][2], acc[n][3]);
+  }
+  __syncwarp();
+  for (int c = lane; c < 16 * Tiles::kChunks; c += 32) {
+    const int r = c / Tiles::kChunks, col = (c % Tiles::kChunks) * 8;
+    if (row0 + r < seq_len) {
+      store128(dst + static_cast<size_t>(row0 + r) * row_stride + col, load128(stage + r * Tiles::kStride + col));
+    }
+  }
+}
+
+// One block per (64 query rows, b, h), the longest causal prefixes first. Scores are kept in
+// log2 units (scaled by scale·log2 e) so the exponentials are exp2f.
+template <int HD>
+__global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
+    flash_attention_forward_kernel(bf16* out, float* lse, const bf16* qkv, int B, int seq_len, int NH,
+                                   float scale_log2) {
+  using Tiles = FlashTiles<HD>;
+  constexpr int BM = Tiles::kRows, BN = Tiles::kStream, S = Tiles::kStride;
+  DYNAMIC_SHARED(bf16, smem);
+  bf16* q_tile = smem;
+  bf16* k_tiles = q_tile + BM * S;
+  bf16* v_tiles = k_tiles + 2 * BN * S;
+
+  const int heads = B * NH;
+  const int q0 = (ceil_div(seq_len, BM) - 1 - static_cast<int>(blockIdx.x) / heads) * BM;
+  const int bh = static_cast<int>(blockIdx.x) % heads, b = bh / NH, h = bh % NH;
+  const int C = NH * HD;
+  const size_t row_stride = 3 * static_cast<size_t>(C);
+  const bf16* q_src = qkv + static_cast<size_t>(b) * seq_len * row_stride + h * HD;
+  const bf16* k_src = q_src + C;
+  const bf16* v_src = q_src + 2 * C;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int row = q0 + 16 * warp + g;  // this lane's rows: row and row + 8
+
+  const int kv_tiles = ceil_div(min(q0 + BM, seq_len), BN);  // keys up to the block's last valid row
+  flash_load_tile<HD, BM>(q_tile, q_src, row_stride, q0, seq_len);
+  flash_load_tile<HD, BN>(k_tiles, k_src, row_stride, 0, seq_len);
+  flash_load_tile<HD, BN>(v_tiles, v_src, row_stride, 0, seq_len);
+  cp_async_commit();
+
+  float o[HD / 8][4] = {};
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};  // row_sum: this lane's columns only
+  for (int j = 0; j < kv_tiles; ++j) {
+    if (j + 1 < kv_tiles) {  // prefetch the next tile into the other buffer
+      const int next = (j + 1) % 2;
+      flash_load_tile<HD, BN>(k_tiles + next * BN * S, k_src, row_stride, (j + 1) * BN, seq_len);
+      flash_load_tile<HD, BN>(v_tiles + next * BN * S, v_src, row_stride, (j + 1) * BN, seq_len);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const bf16* k_tile = k_tiles + (j % 2) * BN * S;
+    const bf16* v_tile = v_tiles + (j % 2) * BN * S;
+
+    float s[BN / 8][4] = {};
+    flash_mma_rows_by_rows<HD, BN>(s, q_tile, 16 * warp, k_tile);
+    const int k0 = j * BN;
+    const bool diagonal = k0 + BN - 1 > q0;  // some key of the tile lies after some row of the block
+    float tile_max[2] = {-INFINITY, -INFINITY};
+    for (int n = 0; n < BN / 8; ++n) {
+      for (int i = 0; i < 4; ++i) {
+        float x = s[n][i] * scale_log2;
+        if (diagonal && k0 + 8 * n + 2 * t + i % 2 > row + 8 * (i / 2)) x = -INFINITY;
+        s[n][i] = x;
+        tile_max[i / 2] = fmaxf(tile_max[i / 2], x);
+      }
+    }
+    // Every row sees key 0 in the first tile, so the running max is finite from then on.
+    float correction[2];
+    for (int r = 0; r < 2; ++r) {
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+      const float new_max = fmaxf(row_max[r], tile_max[r]);
+      correction[r] = exp2f(row_max[r] - new_max);  // 0 on the first tile (row_max = -inf)
+      row_max[r] = new_max;
+      row_sum[r] *= correction[r];
+    }
+    for (int n = 0; n < BN / 8; ++n) {
+      for (int i = 0; i < 4; ++i) {
+        s[n][i] = exp2f(s[n][i] - row_max[i / 2]);
+        row_sum[i / 2] += s[n][i];
+      }
+    }
+    for (int n = 0; n < HD / 8; ++n) {
+      for (int i = 0; i < 4; ++i) o[n][i] *= correction[i / 2];
+    }
+    uint32_t p[BN / 16][4];
+    flash_to_a<BN>(p, s);
+    flash_mma_regs_by_rows<HD, BN>(o, p, v_tile);
+    __syncthreads();  // the next iteration's prefetch overwrites this tile's buffers
+  }
+
+  for (int r = 0; r < 2; ++r) {
+    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
+    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
+  }
+  const float inv_sum[2] = {1.0f / row_sum[0], 1.0f / row_sum[1]};
+  for (int n = 0; n < HD / 8; ++n) {
+    for (int i = 0; i < 4; ++i) o[n][i] *= inv_sum[i / 2];
+  }
+  if (t == 0) {
+    for (int r = 0; r < 2; ++r) {
+      if (row + 8 * r < seq_len) {
+        lse[static_cast<size_t>(bh) * seq_len + row + 8 * r] = (row_max[r] + log2f(row_sum[r])) * kFlashLn2;
+      }
+    }
+  }
+  // The warp's own Q rows are free now: they stage its output rows.
+  flash_store_rows<HD>(out + static_cast<size_t>(b) * seq_len * C + h * HD, C, q0 + 16 * warp, seq_len,
+                       q_tile + 16 * warp * S, o);
+}
+
+// D_t = dO_t · O_t per (b, h, t) into delta (B, NH, T), fp32. HD / 8 consecutive lanes share a
+// row (one 16-byte chunk each) and sum it in a fixed butterfly order.
+template <int HD>
+__global__ void flash_attention_backward_delta_kernel(float* delta, const bf16* dout, const bf16* out, int B,
+                                                      int seq_len, int NH) {
+  constexpr int L = HD / 8;
+  const size_t rows = static_cast<size_t>(B) * seq_len * NH;  // (b, t, h) rows, contiguous in out and dout
+  const size_t index = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t row = index / L;
+  const int chunk = static_cast<int>(index % L);
+  float sum = 0.0f;
+  if (row < rows) {
+    const Vec128<bf16> d = load128(dout + row * HD + chunk * 8), o = load128(out + row * HD + chunk * 8);
+    for (int i = 0; i < 8; ++i) sum += to_float(d[i]) * to_float(o[i]);
+  }
+  for (int offset = L / 2; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (chunk == 0 && row < rows) {
+    const size_t bt = row / NH;
+    const int h = static_cast<int>(row % NH);
+    const size_t b = bt / seq_len, t = bt % seq_len;
+    delta[(b * NH + h) * seq_len + t] = sum;
+  }
+}
+
+// One block per (64 keys, b, h), the keys with the most queries first: dV = Pᵀ dO and
+// dK = scale · dSᵀ Q, dS = P ∘ (dP − D), over the query tiles from the diagonal on.
+// The streamed rows' lse (in log2 units) and D sit in shared memory, +inf and 0 beyond T so
+// those zero-filled queries contribute exactly 0.
+template <int HD>
+__global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
+    flash_attention_backward_key_value_kernel(bf16* dqkv, const float* delta, const bf16* dout, const bf16* qkv,
+                                              const float* lse, int B, int seq_len, int NH, float scale,
+                                              float scale_log2) {
+  using Tiles = FlashTiles<HD>;
+  constexpr int BN = Tiles::kRows, BM = Tiles::kStream, S = Tiles::kStride;
+  DYNAMIC_SHARED(bf16, smem);
+  bf16* k_tile = smem;
+  bf16* v_tile = k_tile + BN * S;
+  bf16* q_tiles = v_tile + BN * S;
+  bf16* do_tiles = q_tiles + 2 * BM * S;
+  float* stats = reinterpret_cast<float*>(do_tiles + 2 * BM * S);  // per buffer: lse·log2 e [BM], then D [BM]
+
+  const int heads = B * NH;
+  const int k0 = static_cast<int>(blockIdx.x) / heads * BN;
+  const int bh = static_cast<int>(blockIdx.x) % heads, b = bh / NH, h = bh % NH;
+  const int C = NH * HD;
+  const size_t row_stride = 3 * static_cast<size_t>(C);
+  const bf16* q_src = qkv + static_cast<size_t>(b) * seq_len * row_stride + h * HD;
+  const bf16* do_src = dout + static_cast<size_t>(b) * seq_len * C + h * HD;
+  const float* lse_bh = lse + static_cast<size_t>(bh) * seq_len;
+  const float* delta_bh = delta + static_cast<size_t>(bh) * seq_len;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int key = k0 + 16 * warp + g;  // this lane's keys: key and key + 8
+
+  // Thread i < BM holds lse of streamed row i, BM <= i < 2 BM holds D of row i - BM.
+  auto query_stat = [&](int q0) -> float {
+    const int i = static_cast<int>(threadIdx.x) % BM, q = q0 + i;
+    if (static_cast<int>(threadIdx.x) < BM) return q < seq_len ? lse_bh[q] * kFlashLog2e : INFINITY;
+    return q < seq_len ? delta_bh[q] : 0.0f;
+  };
+  const bool holds_stat = static_cast<int>(threadIdx.x) < 2 * BM;
+
+  const int first = k0 / BM, last = ceil_div(seq_len, BM);  // query tiles [first, last)
+  flash_load_tile<HD, BN>(k_tile, q_src + C, row_stride, k0, seq_len);
+  flash_load_tile<HD, BN>(v_tile, q_src + 2 * C, row_stride, k0, seq_len);
+  flash_load_tile<HD, BM>(q_tiles + (first % 2) * BM * S, q_src, row_stride, first * BM, seq_len);
+  flash_load_tile<HD, BM>(do_tiles + (first % 2) * BM * S, do_src, C, first * BM, seq_len);
+  cp_async_commit();
+  if (holds_stat) stats[(first % 2) * 2 * BM + threadIdx.x] = query_stat(first * BM);
+
+  float dk[HD / 8][4] = {}, dv[HD / 8][4] = {};
+  for (int i = first; i < last; ++i) {
+    const int q0 = i * BM, buffer = i % 2;
+    float next_stat = 0.0f;
+    if (i + 1 < last) {  // prefetch the next tile; its statistics are stored after this tile's work
+      flash_load_tile<HD, BM>(q_tiles + (1 - buffer) * BM * S, q_src, row_stride, q0 + BM, seq_len);
+      flash_load_tile<HD, BM>(do_tiles + (1 - buffer) * BM * S, do_src, C, q0 + BM, seq_len);
+      cp_async_commit();
+      if (holds_stat) next_stat = query_stat(q0 + BM);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const bf16* q_tile = q_tiles + buffer * BM * S;
+    const bf16* do_tile = do_tiles + buffer * BM * S;
+    const float* lse_log2 = stats + buffer * 2 * BM;
+    const float* row_delta = lse_log2 + BM;
+
+    // Pᵀ (16 keys x BM queries): this lane holds keys key, key + 8 and queries q0 + 8n + 2t (+1).
+    float p[BM / 8][4] = {};
+    flash_mma_rows_by_rows<HD, BM>(p, k_tile, 16 * warp, q_tile);
+    const bool diagonal = k0 + BN - 1 > q0;
+    for (int n = 0; n < BM / 8; ++n) {
+      for (int e = 0; e < 4; ++e) {
+        const int col = 8 * n + 2 * t + e % 2;
+        const bool masked = diagonal && key + 8 * (e / 2) > q0 + col;
+        p[n][e] = masked ? 0.0f : exp2f(p[n][e] * scale_log2 - lse_log2[col]);
+      }
+    }
+    uint32_t a[BM / 16][4];
+    flash_to_a<BM>(a, p);
+    flash_mma_regs_by_rows<HD, BM>(dv, a, do_tile);
+
+    float ds[BM / 8][4] = {};  // dPᵀ = V dOᵀ, then dSᵀ = Pᵀ ∘ (dPᵀ − D)
+    flash_mma_rows_by_rows<HD, BM>(ds, v_tile, 16 * warp, do_tile);
+    for (int n = 0; n < BM / 8; ++n) {
+      for (int e = 0; e < 4; ++e) ds[n][e] = p[n][e] * (ds[n][e] - row_delta[8 * n + 2 * t + e % 2]);
+    }
+    flash_to_a<BM>(a, ds);
+    flash_mma_regs_by_rows<HD, BM>(dk, a, q_tile);
+
+    if (holds_stat && i + 1 < last) stats[(1 - buffer) * 2 * BM + threadIdx.x] = next_stat;
+    __syncthreads();  // the next iteration's prefetch overwrites this tile's buffers
+  }
+
+  for (int n = 0; n < HD / 8; ++n) {
+    for (int e = 0; e < 4; ++e) dk[n][e] *= scale;
+  }
+  // The warp's own K and V rows are free now: they stage its dK and dV rows.
+  bf16* dk_dst = dqkv + static_cast<size_t>(b) * seq_len * row_stride + C + h * HD;
+  flash_store_rows<HD>(dk_dst, row_stride, k0 + 16 * warp, seq_len, k_tile + 16 * warp * S, dk);
+  flash_store_rows<HD>(dk_dst + C, row_stride, k0 + 16 * warp, seq_len, v_tile + 16 * warp * S, dv);
+}
+
+// One block per (64 query rows, b, h), the longest causal prefixes first:
+// dQ = scale · dS K over the key tiles up to the diagonal.
+template <int HD>
+__global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
+    flash_attention_backward_query_kernel(bf16* dqkv, const float* delta, const bf16* dout, const bf16* qkv,
+                                          const float* lse, int B, int seq_len, int NH, float scale,
+                                          float scale_log2) {
+  using Tiles = FlashTiles<HD>;
+  constexpr int BM = Tiles::kRows, BN = Tiles::kStream, S = Tiles::kStride;
+  DYNAMIC_SHARED(bf16, smem);
+  bf16* q_tile = smem;
+  bf16* do_tile = q_tile + BM * S;
+  bf16* k_tiles = do_tile + BM * S;
+  bf16* v_tiles = k_tiles + 2 * BN * S;
+
+  const int heads = B * NH;
+  const int q0 = (ceil_div(seq_len, BM) - 1 - static_cast<int>(blockIdx.x) / heads) * BM;
+  const int bh = static_cast<int>(blockIdx.x) % heads, b = bh / NH, h = bh % NH;
+  const int C = NH * HD;
+  const size_t row_stride = 3 * static_cast<size_t>(C);
+  const bf16* q_src = qkv + static_cast<size_t>(b) * seq_len * row_stride + h * HD;
+  const bf16* k_src = q_src + C;
+  const bf16* v_src = q_src + 2 * C;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int row = q0 + 16 * warp + g;  // this lane's rows: row and row + 8
+
+  const int kv_tiles = ceil_div(min(q0 + BM, seq_len), BN);
+  flash_load_tile<HD, BM>(q_tile, q_src, row_stride, q0, seq_len);
+  flash_load_tile<HD, BM>(do_tile, dout + static_cast<size_t>(b) * seq_len * C + h * HD, C, q0, seq_len);
+  flash_load_tile<HD, BN>(k_tiles, k_src, row_stride, 0, seq_len);
+  flash_load_tile<HD, BN>(v_tiles, v_src, row_stride, 0, seq_len);
+  cp_async_commit();
+  float lse_log2[2], row_delta[2];  // rows beyond T: P = 0 (their results are never written)
+  for (int r = 0; r < 2; ++r) {
+    const bool valid = row + 8 * r < seq_len;
+    lse_log2[r] = valid ? lse[static_cast<size_t>(bh) * seq_len + row + 8 * r] * kFlashLog2e : INFINITY;
+    row_delta[r] = valid ? delta[static_cast<size_t>(bh) * seq_len + row + 8 * r] : 0.0f;
+  }
+
+  float dq[HD / 8][4] = {};
+  for (int j = 0; j < kv_tiles; ++j) {
+    if (j + 1 < kv_tiles) {
+      const int next = (j + 1) % 2;
+      flash_load_tile<HD, BN>(k_tiles + next * BN * S, k_src, row_stride, (j + 1) * BN, seq_len);
+      flash_load_tile<HD, BN>(v_tiles + next * BN * S, v_src, row_stride, (j + 1) * BN, seq_len);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const bf16* k_tile = k_tiles + (j % 2) * BN * S;
+    const bf16* v_tile = v_tiles + (j % 2) * BN * S;
+
+    float p[BN / 8][4] = {};
+    flash_mma_rows_by_rows<HD, BN>(p, q_tile, 16 * warp, k_tile);
+    const int k0 = j * BN;
+    const bool diagonal = k0 + BN - 1 > q0;
+    for (int n = 0; n < BN / 8; ++n) {
+      for (int e = 0; e < 4; ++e) {
+        const bool masked = diagonal && k0 + 8 * n + 2 * t + e % 2 > row + 8 * (e / 2);
+        p[n][e] = masked ? 0.0f : exp2f(p[n][e] * scale_log2 - lse_log2[e / 2]);
+      }
+    }
+    float ds[BN / 8][4] = {};  // dP = dO Vᵀ, then dS = P ∘ (dP − D)
+    flash_mma_rows_by_rows<HD, BN>(ds, do_tile, 16 * warp, v_tile);
+    for (int n = 0; n < BN / 8; ++n) {
+      for (int e = 0; e < 4; ++e) ds[n][e] = p[n][e] * (ds[n][e] - row_delta[e / 2]);
+    }
+    uint32_t a[BN / 16][4];
+    flash_to_a<BN>(a, ds);
+    flash_mma_regs_by_rows<HD, BN>(dq, a, k_tile);
+    __syncthreads();  // the next iteration's prefetch overwrites this tile's buffers
+  }
+
+  for (int n = 0; n < HD / 8; ++n) {
+    for (int e = 0; e < 4; ++e) dq[n][e] *= scale;
+  }
+  flash_store_rows<HD>(dqkv + static_cast<size_t>(b) * seq_len * row_stride + h * HD, row_stride, q0 + 16 * warp,
+                       seq_len, q_tile + 16 * warp * S, dq);
+}
+
+// ---------------------------------------------------------------------------------------
+// Launchers.
+
+inline bool flash_attention_supports(int head_size) { return head_size == 64 || head_size == 128; }
+
+// Validates shape, head size and alignment (cp.async and 128-bit accesses need 16-byte
+// aligned rows); returns the head size.
+inline int flash_attention_check(const char* who, int B, int seq_len, int C, int NH,
+                                 std::initializer_list<const void*> tensors) {
+  if (B < 1 || seq_len < 1 || NH < 1 || C < 1 || C % NH != 0) {
+    std::fprintf(stderr, "%s: need B, T, NH >= 1 and C divisible by NH; got B=%d T=%d C=%d NH=%d\n", who, B, seq_len,
+                 C, NH);
+    std::exit(1);
+  }
+  const int head_size = C / NH;
+  if (!flash_attention_supports(head_size)) {
+    std::fprintf(stderr, "%s: head size C/NH = %d/%d = %d is not supported (64 or 128)\n", who, C, NH, head_size);
+    std::exit(1);
+  }
+  for (const void* p : tensors) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {
+      std::fprintf(stderr, "%s: tensor %p is not 16-byte aligned (cp.async and 128-bit accesses)\n", who, p);
+      std::exit(1);
+    }
+  }
+  return head_size;
+}
+
+// A kernel's dynamic shared memory beyond the default 48 KB needs an explicit opt-in.
+template <typename... Params>
+void flash_attention_allow_smem(void (*kernel)(Params...), size_t bytes) {
+  if (bytes > 48 * 1024) {
+    CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  }
+}
+
+// One block per tile of FlashTiles::kRows rows (queries or keys) of every (b, h).
+template <int HD>
+dim3 flash_attention_grid(int B, int seq_len, int NH) {
+  return dim3(static_cast<unsigned>(ceil_div(seq_len, FlashTiles<HD>::kRows) * B * NH));
+}
+
+template <int HD>
+void flash_attention_forward_hd(bf16* out, float* lse, const bf16* qkv, int B, int seq_len, int NH,
+                                cudaStream_t stream) {
+  using Tiles = FlashTiles<HD>;
+  const float scale = 1.0f / sqrtf(static_cast<float>(HD));
+  flash_attention_allow_smem(flash_attention_forward_kernel<HD>, Tiles::forward_smem());
+  launch(flash_attention_forward_kernel<HD>, flash_attention_grid<HD>(B, seq_len, NH), dim3(Tiles::kThreads),
+         Tiles::forward_smem(), stream, out, lse, qkv, B, seq_len, NH, scale * kFlashLog2e);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+template <int HD>
+void flash_attention_backward_hd(bf16* dqkv, float* delta, const bf16* dout, const bf16* qkv, const bf16* out,
+                                 const float* lse, int B, int seq_len, int NH, cudaStream_t stream) {
+  using Tiles = FlashTiles<HD>;
+  const float scale = 1.0f / sqrtf(static_cast<float>(HD));
+  const size_t delta_threads = static_cast<size_t>(B) * seq_len * NH * (HD / 8);
+  launch(flash_attention_backward_delta_kernel<HD>, dim3(static_cast<unsigned>(ceil_div<size_t>(delta_threads, 256))),
+         dim3(256), 0, stream, delta, dout, out, B, seq_len, NH);
+  CUDA_CHECK(cudaGetLastError());
+  // Both kernels read D of rows other blocks computed, so they follow the delta kernel.
+  flash_attention_allow_smem(flash_attention_backward_key_value_kernel<HD>, Tiles::key_value_smem());
+  launch(flash_attention_backward_key_value_kernel<HD>, flash_attention_grid<HD>(B, seq_len, NH), dim3(Tiles::kThreads),
+         Tiles::key_value_smem(), stream, dqkv, delta, dout, qkv, lse, B, seq_len, NH, scale, scale * kFlashLog2e);
+  CUDA_CHECK(cudaGetLastError());
+  flash_attention_allow_smem(flash_attention_backward_query_kernel<HD>, Tiles::query_smem());
+  launch(flash_attention_backward_query_kernel<HD>, flash_attention_grid<HD>(B, seq_len, NH), dim3(Tiles::kThreads),
+         Tiles::query_smem(), stream, dqkv, delta, dout, qkv, lse, B, seq_len, NH, scale, scale * kFlashLog2e);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+// out (B, T, C) and lse (B, NH, T) from qkv (B, T, 3C); see the top of this file.
+inline void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int seq_len, int C, int NH,
+                                    cudaStream_t stream) {
+  const int head_size = flash_attention_check("flash_attention_forward", B, seq_len, C, NH, {out, qkv});
+  if (head_size == 64) {
+    flash_attention_forward_hd<64>(out, lse, qkv, B, seq_len, NH, stream);
+  } else {
+    flash_attention_forward_hd<128>(out, lse, qkv, B, seq_len, NH, stream);
+  }
+}
+
+// Scratch for flash_attention_backward: D_t = dout_t · out_t per (b, h, t), fp32.
+inline size_t flash_attention_backward_scratch_bytes(int B, int seq_len, int NH) {
+  return static_cast<size_t>(B) * NH * seq_len * sizeof(float);
+}
+
+// dqkv (B, T, 3C) is overwritten (every element) with dL/dqkv given dout = dL/dout, the
+// forward's inputs and outputs (qkv, out, lse) and flash_attention_backward_scratch_bytes of scratch.
+inline void flash_attention_backward(bf16* dqkv, float* scratch, const bf16* dout, const bf16* qkv, const bf16* out,
+                                     const float* lse, int B, int seq_len, int C, int NH, cudaStream_t stream) {
+  const int head_size =
+      flash_attention_check("flash_attention_backward", B, seq_len, C, NH, {dqkv, dout, qkv, out});
+  if (head_size == 64) {
+    flash_attention_backward_hd<64>(dqkv, scratch, dout, qkv, out, lse, B, seq_len, NH, stream);
+  } else {
+    flash_attention_backward_hd<128>(dqkv, scratch, dout, qkv, out, lse, B, seq_len, NH, stream);
+  }
+}
