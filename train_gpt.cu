@@ -173,7 +173,7 @@ class Trainer {
         inputs_(static_cast<size_t>(cfg_.batch_size) * cfg_.seq_len),
         targets_(inputs_.size()),
         data_(open_data(run, comm.rank(), comm.world_size(), inputs_, targets_)),
-        model_(run.model, cfg_.batch_size, cfg_.seq_len, cfg_.recompute, &comm, cfg_.zero),
+        model_(run.model, cfg_.batch_size, cfg_.seq_len, cfg_.recompute, &comm, cfg_.zero, cfg_.attention),
         model_path_(cfg_.out_dir + "/model.bin") {
     initialize_model();
     print_summary();
@@ -243,8 +243,9 @@ class Trainer {
                  act_bytes = model_.activation_bytes();
     std::printf("train_gpt\nconfig:\n%s", config_summary(cfg_).c_str());
     std::printf("device: %s (%s)\n", prop.name, mib(prop.totalGlobalMem).c_str());
-    std::printf("model: %s from %s, %s parameters\n", describe(run_.model).c_str(), run_.model_source.c_str(),
-                thousands(model_.num_parameters()).c_str());
+    std::printf("model: %s from %s, %s parameters, %s attention\n", describe(run_.model).c_str(),
+                run_.model_source.c_str(), thousands(model_.num_parameters()).c_str(),
+                attention_name(model_.attention()));
     std::printf("memory: parameters+gradients %s, optimizer %s, activations %s, total %s\n", mib(param_bytes).c_str(),
                 mib(optim_bytes).c_str(), mib(act_bytes).c_str(), mib(param_bytes + optim_bytes + act_bytes).c_str());
     std::printf("activations at --recompute %d: blocks %s, logits and buffers %s; blocks at --recompute",
@@ -425,6 +426,8 @@ int run_main(int argc, char** argv) {
   run.resume_from = resolve_resume(run.cfg, *comm);
   run.model = resolve_model(run.cfg, run.resume_from, &run.model_source);
   validate_against_model(run.cfg, run.model.max_seq_len, run.model_source);
+  with_context("model " + run.model_source,
+               [&] { choose_attention(run.cfg.attention, run.cfg.dtype == "fp32" ? DType::fp32 : DType::bf16, run.model); });
   if (run.cfg.dtype == "fp32") Trainer<float>(run, *comm).run();
   else Trainer<bf16>(run, *comm).run();
   return 0;

@@ -6,10 +6,11 @@
 // straight from qkv (B, T, 3C) (q = channels [0, C), k = [C, 2C), v = [2C, 3C); head h owns
 // channels h*HD .. h*HD+HD-1 of each), out is (B, T, C), lse (B, NH, T) is the natural-log
 // log-sum-exp of each row's scaled scores, and dqkv is written in the fused (B, T, 3C) layout.
-// Head dims 64 and 128 (a template parameter), any B, NH and T >= 1; tensors 16-byte aligned.
+// Head dims 16, 32, 64 and 128 (a template parameter), any B, NH and T >= 1; tensors 16-byte
+// aligned.
 //
 // Tiling (docs/ATTENTION.md has the numbers): every kernel runs 4 warps; a block owns 64 rows
-// (16 per warp) and streams tiles of the other operand, 64 rows at HD 64 and 32 at HD 128,
+// (16 per warp) and streams tiles of the other operand, 64 rows (32 at HD 128),
 // through double-buffered shared memory (cp.async). Products run on mma.m16n8k16 (bf16 in,
 // fp32 accumulate) with fragments loaded by ldmatrix; a product's result feeds the next one as
 // an A fragment straight from registers.
@@ -32,13 +33,13 @@
 
 template <int HD>
 struct FlashTiles {
-  static_assert(HD == 64 || HD == 128, "flash attention supports head dims 64 and 128");
+  static_assert(HD == 16 || HD == 32 || HD == 64 || HD == 128, "flash attention head dims: 16, 32, 64, 128");
   static constexpr int kWarps = 4;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kRows = 16 * kWarps;  // rows a block owns: queries (forward, dQ) or keys (dK, dV)
   // Rows per streamed tile. 32 at HD 128 keeps the forward's shared memory at 51 KB (two blocks
   // per SM on sm_80 too) and leaves the backward registers for its 128 fp32 accumulators.
-  static constexpr int kStream = HD == 64 ? 64 : 32;
+  static constexpr int kStream = HD == 128 ? 32 : 64;
   static constexpr int kStride = HD + 8;     // shared-memory row pitch in bf16 (padding: see the top)
   static constexpr int kChunks = HD / 8;     // 16-byte chunks per row
 
@@ -486,7 +487,11 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
 // ---------------------------------------------------------------------------------------
 // Launchers.
 
-inline bool flash_attention_supports(int head_size) { return head_size == 64 || head_size == 128; }
+// 64 is GPT-2's head size at every size, 128 larger models'; 16 and 32 serve small models (the CPU
+// build's test and demo configurations), so that they train with the same kernels.
+inline bool flash_attention_supports(int head_size) {
+  return head_size == 16 || head_size == 32 || head_size == 64 || head_size == 128;
+}
 
 // Validates shape, head size and alignment (cp.async and 128-bit accesses need 16-byte
 // aligned rows); returns the head size.
@@ -499,7 +504,8 @@ inline int flash_attention_check(const char* who, int B, int seq_len, int C, int
   }
   const int head_size = C / NH;
   if (!flash_attention_supports(head_size)) {
-    std::fprintf(stderr, "%s: head size C/NH = %d/%d = %d is not supported (64 or 128)\n", who, C, NH, head_size);
+    std::fprintf(stderr, "%s: head size C/NH = %d/%d = %d is not supported (16, 32, 64 or 128)\n", who, C, NH,
+                 head_size);
     std::exit(1);
   }
   for (const void* p : tensors) {
@@ -561,10 +567,11 @@ void flash_attention_backward_hd(bf16* dqkv, float* delta, const bf16* dout, con
 inline void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int seq_len, int C, int NH,
                                     cudaStream_t stream) {
   const int head_size = flash_attention_check("flash_attention_forward", B, seq_len, C, NH, {out, qkv});
-  if (head_size == 64) {
-    flash_attention_forward_hd<64>(out, lse, qkv, B, seq_len, NH, stream);
-  } else {
-    flash_attention_forward_hd<128>(out, lse, qkv, B, seq_len, NH, stream);
+  switch (head_size) {
+    case 16: flash_attention_forward_hd<16>(out, lse, qkv, B, seq_len, NH, stream); break;
+    case 32: flash_attention_forward_hd<32>(out, lse, qkv, B, seq_len, NH, stream); break;
+    case 64: flash_attention_forward_hd<64>(out, lse, qkv, B, seq_len, NH, stream); break;
+    default: flash_attention_forward_hd<128>(out, lse, qkv, B, seq_len, NH, stream); break;
   }
 }
 
@@ -579,9 +586,10 @@ inline void flash_attention_backward(bf16* dqkv, float* scratch, const bf16* dou
                                      const float* lse, int B, int seq_len, int C, int NH, cudaStream_t stream) {
   const int head_size =
       flash_attention_check("flash_attention_backward", B, seq_len, C, NH, {dqkv, dout, qkv, out});
-  if (head_size == 64) {
-    flash_attention_backward_hd<64>(dqkv, scratch, dout, qkv, out, lse, B, seq_len, NH, stream);
-  } else {
-    flash_attention_backward_hd<128>(dqkv, scratch, dout, qkv, out, lse, B, seq_len, NH, stream);
+  switch (head_size) {
+    case 16: flash_attention_backward_hd<16>(dqkv, scratch, dout, qkv, out, lse, B, seq_len, NH, stream); break;
+    case 32: flash_attention_backward_hd<32>(dqkv, scratch, dout, qkv, out, lse, B, seq_len, NH, stream); break;
+    case 64: flash_attention_backward_hd<64>(dqkv, scratch, dout, qkv, out, lse, B, seq_len, NH, stream); break;
+    default: flash_attention_backward_hd<128>(dqkv, scratch, dout, qkv, out, lse, B, seq_len, NH, stream); break;
   }
 }

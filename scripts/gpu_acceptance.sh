@@ -358,10 +358,11 @@ stage_ceilings() {
   text="copy $copy GB/s (read + write), bf16 GEMM $gemm TFLOP/s"
   figures=("ceilings=$ceilings")
   if make -n bench >/dev/null 2>&1; then
-    if timeout 300 make -j"$jobs" bench > "$logs/ceilings/bench.log" 2>&1; then
-      text+="; make bench: ran (logs/ceilings/bench.log)"
+    if make -j"$jobs" bench > "$logs/ceilings/bench.log" 2>&1 &&
+       timeout 300 build/bench_attention --python "$PYTHON" >> "$logs/ceilings/bench.log" 2>&1; then
+      text+="; attention bench: ran (logs/ceilings/bench.log)"
     else
-      status=FAIL; text+="; make bench failed (logs/ceilings/bench.log)"
+      status=FAIL; text+="; attention bench failed (logs/ceilings/bench.log)"
     fi
     figures+=("bench=$(json_string "$(tail -n 40 "$logs/ceilings/bench.log")")")
   else

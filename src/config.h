@@ -41,7 +41,8 @@ struct TrainConfig {
   int batch_size = 8;
   int seq_len = 1024;
   long long total_batch_tokens = 0;  // 0: batch_size·seq_len·ranks (no accumulation)
-  int recompute = 1;                 // activation recomputation 0..3 (gpt2.h: kRecomputeDefault)
+  int recompute = 1;                 // activation recomputation 0..3 (activations.h: kRecomputeDefault)
+  std::string attention = "auto";    // attention kernel (attention.h: choose_attention)
   // optimizer and schedule
   double lr = 6e-4;
   std::string lr_schedule = "cosine";
@@ -127,6 +128,10 @@ inline const std::vector<Flag>& flag_table() {
        "activation memory vs compute: 0 keep every activation, 1 recompute GELU outputs, 2 also LayerNorm outputs, "
        "3 keep only block inputs and rerun each block's forward in its backward (least memory, ~20% more compute)",
        &TrainConfig::recompute, {0, 3}},
+      {"attention", "auto|flash|simple",
+       "attention kernel: flash (tensor cores; bf16, head size C/NH of 16, 32, 64 or 128) or simple (CUDA cores; "
+       "fp32 and every head size); auto picks flash wherever it can run",
+       &TrainConfig::attention, {}, {"auto", "flash", "simple"}},
       {"lr", "X", "peak learning rate", &TrainConfig::lr, {0, HUGE_VAL}},
       {"lr-schedule", "NAME", "cosine | linear | constant | wsd (warmup-stable-decay, decay over the last 20% of steps)",
        &TrainConfig::lr_schedule, {}, lr_schedule_names()},

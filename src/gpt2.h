@@ -8,7 +8,6 @@
 // setting, what was expected and what was found; shapes are checked before any launcher sees them.
 #pragma once
 #include "../kernels/adamw.cuh"
-#include "../kernels/attention.cuh"
 #include "../kernels/classifier.cuh"
 #include "../kernels/common.cuh"
 #include "../kernels/encoder.cuh"
@@ -17,6 +16,7 @@
 #include "../kernels/layernorm.cuh"
 #include "../kernels/matmul.cuh"
 #include "activations.h"
+#include "attention.h"
 #include "comm.h"
 #include "device.h"
 #include "durable_file.h"
@@ -26,7 +26,6 @@
 #include "rng.h"
 
 #include <algorithm>
-#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -51,14 +50,15 @@ class GPT2 {
   // micro-batch (the sequence length is fixed for the model's lifetime) at activation
   // recomputation setting `recompute` (0..3, see kRecomputeMax). Parameters, gradients and
   // optimizer state start at zero: call init_random() or load(). With a communicator of several
-  // ranks, gradients are synchronized at `zero_stage` (grad_sync.h).
+  // ranks, gradients are synchronized at `zero_stage` (grad_sync.h). `attention`: --attention.
   GPT2(const GPT2Config& cfg, int B, int seq_len, int recompute = kRecomputeDefault, Communicator* comm = nullptr,
-       int zero_stage = 0)
+       int zero_stage = 0, const std::string& attention = "auto")
       : cfg_(gpt2_check_micro_batch(cfg, B, seq_len, recompute)),
         layout_(cfg),
         B_(B),
         seq_len_(seq_len),
         recompute_(recompute),
+        attention_(choose_attention(attention, dtype, cfg)),
         stream_("creating the model's CUDA stream"),
         grads_(layout_, comm, zero_stage, stream_.get()) {
     matmul_init();
@@ -86,6 +86,7 @@ class GPT2 {
   int batch_size() const { return B_; }
   int seq_len() const { return seq_len_; }
   int recompute() const { return recompute_; }
+  AttentionKernel attention() const { return attention_; }
   cudaStream_t stream() const { return stream_.get(); }
   int zero_stage() const { return grads_.zero_stage(); }
   // This rank's optimizer shard: elements [begin, end) of the parameter buffer (at ZeRO 0: all).
@@ -199,14 +200,11 @@ class GPT2 {
   // (wte, wpe, qkvw, attprojw, fcw, fcprojw). Elem = bf16 updates the fp32 master weights and stores
   // them stochastically rounded (seed adamw_rounding_seed(opt.seed, step, tensor)); Elem = float
   // updates the parameters themselves. A non-finite norm is returned as is (the caller decides).
-  //
   // Data parallel: the update waits for the gradient communication. With sharded optimizer state
-  // the norm is the square root of the sum over ranks of each shard's squared norm, each rank
-  // updates its shard tensor piece by tensor piece (weight decay per tensor; the stochastic
-  // rounding uses the element's index within its tensor, so the bits match an unsharded update),
-  // and the updated parameters are all-gathered before anything else runs on the model's stream.
+  // the norm sums the shards' squared norms over ranks, each rank updates its shard tensor piece by
+  // tensor piece (weight decay per tensor; stochastic rounding by the element's index within its
+  // tensor, so the bits match an unsharded update), then the parameters are all-gathered.
   float update(const OptimizerSettings& opt, float lr, int step) {
-    if (step < 1) throw std::runtime_error("optimizer step: expected step >= 1, found " + std::to_string(step));
     const float norm = gradient_norm();
     apply_update(opt, lr, step, norm);
     return norm;
@@ -361,7 +359,8 @@ class GPT2 {
     Elem* atty = layer_slice(a.atty, l, NC);
     Elem* fch = layer_slice(a.fch, l, 4 * NC);
     matmul_forward(qkv, layer_slice(a.ln1, l, NC), param(kQkvw, l), param(kQkvb, l), N, C, 3 * C, s);
-    attention_forward(atty, layer_slice(a.lse, l, static_cast<size_t>(N) * NH), qkv, B_, seq_len_, C, NH, s);
+    model_attention_forward(attention_, atty, layer_slice(a.lse, l, static_cast<size_t>(N) * NH), qkv, B_, seq_len_, C,
+                            NH, s);
     matmul_forward(a.branch.get(), atty, param(kAttprojw, l), param(kAttprojb, l), N, C, C, s);
     residual_layernorm_forward(layer_slice(a.residual2, l, NC), layer_slice(a.ln2, l, NC),
                                layer_slice(a.ln2_mean, l, N), layer_slice(a.ln2_rstd, l, N), block_input(l),
@@ -475,8 +474,8 @@ class GPT2 {
       // Attention branch; dresidual = d/d residual2 = d/d attproj.
       matmul_backward(dbranch, grad(kAttprojw, l), grad(kAttprojb, l), nullptr, dresidual, atty, param(kAttprojw, l),
                       nullptr, N, C, C, s);
-      attention_backward(dwide, scratch, dbranch, qkv, atty, layer_slice(a.lse, l, static_cast<size_t>(N) * NH), B_,
-                         seq_len_, C, NH, s);
+      model_attention_backward(attention_, dwide, scratch, dbranch, qkv, atty,
+                               layer_slice(a.lse, l, static_cast<size_t>(N) * NH), B_, seq_len_, C, NH, s);
       if (recompute_ln) layernorm_forward(ln1, ln1_mean, ln1_rstd, residual, param(kLn1w, l), param(kLn1b, l), N, C, s);
       matmul_backward(dbranch, grad(kQkvw, l), grad(kQkvb, l), nullptr, dwide, ln1, param(kQkvw, l), nullptr, N, C,
                       3 * C, s);
@@ -490,6 +489,7 @@ class GPT2 {
   const GPT2Config cfg_;
   const ParameterLayout layout_;
   const int B_, seq_len_, recompute_;
+  const AttentionKernel attention_;
   CudaStream stream_;
   GradientSync<Elem> grads_;
   DeviceArray<Elem> params_;  // padded to GradientSync::padded_size()

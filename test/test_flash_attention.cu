@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 
 namespace {
 
@@ -166,7 +167,10 @@ bool close_by_magnitude(const std::string& what, const std::vector<float>& got, 
   size_t bad = 0, first = 0;
   for (size_t i = 0; i < got.size(); ++i) {
     const double err = std::fabs(got[i] - want[i]);
-    const double tol = kRounding * (std::fabs(want[i]) + mag[i]) + kAccumulation * terms * (mag[i] + cancel[i]);
+    // Below the smallest normal float, fp32 and bf16 keep fewer significant bits than the
+    // relative terms assume (sharp softmaxes at small HD reach there): that much is always allowed.
+    const double tol = kRounding * (std::fabs(want[i]) + mag[i]) + kAccumulation * terms * (mag[i] + cancel[i]) +
+                       std::numeric_limits<float>::min();
     if (!(err <= tol) && bad++ == 0) first = i;
     if (std::isfinite(err)) worst.add(err, tol);
   }
@@ -303,12 +307,18 @@ void check_head_dim(int HD) {
 
 }  // namespace
 
-TEST_CASE("flash attention supports head dims 64 and 128 and needs the simple kernel's scratch", "[flash]") {
-  CHECK(flash_attention_supports(64));
-  CHECK(flash_attention_supports(128));
-  CHECK_FALSE(flash_attention_supports(32));
-  CHECK_FALSE(flash_attention_supports(96));
+TEST_CASE("flash attention supports head dims 16, 32, 64 and 128 and needs the simple kernel's scratch", "[flash]") {
+  for (int hd : {16, 32, 64, 128}) CHECK(flash_attention_supports(hd));
+  for (int hd : {8, 24, 48, 96}) CHECK_FALSE(flash_attention_supports(hd));
   CHECK(flash_attention_backward_scratch_bytes(2, 65, 3) == attention_backward_scratch_bytes(2, 65, 3));
+}
+
+TEST_CASE("flash attention HD 16 matches double-precision loops and the simple kernel", "[flash]") {
+  check_head_dim(16);
+}
+
+TEST_CASE("flash attention HD 32 matches double-precision loops and the simple kernel", "[flash]") {
+  check_head_dim(32);
 }
 
 TEST_CASE("flash attention HD 64 matches double-precision loops and the simple kernel", "[flash]") {

@@ -214,6 +214,8 @@ TEMPLATE_TEST_CASE("GPT2 step 1 matches PyTorch: logits, loss, every gradient", 
   REQUIRE(read_model_header(model_path()) == r.config);
   GPT2<TestType> model(r.config, r.B, r.T);
   REQUIRE(model.num_parameters() == r.P);
+  // The default attention: flash for bf16 (the reference's head size is one flash supports).
+  CHECK(model.attention() == (GPT2<TestType>::dtype == DType::bf16 ? AttentionKernel::flash : AttentionKernel::simple));
   model.load(model_path());
   const Batch b = batch(r, 0);
 

@@ -17,8 +17,8 @@ report=build/gpu/flash-attention-ptxas.txt
 bash scripts/ptx_report.sh "$report" "$obj.ptxas" || failures=$((failures + 1))
 # Columns of the .tsv: kernel, arch, registers, spill stores, spill loads, smem, stack.
 rows=$(grep -c '^void flash_attention_' "$report.tsv" || true)
-if [ "$rows" -ne 16 ]; then  # 4 kernels x 2 head dims x 2 architectures
-  echo "FAIL: expected 16 flash attention kernel builds in $report, found $rows"
+if [ "$rows" -ne 32 ]; then  # 4 kernels x 4 head dims x 2 architectures
+  echo "FAIL: expected 32 flash attention kernel builds in $report, found $rows"
   failures=$((failures + 1))
 fi
 while IFS=$'\t' read -r kernel arch regs spill_st spill_ld _ stack; do
@@ -46,12 +46,14 @@ for arch in sm_80 sm_90a; do
   if [ ! -f "$ptx" ] || [ "$src" -nt "$ptx" ] || [ kernels/flash_attention.cuh -nt "$ptx" ] || [ kernels/common.cuh -nt "$ptx" ]; then
     "$nvcc" -std=c++17 -O3 -arch="$arch" -I. "${mpi_flags[@]}" -ptx "$src" -o "$ptx"
   fi
-  for hd in 64 128; do
+  for hd in 16 32 64 128; do
     for kernel in flash_attention_forward_kernel flash_attention_backward_key_value_kernel \
                   flash_attention_backward_query_kernel; do
       for pattern in 'mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32' \
                      'ldmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16' 'ldmatrix\.sync\.aligned\.m8n8\.x4\.trans\.shared\.b16' \
                      'cp\.async\.cg\.shared\.global' 'st\.global\.v4'; do
+        # At head dim 16 (small test models only) nvcc splits the 16-byte row stores.
+        [ "$hd" = 16 ] && [ "$pattern" = 'st\.global\.v4' ] && continue
         if [ "$(count_in "$ptx" "void $kernel<$hd>" "$pattern")" -eq 0 ]; then
           echo "FAIL: $kernel<$hd> ($arch) has no ${pattern//\\/}"
           failures=$((failures + 1))
