@@ -291,22 +291,22 @@ class Trainer {
   StepRecord train_step(long long step) {
     const auto start = std::chrono::steady_clock::now();
     model_.zero_grad();
-    double loss_sum = 0.0;
     for (int micro = 0; micro < run_.grad_accum_steps; ++micro) {
       with_context("--train-data", [&] { data_.train->next_batch(inputs_.data(), targets_.data()); });
-      loss_sum += model_.forward_backward(inputs_.data(), targets_.data(), run_.grad_accum_steps,
-                                          micro + 1 == run_.grad_accum_steps);
+      model_.forward_backward(inputs_.data(), targets_.data(), run_.grad_accum_steps,
+                              micro + 1 == run_.grad_accum_steps);
     }
-    // The same loss and norm on every rank, so every rank takes the same skip decision.
+    // The step's one host synchronisation. The same loss and norm on every rank, so every rank
+    // takes the same skip decision; the update is queued behind it and runs while the host reads
+    // the next batch.
+    const auto figures = model_.step_figures();
     StepRecord record;
-    record.train_loss = comm_.sum(loss_sum / run_.grad_accum_steps) / comm_.world_size();
+    record.train_loss = figures.loss;
     record.lr = run_.schedule.at(step);
-    record.grad_norm = model_.gradient_norm();
-    record.skipped = state_.guards.check(record.train_loss, static_cast<float>(record.grad_norm));
+    record.grad_norm = figures.grad_norm;
+    record.skipped = state_.guards.check(record.train_loss, figures.grad_norm);
     if (record.skipped.empty())
-      model_.apply_update(opt_, static_cast<float>(record.lr), static_cast<int>(step),
-                          static_cast<float>(record.grad_norm));
-    cuda_check(cudaDeviceSynchronize(), "training step");
+      model_.apply_update(opt_, static_cast<float>(record.lr), static_cast<int>(step), figures.grad_norm);
     state_.step = step;
     state_.train_data = data_.train->position();
     record.step = step;

@@ -117,3 +117,23 @@ void fused_classifier(T* logits, float* losses, const int* targets, int rows, in
          dloss, write_dlogits);
   CUDA_CHECK(cudaGetLastError());
 }
+
+// One block: *sum += Σ losses[0..rows) in fp64. Thread t adds rows t, t + kClassifierThreads, ...
+// in order, then thread 0 adds the threads' sums in thread order: the same bits every run. A
+// step's loss stays on the device until the step's figures are copied to the host once.
+__global__ void classifier_loss_sum_kernel(double* sum, const float* losses, int rows) {
+  __shared__ double partial[kClassifierThreads];
+  double s = 0.0;
+  for (int r = threadIdx.x; r < rows; r += kClassifierThreads) s += losses[r];
+  partial[threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  double total = 0.0;
+  for (int t = 0; t < kClassifierThreads; ++t) total += partial[t];
+  *sum += total;
+}
+
+inline void classifier_loss_sum(double* sum, const float* losses, int rows, cudaStream_t stream) {
+  launch(classifier_loss_sum_kernel, dim3(1), dim3(kClassifierThreads), 0, stream, sum, losses, rows);
+  CUDA_CHECK(cudaGetLastError());
+}

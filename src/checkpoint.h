@@ -165,6 +165,8 @@ std::string write_checkpoint(const std::string& out_dir, const GPT2<Elem>& model
                              const CheckpointWriteInfo& info, Communicator* comm = nullptr) {
   const std::string dir = out_dir + "/" + checkpoint_dir_name(state.step);
   const bool lead = info.rank == 0;
+  // The state read below is final once the step's update (queued, not waited for) is done.
+  cuda_check(cudaStreamSynchronize(model.stream()), "finishing the step before its checkpoint");
   std::string error;  // this rank's failure
   auto attempt = [&](auto&& part) {
     if (!error.empty()) return;

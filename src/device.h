@@ -79,3 +79,20 @@ std::vector<float> copy_floats_to_host(const Elem* src, size_t count, cudaStream
   for (size_t k = 0; k < count; ++k) values[k] = host_to_float(raw[k]);
   return values;
 }
+
+// Page-locked host memory that frees itself: copies from the device into it do not block the host
+// (a copy into pageable memory returns only once it is done).
+template <typename Elem>
+class PinnedArray {
+ public:
+  PinnedArray(size_t count, const char* what) {
+    cuda_check(cudaMallocHost(reinterpret_cast<void**>(&ptr_), count * sizeof(Elem)), what);
+  }
+  PinnedArray(const PinnedArray&) = delete;
+  PinnedArray& operator=(const PinnedArray&) = delete;
+  ~PinnedArray() { cudaFreeHost(ptr_); }
+  Elem* get() const { return ptr_; }
+
+ private:
+  Elem* ptr_ = nullptr;
+};

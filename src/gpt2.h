@@ -7,7 +7,6 @@
 // Errors (bad configuration, file, token) throw std::runtime_error with one line naming the file or
 // setting, what was expected and what was found; shapes are checked before any launcher sees them.
 #pragma once
-#include "../kernels/adamw.cuh"
 #include "../kernels/classifier.cuh"
 #include "../kernels/common.cuh"
 #include "../kernels/encoder.cuh"
@@ -23,6 +22,7 @@
 #include "gpt2_config.h"
 #include "grad_sync.h"
 #include "model_file.h"
+#include "optimizer.h"
 #include "rng.h"
 
 #include <algorithm>
@@ -33,11 +33,6 @@
 #include <string>
 #include <type_traits>
 #include <vector>
-
-struct OptimizerSettings {
-  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.0f, grad_clip = 1.0f;  // grad_clip 0: off
-  uint64_t seed = 0;  // stochastic rounding of bf16 parameters
-};
 
 template <typename Elem>
 class GPT2 {
@@ -99,30 +94,11 @@ class GPT2 {
   float* adam_v_device() const { return adam_v_.get(); }
   float* master_device() const { return master_.get(); }
 
-  // GPT-2 initialization from `seed`: weights N(0, 0.02), the residual-branch projections attprojw
-  // and fcprojw N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weights 1 and biases 0, wte padding rows 0.
-  // Values are drawn in fp32 in llm.c tensor order (padding rows skipped); bf16 parameters are
-  // those values rounded to nearest and the master weights the fp32 values. Gradients and optimizer
-  // state are reset.
+  // GPT-2's initialization from `seed` (gpt2_initial_values); bf16 parameters are the values
+  // rounded to nearest, the master weights the fp32 values. Gradients and optimizer state are reset.
   void init_random(uint64_t seed) {
     NormalSampler normal(seed);
-    const float residual_std = 0.02f / std::sqrt(2.0f * cfg_.num_layers);
-    for (int i = 0; i < kNumParameterTensors; ++i) {
-      std::vector<float> values(layout_[i].count, 0.0f);
-      switch (i) {
-        case kLn1w: case kLn2w: case kLnfw:
-          std::fill(values.begin(), values.end(), 1.0f);
-          break;
-        case kLn1b: case kLn2b: case kLnfb: case kQkvb: case kAttprojb: case kFcb: case kFcprojb:
-          break;
-        default: {
-          const float stddev = (i == kAttprojw || i == kFcprojw) ? residual_std : 0.02f;
-          const size_t drawn = i == kWte ? static_cast<size_t>(cfg_.vocab_size) * cfg_.channels : values.size();
-          for (size_t k = 0; k < drawn; ++k) values[k] = static_cast<float>(normal.next()) * stddev;
-        }
-      }
-      upload_tensor(i, values);
-    }
+    for (int i = 0; i < kNumParameterTensors; ++i) upload_tensor(i, gpt2_initial_values(layout_, i, normal));
     reset_training_state();
   }
 
@@ -168,12 +144,13 @@ class GPT2 {
   }
 
   // Forward pass, then the gradient of (mean loss / grad_accum_steps) ADDED to the parameter
-  // gradients (call zero_grad() before the first micro-step of an optimizer step). Returns this
-  // micro-batch's mean loss. Overwrites the logits with their gradient. With several ranks, the
+  // gradients (call zero_grad() before the first micro-step of an optimizer step); the micro-batch's
+  // losses are added to the step's, on the device (step_figures(); mean_loss() for this micro-batch
+  // alone). Overwrites the logits with their gradient. With several ranks, the
   // micro-step with last_micro_step = true also averages the accumulated gradients over the ranks
   // (onto their owners at ZeRO stage 1), overlapped with its backward pass; earlier micro-steps
   // only accumulate locally (grad_sync.h).
-  float forward_backward(const int* inputs, const int* targets, int grad_accum_steps, bool last_micro_step = true) {
+  void forward_backward(const int* inputs, const int* targets, int grad_accum_steps, bool last_micro_step = true) {
     if (grad_accum_steps < 1)
       throw std::runtime_error("gradient accumulation: expected at least 1 micro-step, found " +
                                std::to_string(grad_accum_steps));
@@ -187,23 +164,44 @@ class GPT2 {
     const float dloss = 1.0f / (static_cast<float>(rows()) * static_cast<float>(grad_accum_steps) * grads_.ranks_summed());
     grads_.begin_micro_step(last_micro_step);
     run_head(true, dloss, true);
+    classifier_loss_sum(step_loss_.get(), acts_.losses.get(), rows(), stream_.get());
+    ++micro_steps_;
     run_backward();
     grads_.end_micro_step();
-    return mean_loss();
   }
 
-  void zero_grad() { grads_.zero(); }
+  // Starts an optimizer step: gradients and the step's loss sum to zero.
+  void zero_grad() {
+    grads_.zero();
+    cuda_check(cudaMemsetAsync(step_loss_.get(), 0, sizeof(double), stream_.get()), "zeroing the step's loss");
+    micro_steps_ = 0;
+  }
 
-  // One optimizer step (step is 1-based) from the accumulated gradients. Returns the global
-  // gradient norm before clipping; when grad_clip > 0 and the norm exceeds it, the gradients enter
-  // AdamW scaled by grad_clip / norm. AdamW runs per tensor, weight decay only on the 2-D weights
-  // (wte, wpe, qkvw, attprojw, fcw, fcprojw). Elem = bf16 updates the fp32 master weights and stores
-  // them stochastically rounded (seed adamw_rounding_seed(opt.seed, step, tensor)); Elem = float
-  // updates the parameters themselves. A non-finite norm is returned as is (the caller decides).
-  // Data parallel: the update waits for the gradient communication. With sharded optimizer state
-  // the norm sums the shards' squared norms over ranks, each rank updates its shard tensor piece by
-  // tensor piece (weight decay per tensor; stochastic rounding by the element's index within its
-  // tensor, so the bits match an unsharded update), then the parameters are all-gathered.
+  // The figures of the optimizer step whose micro-steps are queued, copied to the host together:
+  // the step's one host synchronisation. loss: the mean over every micro-step's tokens on every
+  // rank; grad_norm: gradient_norm()'s.
+  struct StepFigures {
+    double loss;
+    float grad_norm;
+  };
+  StepFigures step_figures() {
+    queue_norm_squared();
+    grads_.sum_over_ranks(step_loss_.get());
+    StepFigures* host = figures_host_.get();
+    cuda_check(cudaMemcpyAsync(&host->loss, step_loss_.get(), sizeof(double), cudaMemcpyDeviceToHost, stream_.get()),
+               "copying the step's loss");
+    cuda_check(cudaMemcpyAsync(&host->grad_norm, acts_.norm_squared.get(), sizeof(float), cudaMemcpyDeviceToHost,
+                               stream_.get()),
+               "copying the gradient norm");
+    cuda_check(cudaStreamSynchronize(stream_.get()), "the step's figures");
+    return {host->loss / (static_cast<double>(rows()) * micro_steps_ * grads_.world_size()), std::sqrt(host->grad_norm)};
+  }
+
+  // One optimizer step (step is 1-based) from the accumulated gradients: gradient_norm(), then
+  // apply_update() (AdamW with clipping, optimizer.h). Returns the global gradient norm before
+  // clipping, a non-finite one as is (the caller decides). Data parallel: the update waits for the
+  // gradient communication; with sharded optimizer state each rank updates its shard, then the
+  // parameters are all-gathered.
   float update(const OptimizerSettings& opt, float lr, int step) {
     const float norm = gradient_norm();
     apply_update(opt, lr, step, norm);
@@ -213,33 +211,27 @@ class GPT2 {
   // The global norm of the accumulated gradients (update()'s first half, for callers that look at
   // the norm before deciding whether to apply the step). Waits for the gradient communication.
   float gradient_norm() {
-    grads_.wait_for_gradients();
-    float* norm_squared = acts_.norm_squared.get();
-    cuda_check(cudaMemsetAsync(norm_squared, 0, sizeof(float), stream_.get()), "gradient norm");
-    global_norm_squared(norm_squared, acts_.scratch.get(), grads_.shard(), grads_.shard_end() - grads_.shard_begin(),
-                        stream_.get());
-    grads_.sum_norm_squared(norm_squared);
-    float norm_squared_host = 0.0f;
-    copy_to_host(&norm_squared_host, norm_squared, sizeof(float), stream_.get());
-    return std::sqrt(norm_squared_host);
+    queue_norm_squared();
+    float norm_squared = 0.0f;
+    copy_to_host(&norm_squared, acts_.norm_squared.get(), sizeof(float), stream_.get());
+    return std::sqrt(norm_squared);
   }
 
   // update()'s second half: the AdamW step, given gradient_norm()'s result for the clipping.
   void apply_update(const OptimizerSettings& opt, float lr, int step, float norm) {
-    if (step < 1) throw std::runtime_error("optimizer step: expected step >= 1, found " + std::to_string(step));
-    const float grad_scale = (opt.grad_clip > 0.0f && norm > opt.grad_clip) ? opt.grad_clip / norm : 1.0f;
-    const size_t shard_begin = grads_.shard_begin(), shard_end = grads_.shard_end();
-    for (int i = 0; i < kNumParameterTensors; ++i) {
-      const ParameterInfo& t = layout_[i];
-      const size_t begin = std::max(t.offset, shard_begin), end = std::min(t.offset + t.count, shard_end);
-      if (begin >= end) continue;
-      const size_t state = begin - shard_begin;  // index into this rank's optimizer state
-      float* master = master_.get() != nullptr ? master_.get() + state : nullptr;
-      adamw_update(params_.get() + begin, master, grads_.shard() + state, adam_m_.get() + state, adam_v_.get() + state,
-                   end - begin, lr, opt.beta1, opt.beta2, opt.eps, t.decayed ? opt.weight_decay : 0.0f, grad_scale,
-                   step, adamw_rounding_seed(opt.seed, step, i), begin - t.offset, stream_.get());
-    }
+    adamw_step(opt, lr, step, norm, layout_, grads_.shard_begin(), grads_.shard_end(), params_.get(), master_.get(),
+               grads_.shard(), adam_m_.get(), adam_v_.get(), stream_.get());
     grads_.gather_parameters(params_.get());
+  }
+
+  // The mean loss of the last forward() or forward_backward() micro-batch: its per-position losses
+  // summed on the host in position order (double). Waits for the device.
+  float mean_loss() const {
+    std::vector<float> losses(rows());
+    copy_to_host(losses.data(), acts_.losses.get(), losses.size() * sizeof(float), stream_.get());
+    double sum = 0.0;
+    for (float x : losses) sum += x;
+    return static_cast<float>(sum / rows());
   }
 
   size_t num_parameters() const { return layout_.total; }
@@ -328,13 +320,17 @@ class GPT2 {
     }
   }
 
-  // Per-position losses summed on the host in position order (double), over B·T.
-  float mean_loss() const {
-    std::vector<float> losses(rows());
-    copy_to_host(losses.data(), acts_.losses.get(), losses.size() * sizeof(float), stream_.get());
-    double sum = 0.0;
-    for (float x : losses) sum += x;
-    return static_cast<float>(sum / rows());
+
+
+  // The squared global norm of the accumulated gradients into acts_.norm_squared, on the device,
+  // after the gradient communication (summed over ranks' shards when they are sharded).
+  void queue_norm_squared() {
+    grads_.wait_for_gradients();
+    float* norm_squared = acts_.norm_squared.get();
+    cuda_check(cudaMemsetAsync(norm_squared, 0, sizeof(float), stream_.get()), "gradient norm");
+    global_norm_squared(norm_squared, acts_.scratch.get(), grads_.shard(), grads_.shard_end() - grads_.shard_begin(),
+                        stream_.get());
+    grads_.sum_norm_squared(norm_squared);
   }
 
   // Tensor `tensor`'s parameters (layer `layer`'s slice of a per-layer tensor) and its gradient.
@@ -497,4 +493,7 @@ class GPT2 {
   Activations<Elem> acts_;
   std::vector<int> buckets_host_;
   int num_buckets_ = 0;
+  DeviceArray<double> step_loss_{1, "the step's loss sum"};
+  int micro_steps_ = 0;  // since zero_grad()
+  PinnedArray<StepFigures> figures_host_{1, "allocating pinned memory for the step's figures"};
 };

@@ -3,7 +3,11 @@
 // of docs/FORMATS.md: one contiguous buffer, so a model file body, a ZeRO shard or an all-reduce is
 // a plain slice).
 #pragma once
+#include "rng.h"
+
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
@@ -109,10 +113,10 @@ struct ParameterInfo {
 struct ParameterLayout {
   std::array<ParameterInfo, kNumParameterTensors> tensors{};
   size_t total = 0;
-  size_t num_layers = 0;
+  size_t num_layers = 0, vocab_size = 0, channels = 0;
 
   ParameterLayout() = default;
-  explicit ParameterLayout(const GPT2Config& c) : num_layers(c.num_layers) {
+  explicit ParameterLayout(const GPT2Config& c) : num_layers(c.num_layers), vocab_size(c.vocab_size), channels(c.channels) {
     const size_t L = c.num_layers, C = c.channels, Vp = c.padded_vocab_size, maxT = c.max_seq_len;
     const struct { const char* name; size_t count; bool decayed; } specs[kNumParameterTensors] = {
         {"wte", Vp * C, true},         {"wpe", maxT * C, true},     {"ln1w", L * C, false},
@@ -137,3 +141,23 @@ struct ParameterLayout {
   }
 };
 
+// GPT-2's initial values of tensor i, drawn from `normal` in llm.c tensor order (call for i = 0,
+// 1, ... in turn): weights N(0, 0.02), the residual-branch projections attprojw and fcprojw
+// N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weights 1 and biases 0, wte's padding rows 0 (not drawn).
+inline std::vector<float> gpt2_initial_values(const ParameterLayout& layout, int i, NormalSampler& normal) {
+  std::vector<float> values(layout[i].count, 0.0f);
+  switch (i) {
+    case kLn1w: case kLn2w: case kLnfw:
+      std::fill(values.begin(), values.end(), 1.0f);
+      break;
+    case kLn1b: case kLn2b: case kLnfb: case kQkvb: case kAttprojb: case kFcb: case kFcprojb:
+      break;
+    default: {
+      const float residual_std = 0.02f / std::sqrt(2.0f * static_cast<float>(layout.num_layers));
+      const float stddev = (i == kAttprojw || i == kFcprojw) ? residual_std : 0.02f;
+      const size_t drawn = i == kWte ? static_cast<size_t>(layout.vocab_size) * layout.channels : values.size();
+      for (size_t k = 0; k < drawn; ++k) values[k] = static_cast<float>(normal.next()) * stddev;
+    }
+  }
+  return values;
+}

@@ -85,6 +85,7 @@ class GradientSync {
   }
 
   int zero_stage() const { return zero_; }
+  int world_size() const { return world_; }
   // Elements of the padded parameter buffer (R·S).
   size_t padded_size() const { return shard_size_ * world_; }
   // This rank's optimizer shard: elements [begin, end) of the parameter buffer (all of it at stage 0).
@@ -170,6 +171,13 @@ class GradientSync {
     if (!communicating() || zero_ == 0) return;
     comm_->wait_for(stream_);
     comm_->all_reduce(norm_squared, 1, ncclSum);
+    comm_->order_before(stream_);
+  }
+  // A device scalar becomes its sum over ranks.
+  void sum_over_ranks(double* value) {
+    if (!communicating()) return;
+    comm_->wait_for(stream_);
+    comm_->all_reduce(value, 1, ncclSum);
     comm_->order_before(stream_);
   }
   // After each rank updated its shard of `params`: every rank gets every shard.

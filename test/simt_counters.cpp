@@ -11,9 +11,10 @@ namespace {
 const GPT2Config kTiny{32, 500, 512, 2, 4, 64};
 constexpr int kBatch = 2, kSeqLen = 16, kMicroSteps = 4;
 
-// One optimizer step of kMicroSteps micro-steps on fresh random tokens.
+// One optimizer step of kMicroSteps micro-steps on fresh random tokens, as the trainer runs it
+// (train_gpt.cu, Trainer::train_step): micro-steps, the step's figures, the update.
 template <typename Elem>
-void train_step(GPT2<Elem>& model, int step) {
+typename GPT2<Elem>::StepFigures train_step(GPT2<Elem>& model, int step) {
   const size_t rows = static_cast<size_t>(kBatch) * kSeqLen;
   model.zero_grad();
   for (int micro = 0; micro < kMicroSteps; ++micro) {
@@ -21,8 +22,9 @@ void train_step(GPT2<Elem>& model, int step) {
     const std::vector<int> inputs(tokens.begin(), tokens.end() - 1), targets(tokens.begin() + 1, tokens.end());
     model.forward_backward(inputs.data(), targets.data(), kMicroSteps, micro + 1 == kMicroSteps);
   }
-  OptimizerSettings opt;
-  model.update(opt, 1e-3f, step);
+  const auto figures = model.step_figures();
+  model.apply_update(OptimizerSettings{}, 1e-3f, step, figures.grad_norm);
+  return figures;
 }
 
 }  // namespace
@@ -62,7 +64,8 @@ TEST_CASE("matmul makes one cuBLASLt plan per shape", "[simt][matmul]") {
   CHECK(simt::counters().heuristic_queries == 3);
 }
 
-TEMPLATE_TEST_CASE("a training step queries no cuBLASLt heuristic after the first step", "[simt][gpt2]", float, bf16) {
+TEMPLATE_TEST_CASE("a training step of 4 micro-steps waits for the device once and queries no cuBLASLt heuristic "
+                   "after the first step", "[simt][gpt2]", float, bf16) {
   GPT2<TestType> model(kTiny, kBatch, kSeqLen);
   model.init_random(7);
   train_step(model, 1);
@@ -70,4 +73,27 @@ TEMPLATE_TEST_CASE("a training step queries no cuBLASLt heuristic after the firs
   train_step(model, 2);
   train_step(model, 3);
   CHECK(simt::counters().heuristic_queries == 0);
+  CHECK(simt::counters().host_syncs == 2);
+}
+
+TEMPLATE_TEST_CASE("the step's figures: the mean of the micro-steps' losses and the gradient norm", "[gpt2]", float,
+                   bf16) {
+  // The same step twice from the same weights: once through step_figures(), once with every
+  // micro-step's loss and the norm read back as they come (mean_loss(), gradient_norm()).
+  GPT2<TestType> model(kTiny, kBatch, kSeqLen);
+  model.init_random(11);
+  const auto figures = train_step(model, 1);
+  model.init_random(11);
+  const size_t rows = static_cast<size_t>(kBatch) * kSeqLen;
+  model.zero_grad();
+  double loss_sum = 0.0;
+  for (int micro = 0; micro < kMicroSteps; ++micro) {
+    const std::vector<int> tokens = test::random_tokens(rows + 1, kTiny.vocab_size, 100 + micro);
+    const std::vector<int> inputs(tokens.begin(), tokens.end() - 1), targets(tokens.begin() + 1, tokens.end());
+    model.forward_backward(inputs.data(), targets.data(), kMicroSteps, micro + 1 == kMicroSteps);
+    loss_sum += model.mean_loss();
+  }
+  CHECK(std::fabs(figures.loss - loss_sum / kMicroSteps) <= 1e-6 * std::fabs(figures.loss));
+  CHECK(figures.grad_norm == model.gradient_norm());
+  CHECK(figures.loss > 0.0);
 }

@@ -128,3 +128,21 @@ TEMPLATE_TEST_CASE("fused_classifier matches a double softmax cross-entropy", "[
   uint64_t seed = 11;
   for (const ClassifierShape& s : kShapes) check_classifier<TestType>(s, seed++);
 }
+
+TEST_CASE("classifier_loss_sum adds the losses in fp64, the same bits every run", "[classifier]") {
+  for (int rows : {1, 7, 255, 256, 1000}) {
+    INFO("rows " << rows);
+    const std::vector<float> losses = test::random_floats(static_cast<size_t>(rows), 900 + rows, 3.0f);
+    double want = 0.25;
+    for (float x : losses) want += x;
+    test::DeviceBuffer<float> device_losses(losses);
+    test::DeviceBuffer<double> sum(std::vector<double>{0.25});
+    classifier_loss_sum(sum.ptr, device_losses.ptr, rows, nullptr);
+    test::require_no_cuda_error();
+    const double first = sum.download()[0];
+    CHECK(std::fabs(first - want) <= 1e-12 * (std::fabs(want) + rows));
+    sum.upload({0.25});
+    classifier_loss_sum(sum.ptr, device_losses.ptr, rows, nullptr);
+    CHECK(test::same_bits(sum.download(), std::vector<double>{first}));
+  }
+}
