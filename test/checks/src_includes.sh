@@ -20,7 +20,7 @@ for h in src/*.h; do
     fail "$h does not compile on its own: $(head -n 1 "$tmp/$name.err")"
   # Every src/ header it reaches, directly or not.
   deps[$name]=$(g++ "${flags[@]}" "${mpi[@]}" -MM -x c++ "$tmp/$name.cpp" 2>/dev/null |
-                tr ' \\' '\n\n' | grep -E '^src/[^/]+\.h$' | sed 's|^src/||' | grep -vx "$name" | sort -u | tr '\n' ' ')
+                tr ' ' '\n' | grep -E '^src/[^/]+\.h$' | sed 's|^src/||' | grep -vx "$name" | sort -u | tr '\n' ' ')
   head -n 1 "$h" | grep -qE "^// $name — " || fail "$h does not open with '// $name — <what it owns>'"
   lines=$(wc -l < "$h")
   [ "$lines" -le 500 ] || fail "$h has $lines lines (split it by concern: at most 500)"
