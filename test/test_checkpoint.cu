@@ -289,9 +289,42 @@ TEST_CASE("On resume metrics.jsonl keeps the records up to the checkpoint's step
   const std::string path = dir.path + "/metrics.jsonl";
   std::ofstream(path) << "{\"step\": 1, \"train_loss\": 5}\n{\"step\": 2, \"train_loss\": 4}\n{\"step\": 2, "
                          "\"val_loss\": 4.5}\n{\"step\": 3, \"train_loss\": 3}\n{\"step\": 4, \"train";
-  keep_metrics_through_step(path, 2);
+  const std::vector<std::string> damaged = keep_metrics_through_step(path, 2);
   CHECK(read_text(path) == "{\"step\": 1, \"train_loss\": 5}\n{\"step\": 2, \"train_loss\": 4}\n{\"step\": 2, "
                            "\"val_loss\": 4.5}\n");
-  keep_metrics_through_step(dir.path + "/absent.jsonl", 2);
+  // the torn last line is dropped, and said so
+  CHECK(damaged == std::vector<std::string>{path + " line 5: not a metrics record, dropped: '{\"step\": 4, \"train'"});
+  CHECK(keep_metrics_through_step(dir.path + "/absent.jsonl", 2).empty());
   CHECK(read_text(dir.path + "/absent.jsonl").empty());
+}
+
+TEST_CASE("On resume every damaged metrics line is reported with its number", "[checkpoint]") {
+  TempDir dir;
+  const std::string path = dir.path + "/metrics.jsonl";
+  std::ofstream(path) << "{\"step\": 1, \"train_loss\": 5}\n{\"st" + std::string(3, '\0') +
+                             "\n[1, 2]\n\n{\"train_loss\": 3}\n{\"step\": 2, \"train_loss\": 4}\n";
+  const std::vector<std::string> damaged = keep_metrics_through_step(path, 5);
+  CHECK(read_text(path) == "{\"step\": 1, \"train_loss\": 5}\n{\"step\": 2, \"train_loss\": 4}\n");
+  REQUIRE(damaged.size() == 4);
+  CHECK(damaged[0].rfind(path + " line 2: not a metrics record", 0) == 0);
+  CHECK(damaged[1] == path + " line 3: not a metrics record, dropped: '[1, 2]'");
+  CHECK(damaged[2] == path + " line 4: not a metrics record, dropped: ''");
+  CHECK(damaged[3] == path + " line 5: not a metrics record, dropped: '{\"train_loss\": 3}'");
+  CHECK(keep_metrics_through_step(path, 5).empty());  // a clean file: nothing to report
+}
+
+TEST_CASE("The metrics log appends whole lines, after a resumed run's records", "[checkpoint]") {
+  TempDir dir;
+  const std::string path = dir.path + "/metrics.jsonl";
+  std::ofstream(path) << "old\n";
+  {
+    MetricsLog fresh(path);
+    fresh.validation(1, 2.5);
+  }
+  CHECK(read_text(path) == "{\"step\":1,\"val_loss\":2.5}\n");
+  {
+    MetricsLog resumed(path, true);
+    resumed.validation(2, 2.0);
+  }
+  CHECK(read_text(path) == "{\"step\":1,\"val_loss\":2.5}\n{\"step\":2,\"val_loss\":2.0}\n");
 }
