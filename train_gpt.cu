@@ -12,7 +12,8 @@
 // A fresh run refuses an --out-dir that holds checkpoints (it would mix two runs' checkpoints).
 //
 // Checkpoints (src/checkpoint.h): after every --checkpoint-every-th step, after the last step, and
-// after the step during which SIGTERM or SIGUSR1 arrived (the run then exits 0).
+// after the step during which SIGTERM, SIGUSR1 or SIGINT arrived (the run then exits 0; a second
+// SIGINT ends it at once).
 //
 // Step k (1-based) zeroes the gradients, runs grad_accum micro-batches of forward+backward
 // (their mean loss is step k's train_loss, measured with the weights before step k's update),
@@ -38,6 +39,8 @@
 #include "src/metrics.h"
 #include "src/step_guards.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <csignal>
 #include <exception>
@@ -55,10 +58,26 @@ namespace {
 // "rank N: " once there is more than one rank, for error messages.
 std::string error_prefix;
 
-// The signal (SIGTERM, SIGUSR1) that asked the run to stop after the current step; 0: none.
+// The signal (SIGTERM, SIGUSR1, SIGINT) that asked the run to stop after the current step; 0: none.
 volatile std::sig_atomic_t g_stop_signal = 0;
 
-void request_stop(int signal) { g_stop_signal = signal; }
+// Ctrl-C asks for a stop like SIGTERM; a second one, for a user who will not wait for the step,
+// ends the process at once the way Ctrl-C does by default (killed by SIGINT: status 130). Only
+// async-signal-safe calls here.
+void request_stop(int signal) {
+  if (signal == SIGINT && g_stop_signal != 0) {
+    struct sigaction default_action {};
+    default_action.sa_handler = SIG_DFL;
+    sigaction(SIGINT, &default_action, nullptr);
+    raise(SIGINT);  // delivered when this handler returns
+    return;
+  }
+  g_stop_signal = signal;
+  if (signal == SIGINT) {
+    static const char note[] = "\nSIGINT: stopping after this step with a checkpoint (Ctrl-C again: stop at once)\n";
+    if (write(STDERR_FILENO, note, sizeof note - 1) < 0) return;
+  }
+}
 
 void install_stop_handlers() {
   struct sigaction action {};
@@ -67,6 +86,11 @@ void install_stop_handlers() {
   action.sa_flags = SA_RESTART;  // reads and writes in flight continue; the loop checks the flag
   sigaction(SIGTERM, &action, nullptr);
   sigaction(SIGUSR1, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+}
+
+const char* signal_name(int signal) {
+  return signal == SIGTERM ? "SIGTERM" : signal == SIGUSR1 ? "SIGUSR1" : "SIGINT";
 }
 
 struct Run {
@@ -207,7 +231,7 @@ class Trainer {
       if (stop_signal != 0) {
         if (lead_) model_.save(model_path_);
         std::printf("received %s: stopped after step %lld of %lld, checkpoint written; continue with --resume auto\n",
-                    stop_signal == SIGTERM ? "SIGTERM" : "SIGUSR1", step, cfg_.max_steps);
+                    signal_name(stop_signal), step, cfg_.max_steps);
         comm_.barrier();
         return;
       }
