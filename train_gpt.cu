@@ -6,7 +6,8 @@
 //   3. the model architecture (--init-from's header or the --model preset), --seq-len against it
 //   4. the data: every shard's header and size, and the first batch's token ids against the vocab
 //   5. the model: allocation, then --init-from's weights or a seeded random init
-//   6. --out-dir, DIR/metrics.jsonl (truncated), the training loop, DIR/model.bin
+//   6. --out-dir: its lock (one run at a time), free space; DIR/metrics.jsonl (truncated); the
+//      training loop; DIR/model.bin
 // With --resume, the checkpoint is chosen and checked right after step 1 and replaces --init-from
 // and --model in steps 3 and 5; metrics.jsonl keeps its records up to the checkpoint's step.
 // A fresh run refuses an --out-dir that holds checkpoints (it would mix two runs' checkpoints).
@@ -37,6 +38,7 @@
 #include "src/lr_schedule.h"
 #include "src/resume.h"
 #include "src/metrics.h"
+#include "src/out_dir_lock.h"
 #include "src/step_guards.h"
 
 #include <unistd.h>
@@ -291,21 +293,25 @@ class Trainer {
     std::fflush(stdout);
   }
 
-  // Rank 0: --out-dir exists, takes a file and has room; metrics.jsonl truncated, or kept up to
-  // the checkpoint's step on resume.
+  // Rank 0: --out-dir exists and is this run's alone (its lock, held until the run ends), takes a
+  // file and has room; metrics.jsonl truncated, or kept up to the checkpoint's step on resume (a
+  // damaged line is reported).
   void open_out_dir() {
     std::error_code ec;
     std::filesystem::create_directories(cfg_.out_dir, ec);
     if (ec) throw std::runtime_error("--out-dir " + cfg_.out_dir + ": cannot create the directory: " + ec.message());
     const size_t model_file_bytes = kHeaderBytes + model_.num_parameters() * sizeof(Elem);
     with_context("--out-dir", [&] {
+      lock_ = std::make_unique<OutDirLock>(cfg_.out_dir);
       check_output_directory(cfg_.out_dir, checkpoint_bytes(model_.num_parameters(), sizeof(Elem),
                                                             model_.optimizer_shard_end() - model_.optimizer_shard_begin(),
                                                             comm_.world_size()) +
                                                model_file_bytes);
     });
     const std::string metrics_path = cfg_.out_dir + "/metrics.jsonl";
-    if (run_.resume_from) keep_metrics_through_step(metrics_path, state_.step);
+    if (run_.resume_from)
+      for (const std::string& damaged : keep_metrics_through_step(metrics_path, state_.step))
+        std::fprintf(stderr, "warning: --resume: %s\n", damaged.c_str());
     metrics_ = std::make_unique<MetricsLog>(metrics_path, run_.resume_from.has_value());
   }
 
@@ -411,6 +417,7 @@ class Trainer {
   const std::string model_path_;
   TrainingState state_;
   OptimizerSettings opt_;
+  std::unique_ptr<OutDirLock> lock_;  // rank 0; released after metrics_ is closed
   std::unique_ptr<MetricsLog> metrics_;
   StepClock clock_;
 };

@@ -125,7 +125,7 @@ fi
 if "$bin" "${common[@]}" --out-dir /proc/self >"$tmp/proc.log" 2>&1; then
   fail "an unwritable --out-dir was accepted"
 else
-  grep -q "^error: --out-dir: /proc/self/.write_test.tmp: cannot create" "$tmp/proc.log" ||
+  grep -q "^error: --out-dir: /proc/self/.train_gpt.lock: cannot create the lock file" "$tmp/proc.log" ||
     fail "unwritable --out-dir message: $(tail -1 "$tmp/proc.log")"
   ! grep -q '^step ' "$tmp/proc.log" || fail "training started in an unwritable --out-dir"
 fi
