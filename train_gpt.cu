@@ -6,8 +6,8 @@
 //   3. the model architecture (--init-from's header or the --model preset), --seq-len against it
 //   4. the data: every shard's header and size, and the first batch's token ids against the vocab
 //   5. the model: allocation, then --init-from's weights or a seeded random init
-//   6. --out-dir: its lock (one run at a time), free space; DIR/metrics.jsonl (truncated); the
-//      training loop; DIR/model.bin
+//   6. --out-dir: its lock (one run at a time), free space for the checkpoints kept at once,
+//      DIR/metrics.jsonl (truncated); the training loop; DIR/model.bin
 // With --resume, the checkpoint is chosen and checked right after step 1 and replaces --init-from
 // and --model in steps 3 and 5; metrics.jsonl keeps its records up to the checkpoint's step.
 // A fresh run refuses an --out-dir that holds checkpoints (it would mix two runs' checkpoints).
@@ -294,19 +294,37 @@ class Trainer {
   }
 
   // Rank 0: --out-dir exists and is this run's alone (its lock, held until the run ends), takes a
-  // file and has room; metrics.jsonl truncated, or kept up to the checkpoint's step on resume (a
-  // damaged line is reported).
+  // file and has room for the checkpoints on disk at once and the final model file; metrics.jsonl
+  // truncated, or kept up to the checkpoint's step on resume (a damaged line is reported).
   void open_out_dir() {
     std::error_code ec;
     std::filesystem::create_directories(cfg_.out_dir, ec);
     if (ec) throw std::runtime_error("--out-dir " + cfg_.out_dir + ": cannot create the directory: " + ec.message());
-    const size_t model_file_bytes = kHeaderBytes + model_.num_parameters() * sizeof(Elem);
     with_context("--out-dir", [&] {
       lock_ = std::make_unique<OutDirLock>(cfg_.out_dir);
-      check_output_directory(cfg_.out_dir, checkpoint_bytes(model_.num_parameters(), sizeof(Elem),
-                                                            model_.optimizer_shard_end() - model_.optimizer_shard_begin(),
-                                                            comm_.world_size()) +
-                                               model_file_bytes);
+      std::vector<long long> existing;
+      for (const CheckpointDir& d : list_checkpoint_dirs(cfg_.out_dir))
+        if (d.step <= state_.step) existing.push_back(d.step);
+      const uint64_t at_once = checkpoints_at_once(state_.step, cfg_.max_steps, cfg_.checkpoint_every,
+                                                   cfg_.keep_checkpoints, cfg_.keep_every, existing);
+      const uint64_t each = checkpoint_bytes(model_.num_parameters(), sizeof(Elem),
+                                             model_.optimizer_shard_end() - model_.optimizer_shard_begin(),
+                                             comm_.world_size());
+      const uint64_t model_file_bytes = kHeaderBytes + model_.num_parameters() * sizeof(Elem);
+      const uint64_t checkpoints = at_once > UINT64_MAX / each ? UINT64_MAX : at_once * each;
+      const uint64_t needed = checkpoints > UINT64_MAX - model_file_bytes ? UINT64_MAX : checkpoints + model_file_bytes;
+      const std::string what =
+          std::to_string(at_once) + " checkpoint(s) of " + mib(each) + " at once (--checkpoint-every " +
+          std::to_string(cfg_.checkpoint_every) + ", --keep-checkpoints " + std::to_string(cfg_.keep_checkpoints) +
+          (cfg_.keep_every > 0 ? ", --keep-every " + std::to_string(cfg_.keep_every) : "") +
+          ") and the final model file";
+      std::printf("disk: %s need %s%s\n", what.c_str(), mib(needed).c_str(),
+                  cfg_.keep_every > 0 && cfg_.keep_checkpoints > 0
+                      ? " (the checkpoints --keep-every keeps for good are counted up to --max-steps; a run continued "
+                        "beyond it needs more)"
+                      : "");
+      std::fflush(stdout);
+      check_output_directory(cfg_.out_dir, needed, what);
     });
     const std::string metrics_path = cfg_.out_dir + "/metrics.jsonl";
     if (run_.resume_from)

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <limits>
@@ -282,6 +283,40 @@ TEST_CASE("Retention keeps the newest K, multiples of M, and later directories",
   CHECK(left == std::vector<long long>{14, 12, 10, 8, 4});
   CHECK(removed.size() == 2);
   CHECK(prune_checkpoints(dir.path, 12, 0, 0).empty());  // K = 0 keeps everything
+}
+
+TEST_CASE("The free-space check counts the checkpoints retention leaves on disk at once", "[checkpoint]") {
+  // Each combination is played out on real directories: the run's checkpoints written one by one,
+  // retention after each, the most directories beyond those there at the start counted.
+  TempDir dir;
+  const std::vector<std::vector<long long>> existing_after_5 = {{}, {5}, {5, 4, 3, 2, 1}, {4, 2}};
+  for (long long start : {0, 5})
+    for (const std::vector<long long>& existing : start == 0 ? std::vector<std::vector<long long>>{{}} : existing_after_5)
+      for (long long length : {1, 7, 12})
+        for (long long every : {0, 1, 3, 4})
+          for (long long keep_last : {0, 1, 2, 3})
+            for (long long keep_every : {0, 2, 3}) {
+              const long long max_steps = start + length;
+              for (long long step : existing)
+                REQUIRE(::mkdir((dir.path + "/" + checkpoint_dir_name(step)).c_str(), 0755) == 0);
+              long long most = 0;
+              for (long long step = start + 1; step <= max_steps; ++step) {
+                if (step != max_steps && (every == 0 || step % every != 0)) continue;
+                REQUIRE(::mkdir((dir.path + "/" + checkpoint_dir_name(step)).c_str(), 0755) == 0);
+                most = std::max(most, static_cast<long long>(list_checkpoint_dirs(dir.path).size() - existing.size()));
+                prune_checkpoints(dir.path, step, keep_last, keep_every);
+              }
+              INFO("start " << start << ", " << existing.size() << " existing, max " << max_steps << ", every " << every
+                            << ", keep " << keep_last << ", keep-every " << keep_every);
+              CHECK(checkpoints_at_once(start, max_steps, every, keep_last, keep_every, existing) ==
+                    static_cast<uint64_t>(most));
+              for (const CheckpointDir& d : list_checkpoint_dirs(dir.path)) remove_checkpoint_dir(d.path);
+            }
+  // A run that is already done writes none; one of two billion steps is counted without playing it out.
+  CHECK(checkpoints_at_once(8, 8, 4, 3, 0, {8, 4}) == 0);
+  CHECK(checkpoints_at_once(0, 2000000000, 1, 0, 0, {}) == 2000000000u);
+  CHECK(checkpoints_at_once(0, 2000000000, 1, 3, 0, {}) == 4u);
+  CHECK(checkpoints_at_once(0, 2000000000, 1, 3, 1000, {}) == 4u + 1999999);
 }
 
 TEST_CASE("On resume metrics.jsonl keeps the records up to the checkpoint's step", "[checkpoint]") {

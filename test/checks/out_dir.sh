@@ -2,7 +2,9 @@
 # One run per --out-dir, and nothing in it lost or mixed up:
 #   - a second run into a directory a running run holds stops with an error naming the holder's
 #     pid, and leaves the first run's metrics.jsonl alone; the lock of a killed run is no lock;
-#   - a resume that finds a damaged metrics.jsonl line says which line it drops.
+#   - a resume that finds a damaged metrics.jsonl line says which line it drops;
+#   - the free-space check counts every checkpoint on disk at once (--checkpoint-every with
+#     --keep-checkpoints, --keep-every), so a run that could never keep them fails before training.
 # usage: out_dir.sh cpu|gpu
 set -u
 # shellcheck source=test/checks/lib/trainer.sh
@@ -57,6 +59,35 @@ if "$bin" "${common[@]}" --max-steps 6 --checkpoint-every 2 --resume auto --out-
   [ "$(grep -c . "$res/metrics.jsonl")" -eq 8 ] || fail "metrics.jsonl after the resume: $(cat "$res/metrics.jsonl")"
 else
   fail "resume with a damaged metrics line failed"; cat "$res.again.err"
+fi
+
+# ---- free space for the checkpoints on disk at once (one of the tiny model's is about 1.9 MiB)
+# expect_no_room DESCRIPTION TEXT FLAGS...: refused before the first step, naming TEXT.
+expect_no_room() {
+  local what=$1 text=$2
+  shift 2
+  rm -rf "$tmp/room"
+  if timeout 60 "$bin" "${common[@]}" "$@" --out-dir "$tmp/room" >"$tmp/room.log" 2>&1; then
+    fail "$what: accepted"
+  else
+    grep -qE "^error: --out-dir: $tmp/room: [0-9.]+ MiB free, $text and the final model file need [0-9.]+ MiB \(free space or choose another --out-dir\)$" \
+      "$tmp/room.log" || fail "$what: $(tail -n 1 "$tmp/room.log")"
+    ! grep -q '^step ' "$tmp/room.log" || fail "$what: training started"
+  fi
+}
+expect_no_room "every step kept" \
+  "2000000000 checkpoint\(s\) of 1.9 MiB at once \(--checkpoint-every 1, --keep-checkpoints 0\)" \
+  --max-steps 2000000000 --checkpoint-every 1 --keep-checkpoints 0
+expect_no_room "every step kept by --keep-every" \
+  "2000000000 checkpoint\(s\) of 1.9 MiB at once \(--checkpoint-every 1, --keep-checkpoints 3, --keep-every 1\)" \
+  --max-steps 2000000000 --checkpoint-every 1 --keep-checkpoints 3 --keep-every 1
+# Retention deletes an old checkpoint only once the new one is complete: 2 at once for K = 1.
+if "$bin" "${common[@]}" --max-steps 3 --checkpoint-every 1 --keep-checkpoints 1 --out-dir "$tmp/keep1" >"$tmp/keep1.log" 2>&1; then
+  grep -q '^disk: 2 checkpoint(s) of 1.9 MiB at once (--checkpoint-every 1, --keep-checkpoints 1) and the final model file need 4.' \
+    "$tmp/keep1.log" || fail "free-space line: $(grep '^disk' "$tmp/keep1.log")"
+  [ "$(cd "$tmp/keep1" && echo checkpoint_*)" = checkpoint_00000003 ] || fail "retention kept $(cd "$tmp/keep1" && echo checkpoint_*)"
+else
+  fail "a run with room for its checkpoints failed"; cat "$tmp/keep1.log"
 fi
 
 [ "$failures" -eq 0 ] && echo "out_dir: all checks passed"
