@@ -6,13 +6,15 @@
 //   3. the model architecture (--init-from's header or the --model preset), --seq-len against it
 //   4. the data: every shard's header and size, and the first batch's token ids against the vocab
 //   5. the model: allocation, then --init-from's weights or a seeded random init
-//   6. --out-dir, DIR/metrics.jsonl (truncated), the training loop, DIR/model.bin
+//   6. --out-dir: its lock (one run at a time), free space for the checkpoints kept at once,
+//      DIR/metrics.jsonl (truncated); the training loop; DIR/model.bin
 // With --resume, the checkpoint is chosen and checked right after step 1 and replaces --init-from
 // and --model in steps 3 and 5; metrics.jsonl keeps its records up to the checkpoint's step.
 // A fresh run refuses an --out-dir that holds checkpoints (it would mix two runs' checkpoints).
 //
 // Checkpoints (src/checkpoint.h): after every --checkpoint-every-th step, after the last step, and
-// after the step during which SIGTERM or SIGUSR1 arrived (the run then exits 0).
+// after the step during which SIGTERM, SIGUSR1 or SIGINT arrived (the run then exits 0; a second
+// SIGINT ends it at once).
 //
 // Step k (1-based) zeroes the gradients, runs grad_accum micro-batches of forward+backward
 // (their mean loss is step k's train_loss, measured with the weights before step k's update),
@@ -36,7 +38,10 @@
 #include "src/lr_schedule.h"
 #include "src/resume.h"
 #include "src/metrics.h"
+#include "src/out_dir_lock.h"
 #include "src/step_guards.h"
+
+#include <unistd.h>
 
 #include <chrono>
 #include <csignal>
@@ -55,10 +60,26 @@ namespace {
 // "rank N: " once there is more than one rank, for error messages.
 std::string error_prefix;
 
-// The signal (SIGTERM, SIGUSR1) that asked the run to stop after the current step; 0: none.
+// The signal (SIGTERM, SIGUSR1, SIGINT) that asked the run to stop after the current step; 0: none.
 volatile std::sig_atomic_t g_stop_signal = 0;
 
-void request_stop(int signal) { g_stop_signal = signal; }
+// Ctrl-C asks for a stop like SIGTERM; a second one, for a user who will not wait for the step,
+// ends the process at once the way Ctrl-C does by default (killed by SIGINT: status 130). Only
+// async-signal-safe calls here.
+void request_stop(int signal) {
+  if (signal == SIGINT && g_stop_signal != 0) {
+    struct sigaction default_action {};
+    default_action.sa_handler = SIG_DFL;
+    sigaction(SIGINT, &default_action, nullptr);
+    raise(SIGINT);  // delivered when this handler returns
+    return;
+  }
+  g_stop_signal = signal;
+  if (signal == SIGINT) {
+    static const char note[] = "\nSIGINT: stopping after this step with a checkpoint (Ctrl-C again: stop at once)\n";
+    if (write(STDERR_FILENO, note, sizeof note - 1) < 0) return;
+  }
+}
 
 void install_stop_handlers() {
   struct sigaction action {};
@@ -67,6 +88,11 @@ void install_stop_handlers() {
   action.sa_flags = SA_RESTART;  // reads and writes in flight continue; the loop checks the flag
   sigaction(SIGTERM, &action, nullptr);
   sigaction(SIGUSR1, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+}
+
+const char* signal_name(int signal) {
+  return signal == SIGTERM ? "SIGTERM" : signal == SIGUSR1 ? "SIGUSR1" : "SIGINT";
 }
 
 struct Run {
@@ -207,7 +233,7 @@ class Trainer {
       if (stop_signal != 0) {
         if (lead_) model_.save(model_path_);
         std::printf("received %s: stopped after step %lld of %lld, checkpoint written; continue with --resume auto\n",
-                    stop_signal == SIGTERM ? "SIGTERM" : "SIGUSR1", step, cfg_.max_steps);
+                    signal_name(stop_signal), step, cfg_.max_steps);
         comm_.barrier();
         return;
       }
@@ -268,21 +294,43 @@ class Trainer {
     std::fflush(stdout);
   }
 
-  // Rank 0: --out-dir exists, takes a file and has room; metrics.jsonl truncated, or kept up to
-  // the checkpoint's step on resume.
+  // Rank 0: --out-dir exists and is this run's alone (its lock, held until the run ends), takes a
+  // file and has room for the checkpoints on disk at once and the final model file; metrics.jsonl
+  // truncated, or kept up to the checkpoint's step on resume (a damaged line is reported).
   void open_out_dir() {
     std::error_code ec;
     std::filesystem::create_directories(cfg_.out_dir, ec);
     if (ec) throw std::runtime_error("--out-dir " + cfg_.out_dir + ": cannot create the directory: " + ec.message());
-    const size_t model_file_bytes = kHeaderBytes + model_.num_parameters() * sizeof(Elem);
     with_context("--out-dir", [&] {
-      check_output_directory(cfg_.out_dir, checkpoint_bytes(model_.num_parameters(), sizeof(Elem),
-                                                            model_.optimizer_shard_end() - model_.optimizer_shard_begin(),
-                                                            comm_.world_size()) +
-                                               model_file_bytes);
+      lock_ = std::make_unique<OutDirLock>(cfg_.out_dir);
+      std::vector<long long> existing;
+      for (const CheckpointDir& d : list_checkpoint_dirs(cfg_.out_dir))
+        if (d.step <= state_.step) existing.push_back(d.step);
+      const uint64_t at_once = checkpoints_at_once(state_.step, cfg_.max_steps, cfg_.checkpoint_every,
+                                                   cfg_.keep_checkpoints, cfg_.keep_every, existing);
+      const uint64_t each = checkpoint_bytes(model_.num_parameters(), sizeof(Elem),
+                                             model_.optimizer_shard_end() - model_.optimizer_shard_begin(),
+                                             comm_.world_size());
+      const uint64_t model_file_bytes = kHeaderBytes + model_.num_parameters() * sizeof(Elem);
+      const uint64_t checkpoints = at_once > UINT64_MAX / each ? UINT64_MAX : at_once * each;
+      const uint64_t needed = checkpoints > UINT64_MAX - model_file_bytes ? UINT64_MAX : checkpoints + model_file_bytes;
+      const std::string what =
+          std::to_string(at_once) + " checkpoint(s) of " + mib(each) + " at once (--checkpoint-every " +
+          std::to_string(cfg_.checkpoint_every) + ", --keep-checkpoints " + std::to_string(cfg_.keep_checkpoints) +
+          (cfg_.keep_every > 0 ? ", --keep-every " + std::to_string(cfg_.keep_every) : "") +
+          ") and the final model file";
+      std::printf("disk: %s need %s%s\n", what.c_str(), mib(needed).c_str(),
+                  cfg_.keep_every > 0 && cfg_.keep_checkpoints > 0
+                      ? " (the checkpoints --keep-every keeps for good are counted up to --max-steps; a run continued "
+                        "beyond it needs more)"
+                      : "");
+      std::fflush(stdout);
+      check_output_directory(cfg_.out_dir, needed, what);
     });
     const std::string metrics_path = cfg_.out_dir + "/metrics.jsonl";
-    if (run_.resume_from) keep_metrics_through_step(metrics_path, state_.step);
+    if (run_.resume_from)
+      for (const std::string& damaged : keep_metrics_through_step(metrics_path, state_.step))
+        std::fprintf(stderr, "warning: --resume: %s\n", damaged.c_str());
     metrics_ = std::make_unique<MetricsLog>(metrics_path, run_.resume_from.has_value());
   }
 
@@ -388,6 +436,7 @@ class Trainer {
   const std::string model_path_;
   TrainingState state_;
   OptimizerSettings opt_;
+  std::unique_ptr<OutDirLock> lock_;  // rank 0; released after metrics_ is closed
   std::unique_ptr<MetricsLog> metrics_;
   StepClock clock_;
 };

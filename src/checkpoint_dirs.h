@@ -1,6 +1,7 @@
 // checkpoint_dirs.h — the checkpoint directories of an --out-dir: their names, finding and
 // verifying them (manifest, sizes, CRC-32Cs) to choose the one a run resumes from, removing them
-// whole, retention, and the up-front check that --out-dir can take a checkpoint. What is inside a
+// whole, retention, and the up-front check that --out-dir can take the checkpoints a run keeps at
+// once. What is inside a
 // checkpoint, and writing and loading one, is checkpoint.h's (format: docs/CHECKPOINTS.md).
 #pragma once
 #include "durable_file.h"
@@ -20,6 +21,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 constexpr char kManifestFormat[] = "train_gpt checkpoint";
@@ -175,9 +177,48 @@ inline std::vector<std::string> prune_checkpoints(const std::string& out_dir, lo
   return removed;
 }
 
+// How many more checkpoints than there are at its start a run has on disk at once, at most. It
+// writes one after every `every`-th step in (start, max_steps) (every 0: none) and one after
+// max_steps; after each is complete, prune_checkpoints deletes those beyond the newest keep_last
+// (0: none deleted) that are not at a multiple of keep_every. `existing`: the steps of the
+// checkpoints at or before `start` already there, newest first (retention counts and deletes them
+// like the run's own). The most are on disk while the last one is written: the one being written
+// and what the retention after the one before left (more on disk at once only grows from there).
+inline uint64_t checkpoints_at_once(long long start, long long max_steps, long long every, long long keep_last,
+                                    long long keep_every, const std::vector<long long>& existing) {
+  if (start >= max_steps) return 0;
+  const uint64_t periodic = every > 0 ? static_cast<uint64_t>((max_steps - 1) / every - start / every) : 0;
+  if (keep_last == 0) return periodic + 1;
+  if (periodic == 0) return 1;
+  // Multiples of keep_every among multiples of `every` in [lo, hi]: multiples of their lcm.
+  const auto kept_for_good = [&](long long lo, long long hi) -> uint64_t {
+    if (keep_every == 0 || lo > hi) return 0;
+    long long a = every, b = keep_every;
+    while (b != 0) a = std::exchange(b, a % b);
+    const long long step = every / a;
+    if (step > hi / keep_every) return 0;
+    const long long lcm = step * keep_every;
+    return static_cast<uint64_t>(hi / lcm - (lo - 1) / lcm);
+  };
+  const auto protected_existing = [&](size_t from, size_t to) -> uint64_t {
+    uint64_t n = 0;
+    for (size_t i = from; i < to; ++i) n += keep_every > 0 && existing[i] % keep_every == 0;
+    return n;
+  };
+  const uint64_t keep = static_cast<uint64_t>(keep_last);
+  const uint64_t newest_run = std::min(keep, periodic);
+  const uint64_t newest_existing = std::min<uint64_t>(keep - newest_run, existing.size());
+  const long long last = (max_steps - 1) / every;  // the last periodic checkpoint is at last·every
+  const uint64_t left = newest_run + newest_existing +
+                        kept_for_good(start + 1, max_steps - 1) -
+                        kept_for_good((last - static_cast<long long>(newest_run) + 1) * every, last * every) +
+                        protected_existing(newest_existing, existing.size());
+  return std::max<uint64_t>(1, left + 1 > existing.size() ? left + 1 - existing.size() : 0);
+}
+
 // Before training: the output directory takes a file (created, synced, removed) and its file
-// system has room for one more checkpoint plus the final model file.
-inline void check_output_directory(const std::string& out_dir, uint64_t bytes_needed) {
+// system has room for `bytes_needed`, which is what `needed_for` describes.
+inline void check_output_directory(const std::string& out_dir, uint64_t bytes_needed, const std::string& needed_for) {
   {
     AtomicFileWriter probe(out_dir + "/.write_test");
     probe.write("ok\n", 3);
@@ -188,9 +229,10 @@ inline void check_output_directory(const std::string& out_dir, uint64_t bytes_ne
   if (::statvfs(out_dir.c_str(), &fs) != 0) throw file_error(out_dir, "statvfs failed", errno);
   const uint64_t available = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
   if (available < bytes_needed) {
-    char buf[256];
-    std::snprintf(buf, sizeof buf, "%.1f MiB free, a checkpoint and the final model file need %.1f MiB",
-                  available / 1048576.0, bytes_needed / 1048576.0);
-    throw std::runtime_error(out_dir + ": " + buf + " (free space or choose another --out-dir)");
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.1f MiB free, ", available / 1048576.0);
+    std::string message = out_dir + ": " + buf + needed_for + " need ";
+    std::snprintf(buf, sizeof buf, "%.1f MiB", bytes_needed / 1048576.0);
+    throw std::runtime_error(message + buf + " (free space or choose another --out-dir)");
   }
 }

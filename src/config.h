@@ -1,13 +1,17 @@
 // config.h — every training option: one table (kFlags) drives command-line parsing, JSON
 // config files and --help, so the three cannot drift apart.
 //
-// Command line: GNU-style long flags, `--flag value` or `--flag=value`; later flags win.
+// Command line: GNU-style long flags, `--flag value` or `--flag=value`, each flag at most once.
 // `--config FILE` reads a JSON object whose keys are the flag names without the dashes
-// ({"lr": 3e-4, "lr-schedule": "wsd"}); flags on the command line override the file.
+// ({"lr": 3e-4, "lr-schedule": "wsd"}), each key at most once; flags on the command line
+// override the file. A repeated flag or key is an error: one of the two values would be
+// dropped without a word.
 // Every bad input is a std::invalid_argument with one line naming the flag, key or file
 // and what was expected.
 #pragma once
 #include "lr_schedule.h"
+
+#include <sys/stat.h>
 
 #include <nlohmann/json.hpp>
 
@@ -15,6 +19,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iomanip>
 #include <limits>
@@ -322,13 +327,39 @@ inline nlohmann::json config_json(const TrainConfig& cfg) {
   return j;
 }
 
+namespace config_detail {
+
+// The whole of a --config file; errors name the file (a directory, for one, opens but cannot be read).
+inline std::string read_config_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    throw std::invalid_argument("--config " + path + ": cannot open the file: " + std::strerror(errno));
+  if (S_ISDIR(st.st_mode)) throw std::invalid_argument("--config " + path + ": is a directory, expected a JSON file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::invalid_argument("--config " + path + ": cannot open the file: " + std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad() || text.fail()) throw std::invalid_argument("--config " + path + ": cannot read the file");
+  return text.str();
+}
+
+}  // namespace config_detail
+
 // Applies a JSON config file (an object of flag values) to cfg.
 inline void apply_config_file(TrainConfig& cfg, const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw std::invalid_argument("--config " + path + ": cannot open the file");
+  const std::string text = config_detail::read_config_file(path);
+  // The parser keeps the last of two equal keys; the callback sees every key of the top-level
+  // object (depth 1) as parsed, escapes decoded, so a repeated one is reported instead.
+  std::set<std::string> keys;
+  const auto no_repeated_keys = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    if (event == nlohmann::json::parse_event_t::key && depth == 1 && !keys.insert(parsed.get<std::string>()).second)
+      throw std::invalid_argument("--config " + path + ": key \"" + parsed.get<std::string>() +
+                                  "\" appears more than once (give each key once)");
+    return true;
+  };
   nlohmann::json doc;
   try {
-    doc = nlohmann::json::parse(in);
+    doc = nlohmann::json::parse(text, no_repeated_keys);
   } catch (const nlohmann::json::parse_error& e) {
     throw std::invalid_argument("--config " + path + ": not valid JSON (" + e.what() + ")");
   }
@@ -350,7 +381,8 @@ struct ParsedArgs {
 };
 
 // Parses argv (argv[0] is the program). Reads --config first, then applies the other flags
-// in order. Checks each value; cross-flag checks are validate_config's.
+// in order. Checks each value and that no flag is given twice; cross-flag checks are
+// validate_config's.
 inline ParsedArgs parse_args(int argc, const char* const* argv) {
   ParsedArgs result;
   std::vector<std::pair<const Flag*, std::string>> given;
@@ -376,6 +408,10 @@ inline ParsedArgs parse_args(int argc, const char* const* argv) {
                                                      config_detail::expectation(*flag) + ")");
       value = argv[++i];
     }
+    for (const auto& [earlier, earlier_value] : given)
+      if (earlier == flag)
+        throw std::invalid_argument("--" + name + " is given twice ('" + earlier_value + "', then '" + value +
+                                    "'): give each flag once");
     given.emplace_back(flag, value);
   }
   for (const auto& [flag, value] : given)

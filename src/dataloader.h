@@ -2,7 +2,10 @@
 //
 // Files: every path matching a glob pattern, sorted bytewise so all ranks agree on the
 // order. Each header and file size is validated at construction, so a corrupt or too-small
-// shard fails before training starts; token ids are validated as each batch is read.
+// shard fails before training starts. Token ids are validated a whole shard at a time, when
+// the reader first reads from it (on the prefetch thread, while the caller uses the batch
+// before): a bad id anywhere in a shard stops the loader at the shard's first batch, before
+// any of its batches is handed out. Such an error, found mid-run, is a ShardDataError.
 //
 // Order. G = R·B·T tokens form one global batch. A shard of N tokens holds (N-1)/G sample
 // slots; slot j covers tokens [j·G, j·G + G + 1) and rank r reads its B·T + 1 tokens at
@@ -35,6 +38,7 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -80,6 +84,8 @@ inline std::vector<uint32_t> permutation(uint32_t n, uint64_t stream) {
 inline std::runtime_error file_error(const std::string& path, const std::string& what) {
   return std::runtime_error(path + ": " + what);
 }
+
+constexpr size_t kScanTokens = size_t(1) << 20;  // tokens per read while a shard's ids are checked
 
 struct ShardInfo {
   std::string path;
@@ -143,6 +149,14 @@ inline std::vector<std::string> matching_files(const std::string& pattern) {
 
 }  // namespace dataloader_detail
 
+// A shard's content found bad while reading it (a token id outside the vocabulary, a read that
+// fails): unlike the errors of construction, this one can surface mid-run, after steps were
+// trained on earlier shards.
+class ShardDataError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 class DataLoader {
  public:
   // Reads micro-batches of B×T for `rank` of `world_size`; token ids must be < vocab_size.
@@ -172,7 +186,14 @@ class DataLoader {
       shards_.push_back(std::move(info));
       paths_.push_back(path);
     }
-    staging_.resize(local + 1);
+    try {
+      staging_.resize(local + 1);
+    } catch (const std::bad_alloc&) {
+      throw std::runtime_error("cannot allocate " + std::to_string((local + 1) * sizeof(uint16_t)) +
+                               " bytes of host memory for a batch of B x T = " + std::to_string(B) + " x " +
+                               std::to_string(seq_len) + " tokens");
+    }
+    ids_checked_.assign(shards_.size(), false);
     if (prefetch_) worker_ = std::thread([this] { prefetch_loop(); });
     reset();
   }
@@ -192,7 +213,8 @@ class DataLoader {
   }
 
   // Fills host arrays of B*T: inputs = tokens[p, p+B*T), targets = tokens[p+1, p+B*T+1).
-  // Throws "PATH: token id ... " for an id >= vocab_size; the position then stays put.
+  // Throws ShardDataError "PATH: token id ... " when the batch's shard holds an id >= vocab_size
+  // anywhere; the position then stays put.
   void next_batch(int* inputs, int* targets) {
     if (prefetch_) {
       std::unique_lock<std::mutex> lock(mutex_);
@@ -252,6 +274,12 @@ class DataLoader {
 
   size_t num_shards() const { return shards_.size(); }
   uint64_t tokens_in_shards() const { return tokens_in_shards_; }
+  // Global batches in one epoch: how many distinct batches the files hold before they repeat.
+  uint64_t batches_per_epoch() const {
+    uint64_t n = 0;
+    for (const dataloader_detail::ShardInfo& shard : shards_) n += shard.num_slots;
+    return n;
+  }
   const std::vector<std::string>& files() const { return paths_; }
 
  private:
@@ -328,34 +356,50 @@ class DataLoader {
     }
   }
 
-  // Reads B*T+1 tokens into staging_ and checks their ids. Runs on one thread at a time.
+  // Reads B*T+1 tokens into staging_, after checking every token id of their shard the first time
+  // it is read from. Runs on one thread at a time.
   void read(const ReadRequest& r) {
     const dataloader_detail::ShardInfo& shard = shards_[r.file];
     if (open_file_ != r.file || open_fd_ < 0) {
       if (open_fd_ >= 0) ::close(open_fd_);
       open_fd_ = ::open(shard.path.c_str(), O_RDONLY | O_CLOEXEC);
       open_file_ = r.file;
-      if (open_fd_ < 0)
-        throw dataloader_detail::file_error(shard.path, std::string("cannot open: ") + std::strerror(errno));
+      if (open_fd_ < 0) throw ShardDataError(shard.path + ": cannot open: " + std::strerror(errno));
     }
-    char* dst = reinterpret_cast<char*>(staging_.data());
-    const size_t bytes = staging_.size() * sizeof(uint16_t);
+    if (!ids_checked_[r.file]) {
+      check_token_ids(shard);
+      ids_checked_[r.file] = true;
+    }
+    read_tokens(shard, r.offset, staging_.data(), staging_.size());
+  }
+
+  // Reads `count` tokens from token position `offset` of the open shard.
+  void read_tokens(const dataloader_detail::ShardInfo& shard, uint64_t offset, uint16_t* out, size_t count) {
+    char* dst = reinterpret_cast<char*>(out);
+    const size_t bytes = count * sizeof(uint16_t);
     size_t done = 0;
     while (done < bytes) {
       const ssize_t got = ::pread(open_fd_, dst + done, bytes - done,
-                                  static_cast<off_t>(kHeaderBytes + 2 * r.offset + done));
+                                  static_cast<off_t>(kHeaderBytes + 2 * offset + done));
       if (got < 0 && errno == EINTR) continue;
       if (got <= 0)
-        throw dataloader_detail::file_error(
-            shard.path, "cannot read tokens at position " + std::to_string(r.offset) + ": " +
-                            (got < 0 ? std::strerror(errno) : "file is shorter than when it was validated"));
+        throw ShardDataError(shard.path + ": cannot read tokens at position " + std::to_string(offset) + ": " +
+                             (got < 0 ? std::strerror(errno) : "file is shorter than when it was validated"));
       done += static_cast<size_t>(got);
     }
-    for (size_t i = 0; i < staging_.size(); ++i)
-      if (staging_[i] >= vocab_size_)
-        throw dataloader_detail::file_error(shard.path, "token id " + std::to_string(staging_[i]) +
-                                                            " at token position " + std::to_string(r.offset + i) +
-                                                            " is >= the vocab size " + std::to_string(vocab_size_));
+  }
+
+  // Every token id of the open shard against the vocabulary; the first bad one is the error.
+  void check_token_ids(const dataloader_detail::ShardInfo& shard) {
+    std::vector<uint16_t> chunk(static_cast<size_t>(std::min<uint64_t>(shard.num_tokens, dataloader_detail::kScanTokens)));
+    for (uint64_t start = 0; start < shard.num_tokens; start += chunk.size()) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk.size(), shard.num_tokens - start));
+      read_tokens(shard, start, chunk.data(), n);
+      for (size_t i = 0; i < n; ++i)
+        if (chunk[i] >= vocab_size_)
+          throw ShardDataError(shard.path + ": token id " + std::to_string(chunk[i]) + " at token position " +
+                               std::to_string(start + i) + " is >= the vocab size " + std::to_string(vocab_size_));
+    }
   }
 
   const int B_, seq_len_, rank_, vocab_size_;
@@ -374,6 +418,7 @@ class DataLoader {
   std::vector<uint16_t> staging_;
   int open_fd_ = -1;
   size_t open_file_ = 0;
+  std::vector<bool> ids_checked_;  // per shard: every token id was found < vocab_size
 
   // Prefetch handshake, guarded by mutex_.
   std::thread worker_;

@@ -18,7 +18,6 @@
 #include "attention.h"
 #include "comm.h"
 #include "device.h"
-#include "durable_file.h"
 #include "gpt2_config.h"
 #include "grad_sync.h"
 #include "model_file.h"
@@ -117,17 +116,7 @@ class GPT2 {
 
   // Writes an llm.c model file: version 3 (fp32 values) for Elem = float, 5 (raw bf16) for bf16,
   // atomically (durable_file.h).
-  void save(const std::string& path) const {
-    AtomicFileWriter out(path);
-    const auto header = model_file_header(cfg_, dtype);
-    out.write(header.data(), sizeof header);
-    for (int i = 0; i < kNumParameterTensors; ++i) {
-      std::vector<Elem> values(layout_[i].count);
-      copy_to_host(values.data(), params_.get() + layout_[i].offset, values.size() * sizeof(Elem), stream_.get());
-      out.write(values.data(), values.size() * sizeof(Elem));
-    }
-    out.commit();
-  }
+  void save(const std::string& path) const { write_model_file(path, cfg_, params_.get(), dtype, stream_.get()); }
 
   // Forward pass over one micro-batch of host tokens (B·T each, row-major [B][T]). Returns the
   // mean cross-entropy over the B·T positions and keeps the logits of the last chunk of rows

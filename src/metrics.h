@@ -3,10 +3,15 @@
 //   {"step": k, "train_loss": …, "lr": …, "grad_norm": …, "ms": …, "tokens_per_s": …}
 //   {"step": k, "val_loss": …}
 // A step whose update was skipped (src/step_guards.h) has one more key, "skipped": "<why>".
-// Both are flushed line by line so a crash or a `tail -f` sees every finished step.
-// Non-finite values are written as JSON null (JSON has no NaN).
+// Each line goes to the file with one write() on a descriptor opened for appending, so it lands
+// whole at the end of the file as soon as the step is done: a crash of the process, or a
+// `tail -f`, sees every finished record and never half of one. Non-finite values are written as
+// JSON null (JSON has no NaN).
 #pragma once
 #include "durable_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -17,6 +22,7 @@
 #include <fstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 struct StepRecord {
   long long step = 0, total_steps = 0;
@@ -77,12 +83,12 @@ class StepClock {
 class MetricsLog {
  public:
   explicit MetricsLog(const std::string& path, bool append = false)
-      : path_(path), file_(std::fopen(path.c_str(), append ? "a" : "w")) {
-    if (!file_) throw std::runtime_error("cannot create " + path + ": " + std::strerror(errno));
+      : path_(path), fd_(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (append ? 0 : O_TRUNC), 0644)) {
+    if (fd_ < 0) throw std::runtime_error("cannot create " + path + ": " + std::strerror(errno));
   }
   MetricsLog(const MetricsLog&) = delete;
   MetricsLog& operator=(const MetricsLog&) = delete;
-  ~MetricsLog() { std::fclose(file_); }
+  ~MetricsLog() { ::close(fd_); }
 
   void train_step(const StepRecord& r) {
     nlohmann::ordered_json record = {{"step", r.step}, {"train_loss", r.train_loss}, {"lr", r.lr},
@@ -94,32 +100,38 @@ class MetricsLog {
 
  private:
   void write(const nlohmann::ordered_json& record) {
-    std::string line = record.dump() + "\n";
-    if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fflush(file_) != 0)
-      throw std::runtime_error("cannot write " + path_ + ": " + std::strerror(errno));
+    const std::string line = record.dump() + "\n";
+    for (size_t done = 0; done < line.size();) {
+      const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) throw std::runtime_error("cannot write " + path_ + ": " + std::strerror(n < 0 ? errno : ENOSPC));
+      done += static_cast<size_t>(n);
+    }
   }
 
   std::string path_;
-  std::FILE* file_;
+  int fd_;
 };
 
 // On resume: metrics.jsonl keeps the records of steps up to `step` (later ones belong to steps
-// that will run again; a torn last line of a killed run is dropped). Rewritten atomically.
-inline void keep_metrics_through_step(const std::string& path, long long step) {
+// that will run again). Rewritten atomically. A line that is not such a record (damaged, e.g.
+// the torn last line of a machine that lost power) is dropped too, and reported: the returned
+// list has one "PATH line N: ..." per dropped line.
+inline std::vector<std::string> keep_metrics_through_step(const std::string& path, long long step) {
   std::ifstream in(path);
   std::string kept, line;
-  while (std::getline(in, line)) {
-    nlohmann::json record;
-    try {
-      record = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error&) {
+  std::vector<std::string> damaged;
+  for (long long number = 1; std::getline(in, line); ++number) {
+    const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);  // not JSON: "discarded", no object
+    if (!record.is_object() || !record.contains("step") || !record.at("step").is_number_integer()) {
+      const std::string shown = line.size() > 60 ? line.substr(0, 60) + "..." : line;
+      damaged.push_back(path + " line " + std::to_string(number) + ": not a metrics record, dropped: '" + shown + "'");
       continue;
     }
-    if (record.is_object() && record.contains("step") && record["step"].is_number_integer() &&
-        record["step"].get<long long>() <= step)
-      kept += line + "\n";
+    if (record.at("step").get<long long>() <= step) kept += line + "\n";
   }
   AtomicFileWriter out(path);
   out.write(kept.data(), kept.size());
   out.commit();
+  return damaged;
 }

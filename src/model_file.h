@@ -1,16 +1,20 @@
 // model_file.h — llm.c model files (docs/FORMATS.md, "Model file"): reading and checking the
-// header, reading the body tensor by tensor, and the header a writer puts first. The writer itself
-// is the one atomic writer of durable_file.h (GPT2::save).
+// header, reading the body tensor by tensor, and writing one (header, then the parameters in
+// either dtype) through the one atomic writer of durable_file.h.
 #pragma once
 #include "file_formats.h"
 #include "device.h"
+#include "durable_file.h"
 #include "gpt2_config.h"
+
+#include <sys/stat.h>
 
 #include <array>
 #include <cerrno>
 #include <cstdio>
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 struct ModelFileInfo {
@@ -35,11 +39,45 @@ inline std::array<int32_t, kHeaderInts> model_file_header(const GPT2Config& c, D
   return header;
 }
 
+// Writes the model file of `config` with `dtype` values from its parameters on the device
+// (`params`, llm.c order, laid out as ParameterLayout says), atomically: version 3 for fp32, 5 for
+// bf16. Values widen to fp32 exactly and narrow to bf16 by rounding to nearest even; with the
+// parameters' own dtype the body is their bytes.
+template <typename Elem>
+void write_model_file(const std::string& path, const GPT2Config& config, const Elem* params, DType dtype,
+                      cudaStream_t stream) {
+  const ParameterLayout layout(config);
+  AtomicFileWriter out(path);
+  const auto header = model_file_header(config, dtype);
+  out.write(header.data(), sizeof header);
+  for (int i = 0; i < kNumParameterTensors; ++i) {
+    std::vector<Elem> values(layout[i].count);
+    copy_to_host(values.data(), params + layout[i].offset, values.size() * sizeof(Elem), stream);
+    if (dtype == (std::is_same<Elem, float>::value ? DType::fp32 : DType::bf16)) {
+      out.write(values.data(), values.size() * sizeof(Elem));
+    } else if (dtype == DType::fp32) {
+      std::vector<float> wide(values.size());
+      for (size_t k = 0; k < values.size(); ++k) wide[k] = host_to_float(values[k]);
+      out.write(wide.data(), wide.size() * sizeof(float));
+    } else {
+      std::vector<bf16> narrow(values.size());
+      for (size_t k = 0; k < values.size(); ++k) narrow[k] = host_from_float<bf16>(host_to_float(values[k]));
+      out.write(narrow.data(), narrow.size() * sizeof(bf16));
+    }
+  }
+  out.commit();
+}
+
 // Opens an llm.c model file and checks everything but the tensor values: header magic and
 // version, a configuration the kernels support, and a file size of exactly header + body.
 inline ModelFileInfo read_model_file_info(const std::string& path) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (f == nullptr) throw std::runtime_error(path + ": cannot open model file: " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(::fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+    std::fclose(f);
+    throw std::runtime_error(path + ": is a directory, expected an llm.c model file");
+  }
   int32_t header[kHeaderInts] = {};
   const size_t got = std::fread(header, sizeof(int32_t), kHeaderInts, f);
   std::fseek(f, 0, SEEK_END);

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <limits>
@@ -284,14 +285,81 @@ TEST_CASE("Retention keeps the newest K, multiples of M, and later directories",
   CHECK(prune_checkpoints(dir.path, 12, 0, 0).empty());  // K = 0 keeps everything
 }
 
+TEST_CASE("The free-space check counts the checkpoints retention leaves on disk at once", "[checkpoint]") {
+  // Each combination is played out on real directories: the run's checkpoints written one by one,
+  // retention after each, the most directories beyond those there at the start counted.
+  TempDir dir;
+  const std::vector<std::vector<long long>> existing_after_5 = {{}, {5}, {5, 4, 3, 2, 1}, {4, 2}};
+  for (long long start : {0, 5})
+    for (const std::vector<long long>& existing : start == 0 ? std::vector<std::vector<long long>>{{}} : existing_after_5)
+      for (long long length : {1, 7, 12})
+        for (long long every : {0, 1, 3, 4})
+          for (long long keep_last : {0, 1, 2, 3})
+            for (long long keep_every : {0, 2, 3}) {
+              const long long max_steps = start + length;
+              for (long long step : existing)
+                REQUIRE(::mkdir((dir.path + "/" + checkpoint_dir_name(step)).c_str(), 0755) == 0);
+              long long most = 0;
+              for (long long step = start + 1; step <= max_steps; ++step) {
+                if (step != max_steps && (every == 0 || step % every != 0)) continue;
+                REQUIRE(::mkdir((dir.path + "/" + checkpoint_dir_name(step)).c_str(), 0755) == 0);
+                most = std::max(most, static_cast<long long>(list_checkpoint_dirs(dir.path).size() - existing.size()));
+                prune_checkpoints(dir.path, step, keep_last, keep_every);
+              }
+              INFO("start " << start << ", " << existing.size() << " existing, max " << max_steps << ", every " << every
+                            << ", keep " << keep_last << ", keep-every " << keep_every);
+              CHECK(checkpoints_at_once(start, max_steps, every, keep_last, keep_every, existing) ==
+                    static_cast<uint64_t>(most));
+              for (const CheckpointDir& d : list_checkpoint_dirs(dir.path)) remove_checkpoint_dir(d.path);
+            }
+  // A run that is already done writes none; one of two billion steps is counted without playing it out.
+  CHECK(checkpoints_at_once(8, 8, 4, 3, 0, {8, 4}) == 0);
+  CHECK(checkpoints_at_once(0, 2000000000, 1, 0, 0, {}) == 2000000000u);
+  CHECK(checkpoints_at_once(0, 2000000000, 1, 3, 0, {}) == 4u);
+  CHECK(checkpoints_at_once(0, 2000000000, 1, 3, 1000, {}) == 4u + 1999999);
+}
+
 TEST_CASE("On resume metrics.jsonl keeps the records up to the checkpoint's step", "[checkpoint]") {
   TempDir dir;
   const std::string path = dir.path + "/metrics.jsonl";
   std::ofstream(path) << "{\"step\": 1, \"train_loss\": 5}\n{\"step\": 2, \"train_loss\": 4}\n{\"step\": 2, "
                          "\"val_loss\": 4.5}\n{\"step\": 3, \"train_loss\": 3}\n{\"step\": 4, \"train";
-  keep_metrics_through_step(path, 2);
+  const std::vector<std::string> damaged = keep_metrics_through_step(path, 2);
   CHECK(read_text(path) == "{\"step\": 1, \"train_loss\": 5}\n{\"step\": 2, \"train_loss\": 4}\n{\"step\": 2, "
                            "\"val_loss\": 4.5}\n");
-  keep_metrics_through_step(dir.path + "/absent.jsonl", 2);
+  // the torn last line is dropped, and said so
+  CHECK(damaged == std::vector<std::string>{path + " line 5: not a metrics record, dropped: '{\"step\": 4, \"train'"});
+  CHECK(keep_metrics_through_step(dir.path + "/absent.jsonl", 2).empty());
   CHECK(read_text(dir.path + "/absent.jsonl").empty());
+}
+
+TEST_CASE("On resume every damaged metrics line is reported with its number", "[checkpoint]") {
+  TempDir dir;
+  const std::string path = dir.path + "/metrics.jsonl";
+  std::ofstream(path) << "{\"step\": 1, \"train_loss\": 5}\n{\"st" + std::string(3, '\0') +
+                             "\n[1, 2]\n\n{\"train_loss\": 3}\n{\"step\": 2, \"train_loss\": 4}\n";
+  const std::vector<std::string> damaged = keep_metrics_through_step(path, 5);
+  CHECK(read_text(path) == "{\"step\": 1, \"train_loss\": 5}\n{\"step\": 2, \"train_loss\": 4}\n");
+  REQUIRE(damaged.size() == 4);
+  CHECK(damaged[0].rfind(path + " line 2: not a metrics record", 0) == 0);
+  CHECK(damaged[1] == path + " line 3: not a metrics record, dropped: '[1, 2]'");
+  CHECK(damaged[2] == path + " line 4: not a metrics record, dropped: ''");
+  CHECK(damaged[3] == path + " line 5: not a metrics record, dropped: '{\"train_loss\": 3}'");
+  CHECK(keep_metrics_through_step(path, 5).empty());  // a clean file: nothing to report
+}
+
+TEST_CASE("The metrics log appends whole lines, after a resumed run's records", "[checkpoint]") {
+  TempDir dir;
+  const std::string path = dir.path + "/metrics.jsonl";
+  std::ofstream(path) << "old\n";
+  {
+    MetricsLog fresh(path);
+    fresh.validation(1, 2.5);
+  }
+  CHECK(read_text(path) == "{\"step\":1,\"val_loss\":2.5}\n");
+  {
+    MetricsLog resumed(path, true);
+    resumed.validation(2, 2.0);
+  }
+  CHECK(read_text(path) == "{\"step\":1,\"val_loss\":2.5}\n{\"step\":2,\"val_loss\":2.0}\n");
 }

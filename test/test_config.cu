@@ -79,8 +79,8 @@ TEST_CASE("no flags give the documented defaults") {
   CHECK(c.explicitly_set.empty());
 }
 
-TEST_CASE("both flag syntaxes, later flags win") {
-  TrainConfig c = parse({"--lr", "3e-4", "--batch-size=16", "--shuffle", "0", "--dtype=fp32", "--lr", "1e-3"}).config;
+TEST_CASE("both flag syntaxes") {
+  TrainConfig c = parse({"--lr", "1e-3", "--batch-size=16", "--shuffle", "0", "--dtype=fp32"}).config;
   CHECK(c.lr == 1e-3);
   CHECK(c.batch_size == 16);
   CHECK_FALSE(c.shuffle);
@@ -92,6 +92,13 @@ TEST_CASE("both flag syntaxes, later flags win") {
   CHECK(parse({"--out-dir=--weird"}).config.out_dir == "--weird");
   CHECK(parse({"--help"}).help);
   CHECK(parse({"--lr", "1", "-h"}).help);
+}
+
+TEST_CASE("a flag given twice is an error naming it and both values, in either syntax") {
+  CHECK(parse_error({"--lr", "3e-4", "--batch-size", "2", "--lr", "1e-3"}) ==
+        "--lr is given twice ('3e-4', then '1e-3'): give each flag once");
+  CHECK(contains(parse_error({"--lr=1", "--lr", "1"}), "--lr is given twice"));
+  CHECK(contains(parse_error({"--config", "a.json", "--config=b.json"}), "--config is given twice ('a.json', then 'b.json')"));
 }
 
 TEST_CASE("every flag of the table parses its own default text back") {
@@ -190,6 +197,17 @@ TEST_CASE("bad JSON config files name the file, the key and the expectation") {
   std::string missing = parse_error({"--config", "/nonexistent/run.json"});
   CHECK(contains(missing, "/nonexistent/run.json"));
   CHECK(contains(missing, "cannot open"));
+  TempJson file("{}");
+  CHECK(parse_error({"--config", file.dir.c_str()}) == "--config " + file.dir + ": is a directory, expected a JSON file");
+}
+
+TEST_CASE("a JSON key given twice is an error naming it, however it is spelled") {
+  CHECK(contains(json_error(R"({"lr": 0.1, "batch-size": 2, "lr": 0.2})"),
+                 "key \"lr\" appears more than once (give each key once)"));
+  CHECK(contains(json_error(R"({"lr": 0.1, "l\u0072": 0.2})"), "key \"lr\" appears more than once"));
+  // the same key in the file and on the command line is the documented override, not a repeat
+  TempJson file(R"({"lr": 0.1})");
+  CHECK(parse({"--config", file.path.c_str(), "--lr", "0.2"}).config.lr == 0.2);
 }
 
 TEST_CASE("cross-flag checks: gradient accumulation and --init-from vs --model") {

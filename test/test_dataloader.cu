@@ -163,6 +163,12 @@ TEST_CASE("dataloader finds the shards sorted and counts their tokens", "[datalo
   CHECK(loader.files() == c.paths);
   CHECK(loader.num_shards() == 4);
   CHECK(loader.tokens_in_shards() == 301u + 97 + 250 + 413);
+  // (N - 1) / (R*B*T) batches per shard, R*B*T = 6: 50 + 16 + 41 + 68
+  CHECK(loader.batches_per_epoch() == 175u);
+  CHECK(DataLoader(c.pattern(), 2, 3, 1, 2, false, 0, kVocab).batches_per_epoch() == 25u + 8 + 20 + 34);
+  for (const Shape& s : kShapes)
+    CHECK(DataLoader(c.pattern(), s.B, s.T, 0, s.R, false, 0, kVocab).batches_per_epoch() ==
+          reference_epoch(c, s.B, s.T, 0, s.R, 0).size());
 }
 
 TEST_CASE("dataloader without shuffling reads exactly the docs/FORMATS.md order, wrapping epochs", "[dataloader]") {
@@ -413,7 +419,8 @@ TEST_CASE("dataloader file errors name the file and what was expected", "[datalo
     CHECK_THAT(msg, Contains(small) && Contains("holds 24 tokens") && Contains("= 25 tokens"));
   }
   SECTION("token id >= vocab size") {
-    // B*T = 6, R = 1: batch 1 reads positions [6, 13); the bad id at 12 is only its last target.
+    // B*T = 6, R = 1: the bad id at 12 is only batch 1's last target, yet batch 0 already fails:
+    // the whole shard is checked before its first batch is handed out.
     for (bool prefetch : {false, true}) {
       INFO("prefetch=" << prefetch);
       const std::string path = dir.file("ids.bin");
@@ -422,11 +429,33 @@ TEST_CASE("dataloader file errors name the file and what was expected", "[datalo
       write_shard(path, tokens);
       DataLoader loader(path, 2, 3, 0, 1, false, 0, 50257, prefetch);
       std::vector<int> in(6), tg(6);
-      loader.next_batch(in.data(), tg.data());
-      const std::string msg = error_of([&] { loader.next_batch(in.data(), tg.data()); });
-      CHECK_THAT(msg, Contains(path) && Contains("token id 50257") && Contains("position 12") &&
-                          Contains("vocab size 50257"));
-      CHECK(loader.position().sample == 1);  // the failed batch was not consumed
+      for (int attempt = 0; attempt < 2; ++attempt) {  // the error stays: the shard was not accepted
+        const std::string msg = error_of([&] { loader.next_batch(in.data(), tg.data()); });
+        CHECK_THAT(msg, Contains(path) && Contains("token id 50257") && Contains("position 12") &&
+                            Contains("vocab size 50257"));
+        CHECK(loader.position().sample == 0);  // the failed batch was not consumed
+      }
+    }
+  }
+  SECTION("a bad token id in a later shard stops the loader at that shard's first batch") {
+    // Two shards of 3 batches (B*T = 6): the bad id is in the last batch of the second shard.
+    for (bool prefetch : {false, true}) {
+      INFO("prefetch=" << prefetch);
+      std::vector<uint16_t> tokens(19, 7);
+      write_shard(dir.file("later_0.bin"), tokens);
+      tokens[17] = 500;
+      write_shard(dir.file("later_1.bin"), tokens);
+      DataLoader loader(dir.file("later_*.bin"), 2, 3, 0, 1, false, 0, 500, prefetch);
+      std::vector<int> in(6), tg(6);
+      for (int k = 0; k < 3; ++k) loader.next_batch(in.data(), tg.data());
+      try {
+        loader.next_batch(in.data(), tg.data());
+        FAIL("the first batch of the shard with a bad id was handed out");
+      } catch (const ShardDataError& e) {
+        CHECK(std::string(e.what()) == dir.file("later_1.bin") + ": token id 500 at token position 17 is >= the vocab size 500");
+      }
+      CHECK(loader.position().shard == 1);
+      CHECK(loader.position().sample == 0);
     }
   }
   SECTION("bad arguments") {

@@ -30,9 +30,12 @@ constexpr size_t kShortPiece = 128;
 constexpr size_t kCachedPiece = 32;
 constexpr size_t kCacheEntries = 1 << 18;
 
+// The vocabulary files are not in the repository: a fresh clone gets them from the install script.
 std::string read_whole_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot read " + path + ": " + std::strerror(errno));
+  if (!in)
+    throw std::runtime_error("cannot read " + path + ": " + std::strerror(errno) +
+                             " (scripts/install_deps.sh fetches the GPT-2 vocabulary)");
   std::ostringstream content;
   content << in.rdbuf();
   if (in.bad()) throw std::runtime_error("error reading " + path);

@@ -5,7 +5,10 @@
 # --resume auto reports the damage, resumes from step 4 and reproduces the undamaged run exactly;
 # --resume DIR on the damaged one is an error. Another world size or dtype is refused. A
 # checkpoint write that fails (file size limit, like a full disk) is a clear error that leaves
-# the previous checkpoint complete; an output directory that takes no files fails before training.
+# the previous checkpoint complete, also where retention would delete it once the new one is
+# complete; an output directory that takes no files fails before training; on a small tmpfs, a
+# run without room for the checkpoints it keeps at once fails before training, and a disk that
+# fills up mid-run (another writer) stops the run without harm to the last checkpoint.
 # usage: checkpoint_corrupt.sh cpu|gpu
 set -u
 # shellcheck source=test/checks/lib/trainer.sh
@@ -84,16 +87,19 @@ else
 fi
 
 # A write that fails mid-checkpoint (files limited to 1 MiB: the model file fits, the state does
-# not; SIGXFSZ ignored so the write returns EFBIG as a full disk returns ENOSPC).
+# not; SIGXFSZ ignored so the write returns EFBIG as a full disk returns ENOSPC). With
+# --keep-checkpoints 1 the step-4 checkpoint would go once step 8's is complete: it stays.
 full=$tmp/full
 cp -r "$base" "$full"
 rm -r "$full/checkpoint_00000008"
-if (trap '' XFSZ; ulimit -f 1024; exec "$bin" "${common[@]}" --resume auto --out-dir "$full") >"$full.log" 2>&1; then
+with_flags common --keep-checkpoints 1
+if (trap '' XFSZ; ulimit -f 1024; exec "$bin" "${flags[@]}" --resume auto --out-dir "$full") >"$full.log" 2>&1; then
   fail "a failed checkpoint write did not fail the run"
 else
   grep -q "^error: writing checkpoint $full/checkpoint_00000008: .*state_r00000.bin.tmp: write failed: File too large" \
     "$full.log" || fail "failed-write message: $(tail -1 "$full.log")"
   [ ! -e "$full/checkpoint_00000008" ] || fail "the failed checkpoint's directory was left behind"
+  [ -f "$full/checkpoint_00000004/manifest.json" ] || fail "the failed write cost the previous checkpoint"
   if "$bin" "${common[@]}" --resume auto --out-dir "$full" >"$full.again.log" 2>&1; then
     grep -q "resumed from $full/checkpoint_00000004: 4 step" "$full.again.log" || fail "after the failed write: no resume from step 4"
     same_run "$base" "$full" || fail "after the failed write: the resumed run differs"
@@ -125,38 +131,55 @@ fi
 if "$bin" "${common[@]}" --out-dir /proc/self >"$tmp/proc.log" 2>&1; then
   fail "an unwritable --out-dir was accepted"
 else
-  grep -q "^error: --out-dir: /proc/self/.write_test.tmp: cannot create" "$tmp/proc.log" ||
+  grep -q "^error: --out-dir: /proc/self/.train_gpt.lock: cannot create the lock file" "$tmp/proc.log" ||
     fail "unwritable --out-dir message: $(tail -1 "$tmp/proc.log")"
   ! grep -q '^step ' "$tmp/proc.log" || fail "training started in an unwritable --out-dir"
 fi
 
 # A really full disk, on a small tmpfs (needs the right to mount one, e.g. root; else noted and
-# not run): 1 MiB cannot hold one checkpoint (~2 MiB) -> refused before training; 3 MiB holds
-# the step-4 checkpoint but not the step-8 one -> "No space left on device", step 4 intact
-# (copied elsewhere, it resumes exactly).
+# not run). A checkpoint is ~1.9 MiB: 1 MiB cannot hold one and 3 MiB not the two of steps 4 and
+# 8 this run keeps -> refused before training. On 5 MiB the run starts; once the step-4
+# checkpoint is there it is paused, another writer fills the disk, and step 8's checkpoint fails
+# with "No space left on device": step 4's stays (--keep-checkpoints 1 deletes it only after the
+# next one is complete) and, copied elsewhere, resumes exactly.
 small=$tmp/small
 mkdir -p "$small"
 if mount -t tmpfs -o size=1m tmpfs "$small" 2>/dev/null; then
-  if "$bin" "${common[@]}" --out-dir "$small/out" >"$tmp/small1.log" 2>&1; then
-    fail "a 1 MiB --out-dir was accepted"
+  for size in 1 3; do
+    [ "$size" = 1 ] || mount -t tmpfs -o "size=${size}m" tmpfs "$small"
+    if "$bin" "${common[@]}" --out-dir "$small/out" >"$tmp/small$size.log" 2>&1; then
+      fail "a $size MiB --out-dir was accepted"
+    else
+      grep -q "^error: --out-dir: $small/out: .* MiB free, 2 checkpoint(s) of 1.9 MiB at once (--checkpoint-every 4, --keep-checkpoints 0) and the final model file need .* MiB" \
+        "$tmp/small$size.log" || fail "$size MiB: free-space message: $(tail -1 "$tmp/small$size.log")"
+      ! grep -q '^step ' "$tmp/small$size.log" || fail "$size MiB: training started without space for the checkpoints"
+    fi
+    umount "$small"
+  done
+  mount -t tmpfs -o size=5m tmpfs "$small"
+  with_flags common --keep-checkpoints 1
+  "$bin" "${flags[@]}" --out-dir "$small/out" >"$tmp/small5.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 3000); do [ -e "$small/out/checkpoint_00000004/manifest.json" ] && break; sleep 0.02; done
+  kill -STOP "$pid"
+  if [ -e "$small/out/checkpoint_00000008" ]; then
+    kill -CONT "$pid"; wait "$pid"
+    echo "note: the run reached step 8 before it could be paused (fast device); the disk-full case did not run"
   else
-    grep -q "^error: --out-dir: $small/out: .* MiB free, a checkpoint and the final model file need .* MiB" "$tmp/small1.log" ||
-      fail "free-space message: $(tail -1 "$tmp/small1.log")"
-    ! grep -q '^step ' "$tmp/small1.log" || fail "training started without space for a checkpoint"
-  fi
-  umount "$small"
-  mount -t tmpfs -o size=3m tmpfs "$small"
-  if "$bin" "${common[@]}" --out-dir "$small/out" >"$tmp/small3.log" 2>&1; then
-    fail "a run whose second checkpoint cannot fit succeeded"
-  else
-    grep -q "^error: writing checkpoint $small/out/checkpoint_00000008: .*: No space left on device" "$tmp/small3.log" ||
-      fail "disk-full message: $(tail -1 "$tmp/small3.log")"
-    [ ! -e "$small/out/checkpoint_00000008" ] || fail "disk full: the partial checkpoint was left behind"
-    cp -r "$small/out" "$tmp/after_full"
-    "$bin" "${common[@]}" --resume auto --out-dir "$tmp/after_full" >"$tmp/after_full.log" 2>&1
-    grep -q "resumed from $tmp/after_full/checkpoint_00000004: 4 step" "$tmp/after_full.log" ||
-      fail "disk full: the step-4 checkpoint is not complete: $(tail -2 "$tmp/after_full.log")"
-    same_run "$base" "$tmp/after_full" || fail "disk full: resuming from step 4 differs from the base run"
+    dd if=/dev/zero of="$small/filler" bs=64k 2>/dev/null
+    kill -CONT "$pid"
+    if wait "$pid"; then
+      fail "a run whose checkpoint cannot be written succeeded"
+    else
+      grep -q "^error: writing checkpoint $small/out/checkpoint_00000008: .*: No space left on device" "$tmp/small5.log" ||
+        fail "disk-full message: $(tail -1 "$tmp/small5.log")"
+      [ ! -e "$small/out/checkpoint_00000008" ] || fail "disk full: the partial checkpoint was left behind"
+      cp -r "$small/out" "$tmp/after_full"
+      "$bin" "${common[@]}" --resume auto --out-dir "$tmp/after_full" >"$tmp/after_full.log" 2>&1
+      grep -q "resumed from $tmp/after_full/checkpoint_00000004: 4 step" "$tmp/after_full.log" ||
+        fail "disk full: the step-4 checkpoint is not complete: $(tail -2 "$tmp/after_full.log")"
+      same_run "$base" "$tmp/after_full" || fail "disk full: resuming from step 4 differs from the base run"
+    fi
   fi
   umount "$small"
 else

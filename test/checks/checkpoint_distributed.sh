@@ -129,7 +129,7 @@ done
 damaged=$tmp/bf16-zero1-killed
 cp "$damaged/checkpoint_00000006/state_r00001.bin" "$tmp/state_r00001.bin"
 printf 'X' | dd of="$damaged/checkpoint_00000006/state_r00001.bin" bs=1 seek=200 conv=notrunc 2>/dev/null
-if ranks 2 --dtype bf16 --zero 1 --max-steps 6 --resume auto --out-dir "$damaged" >"$tmp/damaged.log" 2>&1; then
+if ranks 2 --dtype bf16 --zero 1 --resume auto --out-dir "$damaged" >"$tmp/damaged.log" 2>&1; then
   grep -q "skipping $damaged/checkpoint_00000006: state_r00001.bin has CRC-32C" "$tmp/damaged.log" ||
     fail "damaged state file: no skip warning"
   grep -q "resumed from $damaged/checkpoint_00000003: 3 step" "$tmp/damaged.log" ||

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Exact resume (docs/CHECKPOINTS.md): for bf16 and fp32 with shuffling on, a 12-step run equals
 #   - a run killed (SIGKILL) after its step-4 checkpoint, then --resume auto to step 12, and
-#   - a run stopped by SIGTERM (bf16) or SIGUSR1 (fp32) mid-run (exit 0, complete checkpoint),
-#     then --resume auto:
+#   - a run stopped by SIGTERM or Ctrl-C (SIGINT; bf16) or SIGUSR1 (fp32) mid-run (exit 0,
+#     complete checkpoint), then --resume auto:
 # every metrics.jsonl record (timing fields aside) and the final model.bin byte for byte. The bf16
 # runs also have the z-score guards on (tight, so step 9 is skipped) to show their state resumes.
 # Also: the final model.bin loads in a fresh process (--init-from) and gives the run's last
 # validation loss exactly; the checkpoint's model.bin is that same file; a fresh run refuses an
-# --out-dir with checkpoints; --keep-checkpoints / --keep-every retention.
+# --out-dir with checkpoints; --keep-checkpoints / --keep-every retention; a second Ctrl-C ends a
+# run at once (status 130).
 # usage: checkpoint_resume.sh cpu|gpu
 set -u
 # shellcheck source=test/checks/lib/trainer.sh
@@ -30,6 +31,19 @@ if a != b:
         if x != y: print(f"  straight {x}\n  resumed  {y}"); break
     sys.exit(1)
 EOF
+}
+
+# Prefix that runs a command with SIGINT at its default action, as in a terminal (a script's
+# background jobs start with it ignored); the command replaces it, so $! is the command's pid.
+with_sigint=("$python" -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])')
+
+# Waits (up to 60 s) until DIR/metrics.jsonl holds N training records.
+wait_for_steps() {
+  for _ in $(seq 600); do
+    [ "$(grep -c train_loss "$1/metrics.jsonl" 2>/dev/null)" -ge "$2" ] 2>/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
 }
 
 # Waits (up to 60 s) until FILE exists.
@@ -78,37 +92,36 @@ for dtype in bf16 fp32; do
     fail "$dtype: resume after SIGKILL failed"; cat "$killed.resume.log"
   fi
 
-  # 3. SIGTERM (bf16) / SIGUSR1 (fp32) mid-run: finishes the step, checkpoints, exits 0; the
-  # checkpoint resumes exactly.
-  signal=TERM
-  [ "$dtype" = fp32 ] && signal=USR1
-  termed=$tmp/$dtype-term
-  "$bin" "${common[@]}" "${guard[@]}" --dtype "$dtype" --out-dir "$termed" >"$termed.log" 2>&1 &
-  pid=$!
-  for _ in $(seq 600); do
-    [ "$(grep -c train_loss "$termed/metrics.jsonl" 2>/dev/null)" -ge 3 ] 2>/dev/null && break
-    sleep 0.1
-  done
-  kill "-$signal" "$pid"
-  wait "$pid"; status=$?
-  stopped=$(sed -nE "s/^received SIG$signal: stopped after step ([0-9]+) of 12.*/\\1/p" "$termed.log")
-  if [ "$status" -eq 0 ] && [ -z "$stopped" ] && grep -q '^saved ' "$termed.log"; then
-    echo "note: $dtype run finished before SIG$signal arrived (fast device); signal case not exercised"
-  elif [ "$status" -ne 0 ] || [ -z "$stopped" ]; then
-    fail "$dtype: SIG$signal: exit status $status, expected 0 and a 'received SIG$signal' line"; tail -3 "$termed.log"
-  elif [ "$stopped" -ge 12 ]; then
-    echo "note: $dtype: SIG$signal arrived during the last step (fast device); resume case not exercised"
-  else
-    ckpt=$(printf '%s/checkpoint_%08d' "$termed" "$stopped")
-    [ -f "$ckpt/manifest.json" ] || fail "$dtype: SIG$signal left no complete checkpoint at step $stopped"
-    if "$bin" "${common[@]}" "${guard[@]}" --dtype "$dtype" --resume auto --out-dir "$termed" >"$termed.resume.log" 2>&1; then
-      grep -q "resumed from $ckpt: $stopped step" "$termed.resume.log" || fail "$dtype: did not resume from $ckpt"
-      same_metrics "$straight" "$termed" || fail "$dtype: SIG$signal + resumed metrics differ from the straight run"
-      cmp -s "$straight/model.bin" "$termed/model.bin" || fail "$dtype: SIG$signal + resumed model.bin differs"
+  # 3. SIGTERM and Ctrl-C (bf16) / SIGUSR1 (fp32) mid-run: finishes the step, checkpoints, exits 0;
+  # the checkpoint resumes exactly.
+  signals="TERM INT"
+  [ "$dtype" = fp32 ] && signals=USR1
+  for signal in $signals; do
+    termed=$tmp/$dtype-$signal
+    "${with_sigint[@]}" "$bin" "${common[@]}" "${guard[@]}" --dtype "$dtype" --out-dir "$termed" >"$termed.log" 2>&1 &
+    pid=$!
+    wait_for_steps "$termed" 3
+    kill "-$signal" "$pid"
+    wait "$pid"; status=$?
+    stopped=$(sed -nE "s/^received SIG$signal: stopped after step ([0-9]+) of 12.*/\\1/p" "$termed.log")
+    if [ "$status" -eq 0 ] && [ -z "$stopped" ] && grep -q '^saved ' "$termed.log"; then
+      echo "note: $dtype run finished before SIG$signal arrived (fast device); signal case not exercised"
+    elif [ "$status" -ne 0 ] || [ -z "$stopped" ]; then
+      fail "$dtype: SIG$signal: exit status $status, expected 0 and a 'received SIG$signal' line"; tail -3 "$termed.log"
+    elif [ "$stopped" -ge 12 ]; then
+      echo "note: $dtype: SIG$signal arrived during the last step (fast device); resume case not exercised"
     else
-      fail "$dtype: resume after SIG$signal failed"; cat "$termed.resume.log"
+      ckpt=$(printf '%s/checkpoint_%08d' "$termed" "$stopped")
+      [ -f "$ckpt/manifest.json" ] || fail "$dtype: SIG$signal left no complete checkpoint at step $stopped"
+      if "$bin" "${common[@]}" "${guard[@]}" --dtype "$dtype" --resume auto --out-dir "$termed" >"$termed.resume.log" 2>&1; then
+        grep -q "resumed from $ckpt: $stopped step" "$termed.resume.log" || fail "$dtype: did not resume from $ckpt"
+        same_metrics "$straight" "$termed" || fail "$dtype: SIG$signal + resumed metrics differ from the straight run"
+        cmp -s "$straight/model.bin" "$termed/model.bin" || fail "$dtype: SIG$signal + resumed model.bin differs"
+      else
+        fail "$dtype: resume after SIG$signal failed"; cat "$termed.resume.log"
+      fi
     fi
-  fi
+  done
 
   # 4. The saved model in a fresh process: the same validation loss (lr 0 leaves it unchanged).
   cmp -s "$straight/model.bin" "$straight/checkpoint_00000012/model.bin" ||
@@ -127,6 +140,25 @@ EOF
     fail "$dtype: --init-from the checkpoint's model.bin failed"; cat "$tmp/$dtype-reload.log"
   fi
 done
+
+# A second Ctrl-C does not wait for the step: the run ends at once, killed by SIGINT (status 130).
+# (16 micro-batches per step leave time to press it twice.)
+twice=$tmp/int-twice
+"${with_sigint[@]}" "$bin" "${common[@]}" --total-batch-tokens 1024 --out-dir "$twice" >"$twice.log" 2>&1 &
+pid=$!
+wait_for_steps "$twice" 1
+kill -INT "$pid"
+for _ in $(seq 500); do grep -q '^SIGINT: stopping' "$twice.log" && break; sleep 0.02; done
+kill -INT "$pid" 2>/dev/null
+wait "$pid"; status=$?
+if [ "$status" -eq 0 ] && grep -q '^received SIGINT' "$twice.log"; then
+  echo "note: the run stopped before the second Ctrl-C (fast device); not exercised"
+elif [ "$status" -ne 130 ]; then
+  fail "two Ctrl-C: exit status $status, expected 130"; tail -3 "$twice.log"
+else
+  grep -q "^SIGINT: stopping after this step with a checkpoint (Ctrl-C again: stop at once)" "$twice.log" ||
+    fail "the first Ctrl-C did not say what it does: $(tail -3 "$twice.log")"
+fi
 
 # A fresh run into a directory with checkpoints is refused, naming the way out; nothing changes.
 before=$(cat "$tmp/fp32-straight/metrics.jsonl")

@@ -22,11 +22,13 @@ good=(--init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$re
       --batch-size 2 --seq-len 32 --max-steps 1 --val-steps 1 --out-dir "$out")
 
 # expect_error "description" "text the message must contain"... -- ARGS...
+# ARGS "+ FLAGS...": the good flags with FLAGS in place of theirs (with_flags).
 expect_error() {
   local what=$1; shift
   local needles=()
   while [ "$1" != "--" ]; do needles+=("$1"); shift; done
   shift
+  if [ "${1:-}" = "+" ]; then shift; with_flags good "$@"; set -- "${flags[@]}"; fi
   cases=$((cases + 1))
   "$bin" "$@" >"$tmp/stdout" 2>"$tmp/stderr"
   local status=$? msg
@@ -68,57 +70,63 @@ printf '{"lr": 0.001, "batch-size": 2,}' >"$tmp/invalid.json"
 printf '{"learning_rate": 0.001}' >"$tmp/unknown_key.json"
 printf '{"batch-size": "two"}' >"$tmp/wrong_type.json"
 printf '{"max-steps": 1.5}' >"$tmp/wrong_type_int.json"
+printf '{"lr": 0.001, "batch-size": 2, "lr": 0.002}' >"$tmp/repeated_key.json"
+mkdir "$tmp/config_dir"
 echo "not a directory" >"$tmp/a_file"
 
 # ---- flags
-expect_error "unknown flag" "unknown flag" "--learning-rate" -- "${good[@]}" --learning-rate 0.1
-expect_error "flag without a value" "--lr" "missing value" -- "${good[@]}" --lr
-expect_error "positional argument" "unexpected argument 'train.bin'" -- "${good[@]}" train.bin
-expect_error "non-number" "--lr" "expected a number" "'fast'" -- "${good[@]}" --lr fast
-expect_error "non-integer" "--batch-size" "expected an integer" -- "${good[@]}" --batch-size=2.5
-expect_error "zero batch" "--batch-size" "got '0'" -- "${good[@]}" --batch-size 0
-expect_error "negative lr" "--lr" ">= 0" -- "${good[@]}" --lr -1e-3
-expect_error "beta out of range" "--beta2" "[0, 1)" -- "${good[@]}" --beta2 1.0
-expect_error "eps zero" "--adam-eps" "> 0" -- "${good[@]}" --adam-eps 0
-expect_error "negative clip" "--grad-clip" -- "${good[@]}" --grad-clip -1
-expect_error "final-lr-frac > 1" "--final-lr-frac" "[0, 1]" -- "${good[@]}" --final-lr-frac 2
-expect_error "zero steps" "--max-steps" -- "${good[@]}" --max-steps 0
-expect_error "bad dtype" "--dtype" "bf16 fp32" -- "${good[@]}" --dtype fp16
-expect_error "bad schedule" "--lr-schedule" "cosine linear constant wsd" -- "${good[@]}" --lr-schedule step
-expect_error "bad switch" "--shuffle" "0 or 1" -- "${good[@]}" --shuffle maybe
-expect_error "T above the model's maximum" "--seq-len 128" "64" "$ref/model.bin" -- "${good[@]}" --seq-len 128
+expect_error "unknown flag" "unknown flag" "--learning-rate" -- + --learning-rate 0.1
+expect_error "flag without a value" "--lr" "missing value" -- + --lr
+expect_error "positional argument" "unexpected argument 'train.bin'" -- + train.bin
+expect_error "non-number" "--lr" "expected a number" "'fast'" -- + --lr fast
+expect_error "non-integer" "--batch-size" "expected an integer" -- + --batch-size=2.5
+expect_error "zero batch" "--batch-size" "got '0'" -- + --batch-size 0
+expect_error "negative lr" "--lr" ">= 0" -- + --lr -1e-3
+expect_error "beta out of range" "--beta2" "[0, 1)" -- + --beta2 1.0
+expect_error "eps zero" "--adam-eps" "> 0" -- + --adam-eps 0
+expect_error "negative clip" "--grad-clip" -- + --grad-clip -1
+expect_error "final-lr-frac > 1" "--final-lr-frac" "[0, 1]" -- + --final-lr-frac 2
+expect_error "zero steps" "--max-steps" -- + --max-steps 0
+expect_error "flag given twice" "--lr is given twice ('1e-3', then '2e-3')" -- + --lr 1e-3 --lr 2e-3
+expect_error "flag given twice, other syntax" "--batch-size is given twice ('2', then '3')" -- "${good[@]}" --batch-size=3
+expect_error "bad dtype" "--dtype" "bf16 fp32" -- + --dtype fp16
+expect_error "bad schedule" "--lr-schedule" "cosine linear constant wsd" -- + --lr-schedule step
+expect_error "bad switch" "--shuffle" "0 or 1" -- + --shuffle maybe
+expect_error "T above the model's maximum" "--seq-len 128" "64" "$ref/model.bin" -- + --seq-len 128
 expect_error "T above the preset's maximum" "--seq-len 256" "128" "nano" -- --model nano --seq-len 256 --out-dir "$out"
-expect_error "total batch not divisible" "--total-batch-tokens 100" "2 x 32 x 1 = 64" -- "${good[@]}" --total-batch-tokens 100
-expect_error "--init-from with --model" "--init-from and --model" -- "${good[@]}" --model d12
+expect_error "total batch not divisible" "--total-batch-tokens 100" "2 x 32 x 1 = 64" -- + --total-batch-tokens 100
+expect_error "--init-from with --model" "--init-from and --model" -- + --model d12
 expect_error "unknown preset" "--model" "unknown model preset 'd13'" -- --model d13 --out-dir "$out"
 
 # ---- config files
 expect_error "missing config file" "--config $tmp/none.json" "cannot open" -- --config "$tmp/none.json"
-expect_error "invalid JSON" "--config $tmp/invalid.json" "not valid JSON" -- "${good[@]}" --config "$tmp/invalid.json"
-expect_error "unknown config key" "$tmp/unknown_key.json" "unknown key \"learning_rate\"" -- "${good[@]}" --config "$tmp/unknown_key.json"
-expect_error "wrong JSON type" "$tmp/wrong_type.json" "key \"batch-size\"" "expected an integer" -- "${good[@]}" --config "$tmp/wrong_type.json"
-expect_error "float for an integer" "$tmp/wrong_type_int.json" "key \"max-steps\"" -- "${good[@]}" --config "$tmp/wrong_type_int.json"
+expect_error "invalid JSON" "--config $tmp/invalid.json" "not valid JSON" -- + --config "$tmp/invalid.json"
+expect_error "unknown config key" "$tmp/unknown_key.json" "unknown key \"learning_rate\"" -- + --config "$tmp/unknown_key.json"
+expect_error "wrong JSON type" "$tmp/wrong_type.json" "key \"batch-size\"" "expected an integer" -- + --config "$tmp/wrong_type.json"
+expect_error "float for an integer" "$tmp/wrong_type_int.json" "key \"max-steps\"" -- + --config "$tmp/wrong_type_int.json"
+expect_error "repeated key" "$tmp/repeated_key.json" "key \"lr\" appears more than once" -- + --config "$tmp/repeated_key.json"
+expect_error "config is a directory" "--config $tmp/config_dir: is a directory" -- + --config "$tmp/config_dir"
 
 # ---- data
-expect_error "no training shard" "--train-data" "$tmp/missing_*.bin" "no file matches" -- "${good[@]}" --train-data "$tmp/missing_*.bin"
-expect_error "no validation shard" "--val-data" "$tmp/nothing.bin" -- "${good[@]}" --val-data "$tmp/nothing.bin"
-expect_error "shard magic" "--train-data" "$tmp/bad_magic.bin" "magic" -- "${good[@]}" --train-data "$tmp/bad_magic.bin"
-expect_error "shard version" "$tmp/bad_version.bin" "version" -- "${good[@]}" --train-data "$tmp/bad_version.bin"
-expect_error "truncated shard" "$tmp/truncated.bin" "expected 1024 + 2*" -- "${good[@]}" --train-data "$tmp/truncated.bin"
-expect_error "shard smaller than a batch" "$tmp/too_small.bin" "fewer than one global batch" -- "${good[@]}" --train-data "$tmp/too_small.bin"
-expect_error "vocab mismatch (train)" "--train-data" "$tmp/big_vocab.bin" "vocab size 500" -- "${good[@]}" --train-data "$tmp/big_vocab.bin"
-expect_error "vocab mismatch (val)" "--val-data" "$tmp/big_vocab.bin" "vocab size 500" -- "${good[@]}" --val-data "$tmp/big_vocab.bin"
+expect_error "no training shard" "--train-data" "$tmp/missing_*.bin" "no file matches" -- + --train-data "$tmp/missing_*.bin"
+expect_error "no validation shard" "--val-data" "$tmp/nothing.bin" -- + --val-data "$tmp/nothing.bin"
+expect_error "shard magic" "--train-data" "$tmp/bad_magic.bin" "magic" -- + --train-data "$tmp/bad_magic.bin"
+expect_error "shard version" "$tmp/bad_version.bin" "version" -- + --train-data "$tmp/bad_version.bin"
+expect_error "truncated shard" "$tmp/truncated.bin" "expected 1024 + 2*" -- + --train-data "$tmp/truncated.bin"
+expect_error "shard smaller than a batch" "$tmp/too_small.bin" "fewer than one global batch" -- + --train-data "$tmp/too_small.bin"
+expect_error "vocab mismatch (train)" "--train-data" "$tmp/big_vocab.bin" "vocab size 500" -- + --train-data "$tmp/big_vocab.bin"
+expect_error "vocab mismatch (val)" "--val-data" "$tmp/big_vocab.bin" "vocab size 500" -- + --val-data "$tmp/big_vocab.bin"
 
 # ---- model file
-expect_error "missing model file" "--init-from" "$tmp/none.bin" "cannot open" -- "${good[@]}" --init-from "$tmp/none.bin"
-expect_error "truncated model file" "--init-from" "$tmp/truncated_model.bin" -- "${good[@]}" --init-from "$tmp/truncated_model.bin"
-expect_error "model file magic" "--init-from" "$tmp/bad_magic_model.bin" -- "${good[@]}" --init-from "$tmp/bad_magic_model.bin"
+expect_error "missing model file" "--init-from" "$tmp/none.bin" "cannot open" -- + --init-from "$tmp/none.bin"
+expect_error "truncated model file" "--init-from" "$tmp/truncated_model.bin" -- + --init-from "$tmp/truncated_model.bin"
+expect_error "model file magic" "--init-from" "$tmp/bad_magic_model.bin" -- + --init-from "$tmp/bad_magic_model.bin"
 
 # ---- output
-expect_error "--out-dir is a file" "--out-dir $tmp/a_file" -- "${good[@]}" --out-dir "$tmp/a_file"
-expect_error "missing --resume directory" "--resume $tmp/none" "no such directory" -- "${good[@]}" --resume "$tmp/none"
-expect_error "negative --checkpoint-every" "--checkpoint-every" "expected an integer >= 0" -- "${good[@]}" --checkpoint-every -1
-expect_error "negative --skip-loss-z" "--skip-loss-z" "expected a number >= 0" -- "${good[@]}" --skip-loss-z -1
+expect_error "--out-dir is a file" "--out-dir $tmp/a_file" -- + --out-dir "$tmp/a_file"
+expect_error "missing --resume directory" "--resume $tmp/none" "no such directory" -- + --resume "$tmp/none"
+expect_error "negative --checkpoint-every" "--checkpoint-every" "expected an integer >= 0" -- + --checkpoint-every -1
+expect_error "negative --skip-loss-z" "--skip-loss-z" "expected a number >= 0" -- + --skip-loss-z -1
 
 if [ "$(snapshot)" != "$before" ]; then
   echo "FAIL: a failing run modified the existing --out-dir:"; ls -la "$out"; failures=$((failures + 1))
@@ -131,10 +139,10 @@ if "$bin" --help >"$tmp/help" 2>&1; then
       val-steps out-dir; do
     grep -qE "^  --$flag " "$tmp/help" || { echo "FAIL: --help does not list --$flag"; failures=$((failures + 1)); }
   done
-  flags=$(grep -cE '^  --[a-z]' "$tmp/help")
+  listed=$(grep -cE '^  --[a-z]' "$tmp/help")
   defaults=$(grep -c 'default: ' "$tmp/help")
   # every flag but --help itself states its default
-  [ "$defaults" -eq $((flags - 1)) ] || { echo "FAIL: --help: $flags flags but $defaults defaults"; failures=$((failures + 1)); }
+  [ "$defaults" -eq $((listed - 1)) ] || { echo "FAIL: --help: $listed flags but $defaults defaults"; failures=$((failures + 1)); }
   grep -q 'default: 0.95' "$tmp/help" || { echo "FAIL: --help does not show beta2's default"; failures=$((failures + 1)); }
 else
   echo "FAIL: --help exited non-zero"; failures=$((failures + 1))

@@ -21,8 +21,8 @@ data[lnfw:lnfw + 4] = struct.pack("<f", float("inf"))
 open(sys.argv[2], "wb").write(data)
 EOF
 
-run=(--train-data "$ref/train.bin" --val-data "$ref/train.bin" --batch-size 2 --seq-len 32 --val-every 0 --lr 1e-3)
-if "$bin" "${run[@]}" --init-from "$tmp/inf.bin" --dtype fp32 --max-steps 3 --out-dir "$tmp/inf" >"$tmp/inf.log" 2>&1; then
+run=(--train-data "$ref/train.bin" --val-data "$ref/train.bin" --batch-size 2 --seq-len 32 --val-every 0)
+if "$bin" "${run[@]}" --init-from "$tmp/inf.bin" --dtype fp32 --max-steps 3 --lr 1e-3 --out-dir "$tmp/inf" >"$tmp/inf.log" 2>&1; then
   "$python" - "$tmp/inf/metrics.jsonl" <<'EOF' || fail "non-finite steps: metrics.jsonl"
 import json, sys
 records = [json.loads(l) for l in open(sys.argv[1])]

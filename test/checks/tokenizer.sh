@@ -250,7 +250,7 @@ expect_error "invalid JSON" "bad.jsonl:3: invalid JSON" ./tokenize --format json
 expect_error "missing key" "nokey.jsonl:2: expected a JSON object with a string under \"text\"" ./tokenize --format jsonl --print-ids "$tmp/nokey.jsonl"
 expect_error "non-string text" "number.jsonl:1:" ./tokenize --format jsonl --print-ids "$tmp/number.jsonl"
 expect_error "altered vocab.bpe" "vocab.bpe has sha256" ./tokenize --bpe-dir "$tmp/bad_bpe" --print-ids "$tmp/b.txt"
-expect_error "no vocabulary" "cannot read $tmp/nothing/encoder.json" ./tokenize --bpe-dir "$tmp/nothing" --print-ids "$tmp/b.txt"
+expect_error "no vocabulary" "cannot read $tmp/nothing/encoder.json: No such file or directory (scripts/install_deps.sh fetches" ./tokenize --bpe-dir "$tmp/nothing" --print-ids "$tmp/b.txt"
 expect_error "out dir under a file" "cannot create $tmp/b.txt/sub" ./tokenize --out-dir "$tmp/b.txt/sub" "$tmp/b.txt"
 expect_error "truncated shard" "truncated.bin: header says 100000 tokens, so 201024 bytes, but the file has 2000" ./tokenize --decode "$tmp/truncated.bin"
 expect_error "bad magic" "magic.bin: header starts" ./tokenize --decode "$tmp/magic.bin"

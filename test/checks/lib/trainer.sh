@@ -4,7 +4,8 @@
 # (./train_gpt_cpu or ./train_gpt), python (the interpreter with torch: $PYTHON when set, as make
 # gpu-acceptance sets it on a GPU machine, else /usr/bin/python3), ref (the tiny PyTorch
 # reference that make test generates), tmp (a directory removed at exit), failures and fail(),
-# and require_files to stop early when something make test builds is missing.
+# require_files to stop early when something make test builds is missing, and with_flags to vary
+# a set of flags (the trainer refuses a flag given twice).
 # shellcheck shell=bash disable=SC2034
 cd "$(dirname "${BASH_SOURCE[0]}")/../../.." || exit 1
 mode=${1:-cpu}
@@ -22,3 +23,18 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+# The flags of the array named BASE (--flag value pairs) with each flag of OVERRIDES in place of
+# BASE's of the same name, then OVERRIDES: sets the array `flags`.  usage: with_flags BASE OVERRIDES...
+with_flags() {
+  local -n base=$1
+  shift
+  flags=()
+  local i o keep
+  for ((i = 0; i < ${#base[@]}; i += 2)); do
+    keep=1
+    for o in "$@"; do [[ $o == --* && ${o%%=*} == "${base[i]}" ]] && keep=0; done
+    [ $keep -eq 0 ] || flags+=("${base[i]}" "${base[i + 1]}")
+  done
+  flags+=("$@")
+}
