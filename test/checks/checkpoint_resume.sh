@@ -37,15 +37,6 @@ EOF
 # background jobs start with it ignored); the command replaces it, so $! is the command's pid.
 with_sigint=("$python" -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])')
 
-# Waits (up to 60 s) until DIR/metrics.jsonl holds N training records.
-wait_for_steps() {
-  for _ in $(seq 600); do
-    [ "$(grep -c train_loss "$1/metrics.jsonl" 2>/dev/null)" -ge "$2" ] 2>/dev/null && return 0
-    sleep 0.1
-  done
-  return 1
-}
-
 # Waits (up to 60 s) until FILE exists.
 wait_for() {
   for _ in $(seq 600); do [ -e "$1" ] && return 0; sleep 0.1; done

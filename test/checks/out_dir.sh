@@ -14,15 +14,6 @@ require_files "$bin" "$ref/model.bin" "$ref/train.bin"
 common=(--init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$ref/train.bin" --batch-size 2
         --seq-len 32 --lr 2e-3 --warmup-steps 2 --val-every 2 --val-steps 1)
 
-# Waits (up to 60 s) until DIR/metrics.jsonl holds N training records.
-wait_for_steps() {
-  for _ in $(seq 600); do
-    [ "$(grep -c train_loss "$1/metrics.jsonl" 2>/dev/null)" -ge "$2" ] 2>/dev/null && return 0
-    sleep 0.1
-  done
-  return 1
-}
-
 # ---- the lock
 out=$tmp/shared
 "$bin" "${common[@]}" --max-steps 1000 --out-dir "$out" >"$tmp/first.log" 2>&1 &

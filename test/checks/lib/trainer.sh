@@ -38,3 +38,12 @@ with_flags() {
   done
   flags+=("$@")
 }
+
+# Waits (up to 60 s) until DIR/metrics.jsonl holds N training records.
+wait_for_steps() {
+  for _ in $(seq 600); do
+    [ "$(grep -c train_loss "$1/metrics.jsonl" 2>/dev/null)" -ge "$2" ] 2>/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
