@@ -5,7 +5,8 @@
 # gpu-acceptance sets it on a GPU machine, else /usr/bin/python3), ref (the tiny PyTorch
 # reference that make test generates), tmp (a directory removed at exit), failures and fail(),
 # require_files to stop early when something make test builds is missing, and with_flags to vary
-# a set of flags (the trainer refuses a flag given twice).
+# a set of flags (the trainer refuses a flag given twice), wait_for_steps to wait for a running
+# trainer's N-th step.
 # shellcheck shell=bash disable=SC2034
 cd "$(dirname "${BASH_SOURCE[0]}")/../../.." || exit 1
 mode=${1:-cpu}
