@@ -4,7 +4,8 @@
 //   1. flags and --config (src/config.h); cross-flag checks
 //   2. the device (without one: a one-line pointer to the CPU build)
 //   3. the model architecture (--init-from's header or the --model preset), --seq-len against it
-//   4. the data: every shard's header and size, and the first batch's token ids against the vocab
+//   4. the data: every shard's header and size; the token ids of the first training shard and of
+//      the validation shards the validation reads, against the vocab
 //   5. the model: allocation, then --init-from's weights or a seeded random init
 //   6. --out-dir: its lock (one run at a time), free space for the checkpoints kept at once,
 //      DIR/metrics.jsonl (truncated); the training loop; DIR/model.bin
@@ -12,9 +13,10 @@
 // and --model in steps 3 and 5; metrics.jsonl keeps its records up to the checkpoint's step.
 // A fresh run refuses an --out-dir that holds checkpoints (it would mix two runs' checkpoints).
 //
-// Checkpoints (src/checkpoint.h): after every --checkpoint-every-th step, after the last step, and
-// after the step during which SIGTERM, SIGUSR1 or SIGINT arrived (the run then exits 0; a second
-// SIGINT ends it at once).
+// Checkpoints (src/checkpoint.h): after every --checkpoint-every-th step, after the last step, after
+// the step during which SIGTERM, SIGUSR1 or SIGINT arrived (the run then exits 0; a second SIGINT
+// ends it at once), and before a run stops on a shard found bad mid-run (a token id outside the
+// vocabulary: the loader checks each shard as it opens it, before its first batch is used).
 //
 // Step k (1-based) zeroes the gradients, runs grad_accum micro-batches of forward+backward
 // (their mean loss is step k's train_loss, measured with the weights before step k's update),
@@ -162,8 +164,9 @@ struct RunData {
 };
 
 // Data before the model: a missing or corrupt shard fails before gigabytes are allocated. Token ids
-// are checked as batches are read, so the first batch of each set is read now (the training loader
-// is then rewound) to catch data tokenized for another vocabulary before anything is written.
+// are checked a shard at a time as the loader first reads from it, so the first training batch
+// (the training loader is then rewound) and every validation batch a validation reads are read now:
+// data tokenized for another vocabulary fails before anything is written.
 RunData open_data(const Run& run, int rank, int world_size, std::vector<int>& inputs, std::vector<int>& targets) {
   const TrainConfig& cfg = run.cfg;
   const uint64_t seed = static_cast<uint64_t>(cfg.seed);
@@ -181,7 +184,11 @@ RunData open_data(const Run& run, int rank, int world_size, std::vector<int>& in
     } catch (const std::exception& e) {
       throw std::runtime_error(std::string("--val-data: ") + e.what() + " (--val-every 0 trains without validation)");
     }
-    with_context("--val-data", [&] { data.val->next_batch(inputs.data(), targets.data()); });
+    with_context("--val-data", [&] {
+      const uint64_t read = std::min<uint64_t>(static_cast<uint64_t>(cfg.val_steps), data.val->batches_per_epoch());
+      for (uint64_t b = 0; b < read; ++b) data.val->next_batch(inputs.data(), targets.data());
+      data.val->reset();
+    });
   }
   return data;
 }
@@ -202,6 +209,8 @@ class Trainer {
         model_(run.model, cfg_.batch_size, cfg_.seq_len, cfg_.recompute, &comm, cfg_.zero),
         model_path_(cfg_.out_dir + "/model.bin") {
     initialize_model();
+    last_checkpoint_step_ = state_.step;
+    if (run_.resume_from) last_checkpoint_dir_ = run_.resume_from->path;
     print_summary();
     if (lead_) open_out_dir();
     opt_.beta1 = static_cast<float>(cfg_.beta1);
@@ -224,9 +233,21 @@ class Trainer {
     }
     install_stop_handlers();
     for (long long step = state_.step + 1; step <= cfg_.max_steps; ++step) {
-      log_step(train_step(step));
+      StepRecord record;
+      try {
+        record = train_step(step);
+      } catch (const ShardDataError& e) {
+        stop_on_bad_shard("--train-data", e);
+      }
+      log_step(record);
       maybe_die_for_test(comm_.rank(), step);
-      if (data_.val && (step % cfg_.val_every == 0 || step == cfg_.max_steps)) validate(step);
+      if (data_.val && (step % cfg_.val_every == 0 || step == cfg_.max_steps)) {
+        try {
+          validate(step);
+        } catch (const ShardDataError& e) {
+          stop_on_bad_shard("--val-data", e);
+        }
+      }
       const int stop_signal = agreed_stop_signal();
       if (stop_signal != 0 || step == cfg_.max_steps || (cfg_.checkpoint_every > 0 && step % cfg_.checkpoint_every == 0))
         save_checkpoint();
@@ -340,7 +361,7 @@ class Trainer {
     model_.zero_grad();
     double loss_sum = 0.0;
     for (int micro = 0; micro < run_.grad_accum_steps; ++micro) {
-      with_context("--train-data", [&] { data_.train->next_batch(inputs_.data(), targets_.data()); });
+      data_.train->next_batch(inputs_.data(), targets_.data());  // a ShardDataError goes to run()
       loss_sum += model_.forward_backward(inputs_.data(), targets_.data(), run_.grad_accum_steps,
                                           micro + 1 == run_.grad_accum_steps);
     }
@@ -371,18 +392,36 @@ class Trainer {
     if (lead_) metrics_->train_step(record);
   }
 
-  // The mean loss over the first val_steps batches of --val-data, on the weights after `step`.
-  void validate(long long step) {
+  // The mean loss over the first val_steps batches of --val-data, on the current weights.
+  double validation_loss() {
     data_.val->reset();
     double val_sum = 0.0;
     for (long long v = 0; v < cfg_.val_steps; ++v) {
-      with_context("--val-data", [&] { data_.val->next_batch(inputs_.data(), targets_.data()); });
+      data_.val->next_batch(inputs_.data(), targets_.data());  // a ShardDataError goes to run()
       val_sum += model_.forward(inputs_.data(), targets_.data());
     }
-    const double val_loss = comm_.sum(val_sum / static_cast<double>(cfg_.val_steps)) / comm_.world_size();
+    return comm_.sum(val_sum / static_cast<double>(cfg_.val_steps)) / comm_.world_size();
+  }
+
+  // Validation after `step`: its log line and record.
+  void validate(long long step) {
+    const double val_loss = validation_loss();
     std::printf("%s\n", format_val_line(step, cfg_.max_steps, val_loss).c_str());
     std::fflush(stdout);
     if (lead_) metrics_->validation(step, val_loss);
+  }
+
+  // A shard of `flag` found bad mid-run (a token id outside the vocabulary, a failed read): the
+  // steps done so far are kept in a checkpoint of the last completed step (unless there is one of
+  // it already; a step cut short changed no weights), then the run stops naming the shard. Every
+  // rank reads the same shards in the same order, so all ranks get here at the same step.
+  [[noreturn]] void stop_on_bad_shard(const char* flag, const ShardDataError& e) {
+    if (state_.step > last_checkpoint_step_) save_checkpoint();
+    const std::string kept = state_.step == 0 ? "no step was completed"
+                                              : "the " + std::to_string(state_.step) + " completed step(s) are in " +
+                                                    last_checkpoint_dir_;
+    throw std::runtime_error(std::string(flag) + ": " + e.what() + "; " + kept +
+                             " (replace the shard, then continue with --resume auto)");
   }
 
   // The signal that stops the run after this step (0: none); every rank stops after the same step
@@ -402,6 +441,8 @@ class Trainer {
     info.zero_stage = model_.zero_stage();
     info.config = config_json(cfg_);
     const std::string dir = write_checkpoint(cfg_.out_dir, model_, state_, info, &comm_);
+    last_checkpoint_step_ = state_.step;
+    last_checkpoint_dir_ = dir;
     std::printf("checkpoint %s\n", dir.c_str());
     if (lead_)
       for (const std::string& old : prune_checkpoints(cfg_.out_dir, state_.step, cfg_.keep_checkpoints, cfg_.keep_every))
@@ -434,6 +475,8 @@ class Trainer {
   GPT2<Elem> model_;
   const std::string model_path_;
   TrainingState state_;
+  long long last_checkpoint_step_ = 0;  // the newest checkpoint of this run's steps (step 0: none)
+  std::string last_checkpoint_dir_;
   OptimizerSettings opt_;
   std::unique_ptr<OutDirLock> lock_;  // rank 0; released after metrics_ is closed
   std::unique_ptr<MetricsLog> metrics_;
