@@ -50,6 +50,7 @@
 #include <exception>
 #include <filesystem>
 #include <memory>
+#include <new>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -145,6 +146,19 @@ GPT2Config resolve_model(const TrainConfig& cfg, const std::optional<Checkpoint>
   return with_context("--model", [&] { return gpt2_preset(cfg.model); });
 }
 
+// The host buffer of one micro-batch's B·T tokens; running out of memory names the bytes and the
+// flags that sized them.
+std::vector<int> token_buffer(const TrainConfig& cfg) {
+  const size_t count = static_cast<size_t>(cfg.batch_size) * static_cast<size_t>(cfg.seq_len);
+  try {
+    return std::vector<int>(count);
+  } catch (const std::bad_alloc&) {
+    throw std::runtime_error("--batch-size " + std::to_string(cfg.batch_size) + " x --seq-len " +
+                             std::to_string(cfg.seq_len) + ": cannot allocate " + thousands(count * sizeof(int)) +
+                             " bytes of host memory for a micro-batch's tokens");
+  }
+}
+
 // Test hook: TRAIN_GPT_TEST_EXIT_AFTER_STEP=RANK:STEP makes rank RANK exit abruptly (no cleanup,
 // status 3) after step STEP, to test how the other ranks end when a peer dies.
 void maybe_die_for_test(int rank, long long step) {
@@ -193,6 +207,30 @@ RunData open_data(const Run& run, int rank, int world_size, std::vector<int>& in
   return data;
 }
 
+// "--batch-size 8 --seq-len 1024 --recompute 1 (d12 from preset d12)": what sizes the model's memory.
+std::string model_sizing(const Run& run) {
+  return "--batch-size " + std::to_string(run.cfg.batch_size) + " --seq-len " + std::to_string(run.cfg.seq_len) +
+         " --recompute " + std::to_string(run.cfg.recompute) + " (" + describe(run.model) + " from " +
+         run.model_source + ")";
+}
+
+// The model, allocated; a failure names the flags that size it and, out of host memory, the bytes
+// of its activations (a device allocation's error names its own).
+template <typename Elem>
+GPT2<Elem> allocate_model(const Run& run, Communicator& comm) {
+  const TrainConfig& cfg = run.cfg;
+  return with_context(model_sizing(run), [&] {
+    try {
+      return GPT2<Elem>(run.model, cfg.batch_size, cfg.seq_len, cfg.recompute, &comm, cfg.zero);
+    } catch (const std::bad_alloc&) {
+      throw std::runtime_error(
+          "out of host memory allocating the model (its activations alone take " +
+          thousands(gpt2_activation_bytes(run.model, cfg.batch_size, cfg.seq_len, cfg.recompute, GPT2<Elem>::dtype).total()) +
+          " bytes)");
+    }
+  });
+}
+
 // One run's training: set-up (data, model, output directory), then the loop of steps, each
 // followed by its log line, validation and checkpoint when due.
 template <typename Elem>
@@ -203,10 +241,10 @@ class Trainer {
         cfg_(run.cfg),
         comm_(comm),
         lead_(comm.rank() == 0),
-        inputs_(static_cast<size_t>(cfg_.batch_size) * cfg_.seq_len),
-        targets_(inputs_.size()),
+        inputs_(token_buffer(cfg_)),
+        targets_(token_buffer(cfg_)),
         data_(open_data(run, comm.rank(), comm.world_size(), inputs_, targets_)),
-        model_(run.model, cfg_.batch_size, cfg_.seq_len, cfg_.recompute, &comm, cfg_.zero),
+        model_(allocate_model<Elem>(run, comm)),
         model_path_(cfg_.out_dir + "/model.bin") {
     initialize_model();
     last_checkpoint_step_ = state_.step;
@@ -517,6 +555,9 @@ int run_main(int argc, char** argv) {
   run.resume_from = resolve_resume(run.cfg, *comm);
   run.model = resolve_model(run.cfg, run.resume_from, &run.model_source);
   validate_against_model(run.cfg, run.model.max_seq_len, run.model_source);
+  with_context(model_sizing(run), [&] {
+    gpt2_check_micro_batch(run.model, run.cfg.batch_size, run.cfg.seq_len, run.cfg.recompute);
+  });
   if (run.cfg.dtype == "fp32") Trainer<float>(run, *comm).run();
   else Trainer<bf16>(run, *comm).run();
   return 0;

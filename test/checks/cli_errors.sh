@@ -89,6 +89,7 @@ expect_error "final-lr-frac > 1" "--final-lr-frac" "[0, 1]" -- + --final-lr-frac
 expect_error "zero steps" "--max-steps" -- + --max-steps 0
 expect_error "flag given twice" "--lr is given twice ('1e-3', then '2e-3')" -- + --lr 1e-3 --lr 2e-3
 expect_error "flag given twice, other syntax" "--batch-size is given twice ('2', then '3')" -- "${good[@]}" --batch-size=3
+expect_error "a batch too big to index" "--batch-size 2147483647" "--seq-len 32" -- + --batch-size 2147483647
 expect_error "bad dtype" "--dtype" "bf16 fp32" -- + --dtype fp16
 expect_error "bad schedule" "--lr-schedule" "cosine linear constant wsd" -- + --lr-schedule step
 expect_error "bad switch" "--shuffle" "0 or 1" -- + --shuffle maybe
@@ -121,12 +122,24 @@ expect_error "vocab mismatch (val)" "--val-data" "$tmp/big_vocab.bin" "vocab siz
 expect_error "missing model file" "--init-from" "$tmp/none.bin" "cannot open" -- + --init-from "$tmp/none.bin"
 expect_error "truncated model file" "--init-from" "$tmp/truncated_model.bin" -- + --init-from "$tmp/truncated_model.bin"
 expect_error "model file magic" "--init-from" "$tmp/bad_magic_model.bin" -- + --init-from "$tmp/bad_magic_model.bin"
+expect_error "model file is a directory" "--init-from: $tmp: is a directory" -- + --init-from "$tmp"
 
 # ---- output
 expect_error "--out-dir is a file" "--out-dir $tmp/a_file" -- + --out-dir "$tmp/a_file"
 expect_error "missing --resume directory" "--resume $tmp/none" "no such directory" -- + --resume "$tmp/none"
+expect_error "--resume of a file" "--resume $ref/model.bin: not a complete checkpoint: not a directory" -- + --resume "$ref/model.bin"
 expect_error "negative --checkpoint-every" "--checkpoint-every" "expected an integer >= 0" -- + --checkpoint-every -1
 expect_error "negative --skip-loss-z" "--skip-loss-z" "expected a number >= 0" -- + --skip-loss-z -1
+
+# Out of host memory (address space limited to 1 GB): the bytes asked for and the flags that sized them.
+cases=$((cases + 1))
+if (ulimit -v 1000000; exec "$bin" --model nano --batch-size 4000000 --seq-len 64 --out-dir "$out") >"$tmp/stdout" 2>"$tmp/stderr"; then
+  fail "a batch that cannot be allocated: exit status 0"
+elif [ "$(cat "$tmp/stderr")" != "error: --batch-size 4000000 x --seq-len 64: cannot allocate 1,024,000,000 bytes of host memory for a micro-batch's tokens" ]; then
+  fail "allocation failure message: $(cat "$tmp/stderr")"
+else
+  echo "ok: allocation failure: $(cat "$tmp/stderr")"
+fi
 
 if [ "$(snapshot)" != "$before" ]; then
   echo "FAIL: a failing run modified the existing --out-dir:"; ls -la "$out"; failures=$((failures + 1))
