@@ -35,6 +35,7 @@
 #include "src/checkpoint_dirs.h"
 #include "src/comm.h"
 #include "src/config.h"
+#include "src/config_warnings.h"
 #include "src/dataloader.h"
 #include "src/gpt2.h"
 #include "src/lr_schedule.h"
@@ -249,6 +250,9 @@ class Trainer {
     initialize_model();
     last_checkpoint_step_ = state_.step;
     if (run_.resume_from) last_checkpoint_dir_ = run_.resume_from->path;
+    if (lead_)
+      for (const std::string& w : config_warnings(cfg_, run_.grad_accum_steps, data_.val ? data_.val->batches_per_epoch() : 0))
+        std::fprintf(stderr, "warning: %s\n", w.c_str());
     print_summary();
     if (lead_) open_out_dir();
     opt_.beta1 = static_cast<float>(cfg_.beta1);

@@ -19,7 +19,7 @@ before=$(snapshot)
 
 # Flags of a run that would succeed on the tiny reference.
 good=(--init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$ref/train.bin"
-      --batch-size 2 --seq-len 32 --max-steps 1 --val-steps 1 --out-dir "$out")
+      --batch-size 2 --seq-len 32 --max-steps 1 --warmup-steps 0 --val-steps 1 --out-dir "$out")
 
 # expect_error "description" "text the message must contain"... -- ARGS...
 # ARGS "+ FLAGS...": the good flags with FLAGS in place of theirs (with_flags).

@@ -2,7 +2,8 @@
 # End-to-end training runs of the binary on small data; checks what a run leaves behind:
 # metrics.jsonl (steps, keys, finite values, learning rates, validation records), the
 # per-step log lines, model.bin, truncation of a previous run's metrics, gradient
-# accumulation equal to the bigger batch, and a random-init preset run.
+# accumulation equal to the bigger batch, and a random-init preset run. Also: the start-up
+# warnings (and none for a sensible run or README's CPU example, which can run twice).
 # usage: cli_train.sh cpu|gpu   (run from anywhere; uses the tiny reference that `make test` builds)
 set -u
 # shellcheck source=test/checks/lib/trainer.sh
@@ -65,6 +66,7 @@ else
   grep -q '136,960 parameters' "$tmp/run1.log" || fail "bf16 run: no parameter count in the log"
   grep -qE '^memory: parameters\+gradients .* optimizer .* activations ' "$tmp/run1.log" || fail "bf16 run: no memory line"
   grep -q '^device: ' "$tmp/run1.log" || fail "bf16 run: no device line"
+  ! grep -q 'warning' "$tmp/run1.log" || fail "bf16 run: a warning: $(grep warning "$tmp/run1.log")"
   [ "$(model_header "$run1/model.bin")" = "20240326 5 64 500 2 4 64 512" ] ||
     fail "bf16 run: model.bin header $(model_header "$run1/model.bin") (expected bf16 version 5, tiny config)"
   # the saved model is the trained one: from it, the first batch's loss is below the initial
@@ -129,6 +131,42 @@ if "$bin" --config "$tmp/run.json" --train-data "$tmp/gpt2_train_000.bin" --val-
 else
   fail "nano run exited non-zero"; cat "$tmp/nano.log"
 fi
+
+# 5. Start-up warnings: warm-up as long as the run, more validation batches than the data holds
+# (641 tokens: 10 batches of 2 x 32), more than 64 accumulation steps. The --out-dir cannot be
+# created, so the run stops right after them.
+if "$bin" --init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$ref/train.bin" --batch-size 2 \
+    --seq-len 32 --max-steps 20 --val-steps 11 --total-batch-tokens $((65 * 64)) --out-dir /proc/self/none \
+    >"$tmp/warn.log" 2>"$tmp/warn.err"; then
+  fail "the run into /proc/self/none succeeded"
+else
+  for w in "--warmup-steps 100 >= --max-steps 20: the whole run is warm-up (the learning rate rises every step and never decays)" \
+      "--total-batch-tokens 4160 means 65 accumulation steps of batch-size x seq-len x ranks per optimizer step (more than 64; a larger --batch-size takes fewer)" \
+      "--val-steps 11 > the 10 distinct batches of 2 x 32 tokens per rank in --val-data: each validation repeats batches"; do
+    grep -qxF -- "warning: $w" "$tmp/warn.err" || fail "no warning '$w' in: $(cat "$tmp/warn.err")"
+  done
+  [ "$(grep -c '^warning: ' "$tmp/warn.err")" -eq 3 ] || fail "expected 3 warnings: $(cat "$tmp/warn.err")"
+fi
+
+# README's CPU example: no warning, and it can run twice (shortened here to 2 steps).
+mapfile -d '' -t example < <("$python" - README.md <<'EOF'
+import shlex, sys
+text = open(sys.argv[1]).read().replace("\\\n", " ")
+line = next(l for l in text.splitlines() if l.startswith("./train_gpt_cpu --model nano"))
+sys.stdout.write("".join(arg + "\0" for arg in shlex.split(line.split("#")[0])[1:]))
+EOF
+)
+with_flags example --out-dir /proc/self/none
+if "$bin" "${flags[@]}" >"$tmp/example.log" 2>&1; then
+  fail "README's example into /proc/self/none succeeded"
+elif grep -q warning "$tmp/example.log" || ! grep -q "^error: --out-dir /proc/self/none: cannot create" "$tmp/example.log"; then
+  fail "README's CPU example (${example[*]}): $(grep -E 'warning|error' "$tmp/example.log")"
+fi
+with_flags example --max-steps 2 --warmup-steps 1 --val-every 0 --out-dir "$tmp/example"
+for round in 1 2; do
+  "$bin" "${flags[@]}" >"$tmp/example$round.log" 2>&1 || { fail "README's CPU example, run $round, failed"; tail -n 3 "$tmp/example$round.log"; }
+done
+grep -q "nothing to train" "$tmp/example2.log" || fail "README's CPU example, run 2: $(tail -n 2 "$tmp/example2.log")"
 
 [ "$failures" -eq 0 ] && echo "cli_train: all checks passed"
 [ "$failures" -eq 0 ]
