@@ -12,6 +12,7 @@
 // With --resume, the checkpoint is chosen and checked right after step 1 and replaces --init-from
 // and --model in steps 3 and 5; metrics.jsonl keeps its records up to the checkpoint's step.
 // A fresh run refuses an --out-dir that holds checkpoints (it would mix two runs' checkpoints).
+// --max-steps 0 stops after step 5: it validates the model and writes nothing.
 //
 // Checkpoints (src/checkpoint.h): after every --checkpoint-every-th step, after the last step, after
 // the step during which SIGTERM, SIGUSR1 or SIGINT arrived (the run then exits 0; a second SIGINT
@@ -39,9 +40,9 @@
 #include "src/dataloader.h"
 #include "src/gpt2.h"
 #include "src/lr_schedule.h"
-#include "src/resume.h"
 #include "src/metrics.h"
 #include "src/out_dir_lock.h"
+#include "src/resume.h"
 #include "src/step_guards.h"
 
 #include <unistd.h>
@@ -181,23 +182,27 @@ struct RunData {
 // Data before the model: a missing or corrupt shard fails before gigabytes are allocated. Token ids
 // are checked a shard at a time as the loader first reads from it, so the first training batch
 // (the training loader is then rewound) and every validation batch a validation reads are read now:
-// data tokenized for another vocabulary fails before anything is written.
+// data tokenized for another vocabulary fails before anything is written. Evaluation only
+// (--max-steps 0) reads no training data.
 RunData open_data(const Run& run, int rank, int world_size, std::vector<int>& inputs, std::vector<int>& targets) {
   const TrainConfig& cfg = run.cfg;
   const uint64_t seed = static_cast<uint64_t>(cfg.seed);
+  const bool eval_only = cfg.max_steps == 0;
   RunData data;
-  with_context("--train-data", [&] {
-    data.train = std::make_unique<DataLoader>(cfg.train_data, cfg.batch_size, cfg.seq_len, rank, world_size,
-                                              cfg.shuffle, seed, run.model.vocab_size);
-    data.train->next_batch(inputs.data(), targets.data());
-    data.train->reset();
-  });
-  if (cfg.val_every > 0) {
+  if (!eval_only)
+    with_context("--train-data", [&] {
+      data.train = std::make_unique<DataLoader>(cfg.train_data, cfg.batch_size, cfg.seq_len, rank, world_size,
+                                                cfg.shuffle, seed, run.model.vocab_size);
+      data.train->next_batch(inputs.data(), targets.data());
+      data.train->reset();
+    });
+  if (cfg.val_every > 0 || eval_only) {
     try {
       data.val = std::make_unique<DataLoader>(cfg.val_data, cfg.batch_size, cfg.seq_len, rank, world_size, false, seed,
                                               run.model.vocab_size);
     } catch (const std::exception& e) {
-      throw std::runtime_error(std::string("--val-data: ") + e.what() + " (--val-every 0 trains without validation)");
+      throw std::runtime_error(std::string("--val-data: ") + e.what() +
+                               (eval_only ? "" : " (--val-every 0 trains without validation)"));
     }
     with_context("--val-data", [&] {
       const uint64_t read = std::min<uint64_t>(static_cast<uint64_t>(cfg.val_steps), data.val->batches_per_epoch());
@@ -242,11 +247,14 @@ class Trainer {
         cfg_(run.cfg),
         comm_(comm),
         lead_(comm.rank() == 0),
+        eval_only_(cfg_.max_steps == 0),
         inputs_(token_buffer(cfg_)),
         targets_(token_buffer(cfg_)),
         data_(open_data(run, comm.rank(), comm.world_size(), inputs_, targets_)),
         model_(allocate_model<Elem>(run, comm)),
-        model_path_(cfg_.out_dir + "/model.bin") {
+        model_path_(cfg_.out_dir + "/model.bin"),
+        save_dtype_(cfg_.save_dtype.empty() ? GPT2<Elem>::dtype
+                                            : cfg_.save_dtype == "fp32" ? DType::fp32 : DType::bf16) {
     initialize_model();
     last_checkpoint_step_ = state_.step;
     if (run_.resume_from) last_checkpoint_dir_ = run_.resume_from->path;
@@ -254,7 +262,7 @@ class Trainer {
       for (const std::string& w : config_warnings(cfg_, run_.grad_accum_steps, data_.val ? data_.val->batches_per_epoch() : 0))
         std::fprintf(stderr, "warning: %s\n", w.c_str());
     print_summary();
-    if (lead_) open_out_dir();
+    if (lead_ && !eval_only_) open_out_dir();
     opt_.beta1 = static_cast<float>(cfg_.beta1);
     opt_.beta2 = static_cast<float>(cfg_.beta2);
     opt_.eps = static_cast<float>(cfg_.adam_eps);
@@ -264,6 +272,10 @@ class Trainer {
   }
 
   void run() {
+    if (eval_only_) {
+      evaluate();
+      return;
+    }
     if (run_.resume_from) {
       std::printf("resumed from %s: %lld step(s) done, %llu update(s) skipped so far\n", run_.resume_from->path.c_str(),
                   state_.step, static_cast<unsigned long long>(state_.guards.skipped_total()));
@@ -294,7 +306,7 @@ class Trainer {
       if (stop_signal != 0 || step == cfg_.max_steps || (cfg_.checkpoint_every > 0 && step % cfg_.checkpoint_every == 0))
         save_checkpoint();
       if (stop_signal != 0) {
-        if (lead_) model_.save(model_path_);
+        save_final_model();
         std::printf("received %s: stopped after step %lld of %lld, checkpoint written; continue with --resume auto\n",
                     signal_name(stop_signal), step, cfg_.max_steps);
         comm_.barrier();
@@ -314,7 +326,7 @@ class Trainer {
     if (run_.resume_from) {
       with_context("--resume " + run_.resume_from->path, [&] {
         load_checkpoint(*run_.resume_from, model_, &state_, comm_.rank(), comm_.world_size(), model_.zero_stage());
-        data_.train->restore(state_.train_data);
+        if (data_.train) data_.train->restore(state_.train_data);
       });
     } else if (!cfg_.init_from.empty()) {
       with_context("--init-from", [&] { model_.load(cfg_.init_from); });
@@ -343,10 +355,14 @@ class Trainer {
                   r < kRecomputeMax ? "," : "\n");
     std::printf("batch: %lld tokens per step = %d x %d tokens x %d rank(s) x %d accumulation step(s)\n",
                 cfg_.total_batch_tokens, B, seq_len, world_size, run_.grad_accum_steps);
-    std::printf("train data: %zu shard(s), %s tokens", data_.train->num_shards(),
-                thousands(data_.train->tokens_in_shards()).c_str());
+    const char* separator = "";
+    if (data_.train) {
+      std::printf("train data: %zu shard(s), %s tokens", data_.train->num_shards(),
+                  thousands(data_.train->tokens_in_shards()).c_str());
+      separator = "; ";
+    }
     if (data_.val)
-      std::printf("; val data: %zu shard(s), %s tokens", data_.val->num_shards(),
+      std::printf("%sval data: %zu shard(s), %s tokens", separator, data_.val->num_shards(),
                   thousands(data_.val->tokens_in_shards()).c_str());
     std::printf("\n");
     std::printf("distributed: world size %d (%s), ZeRO stage %d; per rank: parameters %zu bytes, gradients %zu bytes, "
@@ -373,7 +389,7 @@ class Trainer {
       const uint64_t each = checkpoint_bytes(model_.num_parameters(), sizeof(Elem),
                                              model_.optimizer_shard_end() - model_.optimizer_shard_begin(),
                                              comm_.world_size());
-      const uint64_t model_file_bytes = kHeaderBytes + model_.num_parameters() * sizeof(Elem);
+      const uint64_t model_file_bytes = kHeaderBytes + model_.num_parameters() * (save_dtype_ == DType::fp32 ? 4 : 2);
       const uint64_t checkpoints = at_once > UINT64_MAX / each ? UINT64_MAX : at_once * each;
       const uint64_t needed = checkpoints > UINT64_MAX - model_file_bytes ? UINT64_MAX : checkpoints + model_file_bytes;
       const std::string what =
@@ -453,6 +469,17 @@ class Trainer {
     if (lead_) metrics_->validation(step, val_loss);
   }
 
+  // --max-steps 0: the model as given (--init-from, --resume's checkpoint or the random init),
+  // validated on --val-data; nothing is written.
+  void evaluate() {
+    const double val_loss = with_context("--val-data", [&] { return validation_loss(); });
+    std::printf("val loss %.6f (%lld batch(es) of %d x %d tokens per rank, the model after step %lld); --max-steps 0: "
+                "evaluation only, nothing written\n",
+                val_loss, cfg_.val_steps, cfg_.batch_size, cfg_.seq_len, state_.step);
+    std::fflush(stdout);
+    comm_.barrier();
+  }
+
   // A shard of `flag` found bad mid-run (a token id outside the vocabulary, a failed read): the
   // steps done so far are kept in a checkpoint of the last completed step (unless there is one of
   // it already; a step cut short changed no weights), then the run stops naming the shard. Every
@@ -503,19 +530,26 @@ class Trainer {
   // The final model file (rank 0), then a barrier: no rank tears down its communicator while
   // another still needs it.
   void finish() {
-    if (lead_) model_.save(model_path_);
+    save_final_model();
     std::printf("saved %s\n", model_path_.c_str());
     comm_.barrier();
+  }
+
+  // DIR/model.bin (rank 0), in --save-dtype.
+  void save_final_model() const {
+    if (lead_) write_model_file(model_path_, model_.config(), model_.params_device(), save_dtype_, model_.stream());
   }
 
   const Run& run_;
   const TrainConfig& cfg_;
   Communicator& comm_;
   const bool lead_;
+  const bool eval_only_;  // --max-steps 0
   std::vector<int> inputs_, targets_;
   RunData data_;
   GPT2<Elem> model_;
   const std::string model_path_;
+  const DType save_dtype_;  // of model_path_
   TrainingState state_;
   long long last_checkpoint_step_ = 0;  // the newest checkpoint of this run's steps (step 0: none)
   std::string last_checkpoint_dir_;

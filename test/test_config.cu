@@ -107,7 +107,7 @@ TEST_CASE("every flag of the table parses its own default text back") {
   for (const Flag& f : flag_table()) {
     if (f.command_line_only) continue;
     std::string value = config_detail::value_text(defaults, f);
-    if (value.empty()) value = "x.bin";  // init-from has no default value
+    if (value.empty()) value = f.choices.empty() ? "x.bin" : f.choices.front();  // no default value
     std::string arg = std::string("--") + f.name + "=" + value;
     INFO(arg);
     TrainConfig c = parse({arg.c_str()}).config;
@@ -129,7 +129,9 @@ TEST_CASE("bad command-line values name the flag and the expectation") {
       {{"--batch-size", "2.5"}, {"--batch-size", "an integer"}},
       {{"--batch-size", "99999999999"}, {"--batch-size", "2147483647"}},
       {{"--seq-len", ""}, {"--seq-len", "an integer"}},
-      {{"--max-steps", "0"}, {"--max-steps", "an integer in [1, 2147483647]"}},
+      {{"--max-steps", "-1"}, {"--max-steps", "an integer in [0, 2147483647]"}},
+      {{"--save-dtype", "fp16"}, {"--save-dtype", "bf16 fp32", "'fp16'"}},
+      {{"--save-dtype", ""}, {"--save-dtype", "bf16 fp32"}},
       {{"--val-steps", "0"}, {"--val-steps"}},
       {{"--warmup-steps", "-5"}, {"--warmup-steps"}},
       {{"--beta1", "1"}, {"--beta1", "[0, 1)"}},
@@ -261,6 +263,9 @@ TEST_CASE("start-up warnings: warm-up as long as the run, repeated validation ba
   c = parse({"--max-steps", "101", "--val-steps", "11"}).config;
   CHECK(config_warnings(c, 64, 11).empty());
   CHECK(config_warnings(c, 1, 0).empty());  // no validation data: nothing to repeat
+  // evaluation only trains nothing: only the validation warning applies
+  c = parse({"--max-steps", "0", "--val-steps", "11"}).config;
+  CHECK(config_warnings(c, 100, 10).size() == 1);
 }
 
 TEST_CASE("--help lists every flag with its default") {

@@ -86,7 +86,8 @@ expect_error "beta out of range" "--beta2" "[0, 1)" -- + --beta2 1.0
 expect_error "eps zero" "--adam-eps" "> 0" -- + --adam-eps 0
 expect_error "negative clip" "--grad-clip" -- + --grad-clip -1
 expect_error "final-lr-frac > 1" "--final-lr-frac" "[0, 1]" -- + --final-lr-frac 2
-expect_error "zero steps" "--max-steps" -- + --max-steps 0
+expect_error "negative steps" "--max-steps" "[0, 2147483647]" -- + --max-steps -1
+expect_error "bad save dtype" "--save-dtype" "bf16 fp32" -- + --save-dtype fp16
 expect_error "flag given twice" "--lr is given twice ('1e-3', then '2e-3')" -- + --lr 1e-3 --lr 2e-3
 expect_error "flag given twice, other syntax" "--batch-size is given twice ('2', then '3')" -- "${good[@]}" --batch-size=3
 expect_error "a batch too big to index" "--batch-size 2147483647" "--seq-len 32" -- + --batch-size 2147483647
@@ -149,7 +150,7 @@ fi
 if "$bin" --help >"$tmp/help" 2>&1; then
   for flag in config train-data val-data shuffle seed init-from model dtype batch-size seq-len total-batch-tokens \
       lr lr-schedule warmup-steps final-lr-frac weight-decay beta1 beta2 adam-eps grad-clip max-steps val-every \
-      val-steps out-dir; do
+      val-steps out-dir save-dtype; do
     grep -qE "^  --$flag " "$tmp/help" || { echo "FAIL: --help does not list --$flag"; failures=$((failures + 1)); }
   done
   listed=$(grep -cE '^  --[a-z]' "$tmp/help")

@@ -3,7 +3,8 @@
 # metrics.jsonl (steps, keys, finite values, learning rates, validation records), the
 # per-step log lines, model.bin, truncation of a previous run's metrics, gradient
 # accumulation equal to the bigger batch, and a random-init preset run. Also: the start-up
-# warnings (and none for a sensible run or README's CPU example, which can run twice).
+# warnings (and none for a sensible run or README's CPU example, which can run twice),
+# evaluation only (--max-steps 0) and an fp32 final model file from a bf16 run (--save-dtype).
 # usage: cli_train.sh cpu|gpu   (run from anywhere; uses the tiny reference that `make test` builds)
 set -u
 # shellcheck source=test/checks/lib/trainer.sh
@@ -80,6 +81,18 @@ else
   else
     fail "continuing from the saved model.bin failed"; cat "$tmp/cont.log"
   fi
+fi
+
+# Evaluation only: the checkpoint's model gives the validation loss the run recorded after that
+# step, and nothing is written.
+val7=$("$python" -c 'import json,sys; print("%.6f" % [json.loads(l) for l in open(sys.argv[1])][-1]["val_loss"])' "$run1/metrics.jsonl")
+if "$bin" --resume "$run1/checkpoint_00000007" --train-data "$ref/train.bin" --val-data "$ref/train.bin" \
+    --batch-size 2 --seq-len 32 --max-steps 0 --val-steps 2 --out-dir "$tmp/eval" >"$tmp/eval.log" 2>&1; then
+  grep -q "^val loss $val7 (2 batch(es) of 2 x 32 tokens per rank, the model after step 7); --max-steps 0: evaluation only, nothing written$" \
+    "$tmp/eval.log" || fail "evaluating the step-7 checkpoint: $(tail -n 1 "$tmp/eval.log"), the run had $val7"
+  [ ! -e "$tmp/eval" ] || fail "evaluation only created --out-dir"
+else
+  fail "evaluation only (--max-steps 0) failed"; cat "$tmp/eval.log"
 fi
 
 # 2. A second run into the same directory truncates metrics.jsonl; validation at the last step.
@@ -167,6 +180,30 @@ for round in 1 2; do
   "$bin" "${flags[@]}" >"$tmp/example$round.log" 2>&1 || { fail "README's CPU example, run $round, failed"; tail -n 3 "$tmp/example$round.log"; }
 done
 grep -q "nothing to train" "$tmp/example2.log" || fail "README's CPU example, run 2: $(tail -n 2 "$tmp/example2.log")"
+
+# 6. --save-dtype fp32: a bf16 run's final model file in fp32 (version 3), the same values as the
+# bf16 model file of its checkpoint; it loads again (--init-from) to the same validation loss.
+fp32out=$tmp/save_fp32
+if "$bin" --init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$ref/train.bin" --batch-size 2 \
+    --seq-len 32 --max-steps 2 --warmup-steps 1 --val-every 2 --val-steps 2 --save-dtype fp32 --out-dir "$fp32out" \
+    >"$fp32out.log" 2>&1; then
+  [ "$(model_header "$fp32out/model.bin")" = "20240326 3 64 500 2 4 64 512" ] ||
+    fail "--save-dtype fp32: header $(model_header "$fp32out/model.bin") (expected version 3)"
+  "$python" - "$fp32out/model.bin" "$fp32out/checkpoint_00000002/model.bin" <<'EOF' || fail "--save-dtype fp32: values differ from the bf16 checkpoint's"
+import struct, sys
+wide, narrow = open(sys.argv[1], "rb").read()[1024:], open(sys.argv[2], "rb").read()[1024:]
+n = len(narrow) // 2
+widened = struct.pack(f"<{n}I", *[b << 16 for b in struct.unpack(f"<{n}H", narrow)])
+sys.exit(0 if wide == widened else 1)
+EOF
+  val2=$("$python" -c 'import json,sys; print("%.6f" % [json.loads(l) for l in open(sys.argv[1])][-1]["val_loss"])' "$fp32out/metrics.jsonl")
+  # (evaluation only into a directory with checkpoints: it writes nothing, so it is no second run there)
+  "$bin" --init-from "$fp32out/model.bin" --train-data "$ref/train.bin" --val-data "$ref/train.bin" --batch-size 2 \
+    --seq-len 32 --max-steps 0 --val-steps 2 --out-dir "$fp32out" >"$tmp/eval_fp32.log" 2>&1
+  grep -q "^val loss $val2 " "$tmp/eval_fp32.log" || fail "the fp32 model file evaluates to $(tail -n 1 "$tmp/eval_fp32.log"), the run had $val2"
+else
+  fail "--save-dtype fp32 run failed"; cat "$fp32out.log"
+fi
 
 [ "$failures" -eq 0 ] && echo "cli_train: all checks passed"
 [ "$failures" -eq 0 ]
