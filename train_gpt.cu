@@ -4,17 +4,20 @@
 //   1. flags and --config (src/config.h); cross-flag checks
 //   2. the device (without one: a one-line pointer to the CPU build)
 //   3. the model architecture (--init-from's header or the --model preset), --seq-len against it
-//   4. the data: every shard's header and size, and the first batch's token ids against the vocab
+//   4. the data: every shard's header and size; the token ids of the first training shard and of
+//      the validation shards the validation reads, against the vocab
 //   5. the model: allocation, then --init-from's weights or a seeded random init
 //   6. --out-dir: its lock (one run at a time), free space for the checkpoints kept at once,
 //      DIR/metrics.jsonl (truncated); the training loop; DIR/model.bin
 // With --resume, the checkpoint is chosen and checked right after step 1 and replaces --init-from
 // and --model in steps 3 and 5; metrics.jsonl keeps its records up to the checkpoint's step.
 // A fresh run refuses an --out-dir that holds checkpoints (it would mix two runs' checkpoints).
+// --max-steps 0 stops after step 5: it validates the model and writes nothing.
 //
-// Checkpoints (src/checkpoint.h): after every --checkpoint-every-th step, after the last step, and
-// after the step during which SIGTERM, SIGUSR1 or SIGINT arrived (the run then exits 0; a second
-// SIGINT ends it at once).
+// Checkpoints (src/checkpoint.h): after every --checkpoint-every-th step, after the last step, after
+// the step during which SIGTERM, SIGUSR1 or SIGINT arrived (the run then exits 0; a second SIGINT
+// ends it at once), and before a run stops on a shard found bad mid-run (a token id outside the
+// vocabulary: the loader checks each shard as it opens it, before its first batch is used).
 //
 // Step k (1-based) zeroes the gradients, runs grad_accum micro-batches of forward+backward
 // (their mean loss is step k's train_loss, measured with the weights before step k's update),
@@ -33,12 +36,13 @@
 #include "src/checkpoint_dirs.h"
 #include "src/comm.h"
 #include "src/config.h"
+#include "src/config_warnings.h"
 #include "src/dataloader.h"
 #include "src/gpt2.h"
 #include "src/lr_schedule.h"
-#include "src/resume.h"
 #include "src/metrics.h"
 #include "src/out_dir_lock.h"
+#include "src/resume.h"
 #include "src/step_guards.h"
 
 #include <unistd.h>
@@ -48,6 +52,7 @@
 #include <exception>
 #include <filesystem>
 #include <memory>
+#include <new>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -143,6 +148,19 @@ GPT2Config resolve_model(const TrainConfig& cfg, const std::optional<Checkpoint>
   return with_context("--model", [&] { return gpt2_preset(cfg.model); });
 }
 
+// The host buffer of one micro-batch's B·T tokens; running out of memory names the bytes and the
+// flags that sized them.
+std::vector<int> token_buffer(const TrainConfig& cfg) {
+  const size_t count = static_cast<size_t>(cfg.batch_size) * static_cast<size_t>(cfg.seq_len);
+  try {
+    return std::vector<int>(count);
+  } catch (const std::bad_alloc&) {
+    throw std::runtime_error("--batch-size " + std::to_string(cfg.batch_size) + " x --seq-len " +
+                             std::to_string(cfg.seq_len) + ": cannot allocate " + thousands(count * sizeof(int)) +
+                             " bytes of host memory for a micro-batch's tokens");
+  }
+}
+
 // Test hook: TRAIN_GPT_TEST_EXIT_AFTER_STEP=RANK:STEP makes rank RANK exit abruptly (no cleanup,
 // status 3) after step STEP, to test how the other ranks end when a peer dies.
 void maybe_die_for_test(int rank, long long step) {
@@ -162,28 +180,61 @@ struct RunData {
 };
 
 // Data before the model: a missing or corrupt shard fails before gigabytes are allocated. Token ids
-// are checked as batches are read, so the first batch of each set is read now (the training loader
-// is then rewound) to catch data tokenized for another vocabulary before anything is written.
+// are checked a shard at a time as the loader first reads from it, so the first training batch
+// (the training loader is then rewound) and every validation batch a validation reads are read now:
+// data tokenized for another vocabulary fails before anything is written. Evaluation only
+// (--max-steps 0) reads no training data.
 RunData open_data(const Run& run, int rank, int world_size, std::vector<int>& inputs, std::vector<int>& targets) {
   const TrainConfig& cfg = run.cfg;
   const uint64_t seed = static_cast<uint64_t>(cfg.seed);
+  const bool eval_only = cfg.max_steps == 0;
   RunData data;
-  with_context("--train-data", [&] {
-    data.train = std::make_unique<DataLoader>(cfg.train_data, cfg.batch_size, cfg.seq_len, rank, world_size,
-                                              cfg.shuffle, seed, run.model.vocab_size);
-    data.train->next_batch(inputs.data(), targets.data());
-    data.train->reset();
-  });
-  if (cfg.val_every > 0) {
+  if (!eval_only)
+    with_context("--train-data", [&] {
+      data.train = std::make_unique<DataLoader>(cfg.train_data, cfg.batch_size, cfg.seq_len, rank, world_size,
+                                                cfg.shuffle, seed, run.model.vocab_size);
+      data.train->next_batch(inputs.data(), targets.data());
+      data.train->reset();
+    });
+  if (cfg.val_every > 0 || eval_only) {
     try {
       data.val = std::make_unique<DataLoader>(cfg.val_data, cfg.batch_size, cfg.seq_len, rank, world_size, false, seed,
                                               run.model.vocab_size);
     } catch (const std::exception& e) {
-      throw std::runtime_error(std::string("--val-data: ") + e.what() + " (--val-every 0 trains without validation)");
+      throw std::runtime_error(std::string("--val-data: ") + e.what() +
+                               (eval_only ? "" : " (--val-every 0 trains without validation)"));
     }
-    with_context("--val-data", [&] { data.val->next_batch(inputs.data(), targets.data()); });
+    with_context("--val-data", [&] {
+      const uint64_t read = std::min<uint64_t>(static_cast<uint64_t>(cfg.val_steps), data.val->batches_per_epoch());
+      for (uint64_t b = 0; b < read; ++b) data.val->next_batch(inputs.data(), targets.data());
+      data.val->reset();
+    });
   }
   return data;
+}
+
+// "--batch-size 8 --seq-len 1024 --recompute 1 (d12 from preset d12)": what sizes the model's memory.
+std::string model_sizing(const Run& run) {
+  return "--batch-size " + std::to_string(run.cfg.batch_size) + " --seq-len " + std::to_string(run.cfg.seq_len) +
+         " --recompute " + std::to_string(run.cfg.recompute) + " (" + describe(run.model) + " from " +
+         run.model_source + ")";
+}
+
+// The model, allocated; a failure names the flags that size it and, out of host memory, the bytes
+// of its activations (a device allocation's error names its own).
+template <typename Elem>
+GPT2<Elem> allocate_model(const Run& run, Communicator& comm) {
+  const TrainConfig& cfg = run.cfg;
+  return with_context(model_sizing(run), [&] {
+    try {
+      return GPT2<Elem>(run.model, cfg.batch_size, cfg.seq_len, cfg.recompute, &comm, cfg.zero, cfg.attention);
+    } catch (const std::bad_alloc&) {
+      throw std::runtime_error(
+          "out of host memory allocating the model (its activations alone take " +
+          thousands(gpt2_activation_bytes(run.model, cfg.batch_size, cfg.seq_len, cfg.recompute, GPT2<Elem>::dtype).total()) +
+          " bytes)");
+    }
+  });
 }
 
 // One run's training: set-up (data, model, output directory), then the loop of steps, each
@@ -196,14 +247,22 @@ class Trainer {
         cfg_(run.cfg),
         comm_(comm),
         lead_(comm.rank() == 0),
-        inputs_(static_cast<size_t>(cfg_.batch_size) * cfg_.seq_len),
-        targets_(inputs_.size()),
+        eval_only_(cfg_.max_steps == 0),
+        inputs_(token_buffer(cfg_)),
+        targets_(token_buffer(cfg_)),
         data_(open_data(run, comm.rank(), comm.world_size(), inputs_, targets_)),
-        model_(run.model, cfg_.batch_size, cfg_.seq_len, cfg_.recompute, &comm, cfg_.zero, cfg_.attention),
-        model_path_(cfg_.out_dir + "/model.bin") {
+        model_(allocate_model<Elem>(run, comm)),
+        model_path_(cfg_.out_dir + "/model.bin"),
+        save_dtype_(cfg_.save_dtype.empty() ? GPT2<Elem>::dtype
+                                            : cfg_.save_dtype == "fp32" ? DType::fp32 : DType::bf16) {
     initialize_model();
+    last_checkpoint_step_ = state_.step;
+    if (run_.resume_from) last_checkpoint_dir_ = run_.resume_from->path;
+    if (lead_)
+      for (const std::string& w : config_warnings(cfg_, run_.grad_accum_steps, data_.val ? data_.val->batches_per_epoch() : 0))
+        std::fprintf(stderr, "warning: %s\n", w.c_str());
     print_summary();
-    if (lead_) open_out_dir();
+    if (lead_ && !eval_only_) open_out_dir();
     opt_.beta1 = static_cast<float>(cfg_.beta1);
     opt_.beta2 = static_cast<float>(cfg_.beta2);
     opt_.eps = static_cast<float>(cfg_.adam_eps);
@@ -213,6 +272,10 @@ class Trainer {
   }
 
   void run() {
+    if (eval_only_) {
+      evaluate();
+      return;
+    }
     if (run_.resume_from) {
       std::printf("resumed from %s: %lld step(s) done, %llu update(s) skipped so far\n", run_.resume_from->path.c_str(),
                   state_.step, static_cast<unsigned long long>(state_.guards.skipped_total()));
@@ -224,14 +287,26 @@ class Trainer {
     }
     install_stop_handlers();
     for (long long step = state_.step + 1; step <= cfg_.max_steps; ++step) {
-      log_step(train_step(step));
+      StepRecord record;
+      try {
+        record = train_step(step);
+      } catch (const ShardDataError& e) {
+        stop_on_bad_shard("--train-data", e);
+      }
+      log_step(record);
       maybe_die_for_test(comm_.rank(), step);
-      if (data_.val && (step % cfg_.val_every == 0 || step == cfg_.max_steps)) validate(step);
+      if (data_.val && (step % cfg_.val_every == 0 || step == cfg_.max_steps)) {
+        try {
+          validate(step);
+        } catch (const ShardDataError& e) {
+          stop_on_bad_shard("--val-data", e);
+        }
+      }
       const int stop_signal = agreed_stop_signal();
       if (stop_signal != 0 || step == cfg_.max_steps || (cfg_.checkpoint_every > 0 && step % cfg_.checkpoint_every == 0))
         save_checkpoint();
       if (stop_signal != 0) {
-        if (lead_) model_.save(model_path_);
+        save_final_model();
         std::printf("received %s: stopped after step %lld of %lld, checkpoint written; continue with --resume auto\n",
                     signal_name(stop_signal), step, cfg_.max_steps);
         comm_.barrier();
@@ -251,7 +326,7 @@ class Trainer {
     if (run_.resume_from) {
       with_context("--resume " + run_.resume_from->path, [&] {
         load_checkpoint(*run_.resume_from, model_, &state_, comm_.rank(), comm_.world_size(), model_.zero_stage());
-        data_.train->restore(state_.train_data);
+        if (data_.train) data_.train->restore(state_.train_data);
       });
     } else if (!cfg_.init_from.empty()) {
       with_context("--init-from", [&] { model_.load(cfg_.init_from); });
@@ -281,10 +356,14 @@ class Trainer {
                   r < kRecomputeMax ? "," : "\n");
     std::printf("batch: %lld tokens per step = %d x %d tokens x %d rank(s) x %d accumulation step(s)\n",
                 cfg_.total_batch_tokens, B, seq_len, world_size, run_.grad_accum_steps);
-    std::printf("train data: %zu shard(s), %s tokens", data_.train->num_shards(),
-                thousands(data_.train->tokens_in_shards()).c_str());
+    const char* separator = "";
+    if (data_.train) {
+      std::printf("train data: %zu shard(s), %s tokens", data_.train->num_shards(),
+                  thousands(data_.train->tokens_in_shards()).c_str());
+      separator = "; ";
+    }
     if (data_.val)
-      std::printf("; val data: %zu shard(s), %s tokens", data_.val->num_shards(),
+      std::printf("%sval data: %zu shard(s), %s tokens", separator, data_.val->num_shards(),
                   thousands(data_.val->tokens_in_shards()).c_str());
     std::printf("\n");
     std::printf("distributed: world size %d (%s), ZeRO stage %d; per rank: parameters %zu bytes, gradients %zu bytes, "
@@ -311,7 +390,7 @@ class Trainer {
       const uint64_t each = checkpoint_bytes(model_.num_parameters(), sizeof(Elem),
                                              model_.optimizer_shard_end() - model_.optimizer_shard_begin(),
                                              comm_.world_size());
-      const uint64_t model_file_bytes = kHeaderBytes + model_.num_parameters() * sizeof(Elem);
+      const uint64_t model_file_bytes = kHeaderBytes + model_.num_parameters() * (save_dtype_ == DType::fp32 ? 4 : 2);
       const uint64_t checkpoints = at_once > UINT64_MAX / each ? UINT64_MAX : at_once * each;
       const uint64_t needed = checkpoints > UINT64_MAX - model_file_bytes ? UINT64_MAX : checkpoints + model_file_bytes;
       const std::string what =
@@ -340,7 +419,7 @@ class Trainer {
     const auto start = std::chrono::steady_clock::now();
     model_.zero_grad();
     for (int micro = 0; micro < run_.grad_accum_steps; ++micro) {
-      with_context("--train-data", [&] { data_.train->next_batch(inputs_.data(), targets_.data()); });
+      data_.train->next_batch(inputs_.data(), targets_.data());  // a ShardDataError goes to run()
       model_.forward_backward(inputs_.data(), targets_.data(), run_.grad_accum_steps,
                               micro + 1 == run_.grad_accum_steps);
     }
@@ -372,18 +451,47 @@ class Trainer {
     if (lead_) metrics_->train_step(record);
   }
 
-  // The mean loss over the first val_steps batches of --val-data, on the weights after `step`.
-  void validate(long long step) {
+  // The mean loss over the first val_steps batches of --val-data, on the current weights.
+  double validation_loss() {
     data_.val->reset();
     double val_sum = 0.0;
     for (long long v = 0; v < cfg_.val_steps; ++v) {
-      with_context("--val-data", [&] { data_.val->next_batch(inputs_.data(), targets_.data()); });
+      data_.val->next_batch(inputs_.data(), targets_.data());  // a ShardDataError goes to run()
       val_sum += model_.forward(inputs_.data(), targets_.data());
     }
-    const double val_loss = comm_.sum(val_sum / static_cast<double>(cfg_.val_steps)) / comm_.world_size();
+    return comm_.sum(val_sum / static_cast<double>(cfg_.val_steps)) / comm_.world_size();
+  }
+
+  // Validation after `step`: its log line and record.
+  void validate(long long step) {
+    const double val_loss = validation_loss();
     std::printf("%s\n", format_val_line(step, cfg_.max_steps, val_loss).c_str());
     std::fflush(stdout);
     if (lead_) metrics_->validation(step, val_loss);
+  }
+
+  // --max-steps 0: the model as given (--init-from, --resume's checkpoint or the random init),
+  // validated on --val-data; nothing is written.
+  void evaluate() {
+    const double val_loss = with_context("--val-data", [&] { return validation_loss(); });
+    std::printf("val loss %.6f (%lld batch(es) of %d x %d tokens per rank, the model after step %lld); --max-steps 0: "
+                "evaluation only, nothing written\n",
+                val_loss, cfg_.val_steps, cfg_.batch_size, cfg_.seq_len, state_.step);
+    std::fflush(stdout);
+    comm_.barrier();
+  }
+
+  // A shard of `flag` found bad mid-run (a token id outside the vocabulary, a failed read): the
+  // steps done so far are kept in a checkpoint of the last completed step (unless there is one of
+  // it already; a step cut short changed no weights), then the run stops naming the shard. Every
+  // rank reads the same shards in the same order, so all ranks get here at the same step.
+  [[noreturn]] void stop_on_bad_shard(const char* flag, const ShardDataError& e) {
+    if (state_.step > last_checkpoint_step_) save_checkpoint();
+    const std::string kept = state_.step == 0 ? "no step was completed"
+                                              : "the " + std::to_string(state_.step) + " completed step(s) are in " +
+                                                    last_checkpoint_dir_;
+    throw std::runtime_error(std::string(flag) + ": " + e.what() + "; " + kept +
+                             " (replace the shard, then continue with --resume auto)");
   }
 
   // The signal that stops the run after this step (0: none); every rank stops after the same step
@@ -403,6 +511,8 @@ class Trainer {
     info.zero_stage = model_.zero_stage();
     info.config = config_json(cfg_);
     const std::string dir = write_checkpoint(cfg_.out_dir, model_, state_, info, &comm_);
+    last_checkpoint_step_ = state_.step;
+    last_checkpoint_dir_ = dir;
     std::printf("checkpoint %s\n", dir.c_str());
     if (lead_)
       for (const std::string& old : prune_checkpoints(cfg_.out_dir, state_.step, cfg_.keep_checkpoints, cfg_.keep_every))
@@ -421,20 +531,29 @@ class Trainer {
   // The final model file (rank 0), then a barrier: no rank tears down its communicator while
   // another still needs it.
   void finish() {
-    if (lead_) model_.save(model_path_);
+    save_final_model();
     std::printf("saved %s\n", model_path_.c_str());
     comm_.barrier();
+  }
+
+  // DIR/model.bin (rank 0), in --save-dtype.
+  void save_final_model() const {
+    if (lead_) write_model_file(model_path_, model_.config(), model_.params_device(), save_dtype_, model_.stream());
   }
 
   const Run& run_;
   const TrainConfig& cfg_;
   Communicator& comm_;
   const bool lead_;
+  const bool eval_only_;  // --max-steps 0
   std::vector<int> inputs_, targets_;
   RunData data_;
   GPT2<Elem> model_;
   const std::string model_path_;
+  const DType save_dtype_;  // of model_path_
   TrainingState state_;
+  long long last_checkpoint_step_ = 0;  // the newest checkpoint of this run's steps (step 0: none)
+  std::string last_checkpoint_dir_;
   OptimizerSettings opt_;
   std::unique_ptr<OutDirLock> lock_;  // rank 0; released after metrics_ is closed
   std::unique_ptr<MetricsLog> metrics_;
@@ -477,6 +596,9 @@ int run_main(int argc, char** argv) {
   validate_against_model(run.cfg, run.model.max_seq_len, run.model_source);
   with_context("model " + run.model_source,
                [&] { choose_attention(run.cfg.attention, run.cfg.dtype == "fp32" ? DType::fp32 : DType::bf16, run.model); });
+  with_context(model_sizing(run), [&] {
+    gpt2_check_micro_batch(run.model, run.cfg.batch_size, run.cfg.seq_len, run.cfg.recompute);
+  });
   if (run.cfg.dtype == "fp32") Trainer<float>(run, *comm).run();
   else Trainer<bf16>(run, *comm).run();
   return 0;

@@ -75,8 +75,9 @@ struct Checkpoint {
 inline std::optional<Checkpoint> verify_checkpoint(const std::string& dir, std::string* problem,
                                                    bool check_files = true) {
   struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    *problem = "no such directory";
+  const bool exists = ::stat(dir.c_str(), &st) == 0;
+  if (!exists || !S_ISDIR(st.st_mode)) {
+    *problem = exists ? "not a directory" : "no such directory";
     return std::nullopt;
   }
   const std::string manifest_path = dir + "/" + kManifestName;

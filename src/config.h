@@ -59,10 +59,11 @@ struct TrainConfig {
   double adam_eps = 1e-8;
   double grad_clip = 1.0;
   // run
-  long long max_steps = 1000;
+  long long max_steps = 1000;  // 0: evaluate the model on --val-data and exit, writing nothing
   long long val_every = 100;
   long long val_steps = 20;
   std::string out_dir = "out";
+  std::string save_dtype;  // storage of the final DIR/model.bin; "": the run's dtype
   std::string config_file;
   // data parallel
   int zero = 0;
@@ -147,12 +148,15 @@ inline const std::vector<Flag>& flag_table() {
       {"beta2", "X", "AdamW beta2", &TrainConfig::beta2, {0, 1, false, true}},
       {"adam-eps", "X", "AdamW epsilon", &TrainConfig::adam_eps, {0, HUGE_VAL, true, false}},
       {"grad-clip", "X", "clip the global gradient norm to X (0 = off)", &TrainConfig::grad_clip, {0, HUGE_VAL}},
-      {"max-steps", "N", "optimizer steps to run", &TrainConfig::max_steps, {1, INT_MAX}},
+      {"max-steps", "N", "optimizer steps to run (0 = only evaluate the model on --val-data and exit, writing nothing)",
+       &TrainConfig::max_steps, {0, INT_MAX}},
       {"val-every", "N", "validate after every N-th step and after the last (0 = never)", &TrainConfig::val_every,
        {0, (double)LLONG_MAX}},
       {"val-steps", "N", "validation batches (B x T each) averaged per validation", &TrainConfig::val_steps,
        {1, (double)LLONG_MAX}},
       {"out-dir", "DIR", "where metrics.jsonl (truncated at start) and the final model.bin go", &TrainConfig::out_dir},
+      {"save-dtype", "bf16|fp32", "storage type of the final model file DIR/model.bin (checkpoints keep the run's)",
+       &TrainConfig::save_dtype, {}, {"bf16", "fp32"}, "the run's --dtype"},
       {"zero", "0|1|2", "ZeRO stage with several ranks: 0 all-reduces gradients; 1 shards the AdamW state (moments, "
        "fp32 master weights) over the ranks; 2 also shards the gradients", &TrainConfig::zero, {0, 2}},
       {"rendezvous", "file:PATH|tcp:HOST:PORT",

@@ -24,7 +24,7 @@ inline std::optional<Checkpoint> resolve_resume(const TrainConfig& cfg, Communic
   const bool lead = comm.rank() == 0;
   const std::vector<CheckpointDir> existing = list_checkpoint_dirs(cfg.out_dir);
   if (cfg.resume.empty()) {
-    if (!existing.empty())
+    if (!existing.empty() && cfg.max_steps > 0)  // evaluation only (--max-steps 0) writes nothing
       throw std::runtime_error("--out-dir " + cfg.out_dir + " already holds checkpoints (newest: " +
                                existing.front().path +
                                "): continue that run with --resume auto, or choose another --out-dir");
@@ -75,7 +75,7 @@ inline std::optional<Checkpoint> resolve_resume(const TrainConfig& cfg, Communic
   // Other flags may change on resume (e.g. a longer --max-steps); each change to what is trained
   // is reported (flags about files and checkpointing are not).
   const std::set<std::string> unreported = {"config", "resume", "out-dir", "checkpoint-every", "keep-checkpoints",
-                                            "keep-every"};
+                                            "keep-every", "save-dtype"};
   const nlohmann::json now = config_json(cfg), then = m.value("config", nlohmann::json::object());
   for (const auto& item : now.items()) {
     if (!lead) break;  // reported once

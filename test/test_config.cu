@@ -1,7 +1,8 @@
-// Tests for src/config.h (flags, JSON config, --help) and src/lr_schedule.h.
+// Tests for src/config.h (flags, JSON config, --help), src/config_warnings.h and src/lr_schedule.h.
 #include "test_util.h"
 
 #include "../src/config.h"
+#include "../src/config_warnings.h"
 #include "../src/lr_schedule.h"
 
 #include <cstdio>
@@ -106,7 +107,7 @@ TEST_CASE("every flag of the table parses its own default text back") {
   for (const Flag& f : flag_table()) {
     if (f.command_line_only) continue;
     std::string value = config_detail::value_text(defaults, f);
-    if (value.empty()) value = "x.bin";  // init-from has no default value
+    if (value.empty()) value = f.choices.empty() ? "x.bin" : f.choices.front();  // no default value
     std::string arg = std::string("--") + f.name + "=" + value;
     INFO(arg);
     TrainConfig c = parse({arg.c_str()}).config;
@@ -128,7 +129,9 @@ TEST_CASE("bad command-line values name the flag and the expectation") {
       {{"--batch-size", "2.5"}, {"--batch-size", "an integer"}},
       {{"--batch-size", "99999999999"}, {"--batch-size", "2147483647"}},
       {{"--seq-len", ""}, {"--seq-len", "an integer"}},
-      {{"--max-steps", "0"}, {"--max-steps", "an integer in [1, 2147483647]"}},
+      {{"--max-steps", "-1"}, {"--max-steps", "an integer in [0, 2147483647]"}},
+      {{"--save-dtype", "fp16"}, {"--save-dtype", "bf16 fp32", "'fp16'"}},
+      {{"--save-dtype", ""}, {"--save-dtype", "bf16 fp32"}},
       {{"--val-steps", "0"}, {"--val-steps"}},
       {{"--warmup-steps", "-5"}, {"--warmup-steps"}},
       {{"--beta1", "1"}, {"--beta1", "[0, 1)"}},
@@ -243,6 +246,26 @@ TEST_CASE("cross-flag checks: gradient accumulation and --init-from vs --model")
   CHECK_NOTHROW(validate_against_model(c, 128, "m.bin"));
   CHECK_THROWS_WITH(validate_against_model(c, 64, "m.bin"), Catch::Contains("--seq-len 128") && Catch::Contains("64") &&
                                                                 Catch::Contains("m.bin"));
+}
+
+TEST_CASE("start-up warnings: warm-up as long as the run, repeated validation batches, long accumulation") {
+  TrainConfig c = parse({"--max-steps", "20", "--batch-size", "2", "--seq-len", "32", "--val-steps", "11"}).config;
+  CHECK(config_warnings(c, 65, 10) ==
+        std::vector<std::string>{
+            "--warmup-steps 100 >= --max-steps 20: the whole run is warm-up (the learning rate rises every step and "
+            "never decays)",
+            "--total-batch-tokens 0 means 65 accumulation steps of batch-size x seq-len x ranks per optimizer step "
+            "(more than 64; a larger --batch-size takes fewer)",
+            "--val-steps 11 > the 10 distinct batches of 2 x 32 tokens per rank in --val-data: each validation repeats "
+            "batches"});
+  // at the limits: no warning
+  CHECK(config_warnings(c, 64, 11).size() == 1);
+  c = parse({"--max-steps", "101", "--val-steps", "11"}).config;
+  CHECK(config_warnings(c, 64, 11).empty());
+  CHECK(config_warnings(c, 1, 0).empty());  // no validation data: nothing to repeat
+  // evaluation only trains nothing: only the validation warning applies
+  c = parse({"--max-steps", "0", "--val-steps", "11"}).config;
+  CHECK(config_warnings(c, 100, 10).size() == 1);
 }
 
 TEST_CASE("--help lists every flag with its default") {

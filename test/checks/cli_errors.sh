@@ -19,7 +19,7 @@ before=$(snapshot)
 
 # Flags of a run that would succeed on the tiny reference.
 good=(--init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$ref/train.bin"
-      --batch-size 2 --seq-len 32 --max-steps 1 --val-steps 1 --out-dir "$out")
+      --batch-size 2 --seq-len 32 --max-steps 1 --warmup-steps 0 --val-steps 1 --out-dir "$out")
 
 # expect_error "description" "text the message must contain"... -- ARGS...
 # ARGS "+ FLAGS...": the good flags with FLAGS in place of theirs (with_flags).
@@ -86,9 +86,11 @@ expect_error "beta out of range" "--beta2" "[0, 1)" -- + --beta2 1.0
 expect_error "eps zero" "--adam-eps" "> 0" -- + --adam-eps 0
 expect_error "negative clip" "--grad-clip" -- + --grad-clip -1
 expect_error "final-lr-frac > 1" "--final-lr-frac" "[0, 1]" -- + --final-lr-frac 2
-expect_error "zero steps" "--max-steps" -- + --max-steps 0
+expect_error "negative steps" "--max-steps" "[0, 2147483647]" -- + --max-steps -1
+expect_error "bad save dtype" "--save-dtype" "bf16 fp32" -- + --save-dtype fp16
 expect_error "flag given twice" "--lr is given twice ('1e-3', then '2e-3')" -- + --lr 1e-3 --lr 2e-3
 expect_error "flag given twice, other syntax" "--batch-size is given twice ('2', then '3')" -- "${good[@]}" --batch-size=3
+expect_error "a batch too big to index" "--batch-size 2147483647" "--seq-len 32" -- + --batch-size 2147483647
 expect_error "bad dtype" "--dtype" "bf16 fp32" -- + --dtype fp16
 expect_error "bad schedule" "--lr-schedule" "cosine linear constant wsd" -- + --lr-schedule step
 expect_error "bad switch" "--shuffle" "0 or 1" -- + --shuffle maybe
@@ -121,12 +123,24 @@ expect_error "vocab mismatch (val)" "--val-data" "$tmp/big_vocab.bin" "vocab siz
 expect_error "missing model file" "--init-from" "$tmp/none.bin" "cannot open" -- + --init-from "$tmp/none.bin"
 expect_error "truncated model file" "--init-from" "$tmp/truncated_model.bin" -- + --init-from "$tmp/truncated_model.bin"
 expect_error "model file magic" "--init-from" "$tmp/bad_magic_model.bin" -- + --init-from "$tmp/bad_magic_model.bin"
+expect_error "model file is a directory" "--init-from: $tmp: is a directory" -- + --init-from "$tmp"
 
 # ---- output
 expect_error "--out-dir is a file" "--out-dir $tmp/a_file" -- + --out-dir "$tmp/a_file"
 expect_error "missing --resume directory" "--resume $tmp/none" "no such directory" -- + --resume "$tmp/none"
+expect_error "--resume of a file" "--resume $ref/model.bin: not a complete checkpoint: not a directory" -- + --resume "$ref/model.bin"
 expect_error "negative --checkpoint-every" "--checkpoint-every" "expected an integer >= 0" -- + --checkpoint-every -1
 expect_error "negative --skip-loss-z" "--skip-loss-z" "expected a number >= 0" -- + --skip-loss-z -1
+
+# Out of host memory (address space limited to 1 GB): the bytes asked for and the flags that sized them.
+cases=$((cases + 1))
+if (ulimit -v 1000000; exec "$bin" --model nano --batch-size 4000000 --seq-len 64 --out-dir "$out") >"$tmp/stdout" 2>"$tmp/stderr"; then
+  fail "a batch that cannot be allocated: exit status 0"
+elif [ "$(cat "$tmp/stderr")" != "error: --batch-size 4000000 x --seq-len 64: cannot allocate 1,024,000,000 bytes of host memory for a micro-batch's tokens" ]; then
+  fail "allocation failure message: $(cat "$tmp/stderr")"
+else
+  echo "ok: allocation failure: $(cat "$tmp/stderr")"
+fi
 
 if [ "$(snapshot)" != "$before" ]; then
   echo "FAIL: a failing run modified the existing --out-dir:"; ls -la "$out"; failures=$((failures + 1))
@@ -136,7 +150,7 @@ fi
 if "$bin" --help >"$tmp/help" 2>&1; then
   for flag in config train-data val-data shuffle seed init-from model dtype batch-size seq-len total-batch-tokens \
       lr lr-schedule warmup-steps final-lr-frac weight-decay beta1 beta2 adam-eps grad-clip max-steps val-every \
-      val-steps out-dir; do
+      val-steps out-dir save-dtype; do
     grep -qE "^  --$flag " "$tmp/help" || { echo "FAIL: --help does not list --$flag"; failures=$((failures + 1)); }
   done
   listed=$(grep -cE '^  --[a-z]' "$tmp/help")

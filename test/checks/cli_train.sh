@@ -2,7 +2,9 @@
 # End-to-end training runs of the binary on small data; checks what a run leaves behind:
 # metrics.jsonl (steps, keys, finite values, learning rates, validation records), the
 # per-step log lines, model.bin, truncation of a previous run's metrics, gradient
-# accumulation equal to the bigger batch, and a random-init preset run.
+# accumulation equal to the bigger batch, and a random-init preset run. Also: the start-up
+# warnings (and none for a sensible run or README's CPU example, which can run twice),
+# evaluation only (--max-steps 0) and an fp32 final model file from a bf16 run (--save-dtype).
 # usage: cli_train.sh cpu|gpu   (run from anywhere; uses the tiny reference that `make test` builds)
 set -u
 # shellcheck source=test/checks/lib/trainer.sh
@@ -65,6 +67,7 @@ else
   grep -q '136,960 parameters' "$tmp/run1.log" || fail "bf16 run: no parameter count in the log"
   grep -qE '^memory: parameters\+gradients .* optimizer .* activations ' "$tmp/run1.log" || fail "bf16 run: no memory line"
   grep -q '^device: ' "$tmp/run1.log" || fail "bf16 run: no device line"
+  ! grep -q 'warning' "$tmp/run1.log" || fail "bf16 run: a warning: $(grep warning "$tmp/run1.log")"
   [ "$(model_header "$run1/model.bin")" = "20240326 5 64 500 2 4 64 512" ] ||
     fail "bf16 run: model.bin header $(model_header "$run1/model.bin") (expected bf16 version 5, tiny config)"
   # the saved model is the trained one: from it, the first batch's loss is below the initial
@@ -78,6 +81,18 @@ else
   else
     fail "continuing from the saved model.bin failed"; cat "$tmp/cont.log"
   fi
+fi
+
+# Evaluation only: the checkpoint's model gives the validation loss the run recorded after that
+# step, and nothing is written.
+val7=$("$python" -c 'import json,sys; print("%.6f" % [json.loads(l) for l in open(sys.argv[1])][-1]["val_loss"])' "$run1/metrics.jsonl")
+if "$bin" --resume "$run1/checkpoint_00000007" --train-data "$ref/train.bin" --val-data "$ref/train.bin" \
+    --batch-size 2 --seq-len 32 --max-steps 0 --val-steps 2 --out-dir "$tmp/eval" >"$tmp/eval.log" 2>&1; then
+  grep -q "^val loss $val7 (2 batch(es) of 2 x 32 tokens per rank, the model after step 7); --max-steps 0: evaluation only, nothing written$" \
+    "$tmp/eval.log" || fail "evaluating the step-7 checkpoint: $(tail -n 1 "$tmp/eval.log"), the run had $val7"
+  [ ! -e "$tmp/eval" ] || fail "evaluation only created --out-dir"
+else
+  fail "evaluation only (--max-steps 0) failed"; cat "$tmp/eval.log"
 fi
 
 # 2. A second run into the same directory truncates metrics.jsonl; validation at the last step.
@@ -128,6 +143,66 @@ if "$bin" --config "$tmp/run.json" --train-data "$tmp/gpt2_train_000.bin" --val-
     "$tmp/nano/metrics.jsonl" || fail "nano run: step-1 loss is not ~ln(50257) = 10.83 for a fresh init"
 else
   fail "nano run exited non-zero"; cat "$tmp/nano.log"
+fi
+
+# 5. Start-up warnings: warm-up as long as the run, more validation batches than the data holds
+# (641 tokens: 10 batches of 2 x 32), more than 64 accumulation steps. The --out-dir cannot be
+# created, so the run stops right after them.
+if "$bin" --init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$ref/train.bin" --batch-size 2 \
+    --seq-len 32 --max-steps 20 --val-steps 11 --total-batch-tokens $((65 * 64)) --out-dir /proc/self/none \
+    >"$tmp/warn.log" 2>"$tmp/warn.err"; then
+  fail "the run into /proc/self/none succeeded"
+else
+  for w in "--warmup-steps 100 >= --max-steps 20: the whole run is warm-up (the learning rate rises every step and never decays)" \
+      "--total-batch-tokens 4160 means 65 accumulation steps of batch-size x seq-len x ranks per optimizer step (more than 64; a larger --batch-size takes fewer)" \
+      "--val-steps 11 > the 10 distinct batches of 2 x 32 tokens per rank in --val-data: each validation repeats batches"; do
+    grep -qxF -- "warning: $w" "$tmp/warn.err" || fail "no warning '$w' in: $(cat "$tmp/warn.err")"
+  done
+  [ "$(grep -c '^warning: ' "$tmp/warn.err")" -eq 3 ] || fail "expected 3 warnings: $(cat "$tmp/warn.err")"
+fi
+
+# README's CPU example: no warning, and it can run twice (shortened here to 2 steps).
+mapfile -d '' -t example < <("$python" - README.md <<'EOF'
+import shlex, sys
+text = open(sys.argv[1]).read().replace("\\\n", " ")
+line = next(l for l in text.splitlines() if l.startswith("./train_gpt_cpu --model nano"))
+sys.stdout.write("".join(arg + "\0" for arg in shlex.split(line.split("#")[0])[1:]))
+EOF
+)
+with_flags example --out-dir /proc/self/none
+if "$bin" "${flags[@]}" >"$tmp/example.log" 2>&1; then
+  fail "README's example into /proc/self/none succeeded"
+elif grep -q warning "$tmp/example.log" || ! grep -q "^error: --out-dir /proc/self/none: cannot create" "$tmp/example.log"; then
+  fail "README's CPU example (${example[*]}): $(grep -E 'warning|error' "$tmp/example.log")"
+fi
+with_flags example --max-steps 2 --warmup-steps 1 --val-every 0 --out-dir "$tmp/example"
+for round in 1 2; do
+  "$bin" "${flags[@]}" >"$tmp/example$round.log" 2>&1 || { fail "README's CPU example, run $round, failed"; tail -n 3 "$tmp/example$round.log"; }
+done
+grep -q "nothing to train" "$tmp/example2.log" || fail "README's CPU example, run 2: $(tail -n 2 "$tmp/example2.log")"
+
+# 6. --save-dtype fp32: a bf16 run's final model file in fp32 (version 3), the same values as the
+# bf16 model file of its checkpoint; it loads again (--init-from) to the same validation loss.
+fp32out=$tmp/save_fp32
+if "$bin" --init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$ref/train.bin" --batch-size 2 \
+    --seq-len 32 --max-steps 2 --warmup-steps 1 --val-every 2 --val-steps 2 --save-dtype fp32 --out-dir "$fp32out" \
+    >"$fp32out.log" 2>&1; then
+  [ "$(model_header "$fp32out/model.bin")" = "20240326 3 64 500 2 4 64 512" ] ||
+    fail "--save-dtype fp32: header $(model_header "$fp32out/model.bin") (expected version 3)"
+  "$python" - "$fp32out/model.bin" "$fp32out/checkpoint_00000002/model.bin" <<'EOF' || fail "--save-dtype fp32: values differ from the bf16 checkpoint's"
+import struct, sys
+wide, narrow = open(sys.argv[1], "rb").read()[1024:], open(sys.argv[2], "rb").read()[1024:]
+n = len(narrow) // 2
+widened = struct.pack(f"<{n}I", *[b << 16 for b in struct.unpack(f"<{n}H", narrow)])
+sys.exit(0 if wide == widened else 1)
+EOF
+  val2=$("$python" -c 'import json,sys; print("%.6f" % [json.loads(l) for l in open(sys.argv[1])][-1]["val_loss"])' "$fp32out/metrics.jsonl")
+  # (evaluation only into a directory with checkpoints: it writes nothing, so it is no second run there)
+  "$bin" --init-from "$fp32out/model.bin" --train-data "$ref/train.bin" --val-data "$ref/train.bin" --batch-size 2 \
+    --seq-len 32 --max-steps 0 --val-steps 2 --out-dir "$fp32out" >"$tmp/eval_fp32.log" 2>&1
+  grep -q "^val loss $val2 " "$tmp/eval_fp32.log" || fail "the fp32 model file evaluates to $(tail -n 1 "$tmp/eval_fp32.log"), the run had $val2"
+else
+  fail "--save-dtype fp32 run failed"; cat "$fp32out.log"
 fi
 
 [ "$failures" -eq 0 ] && echo "cli_train: all checks passed"
