@@ -15,7 +15,9 @@
 // The bias of the epilogue has length m = OC and is broadcast along n = rows, as nn.Linear's.
 //
 // Numerics: fp32 accumulation always (CUBLAS_COMPUTE_32F; no TF32 for float, for parity with
-// PyTorch), scale type fp32, epilogue in fp32, one rounding to T at the end.
+// PyTorch), scale type fp32, epilogue in fp32, one rounding to T at the end. A weight gradient
+// summed over several calls (row blocks) may be kept in fp32 instead (a float dweight) and
+// rounded once by matmul_add_weight_gradient.
 // Every call shares one workspace (cuBLASLt's and the bias-gradient partial sums): issue all
 // matmul calls on one stream.
 #pragma once
@@ -25,6 +27,7 @@
 #include <algorithm>
 #include <map>
 #include <tuple>
+#include <type_traits>
 
 #include <cublasLt.h>
 
@@ -46,14 +49,15 @@ constexpr size_t kMatmulWorkspaceBytes = 32u << 20;    // cuBLASLt's recommendat
 constexpr size_t kBiasPartialFloats = 4u << 20;        // 16 MiB of fp32 per-chunk column sums
 
 // One cuBLASLt plan: the matmul descriptor, the matrix layouts and the heuristic's algorithm for
-// one (m, n, k, transposes, bias or not, data type, operand alignments). Made on first use and
+// one (m, n, k, transposes, bias or not, A/B data type, D data type, operand alignments). Made on first use and
 // kept, so a training step makes no descriptor and queries no heuristic after its first.
 struct MatmulPlan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t layout_a = nullptr, layout_b = nullptr, layout_d = nullptr;
   cublasLtMatmulAlgo_t algo{};
 };
-using MatmulPlanKey = std::tuple<int, int, int, bool, bool, bool, cudaDataType_t, uint32_t, uint32_t, uint32_t>;
+using MatmulPlanKey =
+    std::tuple<int, int, int, bool, bool, bool, cudaDataType_t, cudaDataType_t, uint32_t, uint32_t, uint32_t>;
 
 struct MatmulContext {
   cublasLtHandle_t handle = nullptr;
@@ -180,12 +184,13 @@ uint32_t matmul_pointer_alignment(const void* p) {
   return alignment;
 }
 
-// The plan for one product (see MatmulPlan): found in matmul_context.plans, or made now.
-template <typename T>
-const MatmulPlan& matmul_plan(bool transpose_a, bool transpose_b, const T* bias, uint32_t align_a, uint32_t align_b,
+// The plan for one product (see MatmulPlan): found in matmul_context.plans, or made now. A and B
+// are T, C and D are TD (T, or float for bf16 operands).
+template <typename T, typename TD>
+const MatmulPlan& matmul_plan(bool transpose_a, bool transpose_b, const TD* bias, uint32_t align_a, uint32_t align_b,
                               uint32_t align_d, int m, int n, int k) {
-  constexpr cudaDataType_t type = matmul_data_type<T>();
-  const MatmulPlanKey key{m, n, k, transpose_a, transpose_b, bias != nullptr, type, align_a, align_b, align_d};
+  constexpr cudaDataType_t type = matmul_data_type<T>(), d_type = matmul_data_type<TD>();
+  const MatmulPlanKey key{m, n, k, transpose_a, transpose_b, bias != nullptr, type, d_type, align_a, align_b, align_d};
   const auto found = matmul_context.plans.find(key);
   if (found != matmul_context.plans.end()) return found->second;
 
@@ -203,7 +208,7 @@ const MatmulPlan& matmul_plan(bool transpose_a, bool transpose_b, const T* bias,
                                           transpose_a ? k : m));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.layout_b, type, transpose_b ? n : k, transpose_b ? k : n,
                                           transpose_b ? n : k));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.layout_d, type, m, n, m));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.layout_d, d_type, m, n, m));
 
   cublasLtMatmulPreference_t preference;
   CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
@@ -236,11 +241,12 @@ const MatmulPlan& matmul_plan(bool transpose_a, bool transpose_b, const T* bias,
 // One cuBLASLt product, column-major, every matrix packed (ld = its stored row count):
 //   D (m × n) = op(A) · op(B) + beta·D,  op(A) (m × k), op(B) (k × n),
 // then + bias (length m, cuBLASLt's BIAS epilogue) if bias != nullptr.
-template <typename T>
-void matmul_cublaslt(T* d, const T* a, bool transpose_a, const T* b, bool transpose_b, const T* bias, int m, int n,
+template <typename T, typename TD>
+void matmul_cublaslt(TD* d, const T* a, bool transpose_a, const T* b, bool transpose_b, const TD* bias, int m, int n,
                      int k, float beta, cudaStream_t stream) {
+  static_assert(std::is_same<TD, T>::value || std::is_same<TD, float>::value, "D is T or float");
   const MatmulPlan& plan =
-      matmul_plan<T>(transpose_a, transpose_b, bias, matmul_pointer_alignment(a),
+      matmul_plan<T, TD>(transpose_a, transpose_b, bias, matmul_pointer_alignment(a),
                      matmul_pointer_alignment(b), matmul_pointer_alignment(d), m, n, k);
   if (bias != nullptr)
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
@@ -262,14 +268,16 @@ void matmul_forward(T* out, const T* inp, const T* weight, const NonDeduced<T>* 
 // Backward of matmul_forward. With g = dout (rows × OC), or g = dout ⊙ gelu'(pre_gelu) when the
 // forward applied GELU (pre_gelu != nullptr):
 //   dinp    (rows × C)  = g @ weight                 written
-//   dweight (OC × C)   += g^T @ inp                  accumulated (cuBLASLt beta = 1)
+//   dweight (OC × C)   += g^T @ inp                  accumulated (cuBLASLt beta = 1); T, or float
+//                                                    (matmul_backward<T, float>) to sum row
+//                                                    blocks before one rounding
 //   dbias   (OC)       += Σ_rows g                   accumulated; nullptr: no bias
 //   dpre_gelu (rows × OC) = g                        only with pre_gelu (nullptr otherwise);
 //                                                    may be dout itself (overwritten in place)
 // g and the bias sums come from one kernel (GELU gradient in fp32, rounded to T; fixed-order
 // fp32 column sums in chunks of rows, then the chunks in order), so the result is deterministic.
-template <typename T>
-void matmul_backward(T* dinp, T* dweight, NonDeduced<T>* dbias, NonDeduced<T>* dpre_gelu, const T* dout, const T* inp,
+template <typename T, typename TW = T>
+void matmul_backward(T* dinp, NonDeduced<TW>* dweight, NonDeduced<T>* dbias, NonDeduced<T>* dpre_gelu, const T* dout, const T* inp,
                      const T* weight, const NonDeduced<T>* pre_gelu, int rows, int in_features, int out_features, cudaStream_t stream) {
   const int C = in_features, OC = out_features;
   matmul_check_shape("matmul_backward", rows, C, OC);
@@ -300,6 +308,34 @@ void matmul_backward(T* dinp, T* dweight, NonDeduced<T>* dbias, NonDeduced<T>* d
     }
   }
   const T* g = pre_gelu != nullptr ? dpre_gelu : dout;
-  matmul_cublaslt<T>(dinp, weight, false, g, false, nullptr, C, rows, OC, 0.0f, stream);
-  matmul_cublaslt<T>(dweight, inp, false, g, true, nullptr, C, OC, rows, 1.0f, stream);
+  matmul_cublaslt<T, T>(dinp, weight, false, g, false, nullptr, C, rows, OC, 0.0f, stream);
+  matmul_cublaslt<T, TW>(dweight, inp, false, g, true, nullptr, C, OC, rows, 1.0f, stream);
+}
+
+// dweight[i] += dweight_fp32[i], rounded once to T; Vec128<T>::size elements per thread.
+template <typename T>
+__global__ void matmul_add_weight_gradient_kernel(T* dweight, const float* dweight_fp32, size_t count) {
+  constexpr int kVec = Vec128<T>::size, kFloatVec = Vec128<float>::size;
+  const size_t i = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kVec;
+  if (i >= count) return;
+  Vec128<T> w = load128(dweight + i);
+  for (int j = 0; j < kVec; j += kFloatVec) {
+    const Vec128<float> add = load128(dweight_fp32 + i + j);
+    for (int e = 0; e < kFloatVec; ++e) w[j + e] = from_float<T>(to_float(w[j + e]) + add[e]);
+  }
+  store128(dweight + i, w);
+}
+
+// The end of a weight gradient summed in fp32 over row blocks (matmul_backward with a float
+// dweight): dweight (count elements, a multiple of 8) += dweight_fp32, one rounding per element.
+template <typename T>
+void matmul_add_weight_gradient(T* dweight, const float* dweight_fp32, size_t count, cudaStream_t stream) {
+  if (count % 8 != 0) {
+    std::fprintf(stderr, "matmul_add_weight_gradient: count=%zu is not a multiple of 8\n", count);
+    std::exit(1);
+  }
+  const size_t threads = count / Vec128<T>::size;
+  launch(matmul_add_weight_gradient_kernel<T>, dim3(static_cast<unsigned>(ceil_div(threads, size_t{256}))), dim3(256),
+         0, stream, dweight, dweight_fp32, count);
+  CUDA_CHECK(cudaGetLastError());
 }

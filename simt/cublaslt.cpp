@@ -5,7 +5,8 @@
 // Implemented, with the documented semantics:
 //   D = epilogue(alpha·op(A)·op(B) + beta·C), column-major (CUBLASLT_ORDER_COL), any ld ≥ rows,
 //   op ∈ {N, T}, C may be D (then with D's layout), C unread when beta == 0;
-//   types: A = B = C = D ∈ {CUDA_R_32F, CUDA_R_16BF}, compute CUBLAS_COMPUTE_32F, scale CUDA_R_32F,
+//   types: A = B = C = D ∈ {CUDA_R_32F, CUDA_R_16BF}, or A = B = CUDA_R_16BF with C = D = CUDA_R_32F
+//   (epilogue DEFAULT only), compute CUBLAS_COMPUTE_32F, scale CUDA_R_32F,
 //   alpha/beta in host memory; bf16 operands are widened to fp32, the product is OpenBLAS sgemm
 //   (fp32 accumulation), the epilogue runs in fp32 and results are rounded once, to nearest even;
 //   epilogues DEFAULT, BIAS, GELU, GELU_BIAS, GELU_AUX, GELU_AUX_BIAS: the bias (D's type, length
@@ -110,7 +111,10 @@ cublasStatus_t validate(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc_handl
   const Layout *a = layout_of(a_handle), *b = layout_of(b_handle), *c = layout_of(c_handle), *d = layout_of(d_handle);
   if (desc == nullptr || a == nullptr || b == nullptr || c == nullptr || d == nullptr)
     return CUBLAS_STATUS_INVALID_VALUE;
-  if (a->type != d->type || b->type != d->type || c->type != d->type) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (a->type != b->type || c->type != d->type) return CUBLAS_STATUS_NOT_SUPPORTED;
+  const bool bf16_into_fp32 = a->type == CUDA_R_16BF && d->type == CUDA_R_32F;
+  if (a->type != d->type && !(bf16_into_fp32 && desc->epilogue == CUBLASLT_EPILOGUE_DEFAULT))
+    return CUBLAS_STATUS_NOT_SUPPORTED;
   const bool ta = desc->trans_a == CUBLAS_OP_T, tb = desc->trans_b == CUBLAS_OP_T;
   const int64_t m = d->rows, n = d->cols;
   const int64_t k = ta ? a->rows : a->cols;

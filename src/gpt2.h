@@ -61,6 +61,7 @@ class GPT2 {
     adam_m_ = DeviceArray<float>(state, "AdamW first moments");
     adam_v_ = DeviceArray<float>(state, "AdamW second moments");
     if (dtype == DType::bf16) master_ = DeviceArray<float>(state, "fp32 master weights");
+    wte_grad_fp32_ = DeviceArray<float>(layout_[kWte].count, "the lm head's fp32 wte gradient");
     cuda_check(cudaMemset(params_.get(), 0, params_.bytes()), "zeroing parameters");
     if (master_.get() != nullptr) cuda_check(cudaMemset(master_.get(), 0, master_.bytes()), "zeroing master weights");
     reset_training_state();
@@ -230,10 +231,11 @@ class GPT2 {
   // (At ZeRO stage 2 no rank holds them all: throws.)
   std::vector<float> gradients() const { return copy_floats_to_host(grads_.full(), layout_.total, stream_.get()); }
   // The logits of the last forward(): rows [N - r, N) of the micro-batch, r = N mod
-  // kLogitsChunkRows (or kLogitsChunkRows), which is every row when B·T <= kLogitsChunkRows.
+  // logits_chunk_rows() (or logits_chunk_rows()), which is every row when B·T <= that.
   // After forward_backward() they hold the logits' gradients.
   std::vector<float> logits() const {
-    const size_t last_chunk = rows() - (rows() - 1) / kLogitsChunkRows * kLogitsChunkRows;
+    const size_t chunk = static_cast<size_t>(logits_chunk_rows_);
+    const size_t last_chunk = rows() - (rows() - 1) / chunk * chunk;
     return copy_floats_to_host(acts_.logits.get(), last_chunk * cfg_.padded_vocab_size, stream_.get());
   }
 
@@ -249,11 +251,22 @@ class GPT2 {
     }
   }
 
-  // Device memory, for the start-up summary. parameter_bytes: parameters and their gradients;
+  // Device memory, for the start-up summary. parameter_bytes: parameters and their gradients
+  // (with the lm head's fp32 wte gradient);
   // optimizer_bytes: AdamW moments and master weights; activation_bytes: everything that scales
   // with the micro-batch (activations.h), which gpt2_activation_bytes(...).total() predicts.
   size_t parameter_bytes() const { return params_.bytes() + gradient_bytes(); }
-  size_t gradient_bytes() const { return grads_.bytes(); }
+  size_t gradient_bytes() const { return grads_.bytes() + wte_grad_fp32_.bytes(); }
+
+  // Rows per lm-head chunk (run_head): kLogitsChunkRows, the logits buffer's height, unless set
+  // lower (1..kLogitsChunkRows) — more chunks, the same results; tests use it to check that.
+  int logits_chunk_rows() const { return logits_chunk_rows_; }
+  void set_logits_chunk_rows(int rows) {
+    if (rows < 1 || static_cast<size_t>(rows) > kLogitsChunkRows)
+      throw std::runtime_error("set_logits_chunk_rows: " + std::to_string(rows) + " rows, expected 1.." +
+                               std::to_string(kLogitsChunkRows));
+    logits_chunk_rows_ = rows;
+  }
   size_t optimizer_bytes() const { return adam_m_.bytes() + adam_v_.bytes() + master_.bytes(); }
   size_t activation_bytes() const { return acts_.bytes(); }
 
@@ -387,11 +400,14 @@ class GPT2 {
   // and the classifier, chunk by chunk of rows. With `losses`, each row's loss; with `train`, the
   // classifier leaves dloss·dlogits in the chunk, and the chunk's share of the lm-head backward
   // runs at once: its rows of d lnf (written into a.branch, which run_backward reads) and its
-  // product added to the wte gradient, in chunk order.
+  // product summed in fp32 over the chunks, then added to the wte gradient with one rounding
+  // (so the gradient's precision does not depend on the number of chunks).
   void run_head(bool losses, float dloss, bool train) {
     const int N = rows(), C = cfg_.channels, Vp = cfg_.padded_vocab_size;
-    const int chunk = static_cast<int>(kLogitsChunkRows);
+    const int chunk = logits_chunk_rows_;
     Activations<Elem>& a = acts_;
+    if (train) cuda_check(cudaMemsetAsync(wte_grad_fp32_.get(), 0, wte_grad_fp32_.bytes(), stream_.get()),
+                          "zeroing the lm head's fp32 wte gradient");
     for (int r = 0; r < N; r += chunk) {
       const int n = std::min(chunk, N - r);
       const size_t offset = static_cast<size_t>(r) * C;
@@ -400,9 +416,10 @@ class GPT2 {
       fused_classifier(a.logits.get(), a.losses.get() + r, a.targets.get() + r, n, cfg_.vocab_size, Vp, dloss, train,
                        stream_.get());
       if (train)
-        matmul_backward(a.branch.get() + offset, grad(kWte), nullptr, nullptr, a.logits.get(), a.lnf.get() + offset,
-                        param(kWte), nullptr, n, C, Vp, stream_.get());
+        matmul_backward<Elem, float>(a.branch.get() + offset, wte_grad_fp32_.get(), nullptr, nullptr, a.logits.get(),
+                        a.lnf.get() + offset, param(kWte), nullptr, n, C, Vp, stream_.get());
     }
+    if (train) matmul_add_weight_gradient(grad(kWte), wte_grad_fp32_.get(), wte_grad_fp32_.count(), stream_.get());
   }
 
   // Backward from d lnf, which run_head left in a.branch. Parameter gradients accumulate;
@@ -479,6 +496,8 @@ class GPT2 {
   GradientSync<Elem> grads_;
   DeviceArray<Elem> params_;  // padded to GradientSync::padded_size()
   DeviceArray<float> adam_m_, adam_v_, master_;
+  DeviceArray<float> wte_grad_fp32_;  // (Vp, C) the lm head's share of the wte gradient, summed over chunks
+  int logits_chunk_rows_ = static_cast<int>(kLogitsChunkRows);
   Activations<Elem> acts_;
   std::vector<int> buckets_host_;
   int num_buckets_ = 0;

@@ -197,6 +197,50 @@ TEMPLATE_TEST_CASE("matmul_backward is deterministic and accumulates across call
   CHECK(close("dbias after two calls", dbias2, twice_dbias));
 }
 
+TEMPLATE_TEST_CASE("matmul_backward sums a float dweight over row blocks; matmul_add_weight_gradient rounds once",
+                   "[matmul]", float, bf16) {
+  using T = TestType;
+  MatmulSession session;
+  const Shape s{37, 40, 72};
+  const int split = 10;  // row blocks [0, 10) and [10, 37)
+  LayerData<T> data(s, 1300);
+  const size_t n_out = static_cast<size_t>(s.rows) * s.OC, n_weight = static_cast<size_t>(s.OC) * s.C;
+  const std::vector<float> dout_v = test::round_to<T>(test::random_floats(n_out, 1301));
+  const std::vector<float> prefill_fp32 = test::random_floats(n_weight, 1302, 0.5f);
+  const std::vector<float> prefill_t = test::round_to<T>(test::random_floats(n_weight, 1303, 0.5f));
+  test::DeviceBuffer<T> inp(test::from_floats<T>(data.inp)), weight(test::from_floats<T>(data.weight));
+  test::DeviceBuffer<T> dout(test::from_floats<T>(dout_v)), dinp(static_cast<size_t>(s.rows) * s.C);
+  test::DeviceBuffer<float> dweight_fp32(prefill_fp32);
+  for (int begin : {0, split}) {
+    const int rows = begin == 0 ? split : s.rows - split;
+    matmul_backward<T, float>(dinp.ptr + static_cast<size_t>(begin) * s.C, dweight_fp32.ptr, nullptr, nullptr,
+                       dout.ptr + static_cast<size_t>(begin) * s.OC, inp.ptr + static_cast<size_t>(begin) * s.C,
+                       weight, nullptr, rows, s.C, s.OC, nullptr);
+  }
+  test::require_no_cuda_error();
+  std::vector<double> dweight_ref(prefill_fp32.begin(), prefill_fp32.end());
+  for (int r = 0; r < s.rows; ++r)
+    for (int o = 0; o < s.OC; ++o)
+      for (int c = 0; c < s.C; ++c)
+        dweight_ref[o * s.C + c] += static_cast<double>(dout_v[r * s.OC + o]) * data.inp[r * s.C + c];
+  // Kept in fp32: the fp32 tolerance, whatever T is.
+  const std::vector<float> summed = dweight_fp32.download();
+  CHECK(test::all_close("fp32 dweight over two row blocks", summed, dweight_ref, MatmulTolerance<float>::rel,
+                        MatmulTolerance<float>::abs));
+
+  test::DeviceBuffer<T> dweight(test::from_floats<T>(prefill_t));
+  matmul_add_weight_gradient(dweight.ptr, dweight_fp32.ptr, n_weight, nullptr);
+  test::require_no_cuda_error();
+  // One rounding of (prefill + fp32 sum) per element: bit for bit.
+  const std::vector<T> added = dweight.download();
+  const std::vector<T> want = test::from_floats<T>([&] {
+    std::vector<float> v(n_weight);
+    for (size_t i = 0; i < n_weight; ++i) v[i] = prefill_t[i] + summed[i];
+    return v;
+  }());
+  CHECK(std::memcmp(added.data(), want.data(), n_weight * sizeof(T)) == 0);
+}
+
 // ---- cuBLASLt called directly.
 
 
