@@ -16,7 +16,7 @@ packages=(
   libboost-context-dev
   libopenblas-dev libopenblas0-pthread
   libpcre2-dev
-  python3 python3-torch python3-numpy
+  python3 python3-torch python3-numpy python3-matplotlib
   shellcheck
   nodejs
   bible-kjv bible-kjv-text
