@@ -41,6 +41,33 @@ inline int effective_zero_stage(int requested, int world_size) { return world_si
 // S: the elements of each rank's shard of a P-element buffer, rounded up to 8 (16 bytes of bf16).
 inline size_t zero_shard_size(size_t P, size_t world_size) { return ceil_div(ceil_div(P, world_size), size_t(8)) * 8; }
 
+// Elements of the gradient buffers GradientSync allocates for `layout` on one rank: stages 0 and 1
+// keep every gradient (R·S, padded); stage 2 two per-layer working blocks, the wte/wpe/lnf block
+// and the rank's shard (S). Also sizes the memory plan (memory_plan.h).
+struct GradientBufferCounts {
+  size_t full = 0, layer_block = 0, model_block = 0, shard = 0;
+  size_t total() const { return full + 2 * layer_block + model_block + shard; }
+};
+inline GradientBufferCounts gradient_buffer_counts(const ParameterLayout& layout, int world_size, int zero_stage) {
+  GradientBufferCounts n;
+  const size_t S = zero_shard_size(layout.total, static_cast<size_t>(world_size));
+  if (effective_zero_stage(zero_stage, world_size) != 2) {
+    n.full = S * static_cast<size_t>(world_size);
+    return n;
+  }
+  for (int i = 0; i < kNumParameterTensors; ++i) (is_layer_tensor(i) ? n.layer_block : n.model_block) += layout.slice_count(i);
+  n.shard = S;
+  return n;
+}
+
+// Elements of optimizer state (AdamW moments, master weights) rank `rank` of `world_size` holds.
+inline size_t optimizer_state_count(size_t P, int world_size, int zero_stage, int rank) {
+  if (effective_zero_stage(zero_stage, world_size) == 0) return P;
+  const size_t S = zero_shard_size(P, static_cast<size_t>(world_size));
+  const size_t begin = std::min(P, static_cast<size_t>(rank) * S);
+  return std::min(P, begin + S) - begin;
+}
+
 template <typename Elem>
 class GradientSync {
  public:
@@ -58,6 +85,7 @@ class GradientSync {
     shard_size_ = zero_shard_size(P, world_);
     state_begin_ = zero_ == 0 ? 0 : std::min(P, rank_ * shard_size_);
     state_end_ = zero_ == 0 ? P : std::min(P, state_begin_ + shard_size_);
+    const GradientBufferCounts counts = gradient_buffer_counts(layout_, world_, zero_);
     if (zero_ == 2) {
       // Working blocks: each tensor's offset within the block of its layer / of the model tensors.
       size_t layer_block = 0, model_block = 0;
@@ -67,13 +95,13 @@ class GradientSync {
         block += layout_.slice_count(i);
       }
       layer_block_ = layer_block;
-      layer_grads_ = DeviceArray<Elem>(2 * layer_block, "gradients (two per-layer working blocks)");
-      model_grads_ = DeviceArray<Elem>(model_block, "gradients (wte, wpe, lnf working block)");
-      shard_grads_ = DeviceArray<Elem>(shard_size_, "gradients (this rank's shard)");
+      layer_grads_ = DeviceArray<Elem>(2 * counts.layer_block, "gradients (two per-layer working blocks)");
+      model_grads_ = DeviceArray<Elem>(counts.model_block, "gradients (wte, wpe, lnf working block)");
+      shard_grads_ = DeviceArray<Elem>(counts.shard, "gradients (this rank's shard)");
       for (cudaEvent_t& e : block_free_)
         cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "creating a gradient-block event");
     } else {
-      grads_ = DeviceArray<Elem>(shard_size_ * world_, "gradients");
+      grads_ = DeviceArray<Elem>(counts.full, "gradients");
     }
   }
   GradientSync(const GradientSync&) = delete;
