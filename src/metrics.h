@@ -3,7 +3,7 @@
 //   {"step": k, "train_loss": …, "lr": …, "grad_norm": …, "ms": …, "tokens_per_s": …, "mfu": …}
 //   {"step": k, "val_loss": …}
 //   {"step": k, "hellaswag_acc_norm": …, "hellaswag_acc": …, "hellaswag_examples": N}
-// "mfu" is a fraction (0.41 = 41%), null when the GPU's peak is unknown (src/throughput.h).
+// "mfu" is a fraction (0.41 = 41%), absent when the GPU's peak is unknown (src/throughput.h).
 // A step whose update was skipped (src/step_guards.h) has one more key, "skipped": "<why>".
 // Each line goes to the file with one write() on a descriptor opened for appending, so it lands
 // whole at the end of the file as soon as the step is done: a crash of the process, or a
@@ -47,17 +47,14 @@ inline std::string format_duration(double seconds) {
 }
 
 inline std::string format_step_line(const StepRecord& r) {
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "step %*lld/%lld | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | ETA %s",
+  char mfu[32] = "";
+  if (std::isfinite(r.mfu)) std::snprintf(mfu, sizeof mfu, " | MFU %.1f%%", 100.0 * r.mfu);
+  char buf[288];
+  std::snprintf(buf, sizeof buf, "step %*lld/%lld | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s%s | ETA %s",
                 static_cast<int>(std::to_string(r.total_steps).size()), r.step, r.total_steps, r.train_loss, r.lr,
-                r.grad_norm, r.ms, r.tokens_per_s, format_duration(r.eta_seconds).c_str());
-  std::string line = buf;
-  if (std::isfinite(r.mfu)) {
-    std::snprintf(buf, sizeof buf, " | MFU %.1f%%", 100.0 * r.mfu);
-    line += buf;
-  }
-  if (!r.skipped.empty()) line += " | update skipped: " + r.skipped;
-  return line;
+                r.grad_norm, r.ms, r.tokens_per_s, mfu, format_duration(r.eta_seconds).c_str());
+  if (!r.skipped.empty()) return std::string(buf) + " | update skipped: " + r.skipped;
+  return buf;
 }
 
 inline std::string format_val_line(long long step, long long total_steps, double val_loss) {
@@ -116,8 +113,8 @@ class MetricsLog {
 
   void train_step(const StepRecord& r) {
     nlohmann::ordered_json record = {{"step", r.step}, {"train_loss", r.train_loss}, {"lr", r.lr},
-                                     {"grad_norm", r.grad_norm}, {"ms", r.ms}, {"tokens_per_s", r.tokens_per_s},
-                                     {"mfu", r.mfu}};
+                                     {"grad_norm", r.grad_norm}, {"ms", r.ms}, {"tokens_per_s", r.tokens_per_s}};
+    if (std::isfinite(r.mfu)) record["mfu"] = r.mfu;
     if (!r.skipped.empty()) record["skipped"] = r.skipped;
     write(record);
   }
