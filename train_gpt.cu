@@ -586,7 +586,7 @@ class Trainer {
   void print_throughput() const {
     if (throughput_.steps() == 0) return;
     const double tokens_per_s = throughput_.tokens_per_s();
-    std::string mfu_text = "MFU n/a (unknown GPU; pass --peak-tflops)";
+    std::string mfu_text = "MFU n/a";
     if (peak_) {
       char buf[64];
       std::snprintf(buf, sizeof buf, "MFU %.1f%%", 100.0 * mfu(tokens_per_s, flops_per_token_, comm_.world_size(), *peak_));
