@@ -39,6 +39,7 @@
 #include "src/checkpoint_dirs.h"
 #include "src/comm.h"
 #include "src/config.h"
+#include "src/config_text.h"
 #include "src/config_warnings.h"
 #include "src/dataloader.h"
 #include "src/gpt2.h"
@@ -399,12 +400,14 @@ class Trainer {
                   "%d\n",
                   data_.eval->path.c_str(), data_.eval->examples.size(), data_.eval->completions, data_.eval->truncated,
                   seq_len);
-    if (peak_)
-      std::printf("throughput: %.4g FLOPs per token (6N + 12LCT), MFU against %.6g TFLOP/s per GPU (%s)\n",
-                  flops_per_token_, peak_->tflops, peak_->gpu.c_str());
-    else
-      std::printf("throughput: %.4g FLOPs per token (6N + 12LCT); MFU: n/a (unknown GPU; pass --peak-tflops)\n",
-                  flops_per_token_);
+    if (!eval_only_ && !cfg_.eval) {  // a run that trains: what its MFU is measured against
+      if (peak_)
+        std::printf("throughput: %.4g FLOPs per token (6N + 12LCT), MFU against %.6g TFLOP/s per GPU (%s)\n",
+                    flops_per_token_, peak_->tflops, peak_->gpu.c_str());
+      else
+        std::printf("throughput: %.4g FLOPs per token (6N + 12LCT); MFU: n/a (unknown GPU; pass --peak-tflops)\n",
+                    flops_per_token_);
+    }
     std::printf("distributed: world size %d (%s), ZeRO stage %d; per rank: parameters %zu bytes, gradients %zu bytes, "
                 "optimizer state %zu bytes\n",
                 world_size, comm_.launcher().c_str(), model_.zero_stage(),

@@ -17,9 +17,10 @@ if ! "$bin" "${common[@]}" --peak-tflops 0.001 --out-dir "$tmp/known" >"$tmp/kno
   echo "FAIL: the run with --peak-tflops exited non-zero:"; cat "$tmp/known.log"; exit 1
 fi
 lines=$(grep -cE '^step [1-5]/5 \| .* \| [0-9]+ tok/s \| MFU [0-9]+\.[0-9]% \| ETA' "$tmp/known.log")
-[ "$lines" -eq 5 ] && echo "ok: 5 step lines with tok/s and MFU" || fail "$lines of 5 step lines have tok/s and MFU"
+if [ "$lines" -eq 5 ]; then echo "ok: 5 step lines with tok/s and MFU"; else fail "$lines of 5 step lines have tok/s and MFU"; fi
 summary=$(grep -E '^throughput: [0-9]+ tokens/s, [0-9.]+ ms/step, MFU [0-9]+\.[0-9]% \(mean over 2 step\(s\), after 3 warm-up step\(s\)\)$' "$tmp/known.log")
-[ -n "$summary" ] && echo "ok: $summary" || fail "no end-of-training throughput line: $(grep '^throughput' "$tmp/known.log")"
+if [ -n "$summary" ]; then echo "ok: $summary"
+else fail "no end-of-training throughput line: $(grep '^throughput' "$tmp/known.log")"; fi
 
 "$python" - "$ref/model.bin" "$tmp/known/metrics.jsonl" <<'PY' || fail "metrics.jsonl's tokens_per_s and mfu"
 import json, struct, sys
