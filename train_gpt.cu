@@ -12,7 +12,8 @@
 // With --resume, the checkpoint is chosen and checked right after step 1 and replaces --init-from
 // and --model in steps 3 and 5; metrics.jsonl keeps its records up to the checkpoint's step.
 // A fresh run refuses an --out-dir that holds checkpoints (it would mix two runs' checkpoints).
-// --max-steps 0 stops after step 5: it validates the model and writes nothing.
+// --max-steps 0 stops after step 5: it validates the model and writes nothing. --eval stops there
+// too: it scores --eval-data (src/hellaswag.h) on the model, reading no token shards.
 //
 // Checkpoints (src/checkpoint.h): after every --checkpoint-every-th step, after the last step, after
 // the step during which SIGTERM, SIGUSR1 or SIGINT arrived (the run then exits 0; a second SIGINT
@@ -23,7 +24,9 @@
 // (their mean loss is step k's train_loss, measured with the weights before step k's update),
 // then one AdamW update at lr(k) (src/lr_schedule.h). Validation runs after step k when
 // k % val_every == 0 and after the last step, on the weights after that step's update: the mean
-// loss over the first val_steps batches of --val-data.
+// loss over the first val_steps batches of --val-data; the HellaSwag evaluation of --eval-data
+// likewise with eval_every. Each step's line has its tokens/s and MFU (src/throughput.h); the run
+// ends with the mean throughput after a warm-up.
 //
 // Data parallel (src/comm.h): one process per GPU, started by mpirun or srun. Every rank reads its
 // own part of each global batch (src/dataloader.h) and runs the same steps; losses are averaged
@@ -36,14 +39,17 @@
 #include "src/checkpoint_dirs.h"
 #include "src/comm.h"
 #include "src/config.h"
+#include "src/config_text.h"
 #include "src/config_warnings.h"
 #include "src/dataloader.h"
 #include "src/gpt2.h"
+#include "src/hellaswag.h"
 #include "src/lr_schedule.h"
 #include "src/metrics.h"
 #include "src/out_dir_lock.h"
 #include "src/resume.h"
 #include "src/step_guards.h"
+#include "src/throughput.h"
 
 #include <unistd.h>
 
@@ -174,21 +180,28 @@ void maybe_die_for_test(int rank, long long step) {
   }
 }
 
-// The data a run reads: the training loader and, with --val-every > 0, the validation loader.
+// The data a run reads: the training loader, with --val-every > 0 the validation loader, and with
+// --eval-every > 0 or --eval the eval file.
 struct RunData {
   std::unique_ptr<DataLoader> train, val;
+  std::optional<ChoiceEvalSet> eval;
 };
 
 // Data before the model: a missing or corrupt shard fails before gigabytes are allocated. Token ids
 // are checked a shard at a time as the loader first reads from it, so the first training batch
 // (the training loader is then rewound) and every validation batch a validation reads are read now:
 // data tokenized for another vocabulary fails before anything is written. Evaluation only
-// (--max-steps 0) reads no training data.
+// (--max-steps 0) reads no training data, --eval only the eval file.
 RunData open_data(const Run& run, int rank, int world_size, std::vector<int>& inputs, std::vector<int>& targets) {
   const TrainConfig& cfg = run.cfg;
   const uint64_t seed = static_cast<uint64_t>(cfg.seed);
   const bool eval_only = cfg.max_steps == 0;
   RunData data;
+  if (cfg.eval || cfg.eval_every > 0)
+    data.eval = with_context("--eval-data", [&] {
+      return read_choice_eval_file(cfg.eval_data, run.model.vocab_size, cfg.seq_len);
+    });
+  if (cfg.eval) return data;
   if (!eval_only)
     with_context("--train-data", [&] {
       data.train = std::make_unique<DataLoader>(cfg.train_data, cfg.batch_size, cfg.seq_len, rank, world_size,
@@ -237,6 +250,12 @@ GPT2<Elem> allocate_model(const Run& run, Communicator& comm) {
   });
 }
 
+cudaDeviceProp device_properties() {
+  cudaDeviceProp prop;
+  cuda_check(cudaGetDeviceProperties(&prop, 0), "querying the device");
+  return prop;
+}
+
 // One run's training: set-up (data, model, output directory), then the loop of steps, each
 // followed by its log line, validation and checkpoint when due.
 template <typename Elem>
@@ -248,6 +267,8 @@ class Trainer {
         comm_(comm),
         lead_(comm.rank() == 0),
         eval_only_(cfg_.max_steps == 0),
+        flops_per_token_(flops_per_token(run.model, cfg_.seq_len)),
+        throughput_(cfg_.max_steps),
         inputs_(token_buffer(cfg_)),
         targets_(token_buffer(cfg_)),
         data_(open_data(run, comm.rank(), comm.world_size(), inputs_, targets_)),
@@ -262,7 +283,7 @@ class Trainer {
       for (const std::string& w : config_warnings(cfg_, run_.grad_accum_steps, data_.val ? data_.val->batches_per_epoch() : 0))
         std::fprintf(stderr, "warning: %s\n", w.c_str());
     print_summary();
-    if (lead_ && !eval_only_) open_out_dir();
+    if (lead_ && !eval_only_ && !cfg_.eval) open_out_dir();
     opt_.beta1 = static_cast<float>(cfg_.beta1);
     opt_.beta2 = static_cast<float>(cfg_.beta2);
     opt_.eps = static_cast<float>(cfg_.adam_eps);
@@ -272,6 +293,10 @@ class Trainer {
   }
 
   void run() {
+    if (cfg_.eval) {
+      evaluate_choices_only();
+      return;
+    }
     if (eval_only_) {
       evaluate();
       return;
@@ -302,11 +327,13 @@ class Trainer {
           stop_on_bad_shard("--val-data", e);
         }
       }
+      if (data_.eval && (step % cfg_.eval_every == 0 || step == cfg_.max_steps)) evaluate_choices(step);
       const int stop_signal = agreed_stop_signal();
       if (stop_signal != 0 || step == cfg_.max_steps || (cfg_.checkpoint_every > 0 && step % cfg_.checkpoint_every == 0))
         save_checkpoint();
       if (stop_signal != 0) {
         save_final_model();
+        print_throughput();
         std::printf("received %s: stopped after step %lld of %lld, checkpoint written; continue with --resume auto\n",
                     signal_name(stop_signal), step, cfg_.max_steps);
         comm_.barrier();
@@ -314,6 +341,7 @@ class Trainer {
       }
     }
     print_skipped_updates();
+    print_throughput();
     finish();
   }
 
@@ -323,7 +351,9 @@ class Trainer {
     state_.seed = static_cast<uint64_t>(cfg_.seed);
     state_.guards.loss_z_limit = cfg_.skip_loss_z;
     state_.guards.norm_z_limit = cfg_.skip_norm_z;
-    if (run_.resume_from) {
+    if (run_.resume_from && cfg_.eval) {
+      with_context("--resume " + run_.resume_from->path, [&] { model_.load(run_.model_source); });
+    } else if (run_.resume_from) {
       with_context("--resume " + run_.resume_from->path, [&] {
         load_checkpoint(*run_.resume_from, model_, &state_, comm_.rank(), comm_.world_size(), model_.zero_stage());
         if (data_.train) data_.train->restore(state_.train_data);
@@ -336,8 +366,7 @@ class Trainer {
   }
 
   void print_summary() const {
-    cudaDeviceProp prop;
-    cuda_check(cudaGetDeviceProperties(&prop, 0), "querying the device");
+    const cudaDeviceProp prop = device_properties();
     const int B = cfg_.batch_size, seq_len = cfg_.seq_len, world_size = comm_.world_size();
     const ActivationBytes acts = gpt2_activation_bytes(run_.model, B, seq_len, model_.recompute(), GPT2<Elem>::dtype);
     const size_t param_bytes = model_.parameter_bytes(), optim_bytes = model_.optimizer_bytes(),
@@ -366,6 +395,19 @@ class Trainer {
       std::printf("%sval data: %zu shard(s), %s tokens", separator, data_.val->num_shards(),
                   thousands(data_.val->tokens_in_shards()).c_str());
     std::printf("\n");
+    if (data_.eval)
+      std::printf("eval data: %s, %zu examples (%zu completions); %lld context(s) cut from the left to fit --seq-len "
+                  "%d\n",
+                  data_.eval->path.c_str(), data_.eval->examples.size(), data_.eval->completions, data_.eval->truncated,
+                  seq_len);
+    if (!eval_only_ && !cfg_.eval) {  // a run that trains: what its MFU is measured against
+      if (peak_)
+        std::printf("throughput: %.4g FLOPs per token (6N + 12LCT), MFU against %.6g TFLOP/s per GPU (%s)\n",
+                    flops_per_token_, peak_->tflops, peak_->gpu.c_str());
+      else
+        std::printf("throughput: %.4g FLOPs per token (6N + 12LCT); MFU: n/a (unknown GPU; pass --peak-tflops)\n",
+                    flops_per_token_);
+    }
     std::printf("distributed: world size %d (%s), ZeRO stage %d; per rank: parameters %zu bytes, gradients %zu bytes, "
                 "optimizer state %zu bytes\n",
                 world_size, comm_.launcher().c_str(), model_.zero_stage(),
@@ -441,6 +483,8 @@ class Trainer {
     record.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     clock_.add(record.ms);
     record.tokens_per_s = static_cast<double>(cfg_.total_batch_tokens) / (record.ms / 1000.0);
+    if (peak_) record.mfu = mfu(record.tokens_per_s, flops_per_token_, comm_.world_size(), *peak_);
+    throughput_.add(record.ms, static_cast<double>(cfg_.total_batch_tokens));
     record.eta_seconds = clock_.eta_seconds(cfg_.max_steps - step);
     return record;
   }
@@ -479,6 +523,82 @@ class Trainer {
                 val_loss, cfg_.val_steps, cfg_.batch_size, cfg_.seq_len, state_.step);
     std::fflush(stdout);
     comm_.barrier();
+  }
+
+  // Every completion's summed loss over --eval-data (src/hellaswag.h), on the current weights; each
+  // rank scores its examples, the sums are added over the ranks.
+  std::vector<double> eval_completion_losses() {
+    std::vector<double> sums = completion_loss_sums(
+        *data_.eval, comm_.rank(), comm_.world_size(), cfg_.batch_size, cfg_.seq_len,
+        [&](const int* inputs, const int* targets) {
+          model_.forward(inputs, targets);
+          return model_.position_losses();
+        });
+    if (comm_.world_size() > 1 && !sums.empty()) {
+      // One rank holds each value, the others 0: the sum over ranks is exact.
+      DeviceArray<double> buffer(sums.size(), "the eval's completion losses");
+      cuda_check(cudaMemcpy(buffer.get(), sums.data(), buffer.bytes(), cudaMemcpyHostToDevice), "eval losses");
+      comm_.all_reduce(buffer.get(), sums.size(), ncclSum);
+      cuda_check(cudaStreamSynchronize(comm_.stream()), "eval losses");
+      cuda_check(cudaMemcpy(sums.data(), buffer.get(), buffer.bytes(), cudaMemcpyDeviceToHost), "eval losses");
+    }
+    return sums;
+  }
+
+  // The HellaSwag evaluation after `step`: its log line and record.
+  void evaluate_choices(long long step) {
+    const ChoiceResult result = score_choices(*data_.eval, eval_completion_losses());
+    std::printf("%s\n", format_hellaswag_line(step, cfg_.max_steps, result).c_str());
+    std::fflush(stdout);
+    if (lead_) metrics_->hellaswag(step, result);
+  }
+
+  // --eval: the model as given scored on --eval-data; with --eval-losses, rank 0 writes each
+  // example's completion losses (sum and mean per completion).
+  void evaluate_choices_only() {
+    const auto start = std::chrono::steady_clock::now();
+    const std::vector<double> sums = eval_completion_losses();
+    const ChoiceResult result = score_choices(*data_.eval, sums);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("%s | %s, %s (%.1f s); --eval: nothing else written\n", format_hellaswag(result).c_str(),
+                cfg_.eval_data.c_str(), run_.model_source.c_str(), seconds);
+    std::fflush(stdout);
+    if (lead_ && !cfg_.eval_losses.empty()) {
+      std::string lines;
+      size_t at = 0;
+      for (size_t i = 0; i < data_.eval->examples.size(); ++i) {
+        const ChoiceExample& ex = data_.eval->examples[i];
+        nlohmann::ordered_json sum = nlohmann::json::array(), mean = nlohmann::json::array();
+        for (size_t k = 0; k < ex.completions.size(); ++k, ++at) {
+          sum.push_back(sums[at]);
+          mean.push_back(sums[at] / static_cast<double>(ex.completions[k].size()));
+        }
+        lines += nlohmann::ordered_json{{"example", i}, {"label", ex.label}, {"loss_sum", sum}, {"loss_mean", mean}}
+                     .dump() + "\n";
+      }
+      with_context("--eval-losses", [&] {
+        AtomicFileWriter out(cfg_.eval_losses);
+        out.write(lines.data(), lines.size());
+        out.commit();
+      });
+    }
+    comm_.barrier();
+  }
+
+  // The mean throughput after the warm-up (ThroughputMeter), one line.
+  void print_throughput() const {
+    if (throughput_.steps() == 0) return;
+    const double tokens_per_s = throughput_.tokens_per_s();
+    std::string mfu_text = "MFU n/a";
+    if (peak_) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "MFU %.1f%%", 100.0 * mfu(tokens_per_s, flops_per_token_, comm_.world_size(), *peak_));
+      mfu_text = buf;
+    }
+    const long long warmup = throughput_.warmup_steps();
+    std::printf("throughput: %.0f tokens/s, %.1f ms/step, %s (mean over %lld step(s)%s)\n", tokens_per_s,
+                throughput_.ms_per_step(), mfu_text.c_str(), throughput_.measured_steps(),
+                warmup > 0 ? (", after " + std::to_string(warmup) + " warm-up step(s)").c_str() : ", no warm-up left out");
   }
 
   // A shard of `flag` found bad mid-run (a token id outside the vocabulary, a failed read): the
@@ -546,6 +666,9 @@ class Trainer {
   Communicator& comm_;
   const bool lead_;
   const bool eval_only_;  // --max-steps 0
+  const double flops_per_token_;
+  const std::optional<Peak> peak_ = device_peak(device_properties().name, cfg_.peak_tflops);  // none: unknown GPU
+  ThroughputMeter throughput_;
   std::vector<int> inputs_, targets_;
   RunData data_;
   GPT2<Elem> model_;

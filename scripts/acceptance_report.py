@@ -36,7 +36,7 @@ PEAK_BF16_TFLOPS = [
 DEFAULT_PEAK = ("H100 SXM (default)", 989.0)
 
 # Fields of a train record that depend on timing, not on the computation.
-TIMING_KEYS = ("ms", "tokens_per_s")
+TIMING_KEYS = ("ms", "tokens_per_s", "mfu")
 
 
 def fail(message):

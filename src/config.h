@@ -76,6 +76,12 @@ struct TrainConfig {
   std::string resume;              // "", "auto" or a checkpoint directory
   double skip_loss_z = 0.0;        // 0: off
   double skip_norm_z = 0.0;        // 0: off
+  // HellaSwag evaluation (src/hellaswag.h) and MFU (src/throughput.h)
+  std::string eval_data;       // "": none
+  long long eval_every = 0;    // 0: never during training
+  bool eval = false;           // evaluate --eval-data on the model and exit, writing nothing
+  std::string eval_losses;     // with --eval: each example's completion losses (JSON lines)
+  double peak_tflops = 0.0;    // 0: from the device name (src/throughput.h's table)
 
   // Flag names given on the command line or in the config file (not left at the default).
   std::set<std::string> explicitly_set;
@@ -178,6 +184,18 @@ inline const std::vector<Flag>& flag_table() {
        &TrainConfig::skip_loss_z, {0, HUGE_VAL}},
       {"skip-norm-z", "X", "skip the update of a step whose gradient norm is > X std above the recent mean (0 = off)",
        &TrainConfig::skip_norm_z, {0, HUGE_VAL}},
+      {"eval-data", "FILE", "multiple-choice eval file (HellaSwag in llm.c's eval format; data/hellaswag.sh writes one)",
+       &TrainConfig::eval_data, {}, {}, "none"},
+      {"eval-every", "N", "evaluate --eval-data after every N-th step and after the last (0 = never)",
+       &TrainConfig::eval_every, {0, (double)LLONG_MAX}},
+      {"eval", "0|1",
+       "only evaluate --eval-data on the model (--init-from, --resume's checkpoint or the random init): print the "
+       "accuracy and exit, writing nothing ('--eval' alone means 1)",
+       &TrainConfig::eval},
+      {"eval-losses", "FILE", "with --eval: also write each example's completion losses to FILE, one JSON line each",
+       &TrainConfig::eval_losses, {}, {}, "none"},
+      {"peak-tflops", "X", "the GPU's dense bf16 peak (TFLOP/s) that MFU is measured against (0 = the table of known "
+       "GPUs, matched on the device name)", &TrainConfig::peak_tflops, {0, HUGE_VAL}, {}, "0 (the table)"},
   };
   return flags;
 }
@@ -407,7 +425,12 @@ inline ParsedArgs parse_args(int argc, const char* const* argv) {
     }
     const Flag* flag = find_flag(name);
     if (!flag) throw std::invalid_argument("unknown flag '--" + name + "' (see --help)");
-    if (!inline_value) {
+    // A 0|1 flag without a value (last, or followed by another flag) means 1: `--eval`.
+    const bool bare_switch = !inline_value && std::holds_alternative<bool TrainConfig::*>(flag->field) &&
+                             (i + 1 >= argc || std::string(argv[i + 1]).rfind("--", 0) == 0);
+    if (bare_switch) {
+      value = "1";
+    } else if (!inline_value) {
       if (i + 1 >= argc) throw std::invalid_argument("--" + name + ": missing value (expected " +
                                                      config_detail::expectation(*flag) + ")");
       value = argv[++i];
@@ -435,6 +458,11 @@ inline int validate_config(TrainConfig& cfg, int world_size) {
   if (cfg.was_set("init-from") && !cfg.init_from.empty() && cfg.was_set("model"))
     throw std::invalid_argument("--init-from and --model are mutually exclusive: the model file's header defines the "
                                 "architecture (drop --model)");
+  if (cfg.eval_data.empty() && (cfg.eval || cfg.eval_every > 0))
+    throw std::invalid_argument(std::string(cfg.eval ? "--eval" : "--eval-every") +
+                                " needs --eval-data FILE (an eval file: data/hellaswag.sh writes HellaSwag's)");
+  if (!cfg.eval_losses.empty() && !cfg.eval)
+    throw std::invalid_argument("--eval-losses is written by --eval runs only (add --eval)");
   const long long micro_tokens = static_cast<long long>(cfg.batch_size) * cfg.seq_len * world_size;
   if (cfg.total_batch_tokens == 0) cfg.total_batch_tokens = micro_tokens;
   if (cfg.total_batch_tokens % micro_tokens != 0)
@@ -463,33 +491,4 @@ inline LrSchedule make_lr_schedule(const TrainConfig& cfg) {
   s.total_steps = cfg.max_steps;
   s.final_lr_frac = cfg.final_lr_frac;
   return s;
-}
-
-// --help text: every flag of the table with its default.
-inline std::string help_text(const std::string& program) {
-  const TrainConfig defaults;
-  std::ostringstream s;
-  s << "usage: " << program << " [--flag value | --flag=value]...\n"
-    << "Pretrains a GPT-2 model on llm.c token shards. Every flag can also be set in a JSON file given to --config.\n\n";
-  for (const Flag& f : flag_table()) {
-    std::string lhs = std::string("  --") + f.name + " " + f.metavar;
-    s << lhs << std::string(lhs.size() < 32 ? 32 - lhs.size() : 1, ' ') << f.help << "\n";
-    std::string def = f.default_text ? f.default_text : config_detail::value_text(defaults, f);
-    s << std::string(32, ' ') << "default: " << (def.empty() ? "none" : def) << "\n";
-  }
-  s << "  --help                        this text\n";
-  return s.str();
-}
-
-// The effective configuration, one "name value" per line, for the start of a run's log.
-inline std::string config_summary(const TrainConfig& cfg) {
-  std::ostringstream s;
-  for (const Flag& f : flag_table()) {
-    std::string value = config_detail::value_text(cfg, f);
-    if (value.empty()) value = "-";
-    if (std::string(f.name) == "model" && !cfg.init_from.empty()) value = "- (architecture from --init-from)";
-    s << "  " << f.name << std::string(std::string(f.name).size() < 20 ? 20 - std::string(f.name).size() : 1, ' ')
-      << value << (cfg.was_set(f.name) ? "" : "  (default)") << "\n";
-  }
-  return s.str();
 }

@@ -28,5 +28,8 @@ inline std::vector<std::string> config_warnings(const TrainConfig& cfg, int grad
     warnings.push_back("--val-steps " + std::to_string(cfg.val_steps) + " > the " + std::to_string(val_batches) +
                        " distinct batches of " + std::to_string(cfg.batch_size) + " x " + std::to_string(cfg.seq_len) +
                        " tokens per rank in --val-data: each validation repeats batches");
+  if (!cfg.eval_data.empty() && cfg.eval_every == 0 && !cfg.eval && cfg.max_steps > 0)
+    warnings.push_back("--eval-data " + cfg.eval_data + " is never evaluated (--eval-every is 0; --eval evaluates a "
+                       "model alone)");
   return warnings;
 }

@@ -217,11 +217,17 @@ class GPT2 {
   // The mean loss of the last forward() or forward_backward() micro-batch: its per-position losses
   // summed on the host in position order (double). Waits for the device.
   float mean_loss() const {
+    double sum = 0.0;
+    for (float x : position_losses()) sum += x;
+    return static_cast<float>(sum / rows());
+  }
+
+  // The B·T per-position losses of the last forward() or forward_backward() (row-major [B][T]).
+  // Waits for the device.
+  std::vector<float> position_losses() const {
     std::vector<float> losses(rows());
     copy_to_host(losses.data(), acts_.losses.get(), losses.size() * sizeof(float), stream_.get());
-    double sum = 0.0;
-    for (float x : losses) sum += x;
-    return static_cast<float>(sum / rows());
+    return losses;
   }
 
   size_t num_parameters() const { return layout_.total; }

@@ -1,7 +1,9 @@
 // metrics.h — what a run reports: one human-readable line per step on stdout and one JSON
 // object per line in DIR/metrics.jsonl:
-//   {"step": k, "train_loss": …, "lr": …, "grad_norm": …, "ms": …, "tokens_per_s": …}
+//   {"step": k, "train_loss": …, "lr": …, "grad_norm": …, "ms": …, "tokens_per_s": …, "mfu": …}
 //   {"step": k, "val_loss": …}
+//   {"step": k, "hellaswag_acc_norm": …, "hellaswag_acc": …, "hellaswag_examples": N}
+// "mfu" is a fraction (0.41 = 41%), absent when the GPU's peak is unknown (src/throughput.h).
 // A step whose update was skipped (src/step_guards.h) has one more key, "skipped": "<why>".
 // Each line goes to the file with one write() on a descriptor opened for appending, so it lands
 // whole at the end of the file as soon as the step is done: a crash of the process, or a
@@ -9,6 +11,7 @@
 // JSON null (JSON has no NaN).
 #pragma once
 #include "durable_file.h"
+#include "hellaswag.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -28,6 +31,7 @@ struct StepRecord {
   long long step = 0, total_steps = 0;
   double train_loss = 0, lr = 0, grad_norm = 0, ms = 0, tokens_per_s = 0;
   double eta_seconds = 0;  // estimated time for the remaining steps
+  double mfu = NAN;        // model FLOPs utilization (src/throughput.h); NaN: the GPU's peak is unknown
   std::string skipped;     // why the update was not applied (src/step_guards.h); empty: applied
 };
 
@@ -43,10 +47,12 @@ inline std::string format_duration(double seconds) {
 }
 
 inline std::string format_step_line(const StepRecord& r) {
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "step %*lld/%lld | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | ETA %s",
+  char mfu[32] = "";
+  if (std::isfinite(r.mfu)) std::snprintf(mfu, sizeof mfu, " | MFU %.1f%%", 100.0 * r.mfu);
+  char buf[288];
+  std::snprintf(buf, sizeof buf, "step %*lld/%lld | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s%s | ETA %s",
                 static_cast<int>(std::to_string(r.total_steps).size()), r.step, r.total_steps, r.train_loss, r.lr,
-                r.grad_norm, r.ms, r.tokens_per_s, format_duration(r.eta_seconds).c_str());
+                r.grad_norm, r.ms, r.tokens_per_s, mfu, format_duration(r.eta_seconds).c_str());
   if (!r.skipped.empty()) return std::string(buf) + " | update skipped: " + r.skipped;
   return buf;
 }
@@ -56,6 +62,21 @@ inline std::string format_val_line(long long step, long long total_steps, double
   std::snprintf(buf, sizeof buf, "step %*lld/%lld | val loss %.6f", static_cast<int>(std::to_string(total_steps).size()),
                 step, total_steps, val_loss);
   return buf;
+}
+
+// "hellaswag acc_norm 0.2950 (2963/10042) | acc 0.2871 (2883/10042)"
+inline std::string format_hellaswag(const ChoiceResult& r) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "hellaswag acc_norm %.4f (%lld/%lld) | acc %.4f (%lld/%lld)", r.acc_norm(),
+                r.correct_norm, r.examples, r.acc(), r.correct_sum, r.examples);
+  return buf;
+}
+
+inline std::string format_hellaswag_line(long long step, long long total_steps, const ChoiceResult& r) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step %*lld/%lld | ", static_cast<int>(std::to_string(total_steps).size()), step,
+                total_steps);
+  return buf + format_hellaswag(r);
 }
 
 // Mean step time for the ETA; the first step is left out once others exist because it
@@ -93,10 +114,15 @@ class MetricsLog {
   void train_step(const StepRecord& r) {
     nlohmann::ordered_json record = {{"step", r.step}, {"train_loss", r.train_loss}, {"lr", r.lr},
                                      {"grad_norm", r.grad_norm}, {"ms", r.ms}, {"tokens_per_s", r.tokens_per_s}};
+    if (std::isfinite(r.mfu)) record["mfu"] = r.mfu;
     if (!r.skipped.empty()) record["skipped"] = r.skipped;
     write(record);
   }
   void validation(long long step, double val_loss) { write({{"step", step}, {"val_loss", val_loss}}); }
+  void hellaswag(long long step, const ChoiceResult& r) {
+    write({{"step", step}, {"hellaswag_acc_norm", r.acc_norm()}, {"hellaswag_acc", r.acc()},
+           {"hellaswag_examples", r.examples}});
+  }
 
  private:
   void write(const nlohmann::ordered_json& record) {

@@ -1,7 +1,8 @@
-// Tests for src/config.h (flags, JSON config, --help), src/config_warnings.h and src/lr_schedule.h.
+// Tests for src/config.h (flags, JSON config), src/config_text.h (--help), src/config_warnings.h and src/lr_schedule.h.
 #include "test_util.h"
 
 #include "../src/config.h"
+#include "../src/config_text.h"
 #include "../src/config_warnings.h"
 #include "../src/lr_schedule.h"
 
@@ -361,4 +362,26 @@ TEST_CASE("learning-rate schedules follow the documented formulas") {
     CHECK(m.at(2) == Approx(0.0).margin(tol));
     CHECK_THROWS_AS(parse_lr_schedule("cosine2"), std::invalid_argument);
   }
+}
+
+TEST_CASE("a 0|1 flag without a value means 1; the eval flags' cross-checks") {
+  CHECK(parse({"--eval"}).config.eval);
+  CHECK(parse({"--eval", "--eval-data", "x.bin"}).config.eval);
+  CHECK_FALSE(parse({"--eval", "0"}).config.eval);
+  CHECK(parse({"--shuffle", "--seed", "3"}).config.shuffle);
+  CHECK(contains(parse_error({"--eval", "maybe"}), "--eval: expected 0 or 1"));
+  const auto validation_error = [](std::initializer_list<const char*> flags) -> std::string {
+    TrainConfig cfg = parse(flags).config;
+    try {
+      validate_config(cfg, 1);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "";
+  };
+  CHECK(contains(validation_error({"--eval"}), "--eval needs --eval-data FILE"));
+  CHECK(contains(validation_error({"--eval-every", "10"}), "--eval-every needs --eval-data FILE"));
+  CHECK(contains(validation_error({"--eval-data", "x.bin", "--eval-losses", "l.jsonl"}), "--eval-losses is written by --eval"));
+  CHECK(validation_error({"--eval", "--eval-data", "x.bin", "--eval-losses", "l.jsonl"}).empty());
+  CHECK(contains(parse_error({"--peak-tflops", "-1"}), "--peak-tflops"));
 }

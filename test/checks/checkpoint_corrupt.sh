@@ -44,7 +44,7 @@ same_run() {
   "$python" - "$1/metrics.jsonl" "$2/metrics.jsonl" <<'EOF'
 import json, sys
 def load(p):
-    return [{k: v for k, v in json.loads(l).items() if k not in ("ms", "tokens_per_s")} for l in open(p)]
+    return [{k: v for k, v in json.loads(l).items() if k not in ("ms", "tokens_per_s", "mfu")} for l in open(p)]
 sys.exit(0 if load(sys.argv[1]) == load(sys.argv[2]) else 1)
 EOF
 }

@@ -32,12 +32,12 @@ ranks() {
   if [ "$n" -eq 1 ]; then "$bin" "${common[@]}" "$@"; else mpirun -np "$n" "${mpi_opts[@]}" "$bin" "${common[@]}" "$@"; fi
 }
 
-# Same records (step, losses, lr, norm, skipped; not ms / tokens_per_s) in both metrics files.
+# Same records (step, losses, lr, norm, skipped; not ms / tokens_per_s / mfu) in both metrics files.
 same_metrics() {
   "$python" - "$1/metrics.jsonl" "$2/metrics.jsonl" <<'PY'
 import json, sys
 def load(p):
-    return [{k: v for k, v in json.loads(l).items() if k not in ("ms", "tokens_per_s")} for l in open(p)]
+    return [{k: v for k, v in json.loads(l).items() if k not in ("ms", "tokens_per_s", "mfu")} for l in open(p)]
 a, b = load(sys.argv[1]), load(sys.argv[2])
 if a != b or len(a) != 8:
     print(f"  {len(a)} vs {len(b)} records")

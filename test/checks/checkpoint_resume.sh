@@ -18,12 +18,12 @@ require_files "$bin" "$ref/model.bin" "$ref/train.bin"
 common=(--init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$ref/train.bin" --shuffle 1
         --batch-size 2 --seq-len 32 --max-steps 12 --lr 2e-3 --warmup-steps 3 --val-every 4 --val-steps 2)
 
-# Same records (step, losses, lr, norm, skipped; not ms / tokens_per_s) in both metrics files.
+# Same records (step, losses, lr, norm, skipped; not ms / tokens_per_s / mfu) in both metrics files.
 same_metrics() {
   "$python" - "$1/metrics.jsonl" "$2/metrics.jsonl" <<'EOF'
 import json, sys
 def load(p):
-    return [{k: v for k, v in json.loads(l).items() if k not in ("ms", "tokens_per_s")} for l in open(p)]
+    return [{k: v for k, v in json.loads(l).items() if k not in ("ms", "tokens_per_s", "mfu")} for l in open(p)]
 a, b = load(sys.argv[1]), load(sys.argv[2])
 if a != b:
     print(f"  {len(a)} vs {len(b)} records")

@@ -54,7 +54,7 @@ else
 import json, sys
 def load(p, last=None):
     records = [json.loads(l) for l in open(p)]
-    return [{k: v for k, v in r.items() if k not in ("ms", "tokens_per_s")} for r in records
+    return [{k: v for k, v in r.items() if k not in ("ms", "tokens_per_s", "mfu")} for r in records
             if last is None or r["step"] <= last]
 want, got = load(sys.argv[1], 3), load(sys.argv[2])
 if want != got: print(f"  good run's first 3 steps {want}\n  stopped run {got}"); sys.exit(1)
@@ -65,7 +65,7 @@ EOF
     "$python" - "$straight/metrics.jsonl" "$run/metrics.jsonl" <<'EOF' || fail "the resumed run differs from the good run"
 import json, sys
 def load(p):
-    return [{k: v for k, v in json.loads(l).items() if k not in ("ms", "tokens_per_s")} for l in open(p)]
+    return [{k: v for k, v in json.loads(l).items() if k not in ("ms", "tokens_per_s", "mfu")} for l in open(p)]
 sys.exit(0 if load(sys.argv[1]) == load(sys.argv[2]) else 1)
 EOF
     cmp -s "$straight/model.bin" "$run/model.bin" || fail "the resumed run's model.bin differs from the good run's"

@@ -1,0 +1,121 @@
+// Tests for src/throughput.h: FLOPs per token against a count of every product by hand, the peak
+// table's matching of device names (unknown names, the --peak-tflops override), MFU, and the
+// warm-up of the end-of-training mean.
+#include "../src/throughput.h"
+
+#include <catch2/catch.hpp>
+
+#include <string>
+
+namespace {
+
+GPT2Config config(int maxT, int V, int Vp, int L, int NH, int C) {
+  GPT2Config c;
+  c.max_seq_len = maxT;
+  c.vocab_size = V;
+  c.padded_vocab_size = Vp;
+  c.num_layers = L;
+  c.num_heads = NH;
+  c.channels = C;
+  return c;
+}
+
+// Training FLOPs per token of every matrix product, written out: forward 2 FLOPs per
+// multiply-add, backward twice the forward (the input's and the weight's gradient).
+double matmul_flops_by_hand(const GPT2Config& c, int T) {
+  const double C = c.channels, Vp = c.padded_vocab_size;
+  double layer = 0;
+  layer += 2 * C * (3 * C);  // qkv projection
+  layer += 2 * T * C;        // attention scores: each of NH heads, T keys, C/NH dims
+  layer += 2 * T * C;        // scores x values
+  layer += 2 * C * C;        // attention output projection
+  layer += 2 * C * (4 * C);  // MLP up
+  layer += 2 * (4 * C) * C;  // MLP down
+  const double forward = c.num_layers * layer + 2 * C * Vp;  // + the tied lm head over all Vp columns
+  return 3 * forward;
+}
+
+}  // namespace
+
+TEST_CASE("FLOPs per token: every matrix product plus 6 per bias and LayerNorm parameter") {
+  for (const GPT2Config& c : {config(1024, 50257, 50304, 12, 12, 768), config(64, 300, 384, 3, 2, 48),
+                              config(32, 97, 128, 1, 1, 8)}) {
+    for (int T : {1, 17, c.max_seq_len}) {
+      const double C = c.channels;
+      // per layer: qkvb 3C, attprojb C, fcb 4C, fcprojb C, ln1 and ln2 weights and biases 4C; lnf 2C
+      const double small_params = c.num_layers * (3 * C + C + 4 * C + C + 4 * C) + 2 * C;
+      CHECK(flops_per_token(c, T) == matmul_flops_by_hand(c, T) + 6 * small_params);
+    }
+  }
+}
+
+TEST_CASE("FLOPs per token of GPT-2 124M at T = 1024") {
+  // 124,475,904 parameters, wpe 1024 x 768 = 786,432 of them: 6 x 123,689,472 + 12 x 12 x 768 x 1024
+  CHECK(flops_per_token(config(1024, 50257, 50304, 12, 12, 768), 1024) == 855383040.0);
+  // the matrix products alone are within 0.1% of it
+  const GPT2Config d12 = config(1024, 50257, 50304, 12, 12, 768);
+  CHECK(flops_per_token(d12, 1024) / matmul_flops_by_hand(d12, 1024) == Approx(1.0).margin(1e-3));
+}
+
+TEST_CASE("peak bf16 TFLOP/s from the device name") {
+  const struct {
+    const char* name;
+    double tflops;  // 0: unknown
+  } cases[] = {
+      {"NVIDIA A100-SXM4-40GB", 312},   {"NVIDIA A100-SXM4-80GB", 312},   {"NVIDIA A100-PCIE-40GB", 312},
+      {"NVIDIA A100 80GB PCIe", 312},   {"NVIDIA H100 80GB HBM3", 989.5}, {"NVIDIA H100 PCIe", 756.5},
+      {"NVIDIA H100 NVL", 835.5},       {"NVIDIA H200", 989.5},           {"NVIDIA H200 NVL", 835.5},
+      {"NVIDIA L40S", 362.05},          {"NVIDIA L4", 121},               {"NVIDIA A10", 125},
+      {"NVIDIA GeForce RTX 4090", 165.2}, {"NVIDIA B200", 2250},
+      // not in the table: neighbours of known names must not borrow their figures
+      {"NVIDIA L40", 0},                {"NVIDIA A10G", 0},               {"NVIDIA GeForce RTX 4090 D", 0},
+      {"NVIDIA GH200 480GB", 0},        {"Tesla V100-SXM2-16GB", 0},      {"", 0},
+      {"simt (CUDA emulated on 2 CPU threads)", 0},
+  };
+  for (const auto& c : cases) {
+    INFO(c.name);
+    const std::optional<Peak> peak = device_peak(c.name);
+    if (c.tflops == 0) {
+      CHECK_FALSE(peak.has_value());
+    } else {
+      REQUIRE(peak.has_value());
+      CHECK(peak->tflops == c.tflops);
+    }
+  }
+  CHECK(device_peak("nvidia h100 pcie")->gpu == "H100 PCIe");  // case does not matter
+}
+
+TEST_CASE("--peak-tflops overrides the table, known device or not") {
+  CHECK(device_peak("simt (CUDA emulated on 2 CPU threads)", 123)->tflops == 123);
+  CHECK(device_peak("NVIDIA H100 80GB HBM3", 500)->tflops == 500);
+  CHECK(device_peak("NVIDIA H100 80GB HBM3", 500)->gpu == "--peak-tflops");
+  CHECK(device_peak("NVIDIA H100 80GB HBM3", 0)->tflops == 989.5);
+}
+
+TEST_CASE("MFU: the FLOP/s of all ranks shared out per GPU, over one GPU's peak") {
+  const Peak peak{"test", 1.0};  // 1e12 FLOP/s
+  CHECK(mfu(1000.0, 1e9, 1, peak) == Approx(1.0));
+  CHECK(mfu(1000.0, 1e9, 2, peak) == Approx(0.5));
+  CHECK(mfu(0.0, 1e9, 1, peak) == 0.0);
+}
+
+TEST_CASE("mean throughput after max(3, 10% of --max-steps) warm-up steps") {
+  ThroughputMeter meter(20);  // warm-up 3
+  for (double ms : {1000.0, 500.0, 10.0, 20.0, 20.0}) meter.add(ms, 100.0);
+  CHECK(meter.warmup_steps() == 3);
+  CHECK(meter.measured_steps() == 2);
+  CHECK(meter.tokens_per_s() == Approx(200.0 / 0.040));
+  CHECK(meter.ms_per_step() == Approx(20.0));
+
+  ThroughputMeter long_run(100);  // warm-up 10
+  for (int s = 0; s < 12; ++s) long_run.add(s < 10 ? 100.0 : 50.0, 10.0);
+  CHECK(long_run.warmup_steps() == 10);
+  CHECK(long_run.ms_per_step() == Approx(50.0));
+
+  ThroughputMeter short_run(2);  // no step beyond the warm-up: all of them
+  short_run.add(30.0, 10.0);
+  short_run.add(10.0, 10.0);
+  CHECK(short_run.warmup_steps() == 0);
+  CHECK(short_run.measured_steps() == 2);
+  CHECK(short_run.tokens_per_s() == Approx(20.0 / 0.040));
+}
