@@ -39,12 +39,14 @@
 #include "src/checkpoint_dirs.h"
 #include "src/comm.h"
 #include "src/config.h"
+#include "src/config_checks.h"
 #include "src/config_text.h"
 #include "src/config_warnings.h"
 #include "src/dataloader.h"
 #include "src/gpt2.h"
 #include "src/hellaswag.h"
 #include "src/lr_schedule.h"
+#include "src/memory_plan.h"
 #include "src/metrics.h"
 #include "src/out_dir_lock.h"
 #include "src/resume.h"
@@ -256,6 +258,72 @@ cudaDeviceProp device_properties() {
   return prop;
 }
 
+// ---- The memory plan (src/memory_plan.h): --plan, and the check before a run allocates.
+
+constexpr double kBytesPerGiB = 1073741824.0;
+
+MemoryPlan run_memory_plan(const TrainConfig& cfg, const GPT2Config& model, int batch_size, int recompute, int world) {
+  return plan_memory(model, batch_size, cfg.seq_len, recompute, cfg.dtype == "fp32" ? DType::fp32 : DType::bf16,
+                     cfg.zero, world);
+}
+
+// "largest --batch-size that fits: --recompute 0: 3, 1: 5, 2: 6, 3: 9" (0: not even 1).
+std::string fitting_batch_sizes(const TrainConfig& cfg, const GPT2Config& model, int world, size_t budget) {
+  std::string out = "largest --batch-size that fits " + format_bytes(budget) + ":";
+  for (int r = 0; r <= kRecomputeMax; ++r)
+    out += std::string(r == 0 ? "" : ",") + " --recompute " + std::to_string(r) + ": " +
+           std::to_string(largest_fitting_batch(model, cfg.seq_len, r, cfg.dtype == "fp32" ? DType::fp32 : DType::bf16,
+                                                cfg.zero, world, budget));
+  return out;
+}
+
+// --plan: each rank's device memory for --world-size ranks, against --gpu-memory or the device's
+// total memory (none without a device). Reads only the model's architecture: no data, no GPU
+// needed, nothing written.
+int print_memory_plan(TrainConfig cfg) {
+  if (!cfg.resume.empty())
+    throw std::invalid_argument("--plan takes the architecture from --model or --init-from, not --resume");
+  const int world = cfg.world_size > 0 ? cfg.world_size : 1;
+  validate_config(cfg, world);
+  std::string source;
+  const GPT2Config model = resolve_model(cfg, std::nullopt, &source);
+  validate_against_model(cfg, model.max_seq_len, source);
+  gpt2_check_micro_batch(model, cfg.batch_size, cfg.seq_len, cfg.recompute);
+  size_t budget = static_cast<size_t>(cfg.gpu_memory * kBytesPerGiB);
+  int devices = 0;
+  if (budget == 0 && cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0)
+    budget = device_properties().totalGlobalMem;
+  const MemoryPlan plan = run_memory_plan(cfg, model, cfg.batch_size, cfg.recompute, world);
+  std::printf("memory plan per rank: %s (%s parameters) from %s, --batch-size %d --seq-len %d, %s, --recompute %d, "
+              "ZeRO stage %d over %d rank(s)\n%s",
+              describe(model).c_str(), thousands(ParameterLayout(model).total).c_str(), source.c_str(), cfg.batch_size,
+              cfg.seq_len, cfg.dtype.c_str(), cfg.recompute, effective_zero_stage(cfg.zero, world), world,
+              format_memory_plan(plan, budget).c_str());
+  if (budget > 0) std::printf("%s\n", fitting_batch_sizes(cfg, model, world, budget).c_str());
+  else std::printf("no device and no --gpu-memory: pass --gpu-memory GiB to see what fits\n");
+  std::printf("not counted: the CUDA context and NCCL's buffers (leave ~1 GiB per GPU)\n");
+  return 0;
+}
+
+// Before a run allocates: its plan against --gpu-memory or the device's free memory. A run that
+// would not fit stops here with the plan, not with an out-of-memory error halfway through.
+void check_memory_fits(const Run& run, int world) {
+  const TrainConfig& cfg = run.cfg;
+  size_t budget = static_cast<size_t>(cfg.gpu_memory * kBytesPerGiB), total = 0;
+  const char* source = "--gpu-memory";
+  if (budget == 0) {
+    cuda_check(cudaMemGetInfo(&budget, &total), "querying free device memory");
+    source = "free device memory";
+  }
+  const MemoryPlan plan = run_memory_plan(cfg, run.model, cfg.batch_size, cfg.recompute, world);
+  if (plan.total() <= budget) return;
+  std::printf("memory plan per rank (%s):\n%s", model_sizing(run).c_str(), format_memory_plan(plan, budget).c_str());
+  std::fflush(stdout);
+  throw std::runtime_error("the run needs " + format_bytes(plan.total()) + " of device memory per rank and " + source +
+                           " is " + format_bytes(budget) + "; " + fitting_batch_sizes(cfg, run.model, world, budget) +
+                           " (see --plan)");
+}
+
 // One run's training: set-up (data, model, output directory), then the loop of steps, each
 // followed by its log line, validation and checkpoint when due.
 template <typename Elem>
@@ -369,15 +437,19 @@ class Trainer {
     const cudaDeviceProp prop = device_properties();
     const int B = cfg_.batch_size, seq_len = cfg_.seq_len, world_size = comm_.world_size();
     const ActivationBytes acts = gpt2_activation_bytes(run_.model, B, seq_len, model_.recompute(), GPT2<Elem>::dtype);
-    const size_t param_bytes = model_.parameter_bytes(), optim_bytes = model_.optimizer_bytes(),
-                 act_bytes = model_.activation_bytes();
+    // What the model allocated, by the plan's terms (equal: test/simt_counters.cpp).
+    const MemoryPlan plan = run_memory_plan(cfg_, run_.model, B, model_.recompute(), world_size);
+    const size_t param_bytes = term_bytes(plan, "parameters"), grad_bytes = term_bytes(plan, "gradients"),
+                 optim_bytes = term_bytes(plan, "master weights (fp32)") + term_bytes(plan, "AdamW moments (fp32)"),
+                 act_bytes = acts.total();
     std::printf("train_gpt\nconfig:\n%s", config_summary(cfg_).c_str());
     std::printf("device: %s (%s)\n", prop.name, mib(prop.totalGlobalMem).c_str());
     std::printf("model: %s from %s, %s parameters, %s attention\n", describe(run_.model).c_str(),
                 run_.model_source.c_str(), thousands(model_.num_parameters()).c_str(),
                 attention_name(model_.attention()));
-    std::printf("memory: parameters+gradients %s, optimizer %s, activations %s, total %s\n", mib(param_bytes).c_str(),
-                mib(optim_bytes).c_str(), mib(act_bytes).c_str(), mib(param_bytes + optim_bytes + act_bytes).c_str());
+    std::printf("memory: parameters+gradients %s, optimizer %s, activations %s, total %s\n",
+                mib(plan.total() - optim_bytes - act_bytes).c_str(), mib(optim_bytes).c_str(), mib(act_bytes).c_str(),
+                mib(plan.total()).c_str());
     std::printf("activations at --recompute %d: blocks %s, logits and buffers %s; blocks at --recompute",
                 model_.recompute(), mib(acts.blocks).c_str(), mib(acts.other).c_str());
     for (int r = 0; r <= kRecomputeMax; ++r)
@@ -411,7 +483,7 @@ class Trainer {
     std::printf("distributed: world size %d (%s), ZeRO stage %d; per rank: parameters %zu bytes, gradients %zu bytes, "
                 "optimizer state %zu bytes\n",
                 world_size, comm_.launcher().c_str(), model_.zero_stage(),
-                model_.parameter_bytes() - model_.gradient_bytes(), model_.gradient_bytes(), optim_bytes);
+                param_bytes, grad_bytes, optim_bytes);
     std::fflush(stdout);
   }
 
@@ -692,6 +764,7 @@ int run_main(int argc, char** argv) {
   }
   Run run;
   run.cfg = args.config;
+  if (run.cfg.plan) return print_memory_plan(run.cfg);
 
   int devices = 0;
   cudaError_t err = cudaGetDeviceCount(&devices);
@@ -722,6 +795,7 @@ int run_main(int argc, char** argv) {
   with_context(model_sizing(run), [&] {
     gpt2_check_micro_batch(run.model, run.cfg.batch_size, run.cfg.seq_len, run.cfg.recompute);
   });
+  check_memory_fits(run, comm->world_size());
   if (run.cfg.dtype == "fp32") Trainer<float>(run, *comm).run();
   else Trainer<bf16>(run, *comm).run();
   return 0;

@@ -6,9 +6,13 @@ namespace simt {
 // cudaMemcpy; cudaMemcpyAsync into pageable host memory, which returns only once copied), and
 // cuBLASLt heuristic queries. Tests reset them (= Counters{}) and read them around the code they
 // measure.
+// Device memory: bytes held by cudaMalloc now, and the most held at once since the last reset
+// (pinned host memory is not device memory and not counted).
 struct Counters {
   long long host_syncs = 0;
   long long heuristic_queries = 0;
+  long long device_bytes = 0;
+  long long peak_device_bytes = 0;
 };
 Counters& counters();
 }  // namespace simt

@@ -43,6 +43,20 @@ size_t physical_memory() {
   return static_cast<size_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<size_t>(sysconf(_SC_PAGE_SIZE));
 }
 
+// The host's memory available to a new allocation without swapping (/proc/meminfo's MemAvailable,
+// which counts reclaimable page cache, unlike _SC_AVPHYS_PAGES); the physical memory if unreadable.
+size_t available_memory() {
+  FILE* meminfo = std::fopen("/proc/meminfo", "r");
+  if (meminfo == nullptr) return physical_memory();
+  char line[128];
+  unsigned long long kib = 0;
+  bool found = false;
+  while (!found && std::fgets(line, sizeof line, meminfo) != nullptr)
+    found = std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1;
+  std::fclose(meminfo);
+  return found ? static_cast<size_t>(kib) * 1024 : physical_memory();
+}
+
 struct Event {
   std::chrono::steady_clock::time_point recorded;
   bool has_time = false;
@@ -57,6 +71,14 @@ void launch_refused(const LaunchSpec& spec, cudaError_t err, const char* why) {
 // Pinned host allocations (start → size): a copy into them does not block the host.
 std::mutex pinned_mutex;
 std::map<const char*, size_t> pinned;
+
+// Device allocations (start → size), for the device-bytes counters.
+std::mutex device_mutex;
+std::map<const void*, size_t> device_allocations;
+
+void* allocate(size_t size) {
+  return ::operator new(size ? size : 1, std::align_val_t(kAllocationAlignment), std::nothrow);
+}
 
 bool is_pinned(const void* p) {
   const char* c = static_cast<const char*>(p);
@@ -227,20 +249,35 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
 // ---- memory
 cudaError_t cudaMalloc(void** ptr, size_t size) {
   if (!ptr) return fail(cudaErrorInvalidValue);
-  *ptr = ::operator new(size ? size : 1, std::align_val_t(kAllocationAlignment), std::nothrow);
-  return *ptr ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+  *ptr = simt::allocate(size);
+  if (!*ptr) return fail(cudaErrorMemoryAllocation);
+  std::lock_guard<std::mutex> lock(simt::device_mutex);
+  simt::device_allocations[*ptr] = size;
+  Counters& c = simt::counters();
+  c.device_bytes += static_cast<long long>(size);
+  c.peak_device_bytes = std::max(c.peak_device_bytes, c.device_bytes);
+  return cudaSuccess;
 }
 cudaError_t cudaFree(void* ptr) {
-  if (ptr) ::operator delete(ptr, std::align_val_t(kAllocationAlignment));
+  if (!ptr) return cudaSuccess;
+  {
+    std::lock_guard<std::mutex> lock(simt::device_mutex);
+    const auto it = simt::device_allocations.find(ptr);
+    if (it != simt::device_allocations.end()) {
+      simt::counters().device_bytes -= static_cast<long long>(it->second);
+      simt::device_allocations.erase(it);
+    }
+  }
+  ::operator delete(ptr, std::align_val_t(kAllocationAlignment));
   return cudaSuccess;
 }
 cudaError_t cudaMallocHost(void** ptr, size_t size) {
-  const cudaError_t err = cudaMalloc(ptr, size);
-  if (err == cudaSuccess) {
-    std::lock_guard<std::mutex> lock(simt::pinned_mutex);
-    simt::pinned[static_cast<const char*>(*ptr)] = size;
-  }
-  return err;
+  if (!ptr) return fail(cudaErrorInvalidValue);
+  *ptr = simt::allocate(size);
+  if (!*ptr) return fail(cudaErrorMemoryAllocation);
+  std::lock_guard<std::mutex> lock(simt::pinned_mutex);
+  simt::pinned[static_cast<const char*>(*ptr)] = size;
+  return cudaSuccess;
 }
 cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int) { return cudaMallocHost(ptr, size); }
 cudaError_t cudaFreeHost(void* ptr) {
@@ -253,7 +290,7 @@ cudaError_t cudaFreeHost(void* ptr) {
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   if (!free_bytes || !total_bytes) return fail(cudaErrorInvalidValue);
   *total_bytes = physical_memory();
-  *free_bytes = static_cast<size_t>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<size_t>(sysconf(_SC_PAGE_SIZE));
+  *free_bytes = available_memory();
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind) {

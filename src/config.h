@@ -82,6 +82,10 @@ struct TrainConfig {
   bool eval = false;           // evaluate --eval-data on the model and exit, writing nothing
   std::string eval_losses;     // with --eval: each example's completion losses (JSON lines)
   double peak_tflops = 0.0;    // 0: from the device name (src/throughput.h's table)
+  // Memory planner (src/memory_plan.h)
+  bool plan = false;           // print the per-rank device memory plan and exit
+  double gpu_memory = 0.0;     // GiB; 0: the device's (free memory before a run, total for --plan)
+  int world_size = 0;          // --plan for this many ranks; 0: the run's
 
   // Flag names given on the command line or in the config file (not left at the default).
   std::set<std::string> explicitly_set;
@@ -196,6 +200,13 @@ inline const std::vector<Flag>& flag_table() {
        &TrainConfig::eval_losses, {}, {}, "none"},
       {"peak-tflops", "X", "the GPU's dense bf16 peak (TFLOP/s) that MFU is measured against (0 = the table of known "
        "GPUs, matched on the device name)", &TrainConfig::peak_tflops, {0, HUGE_VAL}, {}, "0 (the table)"},
+      {"plan", "0|1", "print each rank's device memory by term and whether it fits, then exit without training (no "
+       "GPU needed; '--plan' alone means 1)", &TrainConfig::plan},
+      {"gpu-memory", "GiB", "device memory a rank may use: --plan's budget, and a run stops before allocating if its "
+       "plan exceeds it (0 = the device's: free memory for a run, total for --plan)", &TrainConfig::gpu_memory,
+       {0, HUGE_VAL}, {}, "0 (the device's)"},
+      {"world-size", "N", "with --plan: plan for N ranks (ZeRO shards, batch per rank) (0 = the run's)",
+       &TrainConfig::world_size, {0, 1 << 20}, {}, "0 (the run's)"},
   };
   return flags;
 }
@@ -450,45 +461,4 @@ inline ParsedArgs parse_args(int argc, const char* const* argv) {
   for (const auto& [flag, value] : given)
     if (std::string(flag->name) != "config") config_detail::assign(result.config, *flag, {value, nullptr}, std::string("--") + flag->name);
   return result;
-}
-
-// Checks that need several flags together; resolves total_batch_tokens' default.
-// Returns the gradient accumulation steps per optimizer step.
-inline int validate_config(TrainConfig& cfg, int world_size) {
-  if (cfg.was_set("init-from") && !cfg.init_from.empty() && cfg.was_set("model"))
-    throw std::invalid_argument("--init-from and --model are mutually exclusive: the model file's header defines the "
-                                "architecture (drop --model)");
-  if (cfg.eval_data.empty() && (cfg.eval || cfg.eval_every > 0))
-    throw std::invalid_argument(std::string(cfg.eval ? "--eval" : "--eval-every") +
-                                " needs --eval-data FILE (an eval file: data/hellaswag.sh writes HellaSwag's)");
-  if (!cfg.eval_losses.empty() && !cfg.eval)
-    throw std::invalid_argument("--eval-losses is written by --eval runs only (add --eval)");
-  const long long micro_tokens = static_cast<long long>(cfg.batch_size) * cfg.seq_len * world_size;
-  if (cfg.total_batch_tokens == 0) cfg.total_batch_tokens = micro_tokens;
-  if (cfg.total_batch_tokens % micro_tokens != 0)
-    throw std::invalid_argument("--total-batch-tokens " + std::to_string(cfg.total_batch_tokens) +
-                                " is not a multiple of batch-size x seq-len x ranks = " +
-                                std::to_string(cfg.batch_size) + " x " + std::to_string(cfg.seq_len) + " x " +
-                                std::to_string(world_size) + " = " + std::to_string(micro_tokens));
-  const long long accum = cfg.total_batch_tokens / micro_tokens;
-  if (accum > INT_MAX) throw std::invalid_argument("--total-batch-tokens " + std::to_string(cfg.total_batch_tokens) +
-                                                   ": too many accumulation steps");
-  return static_cast<int>(accum);
-}
-
-// Checks the sequence length against the model (max_seq_len from the preset or file header).
-inline void validate_against_model(const TrainConfig& cfg, int max_seq_len, const std::string& model_source) {
-  if (cfg.seq_len > max_seq_len)
-    throw std::invalid_argument("--seq-len " + std::to_string(cfg.seq_len) + " exceeds the maximum sequence length " +
-                                std::to_string(max_seq_len) + " of " + model_source);
-}
-
-inline LrSchedule make_lr_schedule(const TrainConfig& cfg) {
-  LrSchedule s;
-  s.kind = parse_lr_schedule(cfg.lr_schedule);
-  s.peak_lr = cfg.lr;
-  s.warmup_steps = cfg.warmup_steps;
-  s.total_steps = cfg.max_steps;
-  s.final_lr_frac = cfg.final_lr_frac;
-  return s;
 }

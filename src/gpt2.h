@@ -4,8 +4,7 @@
 // per-micro-batch buffers activations.h's, the gradients and their communication grad_sync.h's.
 // Parameters, gradients and activations are Elem (float: --dtype fp32, bf16: the default);
 // LayerNorm statistics, attention log-sum-exps, losses, AdamW moments and master weights are fp32.
-// Errors (bad configuration, file, token) throw std::runtime_error with one line naming the file or
-// setting, what was expected and what was found; shapes are checked before any launcher sees them.
+// Errors throw std::runtime_error: one line naming the file or setting, what was expected and found.
 #pragma once
 #include "../kernels/classifier.cuh"
 #include "../kernels/common.cuh"
@@ -28,6 +27,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -217,18 +217,13 @@ class GPT2 {
   // The mean loss of the last forward() or forward_backward() micro-batch: its per-position losses
   // summed on the host in position order (double). Waits for the device.
   float mean_loss() const {
-    double sum = 0.0;
-    for (float x : position_losses()) sum += x;
-    return static_cast<float>(sum / rows());
+    const std::vector<float> losses = position_losses();
+    return static_cast<float>(std::accumulate(losses.begin(), losses.end(), 0.0) / rows());
   }
 
   // The B·T per-position losses of the last forward() or forward_backward() (row-major [B][T]).
   // Waits for the device.
-  std::vector<float> position_losses() const {
-    std::vector<float> losses(rows());
-    copy_to_host(losses.data(), acts_.losses.get(), losses.size() * sizeof(float), stream_.get());
-    return losses;
-  }
+  std::vector<float> position_losses() const { return copy_floats_to_host(acts_.losses.get(), rows(), stream_.get()); }
 
   size_t num_parameters() const { return layout_.total; }
 
@@ -236,8 +231,8 @@ class GPT2 {
   std::vector<float> parameters() const { return copy_floats_to_host(params_.get(), layout_.total, stream_.get()); }
   // (At ZeRO stage 2 no rank holds them all: throws.)
   std::vector<float> gradients() const { return copy_floats_to_host(grads_.full(), layout_.total, stream_.get()); }
-  // The logits of the last forward(): rows [N - r, N) of the micro-batch, r = N mod
-  // logits_chunk_rows() (or logits_chunk_rows()), which is every row when B·T <= that.
+  // The logits of the last forward(): rows [N - r, N) of the micro-batch, r = N mod the lm head's
+  // chunk rows (or those rows), which is every row when B·T <= that.
   // After forward_backward() they hold the logits' gradients.
   std::vector<float> logits() const {
     const size_t chunk = static_cast<size_t>(logits_chunk_rows_);
@@ -257,24 +252,17 @@ class GPT2 {
     }
   }
 
-  // Device memory, for the start-up summary. parameter_bytes: parameters and their gradients
-  // (with the lm head's fp32 wte gradient);
-  // optimizer_bytes: AdamW moments and master weights; activation_bytes: everything that scales
-  // with the micro-batch (activations.h), which gpt2_activation_bytes(...).total() predicts.
-  size_t parameter_bytes() const { return params_.bytes() + gradient_bytes(); }
-  size_t gradient_bytes() const { return grads_.bytes() + wte_grad_fp32_.bytes(); }
+  // Device memory of the activations: gpt2_activation_bytes(...).total(). (All of it: memory_plan.h.)
+  size_t activation_bytes() const { return acts_.bytes(); }
 
-  // Rows per lm-head chunk (run_head): kLogitsChunkRows, the logits buffer's height, unless set
-  // lower (1..kLogitsChunkRows) — more chunks, the same results; tests use it to check that.
-  int logits_chunk_rows() const { return logits_chunk_rows_; }
+  // Rows per lm-head chunk (run_head): kLogitsChunkRows, the logits buffer's height, or fewer:
+  // more chunks, the same results (tested).
   void set_logits_chunk_rows(int rows) {
     if (rows < 1 || static_cast<size_t>(rows) > kLogitsChunkRows)
       throw std::runtime_error("set_logits_chunk_rows: " + std::to_string(rows) + " rows, expected 1.." +
                                std::to_string(kLogitsChunkRows));
     logits_chunk_rows_ = rows;
   }
-  size_t optimizer_bytes() const { return adam_m_.bytes() + adam_v_.bytes() + master_.bytes(); }
-  size_t activation_bytes() const { return acts_.bytes(); }
 
  private:
   int rows() const { return B_ * seq_len_; }
@@ -501,8 +489,7 @@ class GPT2 {
   CudaStream stream_;
   GradientSync<Elem> grads_;
   DeviceArray<Elem> params_;  // padded to GradientSync::padded_size()
-  DeviceArray<float> adam_m_, adam_v_, master_;
-  DeviceArray<float> wte_grad_fp32_;  // (Vp, C) the lm head's share of the wte gradient, summed over chunks
+  DeviceArray<float> adam_m_, adam_v_, master_, wte_grad_fp32_;  // wte's: the lm head's share, (Vp, C)
   int logits_chunk_rows_ = static_cast<int>(kLogitsChunkRows);
   Activations<Elem> acts_;
   std::vector<int> buckets_host_;

@@ -27,6 +27,13 @@ struct MemoryPlan {
   }
 };
 
+// The bytes of the term called `name` (0 if the plan has none).
+inline size_t term_bytes(const MemoryPlan& plan, const std::string& name) {
+  for (const MemoryTerm& t : plan.terms)
+    if (t.name == name) return t.bytes;
+  return 0;
+}
+
 // One rank's device allocations (rank 0's: no other rank holds more) for a model of `cfg` trained
 // with micro-batch B×T at `recompute`, `dtype`, ZeRO stage `zero_stage` over `world_size` ranks.
 inline MemoryPlan plan_memory(const GPT2Config& cfg, int B, int T, int recompute, DType dtype, int zero_stage,
@@ -71,7 +78,8 @@ inline int largest_fitting_batch(const GPT2Config& cfg, int T, int recompute, DT
 inline std::string format_bytes(size_t bytes) {
   char buf[32];
   if (bytes >= (size_t{1} << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / 1073741824.0);
-  else std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / 1048576.0);
+  else if (bytes >= (size_t{1} << 20)) std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / 1048576.0);
+  else std::snprintf(buf, sizeof buf, "%zu B", bytes);
   return buf;
 }
 

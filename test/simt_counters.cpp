@@ -3,6 +3,7 @@
 // so this test does too.
 #include "test_util.h"
 #include "../src/gpt2.h"
+#include "../src/memory_plan.h"
 
 #include <vector>
 
@@ -96,4 +97,35 @@ TEMPLATE_TEST_CASE("the step's figures: the mean of the micro-steps' losses and 
   CHECK(std::fabs(figures.loss - loss_sum / kMicroSteps) <= 1e-6 * std::fabs(figures.loss));
   CHECK(figures.grad_norm == model.gradient_norm());
   CHECK(figures.loss > 0.0);
+}
+
+TEST_CASE("simt counts device bytes held, not pinned host memory", "[simt]") {
+  const long long before = simt::counters().device_bytes;
+  void* device = nullptr;
+  void* pinned = nullptr;
+  REQUIRE(cudaMalloc(&device, 1000) == cudaSuccess);
+  REQUIRE(cudaMallocHost(&pinned, 4000) == cudaSuccess);
+  CHECK(simt::counters().device_bytes - before == 1000);
+  CHECK(simt::counters().peak_device_bytes >= simt::counters().device_bytes);
+  CHECK(cudaFree(device) == cudaSuccess);
+  CHECK(cudaFreeHost(pinned) == cudaSuccess);
+  CHECK(simt::counters().device_bytes == before);
+}
+
+TEMPLATE_TEST_CASE("the memory plan is what the model allocates", "[simt][memory_plan]", float, bf16) {
+  // Single process (ZeRO stage 0); odd B and T. The plan counts the communicator's scalar, which
+  // a model without a communicator does not allocate: 8 bytes apart at most.
+  const DType dtype = GPT2<TestType>::dtype;
+  for (int recompute = 0; recompute <= kRecomputeMax; ++recompute)
+    for (const auto& [B, T] : {std::pair{2, 16}, std::pair{3, 7}}) {
+      matmul_destroy();  // the model's constructor allocates the cuBLASLt workspace again
+      const long long before = simt::counters().device_bytes;
+      GPT2<TestType> model(kTiny, B, T, recompute);
+      const long long allocated = simt::counters().device_bytes - before;
+      const long long planned = static_cast<long long>(plan_memory(kTiny, B, T, recompute, dtype, 0, 1).total());
+      INFO("recompute " << recompute << " B=" << B << " T=" << T << ": allocated " << allocated << ", planned "
+                        << planned);
+      CHECK(planned - allocated >= 0);
+      CHECK(planned - allocated <= 8);
+    }
 }

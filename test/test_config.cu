@@ -2,6 +2,7 @@
 #include "test_util.h"
 
 #include "../src/config.h"
+#include "../src/config_checks.h"
 #include "../src/config_text.h"
 #include "../src/config_warnings.h"
 #include "../src/lr_schedule.h"

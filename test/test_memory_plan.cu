@@ -1,0 +1,71 @@
+// The memory planner (src/memory_plan.h) against figures computed here by hand from the GPT-2
+// architecture: GPT-2 124M's terms at ZeRO stages 0, 1 and 2, the table's text, and the largest
+// batch that fits. (That the plan equals what the model allocates is checked on the CPU build
+// by simt_counters.cpp, where simt counts cudaMalloc.)
+#include "test_util.h"
+#include "../src/memory_plan.h"
+
+namespace {
+
+size_t term(const MemoryPlan& plan, const std::string& name) {  // fails the test if absent
+  for (const MemoryTerm& t : plan.terms)
+    if (t.name == name) return t.bytes;
+  FAIL("no term " << name);
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("memory plan of GPT-2 124M by hand", "[memory_plan]") {
+  const GPT2Config d12{1024, 50257, 50304, 12, 12, 768};
+  const size_t C = 768, L = 12, Vp = 50304, maxT = 1024;
+  const size_t per_layer = 2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C + 4 * C * C + 4 * C + 4 * C * C + C;
+  const size_t model_tensors = Vp * C + maxT * C + 2 * C;
+  const size_t P = L * per_layer + model_tensors;
+  REQUIRE(P == 124475904);  // FORMATS.md's figure for GPT-2 124M with Vp = 50304
+
+  const MemoryPlan one = plan_memory(d12, 64, 1024, 1, DType::bf16, 0, 1);
+  CHECK(term(one, "parameters") == 2 * P);
+  CHECK(term(one, "gradients") == 2 * P);
+  CHECK(term(one, "lm head wte gradient (fp32)") == 4 * Vp * C);
+  CHECK(term(one, "master weights (fp32)") == 4 * P);
+  CHECK(term(one, "AdamW moments (fp32)") == 8 * P);
+  CHECK(term(one, "cuBLASLt workspace") == (32u << 20) + (16u << 20));
+  CHECK(term(one, "activations: logits chunk") == 2 * 1024 * Vp);  // 1024 rows of the padded vocab, bf16
+  // Every block activation at --recompute 1 (kept per layer: residual3, ln1, ln2, atty, residual2,
+  // qkv, fch; one slice of fch_gelu) plus the embeddings, bf16; LayerNorm statistics and the
+  // attention log-sum-exp in fp32.
+  const size_t N = 64 * 1024;
+  const size_t block_elems = N * C * (1 + L * (1 + 1 + 1 + 1 + 1 + 3 + 4) + 4);
+  const size_t NH = 12;
+  CHECK(term(one, "activations: blocks") == 2 * block_elems + 4 * (4 * L * N + L * N * NH));
+
+  // ZeRO-1 over 8 ranks: shard S = ceil(P / 8) rounded up to 8; parameters and gradients padded to 8·S.
+  const size_t per_rank = (P + 7) / 8, S = (per_rank + 7) / 8 * 8;
+  const MemoryPlan zero1 = plan_memory(d12, 64, 1024, 1, DType::bf16, 1, 8);
+  CHECK(term(zero1, "parameters") == 2 * 8 * S);
+  CHECK(term(zero1, "gradients") == 2 * 8 * S);
+  CHECK(term(zero1, "master weights (fp32)") == 4 * S);
+  CHECK(term(zero1, "AdamW moments (fp32)") == 8 * S);
+  // ZeRO-2: two per-layer gradient blocks, the wte/wpe/lnf block and the shard.
+  const MemoryPlan zero2 = plan_memory(d12, 64, 1024, 1, DType::bf16, 2, 8);
+  CHECK(term(zero2, "gradients") == 2 * (2 * per_layer + model_tensors + S));
+  // One rank runs stage 0 whatever was asked; fp32 has no master weights.
+  CHECK(plan_memory(d12, 64, 1024, 1, DType::bf16, 2, 1).total() == one.total());
+  CHECK(term(plan_memory(d12, 64, 1024, 1, DType::fp32, 0, 1), "master weights (fp32)") == 0);
+
+  const std::string table = format_memory_plan(one, size_t{80} << 30);
+  CHECK_THAT(table, Catch::Contains("AdamW moments (fp32)") && Catch::Contains("949.7 MiB") &&
+                        Catch::Contains("of 80.00 GiB: fits"));
+  CHECK_THAT(format_memory_plan(one, size_t{8} << 30), Catch::Contains("does NOT fit"));
+}
+
+TEST_CASE("largest_fitting_batch: the largest B whose plan fits", "[memory_plan]") {
+  const GPT2Config tiny{64, 500, 512, 3, 4, 64};
+  const size_t budget = plan_memory(tiny, 37, 64, 2, DType::bf16, 0, 1).total() + 100;
+  const int B = largest_fitting_batch(tiny, 64, 2, DType::bf16, 0, 1, budget);
+  CHECK(B == 37);
+  CHECK(largest_fitting_batch(tiny, 64, 2, DType::bf16, 0, 1, 1000) == 0);  // not even B = 1
+  // More recomputation, less memory per sequence: at least as many fit.
+  CHECK(largest_fitting_batch(tiny, 64, 3, DType::bf16, 0, 1, budget) >= B);
+}
