@@ -242,7 +242,8 @@ GPT2<Elem> allocate_model(const Run& run, Communicator& comm) {
   const TrainConfig& cfg = run.cfg;
   return with_context(model_sizing(run), [&] {
     try {
-      return GPT2<Elem>(run.model, cfg.batch_size, cfg.seq_len, cfg.recompute, &comm, cfg.zero, cfg.attention);
+      return GPT2<Elem>(run.model, cfg.batch_size, cfg.seq_len, cfg.recompute, &comm, cfg.zero, cfg.attention,
+                        cfg.bucket_mib);
     } catch (const std::bad_alloc&) {
       throw std::runtime_error(
           "out of host memory allocating the model (its activations alone take " +
@@ -264,7 +265,7 @@ constexpr double kBytesPerGiB = 1073741824.0;
 
 MemoryPlan run_memory_plan(const TrainConfig& cfg, const GPT2Config& model, int batch_size, int recompute, int world) {
   return plan_memory(model, batch_size, cfg.seq_len, recompute, cfg.dtype == "fp32" ? DType::fp32 : DType::bf16,
-                     cfg.zero, world);
+                     cfg.zero, world, cfg.bucket_mib);
 }
 
 // "largest --batch-size that fits: --recompute 0: 3, 1: 5, 2: 6, 3: 9" (0: not even 1).
@@ -273,7 +274,7 @@ std::string fitting_batch_sizes(const TrainConfig& cfg, const GPT2Config& model,
   for (int r = 0; r <= kRecomputeMax; ++r)
     out += std::string(r == 0 ? "" : ",") + " --recompute " + std::to_string(r) + ": " +
            std::to_string(largest_fitting_batch(model, cfg.seq_len, r, cfg.dtype == "fp32" ? DType::fp32 : DType::bf16,
-                                                cfg.zero, world, budget));
+                                                cfg.zero, world, budget, cfg.bucket_mib));
   return out;
 }
 
@@ -423,7 +424,8 @@ class Trainer {
       with_context("--resume " + run_.resume_from->path, [&] { model_.load(run_.model_source); });
     } else if (run_.resume_from) {
       with_context("--resume " + run_.resume_from->path, [&] {
-        load_checkpoint(*run_.resume_from, model_, &state_, comm_.rank(), comm_.world_size(), model_.zero_stage());
+        load_checkpoint(*run_.resume_from, model_, &state_);
+        check_global_batch(state_.train_data.global_batch_tokens);
         if (data_.train) data_.train->restore(state_.train_data);
       });
     } else if (!cfg_.init_from.empty()) {
@@ -431,6 +433,20 @@ class Trainer {
     } else {
       model_.init_random(static_cast<uint64_t>(cfg_.seed));
     }
+  }
+
+  // A checkpoint resumes on any number of ranks (its optimizer state is resharded) if each
+  // micro-step still reads the same tokens: ranks × --batch-size × --seq-len as written.
+  void check_global_batch(uint64_t written) const {
+    const uint64_t ranks = static_cast<uint64_t>(comm_.world_size());
+    const uint64_t row = static_cast<uint64_t>(cfg_.seq_len), now = ranks * cfg_.batch_size * row;
+    if (written == now) return;
+    throw std::runtime_error(
+        "written with a global micro-batch of " + std::to_string(written) +
+        " tokens (ranks x --batch-size x --seq-len), this run's is " + std::to_string(now) + ": " +
+        (written % (ranks * row) == 0 ? "with " + std::to_string(ranks) + " rank(s) use --batch-size " +
+                                            std::to_string(written / (ranks * row))
+                                      : "no --batch-size gives it with " + std::to_string(ranks) + " rank(s)"));
   }
 
   void print_summary() const {
@@ -502,8 +518,7 @@ class Trainer {
       const uint64_t at_once = checkpoints_at_once(state_.step, cfg_.max_steps, cfg_.checkpoint_every,
                                                    cfg_.keep_checkpoints, cfg_.keep_every, existing);
       const uint64_t each = checkpoint_bytes(model_.num_parameters(), sizeof(Elem),
-                                             model_.optimizer_shard_end() - model_.optimizer_shard_begin(),
-                                             comm_.world_size());
+                                             model_.gradient_sync().state_count(), comm_.world_size());
       const uint64_t model_file_bytes = kHeaderBytes + model_.num_parameters() * (save_dtype_ == DType::fp32 ? 4 : 2);
       const uint64_t checkpoints = at_once > UINT64_MAX / each ? UINT64_MAX : at_once * each;
       const uint64_t needed = checkpoints > UINT64_MAX - model_file_bytes ? UINT64_MAX : checkpoints + model_file_bytes;

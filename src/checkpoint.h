@@ -4,8 +4,8 @@
 //
 // A checkpoint is the directory OUT/checkpoint_SSSSSSSS (S = the optimizer steps completed):
 //   model.bin            llm.c model file (bf16 v5 / fp32 v3): exactly the parameters
-//   state_rRRRRR.bin     rank R's training state: fp32 weights and AdamW moments of its shard,
-//                        step, seed, data position, bad-step guards
+//   state_rRRRRR.bin     rank R's training state: fp32 weights and AdamW moments of the parameters
+//                        it owns (grad_buckets.h), step, seed, data position, bad-step guards
 //   manifest.json        written last: format, step, world size, ZeRO stage, dtype, model,
 //                        configuration, and every file's size and CRC-32C
 // A directory without a valid manifest, or whose files differ from it in size or checksum, is
@@ -37,6 +37,8 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iterator>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -56,7 +58,7 @@ struct TrainingState {
   BadStepGuards guards;
 };
 
-constexpr uint32_t kStateVersion = 1;
+constexpr uint32_t kStateVersion = 2;
 constexpr char kStateMagic[8] = {'T', 'G', 'P', 'T', 'S', 'T', 'A', 'T'};
 
 // Fixed-size header of a state file (docs/CHECKPOINTS.md lists every field with its offset).
@@ -68,7 +70,9 @@ struct StateHeader {
   uint32_t dtype;  // parameter storage: 0 = fp32, 1 = bf16
   uint64_t step;
   uint64_t num_parameters;               // P of the whole model
-  uint64_t shard_offset, shard_count;    // this rank's slice [offset, offset + count) of the parameters
+  uint64_t bucket_layers;                // the gradient buckets' layers: with R and the ZeRO stage, which
+                                         // parameters the rank owns (GradientBuckets::segments)
+  uint64_t state_count;                  // N: elements of each optimizer-state section
   uint64_t seed;
   LoaderPosition train_data;
   uint64_t skipped_nonfinite, skipped_loss_z, skipped_norm_z;
@@ -85,11 +89,11 @@ inline std::string state_file_name(int rank) {
 }
 
 // Bytes of one checkpoint of a P-parameter model (model file + world_size state files of at most
-// shard_count parameters each + manifest).
-inline uint64_t checkpoint_bytes(size_t num_parameters, size_t param_element_bytes, size_t shard_count,
+// state_count parameters each + manifest).
+inline uint64_t checkpoint_bytes(size_t num_parameters, size_t param_element_bytes, size_t state_count,
                                  size_t world_size) {
   return kHeaderBytes + num_parameters * param_element_bytes +
-         world_size * (sizeof(StateHeader) + 3 * shard_count * 4 + 2 * ZScoreWindow::kCapacity * 8) + 64 * 1024;
+         world_size * (sizeof(StateHeader) + 3 * state_count * 4 + 2 * ZScoreWindow::kCapacity * 8) + 64 * 1024;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -198,7 +202,7 @@ std::string write_checkpoint(const std::string& out_dir, const GPT2<Elem>& model
   uint64_t model_size = 0, state_size = 0;
   uint32_t model_crc = 0, state_crc = 0;
   const size_t P = model.num_parameters();
-  const size_t shard_begin = model.optimizer_shard_begin(), shard_end = model.optimizer_shard_end();
+  const GradientSync<Elem>& owned = model.gradient_sync();
   if (lead) attempt([&] {
     const std::string model_path = dir + "/" + kModelFileName;
     model.save(model_path);
@@ -216,8 +220,8 @@ std::string write_checkpoint(const std::string& out_dir, const GPT2<Elem>& model
     h.dtype = static_cast<uint32_t>(GPT2<Elem>::dtype);
     h.step = static_cast<uint64_t>(state.step);
     h.num_parameters = P;
-    h.shard_offset = shard_begin;
-    h.shard_count = shard_end - shard_begin;
+    h.bucket_layers = static_cast<uint64_t>(owned.buckets().bucket_layers());
+    h.state_count = owned.state_count();
     h.seed = state.seed;
     h.train_data = state.train_data;
     h.skipped_nonfinite = state.guards.skipped_nonfinite;
@@ -228,16 +232,17 @@ std::string write_checkpoint(const std::string& out_dir, const GPT2<Elem>& model
 
     AtomicFileWriter out(dir + "/" + state_file_name(info.rank));
     out.write(&h, sizeof h);
-    // The optimizer buffers hold the shard only (element 0 = parameter shard_begin); fp32
-    // parameters (the fp32 weights in fp32 mode) are full-size on every rank.
+    // The optimizer buffers hold the owned parameters' state in state order; fp32 parameters (the
+    // fp32 weights in fp32 mode) are in llm.c order on every rank: written segment by segment.
     if (model.master_device() != nullptr) {
-      checkpoint_detail::write_device_floats(out, model.master_device(), h.shard_count);
+      checkpoint_detail::write_device_floats(out, model.master_device(), h.state_count);
     } else {
-      checkpoint_detail::write_device_floats(out, reinterpret_cast<const float*>(model.params_device()) + shard_begin,
-                                             h.shard_count);
+      for (const OptimizerSegment& g : owned.segments())
+        checkpoint_detail::write_device_floats(out, reinterpret_cast<const float*>(model.params_device()) + g.param,
+                                               g.count);
     }
-    checkpoint_detail::write_device_floats(out, model.adam_m_device(), h.shard_count);
-    checkpoint_detail::write_device_floats(out, model.adam_v_device(), h.shard_count);
+    checkpoint_detail::write_device_floats(out, model.adam_m_device(), h.state_count);
+    checkpoint_detail::write_device_floats(out, model.adam_v_device(), h.state_count);
     checkpoint_detail::write_window(out, state.guards.loss_window);
     checkpoint_detail::write_window(out, state.guards.norm_window);
     out.commit();
@@ -282,69 +287,148 @@ std::string write_checkpoint(const std::string& out_dir, const GPT2<Elem>& model
   return dir;
 }
 
-// Loads a verified checkpoint into a model built with the checkpoint's architecture and dtype:
-// parameters from model.bin, fp32 weights (master weights for bf16) and AdamW moments from this
-// rank's state file, and the rest into *state (guard limits are left as they are).
-template <typename Elem>
-void load_checkpoint(const Checkpoint& c, GPT2<Elem>& model, TrainingState* state, int rank, int world_size,
-                     int zero_stage) {
-  model.load(c.path + "/" + kModelFileName);
-  const std::string path = c.path + "/" + state_file_name(rank);
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) throw file_error(path, "cannot open", errno);
-  try {
-    StateHeader h{};
-    checkpoint_detail::read_exact(f, &h, sizeof h, path, "the header");
-    auto mismatch = [&](const std::string& what) { return std::runtime_error(path + ": " + what); };
-    if (std::memcmp(h.magic, kStateMagic, sizeof h.magic) != 0) throw mismatch("not a train_gpt state file");
-    if (h.version != kStateVersion || h.header_bytes != sizeof(StateHeader))
-      throw mismatch("state format version " + std::to_string(h.version) + ", this build reads version " +
-                     std::to_string(kStateVersion));
-    if (h.world_size != static_cast<uint32_t>(world_size) || h.zero_stage != static_cast<uint32_t>(zero_stage))
-      throw mismatch("written by a run with " + std::to_string(h.world_size) + " rank(s) and ZeRO stage " +
-                     std::to_string(h.zero_stage) + "; this run has " + std::to_string(world_size) +
-                     " rank(s) and ZeRO stage " + std::to_string(zero_stage) +
-                     " (resume with the same number of ranks and ZeRO stage)");
-    if (h.rank != static_cast<uint32_t>(rank)) throw mismatch("belongs to rank " + std::to_string(h.rank));
-    if (h.dtype != static_cast<uint32_t>(GPT2<Elem>::dtype))
-      throw mismatch(std::string("written by a --dtype ") + dtype_name(static_cast<DType>(h.dtype)) +
-                     " run, this run is " + dtype_name(GPT2<Elem>::dtype));
-    const size_t shard_begin = model.optimizer_shard_begin(), shard_end = model.optimizer_shard_end();
-    if (h.num_parameters != model.num_parameters() || h.shard_offset != shard_begin ||
-        h.shard_count != shard_end - shard_begin)
-      throw mismatch("holds the optimizer state of parameters [" + std::to_string(h.shard_offset) + ", " +
-                     std::to_string(h.shard_offset + h.shard_count) + ") of " + std::to_string(h.num_parameters) +
-                     "; this rank needs [" + std::to_string(shard_begin) + ", " + std::to_string(shard_end) +
-                     ") of " + std::to_string(model.num_parameters()));
-    if (h.step != static_cast<uint64_t>(c.step))
-      throw mismatch("is at step " + std::to_string(h.step) + ", the manifest says " + std::to_string(c.step));
-    if (h.loss_window_count > ZScoreWindow::kCapacity || h.norm_window_count > ZScoreWindow::kCapacity)
-      throw mismatch("guard windows hold more than " + std::to_string(ZScoreWindow::kCapacity) + " values");
+namespace checkpoint_detail {
 
-    // As written: optimizer buffers from their element 0, fp32 parameters at the shard's offset.
-    float* weights = model.master_device() != nullptr
-                         ? model.master_device()
-                         : reinterpret_cast<float*>(model.params_device()) + h.shard_offset;
-    checkpoint_detail::read_to_device(f, weights, h.shard_count, path, "the fp32 weights");
-    checkpoint_detail::read_to_device(f, model.adam_m_device(), h.shard_count, path, "the AdamW first moments");
-    checkpoint_detail::read_to_device(f, model.adam_v_device(), h.shard_count, path, "the AdamW second moments");
-    std::vector<double> loss_values(h.loss_window_count), norm_values(h.norm_window_count);
-    checkpoint_detail::read_exact(f, loss_values.data(), loss_values.size() * sizeof(double), path, "the loss window");
-    checkpoint_detail::read_exact(f, norm_values.data(), norm_values.size() * sizeof(double), path,
-                                  "the gradient-norm window");
-    if (std::fgetc(f) != EOF) throw mismatch("has bytes after the last section");
-
-    state->step = static_cast<long long>(h.step);
-    state->seed = h.seed;
-    state->train_data = h.train_data;
-    state->guards.skipped_nonfinite = h.skipped_nonfinite;
-    state->guards.skipped_loss_z = h.skipped_loss_z;
-    state->guards.skipped_norm_z = h.skipped_norm_z;
-    state->guards.loss_window.assign(loss_values);
-    state->guards.norm_window.assign(norm_values);
-  } catch (...) {
-    std::fclose(f);
-    throw;
+// One state file of a checkpoint being loaded: its header, its open file, and which parameters its
+// optimizer-state elements belong to (runs sorted by parameter).
+struct StateSource {
+  std::string path;
+  std::FILE* file = nullptr;
+  StateHeader header{};
+  std::vector<OptimizerSegment> runs;
+  StateSource() = default;
+  StateSource(const StateSource&) = delete;
+  StateSource& operator=(const StateSource&) = delete;
+  ~StateSource() {
+    if (file != nullptr) std::fclose(file);
   }
-  std::fclose(f);
+};
+
+// Reads and checks state file `rank` of a checkpoint written by `world_size` ranks.
+template <typename Elem>
+void open_state_source(const Checkpoint& c, int rank, int world_size, const GPT2<Elem>& model, StateSource* src) {
+  src->path = c.path + "/" + state_file_name(rank);
+  const std::string& path = src->path;
+  src->file = std::fopen(path.c_str(), "rb");
+  if (src->file == nullptr) throw file_error(path, "cannot open", errno);
+  StateHeader& h = src->header;
+  read_exact(src->file, &h, sizeof h, path, "the header");
+  auto mismatch = [&](const std::string& what) { return std::runtime_error(path + ": " + what); };
+  if (std::memcmp(h.magic, kStateMagic, sizeof h.magic) != 0) throw mismatch("not a train_gpt state file");
+  if (h.version != kStateVersion || h.header_bytes != sizeof(StateHeader))
+    throw mismatch("state format version " + std::to_string(h.version) + ", this build reads version " +
+                   std::to_string(kStateVersion));
+  if (h.rank != static_cast<uint32_t>(rank) || h.world_size != static_cast<uint32_t>(world_size))
+    throw mismatch("belongs to rank " + std::to_string(h.rank) + " of " + std::to_string(h.world_size) +
+                   ", the manifest lists it as rank " + std::to_string(rank) + " of " + std::to_string(world_size));
+  if (h.dtype != static_cast<uint32_t>(GPT2<Elem>::dtype))
+    throw mismatch(std::string("written by a --dtype ") + dtype_name(static_cast<DType>(h.dtype)) +
+                   " run, this run is " + dtype_name(GPT2<Elem>::dtype));
+  if (h.num_parameters != model.num_parameters())
+    throw mismatch("holds a model of " + std::to_string(h.num_parameters) + " parameters, this model has " +
+                   std::to_string(model.num_parameters()));
+  if (h.step != static_cast<uint64_t>(c.step))
+    throw mismatch("is at step " + std::to_string(h.step) + ", the manifest says " + std::to_string(c.step));
+  if (h.loss_window_count > ZScoreWindow::kCapacity || h.norm_window_count > ZScoreWindow::kCapacity)
+    throw mismatch("guard windows hold more than " + std::to_string(ZScoreWindow::kCapacity) + " values");
+  const GradientBuckets buckets = gradient_buckets(model.layout(), world_size, static_cast<int>(h.zero_stage),
+                                                   static_cast<int>(h.bucket_layers));
+  const int owner = effective_zero_stage(static_cast<int>(h.zero_stage), world_size) == 0 ? 0 : rank;
+  if (h.state_count != buckets.state_count(owner))
+    throw mismatch("holds " + std::to_string(h.state_count) + " optimizer-state elements, rank " +
+                   std::to_string(rank) + "'s share is " + std::to_string(buckets.state_count(owner)));
+  const uint64_t expected = sizeof h + 3 * h.state_count * sizeof(float) +
+                            (h.loss_window_count + h.norm_window_count) * sizeof(double);
+  struct stat st {};
+  if (::fstat(::fileno(src->file), &st) != 0 || static_cast<uint64_t>(st.st_size) != expected)
+    throw mismatch("is " + std::to_string(st.st_size) + " bytes, its header describes " + std::to_string(expected));
+  src->runs = buckets.segments(owner);
+  std::sort(src->runs.begin(), src->runs.end(),
+            [](const OptimizerSegment& a, const OptimizerSegment& b) { return a.param < b.param; });
+}
+
+// Section `section` (0 weights, 1 adam_m, 2 adam_v) of parameters [param, param + count) from the
+// sources that own them, into host memory.
+inline void read_state_range(const std::vector<std::unique_ptr<StateSource>>& sources, int section, size_t param,
+                             size_t count, float* out) {
+  for (size_t done = 0; done < count;) {
+    const size_t p = param + done;
+    const StateSource* from = nullptr;
+    const OptimizerSegment* run = nullptr;
+    for (const auto& src : sources) {
+      auto it = std::upper_bound(src->runs.begin(), src->runs.end(), p,
+                                 [](size_t v, const OptimizerSegment& r) { return v < r.param; });
+      if (it != src->runs.begin() && p < std::prev(it)->param + std::prev(it)->count) {
+        from = src.get();
+        run = &*std::prev(it);
+        break;
+      }
+    }
+    if (from == nullptr) throw std::runtime_error("checkpoint: no state file holds parameter " + std::to_string(p));
+    const size_t n = std::min(count - done, run->param + run->count - p);
+    const long offset = static_cast<long>(sizeof(StateHeader) +
+                                          (section * from->header.state_count + run->state + (p - run->param)) * 4);
+    if (std::fseek(from->file, offset, SEEK_SET) != 0) throw file_error(from->path, "cannot seek", errno);
+    read_exact(from->file, out + done, n * sizeof(float), from->path, "the optimizer state");
+    done += n;
+  }
+}
+
+}  // namespace checkpoint_detail
+
+// Loads a verified checkpoint into a model built with the checkpoint's architecture and dtype:
+// parameters from model.bin, fp32 weights (master weights for bf16) and AdamW moments of the
+// parameters this rank owns, and the rest into *state (guard limits are left as they are). The
+// checkpoint may come from another number of ranks, ZeRO stage or bucket size (resharding): each
+// owned segment's state is read from whichever state files hold it. The training state besides
+// the optimizer (step, seed, data position, guards) is the same on every rank: rank 0's is used.
+template <typename Elem>
+void load_checkpoint(const Checkpoint& c, GPT2<Elem>& model, TrainingState* state) {
+  model.load(c.path + "/" + kModelFileName);
+  const int old_world = c.manifest.value("world_size", 1);
+  const int old_zero = c.manifest.value("zero_stage", 0);
+  // At stage 0 every rank holds all of the state: rank 0's file is enough.
+  const int sources_needed = effective_zero_stage(old_zero, old_world) == 0 ? 1 : old_world;
+  std::vector<std::unique_ptr<checkpoint_detail::StateSource>> sources;
+  for (int r = 0; r < sources_needed; ++r) {
+    sources.push_back(std::make_unique<checkpoint_detail::StateSource>());
+    checkpoint_detail::open_state_source(c, r, old_world, model, sources.back().get());
+  }
+  for (const auto& src : sources)
+    if (src->header.zero_stage != static_cast<uint32_t>(old_zero))
+      throw std::runtime_error(src->path + ": ZeRO stage " + std::to_string(src->header.zero_stage) +
+                               ", the manifest says " + std::to_string(old_zero));
+
+  float* sections[3] = {model.master_device(), model.adam_m_device(), model.adam_v_device()};
+  const char* names[3] = {"the fp32 weights", "the AdamW first moments", "the AdamW second moments"};
+  std::vector<float> host;
+  for (const OptimizerSegment& g : model.gradient_sync().segments()) {
+    host.resize(g.count);
+    for (int section = 0; section < 3; ++section) {
+      checkpoint_detail::read_state_range(sources, section, g.param, g.count, host.data());
+      // fp32 weights in fp32 mode are the parameters themselves, in llm.c order.
+      float* dst = sections[section] != nullptr ? sections[section] + g.state
+                                                : reinterpret_cast<float*>(model.params_device()) + g.param;
+      cuda_check(cudaMemcpy(dst, host.data(), g.count * sizeof(float), cudaMemcpyHostToDevice),
+                 (std::string("uploading ") + names[section]).c_str());
+    }
+  }
+
+  const checkpoint_detail::StateSource& first = *sources.front();
+  const StateHeader& h = first.header;
+  if (std::fseek(first.file, static_cast<long>(sizeof h + 3 * h.state_count * sizeof(float)), SEEK_SET) != 0)
+    throw file_error(first.path, "cannot seek", errno);
+  std::vector<double> loss_values(h.loss_window_count), norm_values(h.norm_window_count);
+  checkpoint_detail::read_exact(first.file, loss_values.data(), loss_values.size() * sizeof(double), first.path,
+                                "the loss window");
+  checkpoint_detail::read_exact(first.file, norm_values.data(), norm_values.size() * sizeof(double), first.path,
+                                "the gradient-norm window");
+  state->step = static_cast<long long>(h.step);
+  state->seed = h.seed;
+  state->train_data = h.train_data;
+  state->guards.skipped_nonfinite = h.skipped_nonfinite;
+  state->guards.skipped_loss_z = h.skipped_loss_z;
+  state->guards.skipped_norm_z = h.skipped_norm_z;
+  state->guards.loss_window.assign(loss_values);
+  state->guards.norm_window.assign(norm_values);
 }

@@ -59,6 +59,11 @@ template <> constexpr ncclDataType_t nccl_type<double>() { return ncclFloat64; }
 
 }  // namespace comm_detail
 
+// Collectives issued through a Communicator, by kind (tests check how gradients travel).
+struct CollectiveCounts {
+  long long all_reduce = 0, reduce_scatter = 0, all_gather = 0, broadcast = 0;
+};
+
 class Communicator {
  public:
   explicit Communicator(const CommOptions& options) : options_(options) {
@@ -104,6 +109,8 @@ class Communicator {
   int local_rank() const { return launch_.local_rank; }
   const std::string& launcher() const { return launch_.source; }
   cudaStream_t stream() const { return stream_; }
+  // Since construction or the last reset (counts = {}).
+  CollectiveCounts& counts() { return counts_; }
 
   // Communication issued from now on runs after the work already queued on `producer`.
   void wait_for(cudaStream_t producer) {
@@ -118,23 +125,23 @@ class Communicator {
 
   // In place over n device elements: every rank gets the sum (average) over ranks.
   template <typename T> void all_reduce(T* data, size_t n, ncclRedOp_t op) {
+    ++counts_.all_reduce;
     check(ncclAllReduce(data, data, n, comm_detail::nccl_type<T>(), op, comm_, stream_), "ncclAllReduce");
   }
   // recv (recvcount elements) on rank r = op over ranks of send[r·recvcount, (r+1)·recvcount).
   template <typename T> void reduce_scatter(const T* send, T* recv, size_t recvcount, ncclRedOp_t op) {
+    ++counts_.reduce_scatter;
     check(ncclReduceScatter(send, recv, recvcount, comm_detail::nccl_type<T>(), op, comm_, stream_),
           "ncclReduceScatter");
   }
-  // recv on `root` = op over ranks of send (n elements); other ranks' recv is untouched.
-  template <typename T> void reduce(const T* send, T* recv, size_t n, int root, ncclRedOp_t op) {
-    check(ncclReduce(send, recv, n, comm_detail::nccl_type<T>(), op, root, comm_, stream_), "ncclReduce");
-  }
   // recv[r·sendcount, (r+1)·sendcount) = rank r's send; send may be recv + rank·sendcount.
   template <typename T> void all_gather(const T* send, T* recv, size_t sendcount) {
+    ++counts_.all_gather;
     check(ncclAllGather(send, recv, sendcount, comm_detail::nccl_type<T>(), comm_, stream_), "ncclAllGather");
   }
   // data (n elements) on every rank = data on `root`.
   template <typename T> void broadcast(T* data, size_t n, int root) {
+    ++counts_.broadcast;
     check(ncclBroadcast(data, data, n, comm_detail::nccl_type<T>(), root, comm_, stream_), "ncclBroadcast");
   }
   // Calls between group_start() and group_end() are launched together (nccl group semantics).
@@ -187,4 +194,5 @@ class Communicator {
   cudaStream_t stream_ = nullptr;
   cudaEvent_t event_ = nullptr;
   double* scalar_ = nullptr;
+  CollectiveCounts counts_;
 };

@@ -9,6 +9,7 @@
 // Every bad input is a std::invalid_argument with one line naming the flag, key or file
 // and what was expected.
 #pragma once
+#include "grad_buckets.h"
 #include "lr_schedule.h"
 
 #include <sys/stat.h>
@@ -67,6 +68,7 @@ struct TrainConfig {
   std::string config_file;
   // data parallel
   int zero = 0;
+  double bucket_mib = kDefaultBucketMiB;
   std::string rendezvous;
   double comm_timeout = 300.0;
   // checkpoints and bad-step guards (src/checkpoint.h, src/step_guards.h)
@@ -169,6 +171,8 @@ inline const std::vector<Flag>& flag_table() {
        &TrainConfig::save_dtype, {}, {"bf16", "fp32"}, "the run's --dtype"},
       {"zero", "0|1|2", "ZeRO stage with several ranks: 0 all-reduces gradients; 1 shards the AdamW state (moments, "
        "fp32 master weights) over the ranks; 2 also shards the gradients", &TrainConfig::zero, {0, 2}},
+      {"bucket-mib", "MIB", "gradients travel between ranks in buckets of about MIB MiB (whole layers, at least one), "
+       "each sent as soon as its layers' backward is done", &TrainConfig::bucket_mib, {0, HUGE_VAL, true, false}},
       {"rendezvous", "file:PATH|tcp:HOST:PORT",
        "how ranks started without mpirun (SLURM srun) exchange the NCCL id: a file on a shared filesystem or rank 0's "
        "TCP port", &TrainConfig::rendezvous, {}, {}, "none (mpirun: MPI)"},

@@ -44,9 +44,9 @@ class GPT2 {
   // micro-batch (the sequence length is fixed for the model's lifetime) at activation
   // recomputation setting `recompute` (0..3, see kRecomputeMax). Parameters, gradients and
   // optimizer state start at zero: call init_random() or load(). With a communicator of several
-  // ranks, gradients are synchronized at `zero_stage` (grad_sync.h). `attention`: --attention.
+  // ranks, gradients are synchronized at `zero_stage` in buckets of ~bucket_mib (grad_sync.h).
   GPT2(const GPT2Config& cfg, int B, int seq_len, int recompute = kRecomputeDefault, Communicator* comm = nullptr,
-       int zero_stage = 0, const std::string& attention = "auto")
+       int zero_stage = 0, const std::string& attention = "auto", double bucket_mib = kDefaultBucketMiB)
       : cfg_(gpt2_check_micro_batch(cfg, B, seq_len, recompute)),
         layout_(cfg),
         B_(B),
@@ -54,10 +54,10 @@ class GPT2 {
         recompute_(recompute),
         attention_(choose_attention(attention, dtype, cfg)),
         stream_("creating the model's CUDA stream"),
-        grads_(layout_, comm, zero_stage, stream_.get()) {
+        grads_(layout_, comm, zero_stage, layers_per_bucket(layout_, bucket_mib, sizeof(Elem)), stream_.get()) {
     matmul_init();
-    const size_t state = grads_.shard_end() - grads_.shard_begin();
-    params_ = DeviceArray<Elem>(grads_.padded_size(), "parameters");
+    const size_t state = grads_.state_count();
+    params_ = DeviceArray<Elem>(layout_.total, "parameters");
     adam_m_ = DeviceArray<float>(state, "AdamW first moments");
     adam_v_ = DeviceArray<float>(state, "AdamW second moments");
     if (dtype == DType::bf16) master_ = DeviceArray<float>(state, "fp32 master weights");
@@ -84,9 +84,8 @@ class GPT2 {
   AttentionKernel attention() const { return attention_; }
   cudaStream_t stream() const { return stream_.get(); }
   int zero_stage() const { return grads_.zero_stage(); }
-  // This rank's optimizer shard: elements [begin, end) of the parameter buffer (at ZeRO 0: all).
-  size_t optimizer_shard_begin() const { return grads_.shard_begin(); }
-  size_t optimizer_shard_end() const { return grads_.shard_end(); }
+  // The parameters whose optimizer state this rank holds (at ZeRO 0: all), in state order.
+  const GradientSync<Elem>& gradient_sync() const { return grads_; }
 
   // Device buffers (llm.c order) for checkpoints; master weights: nullptr for Elem = float.
   Elem* params_device() const { return params_.get(); }
@@ -209,8 +208,9 @@ class GPT2 {
 
   // update()'s second half: the AdamW step, given gradient_norm()'s result for the clipping.
   void apply_update(const OptimizerSettings& opt, float lr, int step, float norm) {
-    adamw_step(opt, lr, step, norm, layout_, grads_.shard_begin(), grads_.shard_end(), params_.get(), master_.get(),
-               grads_.shard(), adam_m_.get(), adam_v_.get(), stream_.get());
+    adamw_step(opt, lr, step, norm, layout_, grads_.segments(), params_.get(), master_.get(), grads_.owned_gradients(),
+               [this](const OptimizerSegment& s) { return grads_.gradient_offset(s); }, adam_m_.get(), adam_v_.get(),
+               stream_.get());
     grads_.gather_parameters(params_.get());
   }
 
@@ -230,7 +230,7 @@ class GPT2 {
   // Host copies as float, llm.c order.
   std::vector<float> parameters() const { return copy_floats_to_host(params_.get(), layout_.total, stream_.get()); }
   // (At ZeRO stage 2 no rank holds them all: throws.)
-  std::vector<float> gradients() const { return copy_floats_to_host(grads_.full(), layout_.total, stream_.get()); }
+  std::vector<float> gradients() const { return grads_.llmc_order(stream_.get()); }
   // The logits of the last forward(): rows [N - r, N) of the micro-batch, r = N mod the lm head's
   // chunk rows (or those rows), which is every row when B·T <= that.
   // After forward_backward() they hold the logits' gradients.
@@ -281,14 +281,12 @@ class GPT2 {
     for (size_t k = 0; k < values.size(); ++k) stored[k] = host_from_float<Elem>(values[k]);
     cuda_check(cudaMemcpy(params_.get() + t.offset, stored.data(), t.count * sizeof(Elem), cudaMemcpyHostToDevice),
                (std::string("uploading parameter tensor ") + t.name).c_str());
-    // The master weights of this rank's optimizer shard only.
-    const size_t shard_begin = grads_.shard_begin();
-    const size_t begin = std::max(t.offset, shard_begin), end = std::min(t.offset + t.count, grads_.shard_end());
-    if (master_.get() != nullptr && begin < end) {
-      cuda_check(cudaMemcpy(master_.get() + (begin - shard_begin), values.data() + (begin - t.offset),
-                            (end - begin) * sizeof(float), cudaMemcpyHostToDevice),
-                 (std::string("uploading master weights of ") + t.name).c_str());
-    }
+    // The master weights of the parameters this rank updates only.
+    for (const OptimizerSegment& s : grads_.segments())
+      if (master_.get() != nullptr && s.tensor == i)
+        cuda_check(cudaMemcpy(master_.get() + s.state, values.data() + (s.param - t.offset), s.count * sizeof(float),
+                              cudaMemcpyHostToDevice),
+                   (std::string("uploading master weights of ") + t.name).c_str());
   }
 
   // Every token must index a real vocabulary row; anything else means the data was tokenized for
@@ -324,8 +322,8 @@ class GPT2 {
     grads_.wait_for_gradients();
     float* norm_squared = acts_.norm_squared.get();
     cuda_check(cudaMemsetAsync(norm_squared, 0, sizeof(float), stream_.get()), "gradient norm");
-    global_norm_squared(norm_squared, acts_.scratch.get(), grads_.shard(), grads_.shard_end() - grads_.shard_begin(),
-                        stream_.get());
+    for (const auto& [offset, count] : grads_.owned_gradient_ranges())
+      global_norm_squared(norm_squared, acts_.scratch.get(), grads_.owned_gradients() + offset, count, stream_.get());
     grads_.sum_norm_squared(norm_squared);
   }
 
@@ -488,7 +486,7 @@ class GPT2 {
   const AttentionKernel attention_;
   CudaStream stream_;
   GradientSync<Elem> grads_;
-  DeviceArray<Elem> params_;  // padded to GradientSync::padded_size()
+  DeviceArray<Elem> params_;
   DeviceArray<float> adam_m_, adam_v_, master_, wte_grad_fp32_;  // wte's: the lm head's share, (Vp, C)
   int logits_chunk_rows_ = static_cast<int>(kLogitsChunkRows);
   Activations<Elem> acts_;

@@ -35,20 +35,22 @@ inline size_t term_bytes(const MemoryPlan& plan, const std::string& name) {
 }
 
 // One rank's device allocations (rank 0's: no other rank holds more) for a model of `cfg` trained
-// with micro-batch B×T at `recompute`, `dtype`, ZeRO stage `zero_stage` over `world_size` ranks.
+// with micro-batch B×T at `recompute`, `dtype`, ZeRO stage `zero_stage` over `world_size` ranks,
+// gradients in buckets of ~bucket_mib.
 inline MemoryPlan plan_memory(const GPT2Config& cfg, int B, int T, int recompute, DType dtype, int zero_stage,
-                              int world_size) {
+                              int world_size, double bucket_mib = kDefaultBucketMiB) {
   const ParameterLayout layout(cfg);
   const size_t elem = dtype == DType::fp32 ? sizeof(float) : sizeof(bf16);
-  const size_t padded = zero_shard_size(layout.total, static_cast<size_t>(world_size)) * world_size;
-  const size_t state = optimizer_state_count(layout.total, world_size, zero_stage, 0);
+  const GradientBuckets buckets =
+      gradient_buckets(layout, world_size, zero_stage, layers_per_bucket(layout, bucket_mib, elem));
+  const size_t state = buckets.state_count(0);
   const ActivationCounts counts = gpt2_activation_counts(cfg, B, T, recompute);
   const ActivationBytes activations = gpt2_activation_bytes(cfg, B, T, recompute, dtype);
   const size_t logits = elem * counts.logits;
   MemoryPlan plan;
   plan.terms = {
-      {"parameters", elem * padded},
-      {"gradients", elem * gradient_buffer_counts(layout, world_size, zero_stage).total()},
+      {"parameters", elem * layout.total},
+      {"gradients", elem * gradient_buffer_counts(buckets, effective_zero_stage(zero_stage, world_size)).total()},
       {"lm head wte gradient (fp32)", sizeof(float) * layout[kWte].count},
       {"master weights (fp32)", dtype == DType::bf16 ? sizeof(float) * state : 0},
       {"AdamW moments (fp32)", 2 * sizeof(float) * state},
@@ -63,8 +65,11 @@ inline MemoryPlan plan_memory(const GPT2Config& cfg, int B, int T, int recompute
 
 // The largest micro-batch size (≤ limit) whose plan fits in `budget` bytes; 0 if not even B = 1.
 inline int largest_fitting_batch(const GPT2Config& cfg, int T, int recompute, DType dtype, int zero_stage,
-                                 int world_size, size_t budget, int limit = 1 << 16) {
-  auto fits = [&](int B) { return plan_memory(cfg, B, T, recompute, dtype, zero_stage, world_size).total() <= budget; };
+                                 int world_size, size_t budget, double bucket_mib = kDefaultBucketMiB,
+                                 int limit = 1 << 16) {
+  auto fits = [&](int B) {
+    return plan_memory(cfg, B, T, recompute, dtype, zero_stage, world_size, bucket_mib).total() <= budget;
+  };
   if (!fits(1)) return 0;
   int lo = 1, hi = limit;  // fits(lo); the answer is in [lo, hi]
   while (lo < hi) {

@@ -65,11 +65,10 @@ inline std::optional<Checkpoint> resolve_resume(const TrainConfig& cfg, Communic
   if (cfg.eval) return found;
   const nlohmann::json& m = found->manifest;
   const int saved_world_size = m.value("world_size", -1), zero_stage = m.value("zero_stage", -1);
-  if (saved_world_size != world_size || zero_stage != zero)
-    throw std::runtime_error("--resume " + found->path + ": written by a run with " + std::to_string(saved_world_size) +
-                             " rank(s) and ZeRO stage " + std::to_string(zero_stage) + "; this run has " +
-                             std::to_string(world_size) + " rank(s) and ZeRO stage " + std::to_string(zero) +
-                             " (resuming with another world size or ZeRO stage is not supported)");
+  if ((saved_world_size != world_size || zero_stage != zero) && lead)
+    std::printf("--resume %s: written by %d rank(s) at ZeRO stage %d; its optimizer state is resharded for %d "
+                "rank(s) at ZeRO stage %d\n",
+                found->path.c_str(), saved_world_size, zero_stage, world_size, zero);
   const std::string dtype = m.value("dtype", "");
   if (dtype != cfg.dtype)
     throw std::runtime_error("--resume " + found->path + ": the checkpoint holds " + dtype +

@@ -95,20 +95,6 @@ TEMPLATE_TEST_CASE("reduce_scatter leaves block r of the sum on rank r, in and o
   }
 }
 
-TEMPLATE_TEST_CASE("reduce leaves the sum on the root only", "[nccl]", float, bf16) {
-  const size_t n = 77;
-  const int rank = comm().rank();
-  for (int root : {0, comm().world_size() - 1}) {
-    INFO("root " << root);
-    const std::vector<TestType> mine = inputs_of<TestType>(rank, n);
-    test::DeviceBuffer<TestType> data(mine);
-    comm().reduce(data.ptr, data.ptr, n, root, ncclAvg);
-    const std::vector<TestType> got = data.download();
-    if (rank == root) check_reduced(got, 0, ncclAvg);
-    else CHECK(std::memcmp(got.data(), mine.data(), n * sizeof(TestType)) == 0);  // in place: untouched
-  }
-}
-
 TEMPLATE_TEST_CASE("all_gather concatenates the ranks' blocks, in and out of place", "[nccl]", float, bf16) {
   const int R = comm().world_size(), rank = comm().rank();
   for (size_t block : {size_t(1), size_t(9), size_t(250)}) {

@@ -40,16 +40,20 @@ TEST_CASE("memory plan of GPT-2 124M by hand", "[memory_plan]") {
   const size_t NH = 12;
   CHECK(term(one, "activations: blocks") == 2 * block_elems + 4 * (4 * L * N + L * N * NH));
 
-  // ZeRO-1 over 8 ranks: shard S = ceil(P / 8) rounded up to 8; parameters and gradients padded to 8·S.
+  // ZeRO-1 over 8 ranks: each bucket's chunk is an eighth of it (rounded up to 8), S their sum.
   const size_t per_rank = (P + 7) / 8, S = (per_rank + 7) / 8 * 8;
   const MemoryPlan zero1 = plan_memory(d12, 64, 1024, 1, DType::bf16, 1, 8);
   CHECK(term(zero1, "parameters") == 2 * 8 * S);
   CHECK(term(zero1, "gradients") == 2 * 8 * S);
   CHECK(term(zero1, "master weights (fp32)") == 4 * S);
   CHECK(term(zero1, "AdamW moments (fp32)") == 8 * S);
-  // ZeRO-2: two per-layer gradient blocks, the wte/wpe/lnf block and the shard.
+  // ZeRO-2: two working windows of one 32 MiB bucket each (two bf16 layers: 27 MiB; three would be
+  // 40.6 MiB), the wte/wpe/lnf window and the shard (every count here divides by 8·8: no padding).
   const MemoryPlan zero2 = plan_memory(d12, 64, 1024, 1, DType::bf16, 2, 8);
-  CHECK(term(zero2, "gradients") == 2 * (2 * per_layer + model_tensors + S));
+  CHECK(term(zero2, "gradients") == 2 * (2 * 2 * per_layer + model_tensors + S));
+  // Buckets of one layer: the windows shrink to a layer each.
+  CHECK(term(plan_memory(d12, 64, 1024, 1, DType::bf16, 2, 8, 14.0), "gradients") ==
+        2 * (2 * per_layer + model_tensors + S));
   // One rank runs stage 0 whatever was asked; fp32 has no master weights.
   CHECK(plan_memory(d12, 64, 1024, 1, DType::bf16, 2, 1).total() == one.total());
   CHECK(term(plan_memory(d12, 64, 1024, 1, DType::fp32, 0, 1), "master weights (fp32)") == 0);

@@ -108,16 +108,17 @@ else
   fi
 fi
 
-# Resuming with another world size, ZeRO stage or dtype is refused, saying what differs.
+# A manifest that disagrees with its state files (world size) and another dtype are refused,
+# saying what differs (another world size or ZeRO stage itself is resharding: checkpoint_reshard.sh).
 cp -r "$base" "$tmp/ranks"
 "$python" - "$tmp/ranks/checkpoint_00000008/manifest.json" <<'EOF'
 import json, sys
 m = json.load(open(sys.argv[1])); m["world_size"] = 2; json.dump(m, open(sys.argv[1], "w"))
 EOF
 if "$bin" "${common[@]}" --resume auto --out-dir "$tmp/ranks" >"$tmp/ranks.log" 2>&1; then
-  fail "a checkpoint of 2 ranks was resumed by 1"
+  fail "a checkpoint whose manifest says 2 ranks and whose state file says 1 was resumed"
 else
-  grep -q "^error: --resume .*: written by a run with 2 rank(s) and ZeRO stage 0; this run has 1 rank(s)" "$tmp/ranks.log" ||
+  grep -q "^error: --resume .*state_r00000.bin: belongs to rank 0 of 1, the manifest lists it as rank 0 of 2" "$tmp/ranks.log" ||
     fail "world-size message: $(tail -1 "$tmp/ranks.log")"
 fi
 if "$bin" "${common[@]}" --dtype fp32 --resume auto --out-dir "$base" >"$tmp/dtype.log" 2>&1; then

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# The communicator's collectives (test/mpi_nccl.cu: all-reduce, reduce-scatter, reduce,
-# all-gather, broadcast, groups, host sums) under mpirun with 2 and 4 ranks: the CPU build's
+# The multi-rank test binaries under mpirun: the communicator's collectives (test/mpi_nccl.cu:
+# all-reduce, reduce-scatter, all-gather, broadcast, groups, host sums) and how gradients travel
+# in buckets at each ZeRO stage (test/mpi_grad_sync.cu), with 2 and 4 ranks: the CPU build's
 # MPI-backed NCCL stand-in, or real NCCL in the GPU build (one GPU per rank: 2 and 4 ranks as the
 # GPUs allow, one rank on a one-GPU machine). CPU: both thread orders, like every other test binary.
 # usage: distributed_nccl.sh cpu|gpu
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 mode=${1:-cpu}
-bin=build/$mode/test/mpi_nccl
-[ -x "$bin" ] || { echo "FAIL: $bin is missing (make test builds it)"; exit 1; }
+bins=(build/"$mode"/test/mpi_nccl build/"$mode"/test/mpi_grad_sync)
+for bin in "${bins[@]}"; do
+  [ -x "$bin" ] || { echo "FAIL: $bin is missing (make test builds it)"; exit 1; }
+done
 ranks_list="2 4"
 orders="forward reverse"
 if [ "$mode" = gpu ]; then
@@ -20,16 +23,18 @@ fi
 mpi_opts=(--oversubscribe -x SIMT_THREADS=1 -x SIMT_SCHEDULE)
 [ "$(id -u)" -eq 0 ] && mpi_opts+=(--allow-run-as-root)
 failures=0
-for ranks in $ranks_list; do
-  for order in $orders; do
-    log=$(mktemp)
-    if SIMT_THREADS=1 SIMT_SCHEDULE=$order timeout 300 mpirun -np "$ranks" "${mpi_opts[@]}" "$bin" >"$log" 2>&1 &&
-        [ "$(grep -c 'All tests passed' "$log")" -eq "$ranks" ]; then
-      echo "$ranks ranks [$order]: $(grep -m1 'All tests passed' "$log")"
-    else
-      echo "FAIL: $ranks ranks [$order]"; cat "$log"; failures=$((failures + 1))
-    fi
-    rm -f "$log"
+for bin in "${bins[@]}"; do
+  for ranks in $ranks_list; do
+    for order in $orders; do
+      log=$(mktemp)
+      if SIMT_THREADS=1 SIMT_SCHEDULE=$order timeout 300 mpirun -np "$ranks" "${mpi_opts[@]}" "$bin" >"$log" 2>&1 &&
+          [ "$(grep -c 'All tests passed' "$log")" -eq "$ranks" ]; then
+        echo "$(basename "$bin"), $ranks ranks [$order]: $(grep -m1 'All tests passed' "$log")"
+      else
+        echo "FAIL: $(basename "$bin"), $ranks ranks [$order]"; cat "$log"; failures=$((failures + 1))
+      fi
+      rm -f "$log"
+    done
   done
 done
 [ "$failures" -eq 0 ]

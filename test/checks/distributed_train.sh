@@ -6,8 +6,9 @@
 # they are averaged, where one process rounds the whole batch's gradient once). Also: ZeRO 1 is
 # bit-identical to ZeRO 0 (same final model.bin, fp32 and bf16, no clipping) because the sharded
 # AdamW rounds by the element's index within its tensor; the optimizer state per rank at ZeRO 1
-# is 1/R of ZeRO 0's (up to the shard padding), and ZeRO 2 holds a gradient shard plus working
-# blocks (two layers' and wte/wpe/lnf's) instead of the whole gradient.
+# is 1/R of ZeRO 0's (up to the chunk padding), and ZeRO 2 holds a gradient shard plus working
+# windows (two layer buckets' and wte/wpe/lnf's) instead of the whole gradient. Gradients travel
+# in a bucket per layer (--bucket-mib 0.1): all-reduce at ZeRO 0, reduce-scatter at 1 and 2.
 # usage: distributed_train.sh cpu|gpu   (gpu: needs as many GPUs as ranks, else skipped)
 set -u
 # shellcheck source=test/checks/lib/trainer.sh
@@ -26,7 +27,7 @@ mpi_opts=(--oversubscribe -x SIMT_THREADS=1)
 export SIMT_THREADS=1
 
 common=(--init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$ref/train.bin" --val-every 2
-        --val-steps 1 --seq-len 16 --max-steps 3 --lr 1e-3 --warmup-steps 0 --lr-schedule linear)
+        --val-steps 1 --seq-len 16 --max-steps 3 --lr 1e-3 --warmup-steps 0 --lr-schedule linear --bucket-mib 0.1)
 
 # run NAME RANKS ARGS...: one training run (RANKS 1: without mpirun) into $tmp/NAME.
 run() {
@@ -109,18 +110,21 @@ for ranks in (2, 4):
     if [z0[0], z0[1], z1[1], z2[1]] != [ranks, 0, 1, 2]:
         print(f"  {ranks} ranks: world size / stage {z0[:2]} {z1[:2]} {z2[:2]}"); bad = True
     opt0, opt1 = z0[4], z1[4]
-    # ZeRO 1: S = ceil(P/R) rounded up to 8 elements of 12 bytes (m, v, fp32 master) per rank.
-    if not (0 <= opt1 * ranks - opt0 < ranks * 8 * 12):
-        print(f"  {ranks} ranks: optimizer bytes ZeRO 1 {opt1} x {ranks} vs ZeRO 0 {opt0}"); bad = True
-    if z2[4] != opt1: print(f"  {ranks} ranks: ZeRO 2 optimizer bytes {z2[4]} != ZeRO 1 {opt1}"); bad = True
-    # Tiny model: L=2, C=64, Vp=512, maxT=64; bf16 gradients.
+    # Tiny model: L=2, C=64, Vp=512, maxT=64; bf16 gradients; --bucket-mib 0.1: a bucket per layer
+    # (97.6 KiB each), then wte/wpe/lnf. Each bucket is chunked per rank: ceil(n/R) rounded up to 8.
     L, C, Vp, maxT = 2, 64, 512, 64
     layer, embed = 12 * C * C + 13 * C, Vp * C + maxT * C + 2 * C
-    P = embed + L * layer
-    S = -(-(-(-P // ranks)) // 8) * 8
-    if z1[3] != 2 * S * ranks: print(f"  {ranks} ranks: ZeRO 1 gradient bytes {z1[3]} != full padded {2 * S * ranks}"); bad = True
-    if z2[3] != 2 * (S + 2 * layer + embed):
-        print(f"  {ranks} ranks: ZeRO 2 gradient bytes {z2[3]} != shard + working blocks {2 * (S + 2 * layer + embed)}"); bad = True
+    chunk = lambda n: -(-(-(-n // ranks)) // 8) * 8
+    buckets = [layer] * L + [embed]
+    S = sum(chunk(n) for n in buckets)
+    # ZeRO 1: 12 bytes (m, v, fp32 master) for each of the rank's S elements, less rank 0's padding.
+    if not (0 <= opt1 * ranks - opt0 <= ranks * 8 * 12 * len(buckets)) or opt1 > 12 * S:
+        print(f"  {ranks} ranks: optimizer bytes ZeRO 1 {opt1} x {ranks} vs ZeRO 0 {opt0}"); bad = True
+    if z2[4] != opt1: print(f"  {ranks} ranks: ZeRO 2 optimizer bytes {z2[4]} != ZeRO 1 {opt1}"); bad = True
+    if z1[3] != 2 * S * ranks: print(f"  {ranks} ranks: ZeRO 1 gradient bytes {z1[3]} != all chunked buckets {2 * S * ranks}"); bad = True
+    windows = 2 * ranks * chunk(layer) + ranks * chunk(embed)
+    if z2[3] != 2 * (S + windows):
+        print(f"  {ranks} ranks: ZeRO 2 gradient bytes {z2[3]} != shard + working windows {2 * (S + windows)}"); bad = True
     print(f"  {ranks} ranks: optimizer state {opt0} -> {opt1} bytes, gradients {z1[3]} -> {z2[3]} bytes")
 sys.exit(1 if bad else 0)
 PY

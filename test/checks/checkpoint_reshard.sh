@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Resharding on resume (docs/CHECKPOINTS.md): a checkpoint written by 2 ranks at ZeRO 1 or 2
+# resumes on 1 rank and on 4 ranks (and at the other ZeRO stage, and with other gradient buckets)
+# with the same global micro-batch (ranks × --batch-size), and the resumed steps 4-6 give the
+# losses, gradient norms and validation losses of the uninterrupted 2-rank run: fp32 to 1e-5
+# relative, bf16 to 2e-3 (the ranks' gradients are summed in another grouping). A resume whose
+# global batch differs is refused in one line that names the --batch-size to use.
+# usage: checkpoint_reshard.sh cpu|gpu   (gpu: needs 4 GPUs, else skipped)
+set -u
+# shellcheck source=test/checks/lib/trainer.sh
+source "$(dirname "$0")/lib/trainer.sh" "$@"
+require_files "$bin" "$ref/model.bin" "$ref/train.bin"
+command -v mpirun >/dev/null || { echo "FAIL: mpirun not found"; exit 1; }
+if [ "$mode" = gpu ]; then
+  gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+  [ "$gpus" -ge 4 ] || { echo "skipped: needs 4 GPUs"; exit 77; }
+fi
+mpi_opts=(--oversubscribe -x SIMT_THREADS=1)
+[ "$(id -u)" -eq 0 ] && mpi_opts+=(--allow-run-as-root)
+export SIMT_THREADS=1
+
+common=(--init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$ref/train.bin" --shuffle 1
+        --seq-len 16 --max-steps 6 --lr 2e-3 --warmup-steps 2 --val-every 3 --val-steps 1)
+
+# ranks N ARGS...: train_gpt under mpirun with N ranks (1: without mpirun).
+ranks() {
+  local n=$1; shift
+  if [ "$n" -eq 1 ]; then "$bin" "${common[@]}" "$@"; else mpirun -np "$n" "${mpi_opts[@]}" "$bin" "${common[@]}" "$@"; fi
+}
+
+# close STRAIGHT RESUMED TOLERANCE: the resumed run's step records equal the straight run's for
+# the same steps (losses, norms, lr, validation) within TOLERANCE relative.
+close() {
+  "$python" - "$1/metrics.jsonl" "$2/metrics.jsonl" "$3" <<'PY'
+import json, sys
+def load(p):
+    return {(r.get("type", "train"), r["step"]): r for r in map(json.loads, open(p)) if "step" in r}
+a, b, tol = load(sys.argv[1]), load(sys.argv[2]), float(sys.argv[3])
+keys = sorted(k for k in b if k[1] > 3)
+if len(keys) < 3 or any(k not in a for k in keys):
+    print(f"  resumed records {keys}, straight {sorted(a)}"); sys.exit(1)
+worst = 0.0
+for k in keys:
+    for field, v in b[k].items():
+        if field in ("ms", "tokens_per_s", "mfu") or not isinstance(v, float): continue
+        w = a[k][field]
+        worst = max(worst, abs(v - w) / max(abs(w), 1e-6))
+print(f"  worst relative difference {worst:.2e} over {len(keys)} records")
+sys.exit(0 if worst <= tol else 1)
+PY
+}
+
+for combo in fp32:1 fp32:2 bf16:1 bf16:2; do
+  dtype=${combo%:*} zero=${combo#*:}
+  tol=1e-5; [ "$dtype" = bf16 ] && tol=2e-3
+  straight=$tmp/$dtype-zero$zero
+  if ! ranks 2 --batch-size 2 --dtype "$dtype" --zero "$zero" --bucket-mib 0.1 --checkpoint-every 3 --out-dir "$straight" \
+      >"$straight.log" 2>&1; then
+    fail "$dtype ZeRO $zero: the 2-rank run failed"; tail -n 20 "$straight.log"; continue
+  fi
+  ckpt=$straight/checkpoint_00000003
+  # to: ranks, --batch-size, ZeRO stage, --bucket-mib (0.1: a bucket per layer; 32: one for both).
+  for to in "1 4 0 0.1" "4 1 $zero 0.1" "4 1 $((3 - zero)) 0.1" "2 2 $zero 32"; do
+    read -r n b z mib <<<"$to"
+    name="$dtype ZeRO $zero, 2 ranks -> $n rank(s) B $b ZeRO $z --bucket-mib $mib"
+    out=$tmp/$dtype-$zero-to-$n-$z-$mib
+    if ranks "$n" --batch-size "$b" --dtype "$dtype" --zero "$z" --bucket-mib "$mib" --resume "$ckpt" --out-dir "$out" \
+        >"$out.log" 2>&1; then
+      grep -q "resumed from $ckpt: 3 step" "$out.log" || fail "$name: did not resume from step 3"
+      echo "$name:"
+      close "$straight" "$out" "$tol" || fail "$name: resumed steps differ from the uninterrupted run"
+    else
+      fail "$name: resume failed"; tail -n 5 "$out.log"
+    fi
+  done
+done
+
+# Another global micro-batch is refused, naming the --batch-size that keeps it.
+ckpt=$tmp/fp32-zero1/checkpoint_00000003
+if ranks 4 --batch-size 2 --dtype fp32 --zero 1 --resume "$ckpt" --out-dir "$tmp/refused" >"$tmp/refused.log" 2>&1; then
+  fail "resuming 2 ranks x B 2 with 4 ranks x B 2 was not refused"
+else
+  grep -q "use --batch-size 1" "$tmp/refused.log" || { fail "global batch refusal message"; tail -n 3 "$tmp/refused.log"; }
+fi
+
+[ "$failures" -eq 0 ] && echo "checkpoint_reshard: all checks passed"
+[ "$failures" -eq 0 ]

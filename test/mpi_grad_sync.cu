@@ -1,0 +1,89 @@
+// How gradients travel between ranks (src/grad_sync.h) under mpirun (test/checks/distributed_nccl.sh):
+// one collective per bucket per step — all-reduce at ZeRO 0, reduce-scatter at 1 and 2 (every
+// micro-step at 2), parameters all-gathered per bucket at 1 and 2 — and the update each stage
+// makes equals the single-rank update on the whole global batch (a plain host computation of the
+// same model on every rank's tokens is not needed: one process with B·R rows is the reference).
+#include "test_util.h"
+#include "../src/comm.h"
+#include "../src/gpt2.h"
+
+#include <vector>
+
+namespace {
+
+Communicator& comm() {
+  static Communicator instance{CommOptions{}};
+  return instance;
+}
+
+const GPT2Config kModel{16, 37, 40, 3, 2, 16};  // maxT, V, Vp, L, NH, C: three one-layer buckets + model
+const int kB = 2, kT = 7, kMicroSteps = 2;
+const double kLayerBucketMiB = 1e-6;  // below one layer: a bucket per layer
+
+// Rank r's micro-step m tokens, and all ranks' as one batch (rank-major rows), as the data loader
+// hands them out.
+std::vector<int> tokens(int rank, int micro, int salt) {
+  return test::random_tokens(kB * kT, kModel.vocab_size, 1000 * salt + 10 * micro + rank);
+}
+std::vector<int> global_tokens(int micro, int salt) {
+  std::vector<int> all;
+  for (int r = 0; r < comm().world_size(); ++r) {
+    const std::vector<int> mine = tokens(r, micro, salt);
+    all.insert(all.end(), mine.begin(), mine.end());
+  }
+  return all;
+}
+
+}  // namespace
+
+TEST_CASE("each bucket travels in one collective: all-reduce at ZeRO 0, reduce-scatter and all-gather at 1 and 2",
+          "[grad_sync]") {
+  const int R = comm().world_size(), rank = comm().rank();
+  OptimizerSettings opt;
+  opt.grad_clip = 0.0f;
+  // Adam's first step is about lr·sign(g): a large eps keeps it a smooth function of the
+  // gradients, so summation-order differences between the runs stay as small as they are.
+  opt.eps = 1e-2f;
+  // The reference: one process, the whole global batch in each micro-step.
+  GPT2<float> single(kModel, kB * R, kT);
+  single.init_random(11);
+  single.zero_grad();
+  for (int m = 0; m < kMicroSteps; ++m)
+    single.forward_backward(global_tokens(m, 1).data(), global_tokens(m, 2).data(), kMicroSteps,
+                            m == kMicroSteps - 1);
+  single.update(opt, 1e-2f, 1);
+  const std::vector<float> expected = single.parameters();
+
+  for (int zero : {0, 1, 2}) {
+    INFO("ZeRO " << zero << ", " << R << " ranks");
+    GPT2<float> model(kModel, kB, kT, kRecomputeDefault, &comm(), zero, "auto", kLayerBucketMiB);
+    const size_t buckets = model.gradient_sync().buckets().buckets().size();
+    REQUIRE(buckets == 4);
+    model.init_random(11);
+    comm().counts() = CollectiveCounts{};
+    model.zero_grad();
+    for (int m = 0; m < kMicroSteps; ++m)
+      model.forward_backward(tokens(rank, m, 1).data(), tokens(rank, m, 2).data(), kMicroSteps, m == kMicroSteps - 1);
+    const long long gradient_all_reduces = comm().counts().all_reduce;
+    model.update(opt, 1e-2f, 1);
+    const CollectiveCounts c = comm().counts();
+    if (R == 1) {
+      CHECK(c.reduce_scatter + c.all_gather + c.all_reduce == 0);
+    } else if (zero == 0) {
+      CHECK(gradient_all_reduces == static_cast<long long>(buckets));
+      CHECK(c.reduce_scatter == 0);
+      CHECK(c.all_gather == 0);
+    } else {
+      CHECK(gradient_all_reduces == 0);
+      CHECK(c.reduce_scatter == static_cast<long long>(buckets) * (zero == 2 ? kMicroSteps : 1));
+      CHECK(c.all_gather == static_cast<long long>(buckets));
+      CHECK(c.all_reduce == 1);  // the gradient norm's sum over the ranks' chunks
+    }
+    const std::vector<float> got = model.parameters();
+    REQUIRE(got.size() == expected.size());
+    double worst = 0.0;
+    for (size_t i = 0; i < got.size(); ++i)
+      worst = std::max(worst, std::abs(static_cast<double>(got[i]) - expected[i]) / (std::abs(expected[i]) + 1e-3));
+    CHECK(worst < 1e-5);
+  }
+}
