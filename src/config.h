@@ -170,8 +170,8 @@ inline const std::vector<Flag>& flag_table() {
       {"zero", "0|1|2", "ZeRO stage with several ranks: 0 all-reduces gradients; 1 shards the AdamW state (moments, "
        "fp32 master weights) over the ranks; 2 also shards the gradients", &TrainConfig::zero, {0, 2}},
       {"rendezvous", "file:PATH|tcp:HOST:PORT",
-       "how ranks started without mpirun (SLURM srun) exchange the NCCL id: a file on a shared filesystem or rank 0's "
-       "TCP port", &TrainConfig::rendezvous, {}, {}, "none (mpirun: MPI)"},
+       "how ranks started without MPI (plain srun) exchange the NCCL id: a file on a shared filesystem or rank 0's "
+       "TCP port", &TrainConfig::rendezvous, {}, {}, "none (mpirun, srun --mpi=pmix: MPI)"},
       {"comm-timeout", "SECONDS", "start-up fails with an error naming the missing ranks after this long",
        &TrainConfig::comm_timeout, {0, HUGE_VAL, true, false}},
       {"checkpoint-every", "N",
