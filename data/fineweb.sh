@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
-# Streams the 10B-token sample of FineWeb (or FineWeb-Edu) from the Hugging Face hub and
-# tokenizes it with ./tokenize into llm.c-style shards of 100M tokens:
+# Streams the 10B-token sample of FineWeb (or FineWeb-Edu, or FineWeb's 100B-token sample) from
+# the Hugging Face hub and tokenizes it with ./tokenize into llm.c-style shards of 100M tokens:
 #   fineweb: data/fineweb10B/fineweb_val_000000.bin (the first 100M tokens),
 #            data/fineweb10B/fineweb_train_000000.bin ... (about 99 shards, ~20 GB in all)
 #   edu:     data/edu_fineweb10B/edu_fineweb_val_000000.bin, edu_fineweb_train_*.bin
+#   fineweb100B: data/fineweb100B/fineweb_val_000000.bin, fineweb_train_*.bin (about 1000 shards,
+#            ~200 GB; the scripts/run_gpt2_{350M,774M,1558M}.sh recipes train on it)
 # Documents are streamed (nothing but the shards is kept on disk) as JSON lines into
 # `tokenize --format jsonl -`, which uses every CPU.
 # Needs network access, Python 3 with the `datasets` package (pip install datasets) and
 # ./tokenize with its vocabulary (scripts/install_deps.sh).
-# usage: data/fineweb.sh [fineweb|edu] [OUT_DIR] [MAX_DOCUMENTS]
+# usage: data/fineweb.sh [fineweb|edu|fineweb100B] [OUT_DIR] [MAX_DOCUMENTS]
 #   MAX_DOCUMENTS (default: all, about 14.9M / 9.7M) stops early, e.g. for a quick look.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 variant=${1:-fineweb}
 case $variant in
-  fineweb) repo=HuggingFaceFW/fineweb     name=fineweb     default_dir=data/fineweb10B ;;
-  edu)     repo=HuggingFaceFW/fineweb-edu name=edu_fineweb default_dir=data/edu_fineweb10B ;;
-  *) echo "fineweb: unknown variant '$variant' (fineweb or edu)" >&2; exit 1 ;;
+  fineweb)     repo=HuggingFaceFW/fineweb     name=fineweb     sample=sample-10BT  default_dir=data/fineweb10B ;;
+  edu)         repo=HuggingFaceFW/fineweb-edu name=edu_fineweb sample=sample-10BT  default_dir=data/edu_fineweb10B ;;
+  fineweb100B) repo=HuggingFaceFW/fineweb     name=fineweb     sample=sample-100BT default_dir=data/fineweb100B ;;
+  *) echo "fineweb: unknown variant '$variant' (fineweb, edu or fineweb100B)" >&2; exit 1 ;;
 esac
 out_dir=${2:-$default_dir}
 max_documents=${3:-0}
@@ -31,16 +34,16 @@ if ! "$python" -c 'import datasets' 2>/dev/null; then
 fi
 make -s tokenize
 
-echo "fineweb: streaming $repo (sample-10BT) into $out_dir/${name}_*.bin"
-"$python" - "$repo" "$max_documents" <<'PYTHON' |
+echo "fineweb: streaming $repo ($sample) into $out_dir/${name}_*.bin"
+"$python" - "$repo" "$sample" "$max_documents" <<'PYTHON' |
 import json
 import sys
 
 from datasets import load_dataset
 
-repo, max_documents = sys.argv[1], int(sys.argv[2])
+repo, sample, max_documents = sys.argv[1], sys.argv[2], int(sys.argv[3])
 out = open(sys.stdout.fileno(), "w", encoding="utf-8", newline="\n", buffering=1 << 20, closefd=False)
-rows = load_dataset(repo, name="sample-10BT", split="train", streaming=True)
+rows = load_dataset(repo, name=sample, split="train", streaming=True)
 for count, row in enumerate(rows):
     if max_documents and count == max_documents:
         break

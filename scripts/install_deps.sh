@@ -18,6 +18,7 @@ packages=(
   libpcre2-dev
   python3 python3-torch python3-numpy python3-matplotlib
   shellcheck
+  slurmctld slurmd slurm-client munge
   nodejs
   bible-kjv bible-kjv-text
 )
@@ -39,6 +40,14 @@ else
   else
     echo "install_deps: installing ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
+    # The SLURM and munge packages start their daemons when installed; test/checks/slurm.sh runs its
+    # own cluster, so a policy-rc.d that refuses every start (101) stands during the install unless
+    # the machine already has one (containers often do).
+    policy=/usr/sbin/policy-rc.d
+    if [ ! -e "$policy" ]; then
+      printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod 755 "$policy"
+      trap 'rm -f "$policy"' EXIT
+    fi
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
     echo "install_deps: done"

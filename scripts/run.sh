@@ -8,25 +8,16 @@ read -r -a extra <<< "${ARGS:-}"
 # Every run trains from scratch into a directory of its own (a directory with checkpoints is
 # only continued with --resume auto).
 stamp=$(date +%Y%m%d-%H%M%S)
-# The trainer refuses a flag given twice, so a flag in ARGS replaces the default here.
-# usage: defaults_not_in_args FLAG VALUE [FLAG VALUE]...  → fills the array `defaults`
-defaults_not_in_args() {
-  defaults=()
-  while [ $# -gt 0 ]; do
-    local given=0 a
-    for a in "${extra[@]}"; do [[ $a == "$1" || $a == "$1="* ]] && given=1; done
-    [ $given -eq 1 ] || defaults+=("$1" "$2")
-    shift 2
-  done
-}
+# shellcheck source=scripts/lib/flags.sh
+source scripts/lib/flags.sh
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   echo "make run: GPU found ($(nvidia-smi -L | head -n 1)); building and running ./train_gpt"
   make --no-print-directory -j"$(nproc)" train_gpt
-  defaults_not_in_args --out-dir "runs/gpu-$stamp"
+  defaults_not_given extra --out-dir "runs/gpu-$stamp"
   exec ./train_gpt "${defaults[@]}" "${extra[@]}"
 fi
 echo "make run: no GPU here; building the CPU build and training the small 'nano' model on the built-in corpus"
 make --no-print-directory -j"$(nproc)" train_gpt_cpu
-defaults_not_in_args --model nano --batch-size 4 --seq-len 64 --max-steps 40 --lr 2e-3 --warmup-steps 4 \
+defaults_not_given extra --model nano --batch-size 4 --seq-len 64 --max-steps 40 --lr 2e-3 --warmup-steps 4 \
   --val-every 20 --val-steps 4 --out-dir "runs/cpu-$stamp"
 exec ./train_gpt_cpu "${defaults[@]}" "${extra[@]}"

@@ -4,6 +4,8 @@
 // Launch (detected from the environment):
 //   mpirun (OpenMPI: OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK): MPI is initialized and, without
 //     --rendezvous, rank 0's ncclUniqueId reaches the others by MPI_Bcast.
+//   srun --mpi=pmix (SLURM_PROCID/NTASKS/LOCALID and PMIX_RANK): as mpirun, MPI_Init finds the
+//     job through PMIx.
 //   SLURM srun without MPI (SLURM_PROCID/NTASKS/LOCALID): the id goes through --rendezvous:
 //     file:PATH  rank 0 writes PATH (atomically); rank r reads it and writes PATH.rank<r>; rank 0
 //                waits for every PATH.rank<r>, then writes PATH.ready, which the others wait for.
@@ -68,11 +70,11 @@ class Communicator {
  public:
   explicit Communicator(const CommOptions& options) : options_(options) {
     launch_ = detect_launch();
-    if (launch_.mpirun) {
+    if (launch_.uses_mpi) {
       int initialized = 0;
       MPI_Initialized(&initialized);
       if (!initialized) {
-        if (MPI_Init(nullptr, nullptr) != MPI_SUCCESS) throw std::runtime_error("mpirun launch: MPI_Init failed");
+        if (MPI_Init(nullptr, nullptr) != MPI_SUCCESS) throw std::runtime_error(launch_.source + " launch: MPI_Init failed");
         owns_mpi_ = true;
       }
     }
@@ -172,12 +174,12 @@ class Communicator {
     }
     if (!r.empty())
       throw std::runtime_error("--rendezvous '" + r + "': expected file:PATH or tcp:HOST:PORT");
-    if (!launch_.mpirun)
+    if (!launch_.uses_mpi)
       throw std::runtime_error(launch_.source + " launch of " + std::to_string(launch_.world_size) +
                                " ranks without mpirun: give --rendezvous file:PATH (shared filesystem) or "
-                               "--rendezvous tcp:HOST:PORT (HOST = rank 0's node)");
+                               "--rendezvous tcp:HOST:PORT (HOST = rank 0's node), or start them with srun --mpi=pmix");
     if (MPI_Bcast(id.internal, sizeof(id.internal), MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
-      throw std::runtime_error("mpirun launch: MPI_Bcast of the NCCL unique id failed");
+      throw std::runtime_error(launch_.source + " launch: MPI_Bcast of the NCCL unique id failed");
     return id;
   }
 

@@ -174,8 +174,8 @@ inline const std::vector<Flag>& flag_table() {
       {"bucket-mib", "MIB", "gradients travel between ranks in buckets of about MIB MiB (whole layers, at least one), "
        "each sent as soon as its layers' backward is done", &TrainConfig::bucket_mib, {0, HUGE_VAL, true, false}},
       {"rendezvous", "file:PATH|tcp:HOST:PORT",
-       "how ranks started without mpirun (SLURM srun) exchange the NCCL id: a file on a shared filesystem or rank 0's "
-       "TCP port", &TrainConfig::rendezvous, {}, {}, "none (mpirun: MPI)"},
+       "how ranks started without MPI (plain srun) exchange the NCCL id: a file on a shared filesystem or rank 0's "
+       "TCP port", &TrainConfig::rendezvous, {}, {}, "none (mpirun, srun --mpi=pmix: MPI)"},
       {"comm-timeout", "SECONDS", "start-up fails with an error naming the missing ranks after this long",
        &TrainConfig::comm_timeout, {0, HUGE_VAL, true, false}},
       {"checkpoint-every", "N",

@@ -1,5 +1,5 @@
 // rendezvous.h — how a process learns where it sits in a launch (rank, world size, node-local
-// rank from mpirun's or SLURM's environment) and, without mpirun, how the ranks exchange the NCCL
+// rank from mpirun's or SLURM's environment) and, without MPI, how the ranks exchange the NCCL
 // unique id: through a file on a shared filesystem or rank 0's TCP port (see comm.h for the
 // launch modes and --rendezvous). Every wait gives up after --comm-timeout seconds naming the
 // missing ranks.
@@ -30,7 +30,7 @@
 // Where the process sits in the launch, from the launcher's environment variables.
 struct LaunchInfo {
   int rank = 0, world_size = 1, local_rank = 0;
-  bool mpirun = false;  // launched by OpenMPI's mpirun
+  bool uses_mpi = false;  // MPI can start here (mpirun, or srun --mpi=pmix) and carries the NCCL id
   std::string source = "single process";
 };
 
@@ -256,18 +256,21 @@ inline ncclUniqueId tcp_rendezvous(const std::string& host, const std::string& p
 
 }  // namespace rendezvous
 
-// The launch this process belongs to, from mpirun's or SLURM's environment variables.
+// The launch this process belongs to, from mpirun's or SLURM's environment variables. srun
+// --mpi=pmix sets no OMPI_COMM_WORLD_* (OpenMPI reads its place from the PMIx server at MPI_Init)
+// but PMIX_RANK: such a launch uses MPI like mpirun's, with SLURM's numbering.
 inline LaunchInfo detect_launch() {
   LaunchInfo info;
   using rendezvous::env_int;
   if (env_int("OMPI_COMM_WORLD_SIZE", &info.world_size)) {
-    info.mpirun = true;
+    info.uses_mpi = true;
     info.source = "mpirun";
     if (!env_int("OMPI_COMM_WORLD_RANK", &info.rank))
       throw std::runtime_error("mpirun launch: OMPI_COMM_WORLD_SIZE is set but OMPI_COMM_WORLD_RANK is not");
     if (!env_int("OMPI_COMM_WORLD_LOCAL_RANK", &info.local_rank)) info.local_rank = info.rank;
   } else if (env_int("SLURM_NTASKS", &info.world_size)) {
-    info.source = "SLURM";
+    info.uses_mpi = std::getenv("PMIX_RANK") != nullptr;
+    info.source = info.uses_mpi ? "SLURM (PMIx)" : "SLURM";
     if (!env_int("SLURM_PROCID", &info.rank))
       throw std::runtime_error("SLURM launch: SLURM_NTASKS is set but SLURM_PROCID is not");
     if (!env_int("SLURM_LOCALID", &info.local_rank)) info.local_rank = info.rank;

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The GPT-2 recipes (scripts/run_gpt2_*.sh over scripts/lib/recipe.sh):
+#   - a missing binary, missing shards or a missing HellaSwag file: exit 1 with one line naming it;
+#   - PLAN=1: the binary itself (train_gpt_cpu --plan) accepts every flag the recipe passes, checks
+#     the total batch against 8 ranks, and the plan fits an 80 GiB GPU;
+#   - the command is printed, then run as printed (a stand-in binary, mpirun and srun on PATH echo
+#     their arguments): each launcher's form, flags given to the recipe replace its own
+#     (--init-from replaces --model), --resume auto, and the micro-batch follows the rank count.
+# usage: recipes.sh cpu|gpu   (gpu: skipped; the scripts are the same for both builds)
+set -u
+# shellcheck source=test/checks/lib/trainer.sh
+source "$(dirname "$0")/lib/trainer.sh" "$@"
+[ "$mode" = cpu ] || { echo "skipped: the CPU build runs the recipe check"; exit 77; }
+require_files "$bin"
+unset "${!SLURM_@}" TRAIN_GPT DATA_DIR EVAL_DATA OUT_DIR NPROC LAUNCHER PLAN GPU_MEMORY MPIRUN_ARGS SRUN_ARGS
+
+# Stand-ins that print how they were called.
+mkdir -p "$tmp/bin" "$tmp/data"
+for tool in mpirun srun train_gpt; do
+  printf '#!/bin/sh\necho "%s called:" "$@"\n' "$tool" >"$tmp/bin/$tool"
+  chmod +x "$tmp/bin/$tool"
+done
+touch "$tmp/data/fw_train_000001.bin" "$tmp/data/fw_val_000000.bin" "$tmp/hellaswag.bin"
+stub_env=(env PATH="$tmp/bin:$PATH" TRAIN_GPT="$tmp/bin/train_gpt" DATA_DIR="$tmp/data" EVAL_DATA="$tmp/hellaswag.bin"
+          OUT_DIR="$tmp/out")
+
+# expect_one_line NAME PATTERN CMD...: CMD exits 1 and prints exactly one line, matching PATTERN.
+expect_one_line() {
+  local name=$1 pattern=$2 status=0 before=$failures; shift 2
+  "$@" >"$tmp/out.log" 2>&1 || status=$?
+  [ "$status" -eq 1 ] || fail "$name: exit status $status, expected 1"
+  [ "$(wc -l <"$tmp/out.log")" -eq 1 ] || fail "$name: $(wc -l <"$tmp/out.log") lines, expected one"
+  grep -qE "$pattern" "$tmp/out.log" || fail "$name: output does not match '$pattern'"
+  [ "$failures" -eq "$before" ] || cat "$tmp/out.log"
+}
+
+# count FLAG FILE: how often FLAG occurs as a word in FILE's last line (the launched command).
+count() { tail -n 1 "$2" | tr ' ' '\n' | grep -cx -- "$1"; }
+
+for size in 124M 350M 774M 1558M; do
+  recipe=scripts/run_gpt2_$size.sh
+  [ -x "$recipe" ] || { fail "$recipe is missing or not executable"; continue; }
+
+  expect_one_line "$size missing binary" "^gpt2_$size: train_gpt binary '$tmp/nothing' not found" \
+    env TRAIN_GPT="$tmp/nothing" "$recipe"
+  expect_one_line "$size missing shards" "^gpt2_$size: no shards match '$tmp/none/\*_train_\*.bin'" \
+    env TRAIN_GPT="$bin" DATA_DIR="$tmp/none" "$recipe"
+  expect_one_line "$size missing HellaSwag" "^gpt2_$size: --eval-data '$tmp/none.bin' not found" \
+    env TRAIN_GPT="$bin" DATA_DIR="$tmp/data" EVAL_DATA="$tmp/none.bin" "$recipe"
+
+  # The real binary's --plan parses and checks every flag (any unknown flag, a total batch that is
+  # not a multiple of B x T x 8 ranks, T above the model's: exit 1).
+  if env TRAIN_GPT="$bin" PLAN=1 "$recipe" >"$tmp/plan.log" 2>&1; then
+    head -n 1 "$tmp/plan.log" | grep -q "^gpt2_$size: memory plan for 8 rank(s)" || fail "$size: no plan command line"
+    grep -q "ZeRO stage 1 over 8 rank(s)" "$tmp/plan.log" || fail "$size: plan not for ZeRO-1 over 8 ranks"
+    grep -qE "^  total per rank .* of 80.00 GiB: fits$" "$tmp/plan.log" || fail "$size: does not fit 80 GiB"
+  else
+    fail "$size: train_gpt --plan refused the recipe's flags"; cat "$tmp/plan.log"
+  fi
+
+  # The printed command is the one run; the caller's flags replace the recipe's.
+  if "${stub_env[@]}" LAUNCHER=none NPROC=1 "$recipe" --lr 1e-4 --init-from m.bin >"$tmp/run.log" 2>&1; then
+    printed=$(head -n 1 "$tmp/run.log") launched=$(tail -n 1 "$tmp/run.log")
+    words=()
+    eval "words=(${printed#"gpt2_$size: "})"  # the printed line, as a shell reads it
+    [ "${words[*]:1}" = "${launched#"train_gpt called: "}" ] || fail "$size: printed '$printed', ran '$launched'"
+    for flag in --lr --init-from --out-dir --resume --train-data --val-data --eval-data --eval-every \
+                --total-batch-tokens --batch-size; do
+      [ "$(count "$flag" "$tmp/run.log")" -eq 1 ] || fail "$size: $flag given $(count "$flag" "$tmp/run.log") times"
+    done
+    [ "$(count --model "$tmp/run.log")" -eq 0 ] || fail "$size: --model kept beside --init-from"
+    grep -q -- "--lr 1e-4 " "$tmp/run.log" || fail "$size: --lr 1e-4 not passed"
+    grep -q -- "--resume auto" "$tmp/run.log" || fail "$size: no --resume auto"
+  else
+    fail "$size: the recipe failed with stand-ins"; cat "$tmp/run.log"
+  fi
+done
+
+# Launchers (124M): mpirun -np 8; srun with a rendezvous file in the run's folder; srun --mpi=pmix.
+recipe=scripts/run_gpt2_124M.sh
+"${stub_env[@]}" "$recipe" >"$tmp/mpirun.log" 2>&1
+grep -q "^mpirun called: -np 8 $tmp/bin/train_gpt .*--batch-size 64" "$tmp/mpirun.log" ||
+  { fail "default launcher: not mpirun -np 8 with --batch-size 64"; cat "$tmp/mpirun.log"; }
+"${stub_env[@]}" SLURM_JOB_ID=77 SLURM_NTASKS=16 "$recipe" >"$tmp/srun.log" 2>&1
+grep -q "^srun called: --ntasks 16 --kill-on-bad-exit=1 $tmp/bin/train_gpt .*--batch-size 32 --rendezvous file:$tmp/out/.rendezvous-77-0-" \
+  "$tmp/srun.log" || { fail "in a SLURM job: not srun of 16 tasks, --batch-size 32, a rendezvous file"; cat "$tmp/srun.log"; }
+"${stub_env[@]}" LAUNCHER=srun-pmix NPROC=4 "$recipe" >"$tmp/pmix.log" 2>&1
+grep -q "^srun called: --ntasks 4 --kill-on-bad-exit=1 --mpi=pmix $tmp/bin/train_gpt " "$tmp/pmix.log" ||
+  { fail "LAUNCHER=srun-pmix: not srun --mpi=pmix"; cat "$tmp/pmix.log"; }
+grep -q -- "--rendezvous" "$tmp/pmix.log" && fail "LAUNCHER=srun-pmix: a --rendezvous (MPI carries the id)"
+expect_one_line "12 ranks" "^gpt2_124M: --total-batch-tokens 524288 is not a multiple of --seq-len 1024 x 12 ranks" \
+  "${stub_env[@]}" NPROC=12 "$recipe"
+expect_one_line "bad launcher" "^gpt2_124M: LAUNCHER='ssh': expected mpirun, srun, srun-pmix or none" \
+  "${stub_env[@]}" LAUNCHER=ssh "$recipe"
+# EVAL_DATA=none trains without HellaSwag: neither --eval-data nor --eval-every.
+"${stub_env[@]}" EVAL_DATA=none "$recipe" >"$tmp/noeval.log" 2>&1
+grep -q -- "--eval-" "$tmp/noeval.log" && fail "EVAL_DATA=none: HellaSwag flags still passed"
+
+[ "$failures" -eq 0 ] && echo "recipes: all checks passed"
+[ "$failures" -eq 0 ]
