@@ -8,6 +8,8 @@
 #  4. a training run with --sample-every logs and records (metrics.jsonl) its samples, and the last
 #     one equals --generate on the run's model.bin and on its final checkpoint.
 # usage: generate.sh cpu|gpu
+set -u
+# shellcheck source=test/checks/lib/trainer.sh
 source "$(dirname "$0")/lib/trainer.sh" "$@"
 require_files "$bin" ./tokenize data/gpt2_bpe/encoder.json
 
@@ -80,7 +82,9 @@ expect_error() {
   local want=$1; shift
   local err
   if err=$("$bin" "$@" --out-dir "$tmp/never" 2>&1 >/dev/null); then fail "accepted: $*"; return; fi
-  [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] && [[ $err == *"$want"* ]] || fail "$*: expected one line with '$want', got: $err"
+  if [ "$(printf '%s\n' "$err" | wc -l)" -ne 1 ] || [[ $err != *"$want"* ]]; then
+    fail "$*: expected one line with '$want', got: $err"
+  fi
 }
 long_prompt=$(printf 'word %.0s' $(seq 70))
 expect_error "--generate needs a trained model" --generate --prompt "$prompt"
