@@ -13,7 +13,9 @@
 // and --model in steps 3 and 5; metrics.jsonl keeps its records up to the checkpoint's step.
 // A fresh run refuses an --out-dir that holds checkpoints (it would mix two runs' checkpoints).
 // --max-steps 0 stops after step 5: it validates the model and writes nothing. --eval stops there
-// too: it scores --eval-data (src/hellaswag.h) on the model, reading no token shards.
+// too: it scores --eval-data (src/hellaswag.h) on the model, reading no token shards. --generate
+// stops after step 3: it loads the model's parameters alone and prints --prompt continued
+// (src/generate.h, src/sample_text.h); --sample-every N adds a sample after every N-th step.
 //
 // Checkpoints (src/checkpoint.h): after every --checkpoint-every-th step, after the last step, after
 // the step during which SIGTERM, SIGUSR1 or SIGINT arrived (the run then exits 0; a second SIGINT
