@@ -104,10 +104,10 @@ REFERENCES    := $(REFERENCE_DIR)/tiny/reference.bin
 $(REFERENCE_DIR)/tiny/reference.bin: dev/gpt2_reference.py
 	$(PYTHON) dev/gpt2_reference.py --out $(@D) > /dev/null
 
-test: $(CPU_TEST_BINS) $(CPU_MPI_TEST_BINS) train_gpt_cpu $(REFERENCES)
+test: $(CPU_TEST_BINS) $(CPU_MPI_TEST_BINS) train_gpt_cpu tokenize $(REFERENCES)
 	@bash test/run_tests.sh cpu $(CPU_TEST_BINS)
 
-test-gpu: check-nvcc $(GPU_TEST_BINS) $(GPU_MPI_TEST_BINS) train_gpt $(REFERENCES)
+test-gpu: check-nvcc $(GPU_TEST_BINS) $(GPU_MPI_TEST_BINS) train_gpt tokenize $(REFERENCES)
 	@bash test/run_tests.sh gpu $(GPU_TEST_BINS)
 
 # Compiles (never runs) the GPU build so it cannot rot on machines without a GPU.
