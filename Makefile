@@ -34,6 +34,11 @@ GPU_FLAGS := -std=c++17 -O3 -lineinfo $(GPU_ARCH) -Werror all-warnings -Xcompile
              -I. $(MPI_COMPILE) -MMD -MP
 GPU_LIBS  := -lcublasLt -lnccl $(MPI_LINK)
 
+# The GPT-2 tokenizer of data/tokenize/ (prompts and generated text of --generate, --sample-every),
+# linked into train_gpt as host objects.
+BPE_SRCS := data/tokenize/gpt2_bpe.cpp data/tokenize/sha256.cpp
+BPE_LIBS := -lpcre2-8
+
 SIMT_SRCS  := $(wildcard simt/*.cpp)
 SIMT_OBJS  := $(SIMT_SRCS:%.cpp=$(BUILD)/cpu/%.o)
 KERNEL_TESTS := $(wildcard test/test_*.cu)
@@ -57,11 +62,11 @@ check-nvcc:
 	@command -v $(NVCC) >/dev/null 2>&1 || { echo "nvcc not found at $(NVCC): install the CUDA toolkit and set CUDA_HOME (or run 'make cpu' for the CPU build)"; exit 1; }
 
 # ---- binaries
-train_gpt: $(BUILD)/gpu/train_gpt.o
-	$(NVCC) $(GPU_ARCH) -o $@ $^ $(GPU_LIBS)
+train_gpt: $(BUILD)/gpu/train_gpt.o $(BPE_SRCS:%.cpp=$(BUILD)/gpu/%.o)
+	$(NVCC) $(GPU_ARCH) -o $@ $^ $(GPU_LIBS) $(BPE_LIBS)
 
-train_gpt_cpu: $(BUILD)/cpu/train_gpt.o $(SIMT_OBJS)
-	$(CXX) -o $@ $^ $(CPU_LIBS)
+train_gpt_cpu: $(BUILD)/cpu/train_gpt.o $(SIMT_OBJS) $(BPE_SRCS:%.cpp=$(BUILD)/cpu/%.o)
+	$(CXX) -o $@ $^ $(CPU_LIBS) $(BPE_LIBS)
 
 # ---- objects: .cu sources are C++ to g++ (-x c++), CUDA to nvcc
 $(BUILD)/cpu/%.o: %.cu
@@ -99,10 +104,10 @@ REFERENCES    := $(REFERENCE_DIR)/tiny/reference.bin
 $(REFERENCE_DIR)/tiny/reference.bin: dev/gpt2_reference.py
 	$(PYTHON) dev/gpt2_reference.py --out $(@D) > /dev/null
 
-test: $(CPU_TEST_BINS) $(CPU_MPI_TEST_BINS) train_gpt_cpu $(REFERENCES)
+test: $(CPU_TEST_BINS) $(CPU_MPI_TEST_BINS) train_gpt_cpu tokenize $(REFERENCES)
 	@bash test/run_tests.sh cpu $(CPU_TEST_BINS)
 
-test-gpu: check-nvcc $(GPU_TEST_BINS) $(GPU_MPI_TEST_BINS) train_gpt $(REFERENCES)
+test-gpu: check-nvcc $(GPU_TEST_BINS) $(GPU_MPI_TEST_BINS) train_gpt tokenize $(REFERENCES)
 	@bash test/run_tests.sh gpu $(GPU_TEST_BINS)
 
 # Compiles (never runs) the GPU build so it cannot rot on machines without a GPU.

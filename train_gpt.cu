@@ -13,7 +13,9 @@
 // and --model in steps 3 and 5; metrics.jsonl keeps its records up to the checkpoint's step.
 // A fresh run refuses an --out-dir that holds checkpoints (it would mix two runs' checkpoints).
 // --max-steps 0 stops after step 5: it validates the model and writes nothing. --eval stops there
-// too: it scores --eval-data (src/hellaswag.h) on the model, reading no token shards.
+// too: it scores --eval-data (src/hellaswag.h) on the model, reading no token shards. --generate
+// stops after step 3: it loads the model's parameters alone and prints --prompt continued
+// (src/generate.h, src/sample_text.h); --sample-every N adds a sample after every N-th step.
 //
 // Checkpoints (src/checkpoint.h): after every --checkpoint-every-th step, after the last step, after
 // the step during which SIGTERM, SIGUSR1 or SIGINT arrived (the run then exits 0; a second SIGINT
@@ -50,6 +52,7 @@
 #include "src/metrics.h"
 #include "src/out_dir_lock.h"
 #include "src/resume.h"
+#include "src/sample_text.h"
 #include "src/step_guards.h"
 #include "src/throughput.h"
 
@@ -115,6 +118,7 @@ struct Run {
   std::string model_source;  // "preset d12" or the --init-from path
   LrSchedule schedule;
   std::optional<Checkpoint> resume_from;  // --resume's checkpoint
+  std::unique_ptr<TextSampler> sampler;   // --generate, --sample-every
 };
 
 // Runs f; an exception from it is rethrown as one line prefixed with `context` (a flag name).
@@ -353,6 +357,10 @@ class Trainer {
         std::fprintf(stderr, "warning: %s\n", w.c_str());
     print_summary();
     if (lead_ && !eval_only_ && !cfg_.eval) open_out_dir();
+    if (lead_ && !eval_only_ && !cfg_.eval && cfg_.sample_every > 0)
+      decoder_ = std::make_unique<KvCacheDecoder<Elem>>(model_.config(), model_.params_device(),
+                                                        run_.sampler->cache_positions(), model_.attention(),
+                                                        model_.stream());
     opt_.beta1 = static_cast<float>(cfg_.beta1);
     opt_.beta2 = static_cast<float>(cfg_.beta2);
     opt_.eps = static_cast<float>(cfg_.adam_eps);
@@ -397,6 +405,7 @@ class Trainer {
         }
       }
       if (data_.eval && (step % cfg_.eval_every == 0 || step == cfg_.max_steps)) evaluate_choices(step);
+      if (decoder_ && step % cfg_.sample_every == 0) log_sample(step);
       const int stop_signal = agreed_stop_signal();
       if (stop_signal != 0 || step == cfg_.max_steps || (cfg_.checkpoint_every > 0 && step % cfg_.checkpoint_every == 0))
         save_checkpoint();
@@ -601,6 +610,18 @@ class Trainer {
     if (lead_) metrics_->validation(step, val_loss);
   }
 
+  // Rank 0's sample after `step` (--sample-every): --prompt continued by the current weights, with
+  // draws seeded by --seed and the step (a resumed run draws the same ones); its log line and record.
+  void log_sample(long long step) {
+    const TextSampler& sampler = *run_.sampler;
+    const std::vector<int> tokens = generate_tokens(*decoder_, sampler.prompt(), sampler.max_new_tokens(),
+                                                    sampler.settings(static_cast<uint64_t>(step)));
+    const std::string text = cfg_.prompt + sampler.decode(tokens);
+    std::printf("%s\n", format_sample_line(step, cfg_.max_steps, text).c_str());
+    std::fflush(stdout);
+    metrics_->sample(step, text);
+  }
+
   // --max-steps 0: the model as given (--init-from, --resume's checkpoint or the random init),
   // validated on --val-data; nothing is written.
   void evaluate() {
@@ -767,8 +788,44 @@ class Trainer {
   OptimizerSettings opt_;
   std::unique_ptr<OutDirLock> lock_;  // rank 0; released after metrics_ is closed
   std::unique_ptr<MetricsLog> metrics_;
+  std::unique_ptr<KvCacheDecoder<Elem>> decoder_;  // rank 0 of a run with --sample-every
   StepClock clock_;
 };
+
+// --generate: the prompt and its continuation on stdout, token by token as they come, then a
+// summary on stderr; nothing is written. The model's parameters alone are loaded (no gradients or
+// optimizer state).
+template <typename Elem>
+void generate_text(const Run& run) {
+  const TrainConfig& cfg = run.cfg;
+  const std::string path = run.resume_from ? run.resume_from->path + "/" + kModelFileName : cfg.init_from;
+  GPT2Config model;
+  const DeviceArray<Elem> params =
+      with_context(cfg.init_from.empty() ? "--resume" : "--init-from", [&] { return load_model_parameters<Elem>(path, &model); });
+  const TextSampler& sampler = *run.sampler;
+  const CudaStream stream("creating the generation's CUDA stream");
+  const DType dtype = std::is_same<Elem, float>::value ? DType::fp32 : DType::bf16;
+  KvCacheDecoder<Elem> decoder(model, params.get(), sampler.cache_positions(), choose_attention(cfg.attention, dtype, model),
+                               stream.get());
+  std::printf("%s", cfg.prompt.c_str());
+  std::fflush(stdout);
+  const auto start = std::chrono::steady_clock::now();
+  std::optional<std::chrono::steady_clock::time_point> first;  // the first token's: the prefill's end
+  const std::vector<int> tokens = generate_tokens(decoder, sampler.prompt(), sampler.max_new_tokens(),
+                                                  sampler.settings(), [&](int token, const std::vector<float>&) {
+    if (!first) first = std::chrono::steady_clock::now();
+    std::printf("%s", sampler.decode({token}).c_str());
+    std::fflush(stdout);
+  });
+  const auto end = std::chrono::steady_clock::now();
+  std::printf("\n");
+  std::fflush(stdout);
+  const double prefill_ms = std::chrono::duration<double, std::milli>(*first - start).count();
+  const double decode_ms = std::chrono::duration<double, std::milli>(end - *first).count();
+  std::fprintf(stderr, "generated %zu token(s) after a %zu-token prompt (%s; %s, %s): prefill %.1f ms, %.2f ms/token\n",
+               tokens.size(), sampler.prompt().size(), sampler.describe_settings().c_str(), run.model_source.c_str(),
+               dtype_name(dtype), prefill_ms, tokens.size() > 1 ? decode_ms / static_cast<double>(tokens.size() - 1) : 0.0);
+}
 
 // Everything after parsing; returns the exit code.
 int run_main(int argc, char** argv) {
@@ -804,6 +861,13 @@ int run_main(int argc, char** argv) {
 
   run.resume_from = resolve_resume(run.cfg, *comm);
   run.model = resolve_model(run.cfg, run.resume_from, &run.model_source);
+  if (run.cfg.generate || run.cfg.sample_every > 0)
+    run.sampler = std::make_unique<TextSampler>(run.cfg, run.model, run.model_source);
+  if (run.cfg.generate) {  // the training flags (--seq-len, --batch-size) do not apply
+    if (run.cfg.dtype == "fp32") generate_text<float>(run);
+    else generate_text<bf16>(run);
+    return 0;
+  }
   validate_against_model(run.cfg, run.model.max_seq_len, run.model_source);
   with_context("model " + run.model_source,
                [&] { choose_attention(run.cfg.attention, run.cfg.dtype == "fp32" ? DType::fp32 : DType::bf16, run.model); });

@@ -141,6 +141,14 @@ def causal_self_attention(x, qkvw, qkvb, projw, projb, n_head):
 
 def forward(params, inputs, targets, cfg):
     """Returns (logits over the padded vocab, mean cross-entropy over the first V columns)."""
+    logits = model_logits(params, inputs, cfg)
+    B, T = inputs.shape
+    loss = F.cross_entropy(logits[..., :cfg.vocab].reshape(B * T, cfg.vocab), targets.reshape(B * T))
+    return logits, loss
+
+
+def model_logits(params, inputs, cfg):
+    """Logits over the padded vocab at every position of inputs (B, T)."""
     p = params
     B, T = inputs.shape
     C = cfg.channels
@@ -153,9 +161,24 @@ def forward(params, inputs, targets, cfg):
         h = gelu_tanh(h @ p["fcw"][layer].t() + p["fcb"][layer])
         x = x + h @ p["fcprojw"][layer].t() + p["fcprojb"][layer]
     x = F.layer_norm(x, (C,), p["lnfw"], p["lnfb"], LN_EPS)
-    logits = x @ p["wte"].t()
-    loss = F.cross_entropy(logits[..., :cfg.vocab].reshape(B * T, cfg.vocab), targets.reshape(B * T))
-    return logits, loss
+    return x @ p["wte"].t()
+
+
+def greedy_decode(initial, tokens, cfg):
+    """Greedy decoding by full recomputation (no cache) in float64 from the initial weights: the
+    first --prompt-tokens tokens of the shard, then --generate-tokens tokens, each the argmax
+    (lowest id on ties) of the last position's logits over the first V columns."""
+    params = {name: t.double() for name, t in initial.items()}
+    sequence = [int(t) for t in tokens[:cfg.prompt_tokens]]
+    generated, step_logits = [], []
+    with torch.no_grad():
+        for _ in range(cfg.generate_tokens):
+            logits = model_logits(params, torch.tensor([sequence]), cfg)[0, -1, :cfg.vocab]
+            token = int(torch.argmax(logits))
+            generated.append(token)
+            step_logits.append([float(x) for x in logits])
+            sequence.append(token)
+    return {"prompt": [int(t) for t in tokens[:cfg.prompt_tokens]], "tokens": generated, "logits": step_logits}
 
 
 def flat(tensors):
@@ -327,6 +350,8 @@ def parse_args(argv):
                     help="LayerNorm w = 1 + 0.1 N(0,1), b = 0.1 N(0,1) instead of 1 / 0")
     ap.add_argument("--perturb-biases", action=argparse.BooleanOptionalAction, default=True,
                     help="linear biases 0.02 N(0,1) instead of 0")
+    ap.add_argument("--prompt-tokens", type=int, default=8, help="generate.json: prompt length (shard tokens)")
+    ap.add_argument("--generate-tokens", type=int, default=12, help="generate.json: greedy tokens after the prompt")
     ap.add_argument("--device", default="cpu", help="torch device for the training, e.g. cuda (default: cpu)")
     ap.add_argument("--self-check", action="store_true",
                     help="also verify gradients by finite differences and AdamW against torch (fp64)")
@@ -343,6 +368,8 @@ def parse_args(argv):
         problems.append(f"--vocab {cfg.vocab} does not fit uint16 token ids (max 65536)")
     if cfg.padded_vocab < cfg.vocab:
         problems.append(f"--padded-vocab {cfg.padded_vocab} is smaller than --vocab {cfg.vocab}")
+    if cfg.prompt_tokens < 1 or cfg.generate_tokens < 1 or cfg.prompt_tokens + cfg.generate_tokens > cfg.max_seq_len:
+        problems.append("--prompt-tokens and --generate-tokens must be >= 1, their sum at most --max-seq-len")
     if cfg.seq_len > cfg.max_seq_len:
         problems.append(f"--seq-len {cfg.seq_len} exceeds --max-seq-len {cfg.max_seq_len}")
     if cfg.grad_clip < 0:
@@ -363,6 +390,9 @@ def main(argv):
     tokens = make_tokens(cfg)
     first, losses, norms, final = train(initial, tokens, cfg, dtype)
     num_params = write_outputs(cfg, initial, tokens, first, losses, norms, final)
+    with open(os.path.join(cfg.out, "generate.json"), "w") as f:
+        json.dump(greedy_decode(initial, tokens, cfg), f)
+        f.write("\n")
     print(f"gpt2_reference: {cfg.out}: L={cfg.layers} NH={cfg.heads} C={cfg.channels} V={cfg.vocab} "
           f"Vp={cfg.padded_vocab} maxT={cfg.max_seq_len} B={cfg.batch} T={cfg.seq_len} K={cfg.steps} "
           f"{cfg.precision} params={num_params} loss {losses[0]:.6f} -> {losses[-1]:.6f} "

@@ -88,6 +88,14 @@ struct TrainConfig {
   bool plan = false;           // print the per-rank device memory plan and exit
   double gpu_memory = 0.0;     // GiB; 0: the device's (free memory before a run, total for --plan)
   int world_size = 0;          // --plan for this many ranks; 0: the run's
+  // Text generation (src/generate.h, src/sample_text.h)
+  bool generate = false;       // print the prompt and its continuation, then exit, writing nothing
+  std::string prompt;          // "": start from <|endoftext|>
+  int max_new_tokens = 64;
+  double temperature = 1.0;    // 0: greedy
+  int top_k = 40;              // 0: the whole vocabulary
+  std::string vocab_dir = "data/gpt2_bpe";
+  long long sample_every = 0;  // 0: no samples during training
 
   // Flag names given on the command line or in the config file (not left at the default).
   std::set<std::string> explicitly_set;
@@ -131,7 +139,7 @@ inline const std::vector<Flag>& flag_table() {
       {"train-data", "GLOB", "training token shards (llm.c .bin format)", &TrainConfig::train_data},
       {"val-data", "GLOB", "validation token shards", &TrainConfig::val_data},
       {"shuffle", "0|1", "shuffle the training data (validation is never shuffled)", &TrainConfig::shuffle},
-      {"seed", "N", "seed for weight init, data shuffling and stochastic rounding", &TrainConfig::seed, {0, (double)LLONG_MAX}},
+      {"seed", "N", "seed for weight init, data shuffling, stochastic rounding and sampling", &TrainConfig::seed, {0, (double)LLONG_MAX}},
       {"init-from", "FILE", "start from this model file (its header defines the architecture; excludes --model)",
        &TrainConfig::init_from, {}, {}, "none (random init of --model)"},
       {"model", "PRESET", "architecture for random init: d12 d24 d36 d48 (GPT-2 124M..1.5B), micro, nano",
@@ -211,6 +219,20 @@ inline const std::vector<Flag>& flag_table() {
        {0, HUGE_VAL}, {}, "0 (the device's)"},
       {"world-size", "N", "with --plan: plan for N ranks (ZeRO shards, batch per rank) (0 = the run's)",
        &TrainConfig::world_size, {0, 1 << 20}, {}, "0 (the run's)"},
+      {"generate", "0|1", "print --prompt and its continuation by the model (--init-from or --resume), then exit "
+       "writing nothing ('--generate' alone means 1)", &TrainConfig::generate},
+      {"prompt", "TEXT", "text the model continues (--generate, --sample-every)", &TrainConfig::prompt, {}, {},
+       "none (start from <|endoftext|>)"},
+      {"max-new-tokens", "N", "tokens to generate; the prompt and these must fit the model's context (max_seq_len)",
+       &TrainConfig::max_new_tokens, {1, INT_MAX}},
+      {"temperature", "X", "sampling temperature (0 = greedy: always the most likely token)", &TrainConfig::temperature,
+       {0, HUGE_VAL}},
+      {"top-k", "K", "sample among the K most likely tokens (0 = the whole vocabulary)", &TrainConfig::top_k,
+       {0, INT_MAX}},
+      {"vocab-dir", "DIR", "GPT-2 BPE files (encoder.json, vocab.bpe) for the prompt and the generated text",
+       &TrainConfig::vocab_dir},
+      {"sample-every", "N", "print and record (metrics.jsonl) a generated sample after every N-th step (0 = never)",
+       &TrainConfig::sample_every, {0, (double)LLONG_MAX}},
   };
   return flags;
 }

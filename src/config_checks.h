@@ -19,6 +19,11 @@ inline int validate_config(TrainConfig& cfg, int world_size) {
                                 " needs --eval-data FILE (an eval file: data/hellaswag.sh writes HellaSwag's)");
   if (cfg.world_size > 0 && !cfg.plan)
     throw std::invalid_argument("--world-size is for --plan only (a run's world size is its launcher's)");
+  if (cfg.generate && cfg.init_from.empty() && cfg.resume.empty())
+    throw std::invalid_argument("--generate needs a trained model: --init-from FILE or --resume DIR|auto");
+  if (cfg.generate && (cfg.eval || cfg.plan))
+    throw std::invalid_argument(std::string("--generate and ") + (cfg.eval ? "--eval" : "--plan") +
+                                " are different runs: give one of them");
   if (!cfg.eval_losses.empty() && !cfg.eval)
     throw std::invalid_argument("--eval-losses is written by --eval runs only (add --eval)");
   const long long micro_tokens = static_cast<long long>(cfg.batch_size) * cfg.seq_len * world_size;

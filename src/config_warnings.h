@@ -31,5 +31,7 @@ inline std::vector<std::string> config_warnings(const TrainConfig& cfg, int grad
   if (!cfg.eval_data.empty() && cfg.eval_every == 0 && !cfg.eval && cfg.max_steps > 0)
     warnings.push_back("--eval-data " + cfg.eval_data + " is never evaluated (--eval-every is 0; --eval evaluates a "
                        "model alone)");
+  if (cfg.sample_every == 0 && !cfg.generate && cfg.was_set("prompt"))
+    warnings.push_back("--prompt is never used (--sample-every is 0; --generate generates from a model alone)");
   return warnings;
 }

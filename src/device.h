@@ -80,6 +80,16 @@ std::vector<float> copy_floats_to_host(const Elem* src, size_t count, cudaStream
   return values;
 }
 
+// `values` converted to Elem (rounded to nearest for bf16) and copied to `count = values.size()`
+// device elements at dst; `what` names the tensor in the error.
+template <typename Elem>
+void upload_floats(Elem* dst, const std::vector<float>& values, const std::string& what) {
+  std::vector<Elem> stored(values.size());
+  for (size_t k = 0; k < values.size(); ++k) stored[k] = host_from_float<Elem>(values[k]);
+  cuda_check(cudaMemcpy(dst, stored.data(), stored.size() * sizeof(Elem), cudaMemcpyHostToDevice),
+             ("uploading " + what).c_str());
+}
+
 // Page-locked host memory that frees itself: copies from the device into it do not block the host
 // (a copy into pageable memory returns only once it is done).
 template <typename Elem>

@@ -277,10 +277,7 @@ class GPT2 {
   // Parameter tensor i as float values → Elem parameters (and the fp32 master copy for bf16).
   void upload_tensor(int i, const std::vector<float>& values) {
     const ParameterInfo& t = layout_[i];
-    std::vector<Elem> stored(values.size());
-    for (size_t k = 0; k < values.size(); ++k) stored[k] = host_from_float<Elem>(values[k]);
-    cuda_check(cudaMemcpy(params_.get() + t.offset, stored.data(), t.count * sizeof(Elem), cudaMemcpyHostToDevice),
-               (std::string("uploading parameter tensor ") + t.name).c_str());
+    upload_floats(params_.get() + t.offset, values, std::string("parameter tensor ") + t.name);
     // The master weights of the parameters this rank updates only.
     for (const OptimizerSegment& s : grads_.segments())
       if (master_.get() != nullptr && s.tensor == i)

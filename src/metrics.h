@@ -3,6 +3,7 @@
 //   {"step": k, "train_loss": …, "lr": …, "grad_norm": …, "ms": …, "tokens_per_s": …, "mfu": …}
 //   {"step": k, "val_loss": …}
 //   {"step": k, "hellaswag_acc_norm": …, "hellaswag_acc": …, "hellaswag_examples": N}
+//   {"step": k, "sample": "<prompt and continuation>"}   (--sample-every; invalid UTF-8 as U+FFFD)
 // "mfu" is a fraction (0.41 = 41%), absent when the GPU's peak is unknown (src/throughput.h).
 // A step whose update was skipped (src/step_guards.h) has one more key, "skipped": "<why>".
 // Each line goes to the file with one write() on a descriptor opened for appending, so it lands
@@ -79,6 +80,15 @@ inline std::string format_hellaswag_line(long long step, long long total_steps, 
   return buf + format_hellaswag(r);
 }
 
+// "step 40/100 | sample: \"Once upon a time...\"": the text as a JSON string, so that newlines in it
+// keep the log one line per record.
+inline std::string format_sample_line(long long step, long long total_steps, const std::string& text) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step %*lld/%lld | sample: ", static_cast<int>(std::to_string(total_steps).size()),
+                step, total_steps);
+  return buf + nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 // Mean step time for the ETA; the first step is left out once others exist because it
 // pays one-time costs (allocation, cuBLASLt heuristics, page faults).
 class StepClock {
@@ -119,6 +129,7 @@ class MetricsLog {
     write(record);
   }
   void validation(long long step, double val_loss) { write({{"step", step}, {"val_loss", val_loss}}); }
+  void sample(long long step, const std::string& text) { write({{"step", step}, {"sample", text}}); }
   void hellaswag(long long step, const ChoiceResult& r) {
     write({{"step", step}, {"hellaswag_acc_norm", r.acc_norm()}, {"hellaswag_acc", r.acc()},
            {"hellaswag_examples", r.examples}});
@@ -126,7 +137,8 @@ class MetricsLog {
 
  private:
   void write(const nlohmann::ordered_json& record) {
-    const std::string line = record.dump() + "\n";
+    // A sample's bytes may cut a UTF-8 sequence: replaced (U+FFFD), as JSON holds Unicode text only.
+    const std::string line = record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
     for (size_t done = 0; done < line.size();) {
       const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
       if (n < 0 && errno == EINTR) continue;

@@ -135,3 +135,18 @@ inline void read_model_tensors(const std::string& path, const ModelFileInfo& inf
   }
   std::fclose(f);
 }
+
+// The parameters of a model file on the device as Elem (llm.c order, ParameterLayout of its
+// configuration; bf16 values widen to fp32 exactly, fp32 values round to nearest for bf16), for
+// inference: no gradients or optimizer state. *config receives the file's configuration.
+template <typename Elem>
+DeviceArray<Elem> load_model_parameters(const std::string& path, GPT2Config* config) {
+  const ModelFileInfo info = read_model_file_info(path);
+  const ParameterLayout layout(info.config);
+  DeviceArray<Elem> params(layout.total, "the model's parameters");
+  read_model_tensors(path, info, [&](int i, const std::vector<float>& values) {
+    upload_floats(params.get() + layout[i].offset, values, path + ": tensor " + layout[i].name);
+  });
+  *config = info.config;
+  return params;
+}

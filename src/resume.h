@@ -24,7 +24,8 @@ inline std::optional<Checkpoint> resolve_resume(const TrainConfig& cfg, Communic
   const bool lead = comm.rank() == 0;
   const std::vector<CheckpointDir> existing = list_checkpoint_dirs(cfg.out_dir);
   if (cfg.resume.empty()) {
-    if (!existing.empty() && cfg.max_steps > 0 && !cfg.eval)  // evaluation only (--max-steps 0, --eval) writes nothing
+    // Evaluation only (--max-steps 0, --eval) and --generate write nothing.
+    if (!existing.empty() && cfg.max_steps > 0 && !cfg.eval && !cfg.generate)
       throw std::runtime_error("--out-dir " + cfg.out_dir + " already holds checkpoints (newest: " +
                                existing.front().path +
                                "): continue that run with --resume auto, or choose another --out-dir");
@@ -51,6 +52,7 @@ inline std::optional<Checkpoint> resolve_resume(const TrainConfig& cfg, Communic
   if (!error.empty()) throw std::runtime_error(error);
   if (choice == -2.0) throw std::runtime_error("--resume " + cfg.resume + ": rank 0 refused the checkpoint (see its error)");
   if (choice == -1.0) {
+    if (cfg.generate) throw std::runtime_error("--resume auto: no complete checkpoint in " + cfg.out_dir + " to generate from");
     std::printf("--resume auto: no complete checkpoint in %s; starting from scratch\n", cfg.out_dir.c_str());
     return std::nullopt;
   }
@@ -61,8 +63,8 @@ inline std::optional<Checkpoint> resolve_resume(const TrainConfig& cfg, Communic
     found = verify_checkpoint(path, &problem, false);
     if (!found) throw std::runtime_error("--resume " + path + ": rank 0 chose it, but here: " + problem);
   }
-  // --eval reads the checkpoint's model file alone, whatever ranks and settings wrote it.
-  if (cfg.eval) return found;
+  // --eval and --generate read the checkpoint's model file alone, whatever ranks and settings wrote it.
+  if (cfg.eval || cfg.generate) return found;
   const nlohmann::json& m = found->manifest;
   const int saved_world_size = m.value("world_size", -1), zero_stage = m.value("zero_stage", -1);
   if ((saved_world_size != world_size || zero_stage != zero) && lead)

@@ -386,3 +386,41 @@ TEST_CASE("a 0|1 flag without a value means 1; the eval flags' cross-checks") {
   CHECK(validation_error({"--eval", "--eval-data", "x.bin", "--eval-losses", "l.jsonl"}).empty());
   CHECK(contains(parse_error({"--peak-tflops", "-1"}), "--peak-tflops"));
 }
+
+TEST_CASE("the generation flags: ranges, cross-checks, the unused --prompt warning") {
+  const auto validation_error = [](std::initializer_list<const char*> flags) -> std::string {
+    TrainConfig cfg = parse(flags).config;
+    try {
+      validate_config(cfg, 1);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "";
+  };
+  const TrainConfig defaults = parse({}).config;
+  CHECK_FALSE(defaults.generate);
+  CHECK(defaults.temperature == 1.0);
+  CHECK(defaults.top_k == 40);
+  CHECK(defaults.vocab_dir == "data/gpt2_bpe");
+  CHECK(defaults.sample_every == 0);
+  CHECK(parse({"--generate", "--init-from", "m.bin"}).config.generate);
+  CHECK(parse({"--temperature", "0"}).config.temperature == 0.0);
+  CHECK(parse_error({"--temperature", "-0.1"}) == "--temperature: expected a number >= 0, got '-0.1'");
+  CHECK(parse_error({"--top-k", "-1"}) == "--top-k: expected an integer in [0, 2147483647], got '-1'");
+  CHECK(parse_error({"--max-new-tokens", "0"}) == "--max-new-tokens: expected an integer in [1, 2147483647], got '0'");
+  CHECK(parse_error({"--sample-every", "-2"}) == "--sample-every: expected an integer >= 0, got '-2'");
+  CHECK(validation_error({"--generate"}) == "--generate needs a trained model: --init-from FILE or --resume DIR|auto");
+  CHECK(validation_error({"--generate", "--resume", "auto"}).empty());
+  CHECK(contains(validation_error({"--generate", "--init-from", "m.bin", "--plan"}), "--generate and --plan"));
+  CHECK(contains(validation_error({"--generate", "--init-from", "m.bin", "--eval", "--eval-data", "x.bin"}),
+                 "--generate and --eval"));
+
+  const std::string unused = "--prompt is never used (--sample-every is 0; --generate generates from a model alone)";
+  const auto warned = [&](std::initializer_list<const char*> flags) {
+    const std::vector<std::string> w = config_warnings(parse(flags).config, 1, 0);
+    return std::find(w.begin(), w.end(), unused) != w.end();
+  };
+  CHECK(warned({"--prompt", "Hi", "--max-steps", "1000"}));
+  CHECK_FALSE(warned({"--prompt", "Hi", "--sample-every", "100"}));
+  CHECK_FALSE(warned({"--prompt", "Hi", "--generate"}));
+}
