@@ -175,13 +175,15 @@ class Communicator {
     check(watchdog_.run([] { return ncclGroupStart(); }), "ncclGroupStart");
   }
   void group_end() {
-    if (--group_depth_ > 0) {
-      check(watchdog_.run([] { return ncclGroupEnd(); }), "ncclGroupEnd");
+    if (group_depth_ == 1) {
+      group_depth_ = 0;
+      std::string kinds;
+      for (const char* kind : group_kinds_) kinds += (kinds.empty() ? "" : " and ") + std::string(kind);
+      issue(kinds.empty() ? "empty group" : kinds, "ncclGroupEnd", [] { return ncclGroupEnd(); });
       return;
     }
-    std::string kinds;
-    for (const char* kind : group_kinds_) kinds += (kinds.empty() ? "" : " and ") + std::string(kind);
-    issue(kinds.empty() ? "empty group" : kinds, "ncclGroupEnd", [] { return ncclGroupEnd(); });
+    if (group_depth_ > 1) --group_depth_;
+    check(watchdog_.run([] { return ncclGroupEnd(); }), "ncclGroupEnd");  // nested, or unmatched: NCCL's error
   }
 
   // Sum over ranks of a host value (blocking; fp64, added in NCCL's order).
