@@ -31,7 +31,9 @@
 // Data parallel (src/comm.h): one process per GPU, started by mpirun or srun. Every rank reads its
 // own part of each global batch (src/dataloader.h) and runs the same steps; losses are averaged
 // over the ranks. Rank 0 alone prints the log, writes metrics.jsonl and the model file; an error on
-// any rank is printed with its rank and ends that rank (the launcher then ends the others).
+// any rank is printed with its rank and ends that rank (the launcher then ends the others); a
+// collective that stalls or fails is ended by the communicator's watchdog (src/comm_watchdog.h),
+// its line named by the purpose set before each phase (comm_.set_purpose).
 // Checkpoints are written by all ranks together (each its own state file, rank 0 the model file and
 // the manifest) into an --out-dir all ranks share.
 #include "kernels/common.cuh"

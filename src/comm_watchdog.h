@@ -47,9 +47,16 @@ class CommWatchdog {
   }
 
   // Starts the thread that watches `comm` (once its handle exists, possibly still being set up).
+  // The thread works on the calling thread's device: a thread of its own would otherwise open a
+  // context on device 0, on every rank of a node.
   void start(ncclComm_t comm) {
     comm_ = comm;
-    thread_ = std::thread([this] { watch(); });
+    int device = 0;
+    cuda_check(cudaGetDevice(&device), "the watchdog's device");
+    thread_ = std::thread([this, device] {
+      cudaSetDevice(device);
+      watch();
+    });
   }
   // Ends the thread (before the communicator is destroyed).
   void stop() {
@@ -166,12 +173,17 @@ class CommWatchdog {
     }
   }
 
-  // One line, the communicator aborted, the process ended. The abort waits at most a second for
-  // the lock: a call stuck inside NCCL must not keep the process alive.
+  // One line, the communicator aborted, the process ended. Nothing stuck inside NCCL may keep
+  // the process alive: the abort waits at most a second for the lock, and the exit comes after
+  // ten seconds even if the abort itself does not return.
   [[noreturn]] void fire(const std::string& what) {
     fired_.store(true);
     std::fprintf(stderr, "rank %d: %s; aborting\n", rank_, what.c_str());
     std::fflush(stderr);
+    std::thread([] {
+      std::this_thread::sleep_for(std::chrono::seconds(10));
+      std::_Exit(kExitStatus);
+    }).detach();
     std::unique_lock<std::timed_mutex> nccl_lock(nccl_mutex_, std::chrono::seconds(1));
     ncclCommAbort(comm_);
     std::_Exit(kExitStatus);
