@@ -33,7 +33,9 @@
 // Data parallel (src/comm.h): one process per GPU, started by mpirun or srun. Every rank reads its
 // own part of each global batch (src/dataloader.h) and runs the same steps; losses are averaged
 // over the ranks. Rank 0 alone prints the log, writes metrics.jsonl and the model file; an error on
-// any rank is printed with its rank and ends that rank (the launcher then ends the others).
+// any rank is printed with its rank and ends that rank (the launcher then ends the others); a
+// collective that stalls or fails is ended by the communicator's watchdog (src/comm_watchdog.h),
+// its line named by the purpose set before each phase (comm_.set_purpose).
 // Checkpoints are written by all ranks together (each its own state file, rank 0 the model file and
 // the manifest) into an --out-dir all ranks share.
 #include "kernels/common.cuh"
@@ -69,6 +71,7 @@
 #include <stdexcept>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -173,17 +176,30 @@ std::vector<int> token_buffer(const TrainConfig& cfg) {
   }
 }
 
-// Test hook: TRAIN_GPT_TEST_EXIT_AFTER_STEP=RANK:STEP makes rank RANK exit abruptly (no cleanup,
-// status 3) after step STEP, to test how the other ranks end when a peer dies.
+// Test hooks, to test how the other ranks end when a peer fails (test/checks/distributed_*.sh).
+// The environment variable NAME=RANK:STEP selects rank RANK at step STEP.
+bool test_hook_selects(const char* name, int rank, long long step) {
+  const char* spec = std::getenv(name);
+  int hook_rank = -1;
+  long long hook_step = -1;
+  return spec != nullptr && std::sscanf(spec, "%d:%lld", &hook_rank, &hook_step) == 2 && hook_rank == rank &&
+         hook_step == step;
+}
+
+// TRAIN_GPT_TEST_EXIT_AFTER_STEP=RANK:STEP: rank RANK exits abruptly (no cleanup, status 3) after
+// step STEP: a peer that dies.
 void maybe_die_for_test(int rank, long long step) {
-  const char* spec = std::getenv("TRAIN_GPT_TEST_EXIT_AFTER_STEP");
-  int die_rank = -1;
-  long long die_step = -1;
-  if (spec != nullptr && std::sscanf(spec, "%d:%lld", &die_rank, &die_step) == 2 && die_rank == rank &&
-      die_step == step) {
-    std::fprintf(stderr, "rank %d: exiting after step %lld (TRAIN_GPT_TEST_EXIT_AFTER_STEP)\n", rank, step);
-    std::_Exit(3);
-  }
+  if (!test_hook_selects("TRAIN_GPT_TEST_EXIT_AFTER_STEP", rank, step)) return;
+  std::fprintf(stderr, "rank %d: exiting after step %lld (TRAIN_GPT_TEST_EXIT_AFTER_STEP)\n", rank, step);
+  std::_Exit(3);
+}
+
+// TRAIN_GPT_TEST_HANG_AT_STEP=RANK:STEP: rank RANK stops taking part at the start of step STEP and
+// sleeps until it is killed: a peer that hangs.
+void maybe_hang_for_test(int rank, long long step) {
+  if (!test_hook_selects("TRAIN_GPT_TEST_HANG_AT_STEP", rank, step)) return;
+  std::fprintf(stderr, "rank %d: hanging at step %lld (TRAIN_GPT_TEST_HANG_AT_STEP)\n", rank, step);
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
 // The data a run reads: the training loader, with --val-every > 0 the validation loader, and with
@@ -389,6 +405,7 @@ class Trainer {
     }
     install_stop_handlers();
     for (long long step = state_.step + 1; step <= cfg_.max_steps; ++step) {
+      maybe_hang_for_test(comm_.rank(), step);
       StepRecord record;
       try {
         record = train_step(step);
@@ -424,6 +441,9 @@ class Trainer {
   }
 
  private:
+  // "after step 7": when the collectives outside a step run, for the watchdog's messages.
+  std::string after_step() const { return "after step " + std::to_string(state_.step); }
+
   // --resume's checkpoint, --init-from's weights, or a seeded random init.
   void initialize_model() {
     state_.seed = static_cast<uint64_t>(cfg_.seed);
@@ -555,6 +575,8 @@ class Trainer {
   // unless a bad-step guard skips it.
   StepRecord train_step(long long step) {
     const auto start = std::chrono::steady_clock::now();
+    const std::string at_step = "at step " + std::to_string(step);
+    comm_.set_purpose("gradients", at_step);
     model_.zero_grad();
     for (int micro = 0; micro < run_.grad_accum_steps; ++micro) {
       data_.train->next_batch(inputs_.data(), targets_.data());  // a ShardDataError goes to run()
@@ -564,12 +586,14 @@ class Trainer {
     // The step's one host synchronisation. The same loss and norm on every rank, so every rank
     // takes the same skip decision; the update is queued behind it and runs while the host reads
     // the next batch.
+    comm_.set_purpose("the loss and gradient norm", at_step);
     const auto figures = model_.step_figures();
     StepRecord record;
     record.train_loss = figures.loss;
     record.lr = run_.schedule.at(step);
     record.grad_norm = figures.grad_norm;
     record.skipped = state_.guards.check(record.train_loss, figures.grad_norm);
+    comm_.set_purpose("updated parameters", at_step);
     if (record.skipped.empty())
       model_.apply_update(opt_, static_cast<float>(record.lr), static_cast<int>(step), figures.grad_norm);
     state_.step = step;
@@ -593,6 +617,7 @@ class Trainer {
 
   // The mean loss over the first val_steps batches of --val-data, on the current weights.
   double validation_loss() {
+    comm_.set_purpose("the validation loss", after_step());
     data_.val->reset();
     double val_sum = 0.0;
     for (long long v = 0; v < cfg_.val_steps; ++v) {
@@ -636,6 +661,7 @@ class Trainer {
   // Every completion's summed loss over --eval-data (src/hellaswag.h), on the current weights; each
   // rank scores its examples, the sums are added over the ranks.
   std::vector<double> eval_completion_losses() {
+    comm_.set_purpose("the eval's completion losses", after_step());
     std::vector<double> sums = completion_loss_sums(
         *data_.eval, comm_.rank(), comm_.world_size(), cfg_.batch_size, cfg_.seq_len,
         [&](const int* inputs, const int* targets) {
@@ -725,6 +751,7 @@ class Trainer {
   // The signal that stops the run after this step (0: none); every rank stops after the same step
   // when any of them was signalled.
   int agreed_stop_signal() {
+    comm_.set_purpose("the stop decision", after_step());
     int stop_signal = g_stop_signal;
     if (comm_.world_size() > 1 && comm_.sum(stop_signal != 0 ? 1.0 : 0.0) > 0.0 && stop_signal == 0)
       stop_signal = SIGTERM;
@@ -733,6 +760,7 @@ class Trainer {
 
   // Every rank writes its state file; rank 0 the model file and the manifest, then applies retention.
   void save_checkpoint() {
+    comm_.set_purpose("the checkpoint", after_step());
     CheckpointWriteInfo info;
     info.rank = comm_.rank();
     info.world_size = comm_.world_size();
@@ -759,6 +787,7 @@ class Trainer {
   // The final model file (rank 0), then a barrier: no rank tears down its communicator while
   // another still needs it.
   void finish() {
+    comm_.set_purpose("the end of the run", after_step());
     save_final_model();
     std::printf("saved %s\n", model_path_.c_str());
     comm_.barrier();

@@ -1,11 +1,31 @@
 // nccl.cpp — the NCCL library on the CPU, at its API: the toolkit's own declarations (nccl.h),
 // answered with MPI on host memory. Device pointers are host pointers (simt's cudaMalloc) and
-// streams are synchronous, so every collective has completed when its call returns.
+// simt's streams are synchronous, so an operation's data is in place once its call has completed
+// (blocking communicator) or once ncclCommGetAsyncError stopped reporting ncclInProgress
+// (non-blocking communicator): the stand-in's "enqueue" is the whole collective.
 //
-// Communicators: ncclCommInitRank(nranks, id, rank) with nranks == 1 needs no MPI at all (a
-// single process without mpirun); nranks > 1 needs MPI initialized by the caller, an MPI world
-// of exactly nranks processes and rank == the MPI world rank (launch with mpirun; the stand-in
-// has no transport of its own), and every rank passing the same unique id.
+// Communicators: ncclCommInitRank / ncclCommInitRankConfig(nranks, id, rank, config) with
+// nranks == 1 needs no MPI at all (a single process without mpirun); nranks > 1 needs MPI
+// initialized by the caller with MPI_Init_thread at MPI_THREAD_SERIALIZED or above (the stand-in
+// calls MPI from whichever thread calls into it, e.g. a watchdog thread polling
+// ncclCommGetAsyncError), an MPI world of exactly nranks processes and rank == the MPI world rank
+// (launch with mpirun; the stand-in has no transport of its own), and every rank passing the same
+// unique id. The config may set `blocking` (0 or 1; default 1) and nothing else.
+//
+// Blocking and non-blocking, as NCCL documents them: every operation (the set-up included) is a
+// chain of non-blocking MPI calls, run one operation at a time in call order (the same order on
+// every rank), advanced by each call into the communicator. A blocking communicator's calls
+// return when their operation has completed (waiting with short sleeps, never spinning a core).
+// A non-blocking communicator's calls return ncclInProgress while their operation is still
+// running; ncclCommGetAsyncError then advances it and reports ncclInProgress until it completes
+// (ncclSuccess) or fails (the error). Issuing another call on the communicator before that is
+// refused with ncclInvalidUsage, as NCCL requires. A peer that stops participating therefore
+// leaves the operation in progress instead of blocking the caller, and ncclCommAbort (from any
+// thread) ends the communicator: later calls on it fail, and a blocking call waiting on it
+// returns ncclInvalidUsage. An aborted communicator's memory (and the buffers MPI may still
+// write into) is never freed, so a thread still holding the handle reads an invalid communicator
+// rather than freed memory; its MPI communicator is left to the end of the process.
+// MPI errors are returned (MPI_ERRORS_RETURN) as ncclSystemError with MPI's text.
 //
 // Collectives (ncclAllReduce, ncclReduceScatter, ncclReduce, ncclAllGather, ncclBroadcast):
 //   data types ncclFloat32, ncclBfloat16, ncclFloat64; reduction ops ncclSum and ncclAvg;
@@ -15,10 +35,11 @@
 //   that sum by R, and the result is rounded once to the data type (bf16: to nearest even).
 //   Real NCCL's order depends on its algorithm (ring/tree), so GPU results may differ from these
 //   in the last bits; they do not differ between ranks on either.
-// Groups (ncclGroupStart/End) nest; the calls inside run immediately in call order, which is
-// what a group of collectives issued in the same order on every rank computes.
+// Groups (ncclGroupStart/End, per thread) nest; the calls inside are queued (and started) in call
+// order and return ncclSuccess; the outermost ncclGroupEnd completes them (blocking) or returns
+// ncclInProgress while any of them runs (non-blocking).
 // Limits: one message per peer is at most INT_MAX bytes (MPI counts are int).
-// Anything else — other types, ops, devices, configs — returns ncclInvalidArgument or
+// Anything else — other types, ops, devices, config fields — returns ncclInvalidArgument or
 // ncclInvalidUsage with a message for ncclGetLastError; nothing is ignored.
 #include <nccl.h>
 // The C API only: OpenMPI's deprecated C++ bindings do not compile warning-free.
@@ -31,22 +52,50 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
+
+namespace {
+
+// One step of an operation: the local work that follows the previous step's MPI call (whose data
+// has arrived), then at most one non-blocking MPI call, whose request it stores.
+using Step = std::function<ncclResult_t(MPI_Request*)>;
+
+struct Operation {
+  std::string name;  // "ncclAllReduce", for error messages
+  std::vector<Step> steps;
+  size_t next = 0;  // the step to run once `request` has completed
+  MPI_Request request = MPI_REQUEST_NULL;
+};
+
+}  // namespace
 
 struct ncclComm {
   uint64_t magic;
-  MPI_Comm mpi;  // MPI_COMM_NULL for a one-rank communicator
-  int rank, nranks;
+  MPI_Comm mpi = MPI_COMM_NULL;  // MPI_COMM_NULL for a one-rank communicator
+  int rank = 0, nranks = 1;
+  bool blocking = true;
+  std::mutex mutex;                  // the operations below, shared by every thread that calls in
+  std::deque<Operation> operations;  // in call order; the front one runs
+  ncclResult_t error = ncclSuccess;  // the first failure of an operation (sticky)
+  std::string error_text;
+  bool awaiting = false;  // a call returned ncclInProgress and ncclCommGetAsyncError has not reported its end
 };
 
 namespace {
 
-constexpr uint64_t kCommMagic = 0x73696d744e63636cull;  // "simtNccl"
+constexpr uint64_t kCommMagic = 0x73696d744e63636cull;     // "simtNccl"
+constexpr uint64_t kAbortedMagic = 0x61626f7274656421ull;  // "aborted!"
 constexpr char kIdTag[] = "simt-nccl-id";
 
 thread_local std::string last_error;
-int group_depth = 0;
+thread_local int group_depth = 0;
+thread_local std::vector<ncclComm*> group_comms;  // communicators the current group issued on
 
 ncclResult_t fail(ncclResult_t status, const std::string& message) {
   last_error = message;
@@ -80,12 +129,12 @@ ncclResult_t check_call(const char* what, const ncclComm* comm, ncclDataType_t t
   return ncclSuccess;
 }
 
-ncclResult_t mpi_status(int err, const char* what) {
+ncclResult_t mpi_status(int err, const std::string& what) {
   if (err == MPI_SUCCESS) return ncclSuccess;
   char text[MPI_MAX_ERROR_STRING];
   int length = 0;
   MPI_Error_string(err, text, &length);
-  return fail(ncclSystemError, std::string(what) + ": MPI error: " + std::string(text, length));
+  return fail(ncclSystemError, what + ": MPI error: " + std::string(text, length));
 }
 
 float load_float(const void* base, size_t i, ncclDataType_t type) {
@@ -115,29 +164,162 @@ void reduce_in_rank_order(void* out, const char* contributions, size_t count, in
   }
 }
 
-// Every rank q receives the contributions of all ranks to its range [offsets[q], offsets[q] +
-// counts[q]) (elements of sendbuff), in rank order, into `gathered` (R * counts[rank] elements).
-ncclResult_t exchange_ranges(const void* sendbuff, const std::vector<size_t>& offsets,
-                             const std::vector<size_t>& counts, ncclDataType_t type, const ncclComm* comm,
-                             std::vector<char>* gathered) {
+// Rank q's range of a reduction: elements [offsets[q], offsets[q] + counts[q]) of sendbuff. The
+// exchange gives each rank every rank's contribution to its own range, in rank order, in
+// `gathered` (R * counts[rank] elements); the MPI call's arrays live here until it completes.
+struct Exchange {
+  std::vector<size_t> offsets, counts;
+  std::vector<int> send_counts, send_displs, recv_counts, recv_displs;
+  std::vector<char> gathered, reduced;
+};
+
+// Starts the exchange of `x`'s ranges (one rank: a copy).
+ncclResult_t start_exchange(const void* sendbuff, ncclDataType_t type, const ncclComm* comm, Exchange* x,
+                            MPI_Request* request) {
   const size_t es = element_bytes(type);
   const int R = comm->nranks;
-  const size_t mine = counts[comm->rank];
-  gathered->resize(mine * es * R);
+  const size_t mine = x->counts[comm->rank];
+  x->gathered.resize(mine * es * R);
   if (R == 1) {
-    if (mine > 0) std::memcpy(gathered->data(), static_cast<const char*>(sendbuff) + offsets[0] * es, mine * es);
+    if (mine > 0) std::memcpy(x->gathered.data(), static_cast<const char*>(sendbuff) + x->offsets[0] * es, mine * es);
     return ncclSuccess;
   }
-  std::vector<int> send_counts(R), send_displs(R), recv_counts(R), recv_displs(R);
+  x->send_counts.resize(R);
+  x->send_displs.resize(R);
+  x->recv_counts.resize(R);
+  x->recv_displs.resize(R);
   for (int q = 0; q < R; ++q) {
-    send_counts[q] = static_cast<int>(counts[q] * es);
-    send_displs[q] = static_cast<int>(offsets[q] * es);
-    recv_counts[q] = static_cast<int>(mine * es);
-    recv_displs[q] = static_cast<int>(q * mine * es);
+    x->send_counts[q] = static_cast<int>(x->counts[q] * es);
+    x->send_displs[q] = static_cast<int>(x->offsets[q] * es);
+    x->recv_counts[q] = static_cast<int>(mine * es);
+    x->recv_displs[q] = static_cast<int>(q * mine * es);
   }
-  return mpi_status(MPI_Alltoallv(sendbuff, send_counts.data(), send_displs.data(), MPI_BYTE, gathered->data(),
-                                  recv_counts.data(), recv_displs.data(), MPI_BYTE, comm->mpi),
+  return mpi_status(MPI_Ialltoallv(sendbuff, x->send_counts.data(), x->send_displs.data(), MPI_BYTE,
+                                   x->gathered.data(), x->recv_counts.data(), x->recv_displs.data(), MPI_BYTE,
+                                   comm->mpi, request),
                     "collective");
+}
+
+// ---- running operations (with comm->mutex held)
+
+ncclResult_t record_failure(ncclComm* comm, ncclResult_t status) {
+  comm->error = status;
+  comm->error_text = last_error;
+  comm->operations.clear();  // their MPI calls completed or never started
+  return status;
+}
+
+// Runs the operations as far as their MPI calls have completed: ncclSuccess when all are done,
+// ncclInProgress while one runs, or the communicator's error.
+ncclResult_t advance(ncclComm* comm) {
+  while (comm->error == ncclSuccess && !comm->operations.empty()) {
+    Operation& op = comm->operations.front();
+    if (op.request != MPI_REQUEST_NULL) {
+      int done = 0;
+      const ncclResult_t status = mpi_status(MPI_Test(&op.request, &done, MPI_STATUS_IGNORE), op.name);
+      if (status != ncclSuccess) return record_failure(comm, status);
+      if (!done) return ncclInProgress;
+    }
+    if (op.next == op.steps.size()) {
+      comm->operations.pop_front();
+      continue;
+    }
+    const ncclResult_t status = op.steps[op.next++](&op.request);
+    if (status != ncclSuccess) return record_failure(comm, status);
+  }
+  return comm->error;
+}
+
+// Until the operations have completed or failed (or the communicator was aborted), with sleeps
+// that grow to a millisecond: a waiting rank costs no core.
+ncclResult_t wait_for_operations(ncclComm* comm, const char* what) {
+  auto pause = std::chrono::microseconds(20);
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(comm->mutex);
+      if (comm->magic != kCommMagic) return fail(ncclInvalidUsage, std::string(what) + ": the communicator was aborted");
+      const ncclResult_t status = advance(comm);
+      if (status != ncclInProgress) return status;
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+  }
+}
+
+// Queues an operation; outside a group it then completes (blocking) or has started (non-blocking:
+// ncclInProgress while it runs).
+ncclResult_t issue(ncclComm* comm, Operation op) {
+  {
+    std::lock_guard<std::mutex> lock(comm->mutex);
+    if (comm->awaiting)
+      return fail(ncclInvalidUsage, op.name + ": issued while the communicator's previous operation is in progress "
+                                              "(poll ncclCommGetAsyncError until it is not ncclInProgress first)");
+    if (comm->error != ncclSuccess)
+      return fail(comm->error, op.name + ": the communicator failed earlier: " + comm->error_text);
+    comm->operations.push_back(std::move(op));
+    if (group_depth > 0) {
+      if (std::find(group_comms.begin(), group_comms.end(), comm) == group_comms.end()) group_comms.push_back(comm);
+      const ncclResult_t status = advance(comm);
+      return status == ncclInProgress ? ncclSuccess : status;
+    }
+    if (!comm->blocking) {
+      const ncclResult_t status = advance(comm);
+      comm->awaiting = status == ncclInProgress;
+      return status;
+    }
+  }
+  return wait_for_operations(comm, "collective");
+}
+
+ncclResult_t check_config(const ncclConfig_t* config, bool* blocking) {
+  *blocking = true;
+  if (config == nullptr) return ncclSuccess;
+  const std::string what = "ncclCommInitRankConfig: ";
+  if (config->magic != 0xcafebeef || config->size != sizeof(ncclConfig_t))
+    return fail(ncclInvalidArgument, what + "the config was not initialized with NCCL_CONFIG_INITIALIZER");
+  if (config->blocking != NCCL_CONFIG_UNDEF_INT && config->blocking != 0 && config->blocking != 1)
+    return fail(ncclInvalidArgument, what + "blocking = " + std::to_string(config->blocking) + ": expected 0 or 1");
+  if (config->blocking == 0) *blocking = false;
+  const int ints[] = {config->cgaClusterSize, config->minCTAs,      config->maxCTAs,   config->splitShare,
+                      config->trafficClass,   config->collnetEnable, config->CTAPolicy, config->shrinkShare,
+                      config->nvlsCTAs,       config->nChannelsPerNetPeer, config->nvlinkCentricSched};
+  const bool others_set = config->netName != NCCL_CONFIG_UNDEF_PTR || config->commName != NCCL_CONFIG_UNDEF_PTR ||
+                          std::any_of(std::begin(ints), std::end(ints), [](int v) { return v != NCCL_CONFIG_UNDEF_INT; });
+  if (others_set)
+    return fail(ncclInvalidArgument, what + "the CPU stand-in implements only the config's `blocking` field");
+  return ncclSuccess;
+}
+
+// The steps of a multi-rank set-up: every rank must hold rank 0's id (so a broken id exchange
+// fails instead of silently pairing wrong processes), then the communicator's own MPI
+// communicator is duplicated from the world.
+struct SetUp {
+  ncclUniqueId root_id;
+  int same = 0, all_same = 0;
+};
+
+Operation set_up_operation(ncclComm* comm, const ncclUniqueId& id) {
+  auto s = std::make_shared<SetUp>();
+  s->root_id = id;
+  Operation op;
+  op.name = "ncclCommInitRank";
+  op.steps.push_back([s](MPI_Request* request) {
+    return mpi_status(MPI_Ibcast(s->root_id.internal, NCCL_UNIQUE_ID_BYTES, MPI_BYTE, 0, MPI_COMM_WORLD, request),
+                      "ncclCommInitRank");
+  });
+  op.steps.push_back([s, id](MPI_Request* request) {
+    s->same = std::memcmp(s->root_id.internal, id.internal, NCCL_UNIQUE_ID_BYTES) == 0;
+    return mpi_status(MPI_Iallreduce(&s->same, &s->all_same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD, request),
+                      "ncclCommInitRank");
+  });
+  op.steps.push_back([s, comm](MPI_Request* request) {
+    if (!s->all_same) return fail(ncclInvalidUsage, "ncclCommInitRank: the ranks were given different unique ids");
+    return mpi_status(MPI_Comm_idup(MPI_COMM_WORLD, &comm->mpi, request), "ncclCommInitRank");
+  });
+  op.steps.push_back([comm](MPI_Request*) {
+    return mpi_status(MPI_Comm_set_errhandler(comm->mpi, MPI_ERRORS_RETURN), "ncclCommInitRank");
+  });
+  return op;
 }
 
 }  // namespace
@@ -158,7 +340,11 @@ const char* ncclGetErrorString(ncclResult_t result) {
   }
 }
 
-const char* ncclGetLastError(ncclComm_t) { return last_error.c_str(); }
+// A communicator's failed operation, else this thread's last failed call.
+const char* ncclGetLastError(ncclComm_t comm) {
+  if (valid(comm) && comm->error != ncclSuccess) return comm->error_text.c_str();
+  return last_error.c_str();
+}
 
 ncclResult_t ncclGetVersion(int* version) {
   if (version == nullptr) return fail(ncclInvalidArgument, "ncclGetVersion: version is NULL");
@@ -166,8 +352,8 @@ ncclResult_t ncclGetVersion(int* version) {
   return ncclSuccess;
 }
 
-// The id carries a tag and this process's random bytes; ncclCommInitRank checks that every rank
-// got the same id (so a broken id exchange fails instead of silently pairing wrong processes).
+// The id carries a tag and this process's random bytes; the set-up checks that every rank got
+// the same id.
 ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
   if (uniqueId == nullptr) return fail(ncclInvalidArgument, "ncclGetUniqueId: uniqueId is NULL");
   std::memset(uniqueId->internal, 0, NCCL_UNIQUE_ID_BYTES);
@@ -180,20 +366,26 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
   return ncclSuccess;
 }
 
-ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank, ncclConfig_t* config) {
   if (comm == nullptr) return fail(ncclInvalidArgument, "ncclCommInitRank: comm is NULL");
   if (nranks < 1 || rank < 0 || rank >= nranks)
     return fail(ncclInvalidArgument, "ncclCommInitRank: rank " + std::to_string(rank) + " is not in [0, " +
                                          std::to_string(nranks) + ")");
   if (std::memcmp(commId.internal, kIdTag, sizeof(kIdTag)) != 0)
     return fail(ncclInvalidArgument, "ncclCommInitRank: the unique id did not come from ncclGetUniqueId");
-  MPI_Comm mpi = MPI_COMM_NULL;
+  bool blocking = true;
+  ncclResult_t status = check_config(config, &blocking);
+  if (status != ncclSuccess) return status;
   if (nranks > 1) {
-    int initialized = 0, world_size = 0, world_rank = 0;
+    int initialized = 0, world_size = 0, world_rank = 0, thread_level = 0;
     MPI_Initialized(&initialized);
     if (!initialized)
       return fail(ncclInvalidUsage, "ncclCommInitRank: the CPU NCCL stand-in runs over MPI and needs MPI initialized "
                                     "for " + std::to_string(nranks) + " ranks (launch multi-rank CPU runs with mpirun)");
+    MPI_Query_thread(&thread_level);
+    if (thread_level < MPI_THREAD_SERIALIZED)
+      return fail(ncclInvalidUsage, "ncclCommInitRank: the CPU NCCL stand-in calls MPI from whichever thread calls "
+                                    "into it: initialize MPI with MPI_Init_thread at MPI_THREAD_SERIALIZED or above");
     MPI_Comm_size(MPI_COMM_WORLD, &world_size);
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
     if (world_size != nranks || world_rank != rank)
@@ -201,25 +393,30 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId,
                                     "communicator: MPI world rank " + std::to_string(world_rank) + " of " +
                                     std::to_string(world_size) + ", asked for rank " + std::to_string(rank) + " of " +
                                     std::to_string(nranks) + " (launch with mpirun -np " + std::to_string(nranks) + ")");
-    ncclUniqueId root_id = commId;
-    ncclResult_t status = mpi_status(MPI_Bcast(root_id.internal, NCCL_UNIQUE_ID_BYTES, MPI_BYTE, 0, MPI_COMM_WORLD),
-                                     "ncclCommInitRank");
-    if (status != ncclSuccess) return status;
-    const int same = std::memcmp(root_id.internal, commId.internal, NCCL_UNIQUE_ID_BYTES) == 0;
-    int all_same = 0;
-    status = mpi_status(MPI_Allreduce(&same, &all_same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD), "ncclCommInitRank");
-    if (status != ncclSuccess) return status;
-    if (!all_same)
-      return fail(ncclInvalidUsage, "ncclCommInitRank: the ranks were given different unique ids");
-    status = mpi_status(MPI_Comm_dup(MPI_COMM_WORLD, &mpi), "ncclCommInitRank");
-    if (status != ncclSuccess) return status;
   }
-  *comm = new ncclComm{kCommMagic, mpi, rank, nranks};
-  return ncclSuccess;
+  ncclComm* c = new ncclComm;
+  c->magic = kCommMagic;
+  c->rank = rank;
+  c->nranks = nranks;
+  c->blocking = blocking;
+  *comm = c;
+  if (nranks == 1) return ncclSuccess;
+  // Issued outside any group of the caller's: the set-up is not one of its collectives.
+  const int depth = group_depth;
+  group_depth = 0;
+  status = issue(c, set_up_operation(c, commId));
+  group_depth = depth;
+  return status;
 }
 
+ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
+  return ncclCommInitRankConfig(comm, nranks, commId, rank, nullptr);
+}
+
+// Waits for the operations still queued (a non-blocking caller has already seen them end).
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (!valid(comm)) return fail(ncclInvalidArgument, "ncclCommDestroy: invalid communicator");
+  wait_for_operations(comm, "ncclCommDestroy");
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (comm->mpi != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm->mpi);
@@ -228,7 +425,14 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   return ncclSuccess;
 }
 
-ncclResult_t ncclCommAbort(ncclComm_t comm) { return ncclCommDestroy(comm); }
+// Ends the communicator at once, from any thread, whatever it is doing (see the file comment for
+// what is kept).
+ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  if (!valid(comm)) return fail(ncclInvalidArgument, "ncclCommAbort: invalid communicator");
+  std::lock_guard<std::mutex> lock(comm->mutex);
+  comm->magic = kAbortedMagic;
+  return ncclSuccess;
+}
 
 ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
   if (!valid(comm) || count == nullptr) return fail(ncclInvalidArgument, "ncclCommCount: invalid argument");
@@ -242,9 +446,13 @@ ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
   return ncclSuccess;
 }
 
+// Advances the communicator's operations: ncclInProgress while one runs, ncclSuccess once all
+// completed, or the error of the one that failed.
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
   if (!valid(comm) || asyncError == nullptr) return fail(ncclInvalidArgument, "ncclCommGetAsyncError: invalid argument");
-  *asyncError = ncclSuccess;  // collectives complete (or fail) synchronously
+  std::lock_guard<std::mutex> lock(comm->mutex);
+  *asyncError = advance(comm);
+  if (*asyncError != ncclInProgress) comm->awaiting = false;
   return ncclSuccess;
 }
 
@@ -253,98 +461,141 @@ ncclResult_t ncclGroupStart() {
   return ncclSuccess;
 }
 
+// The outermost end completes the group's operations on blocking communicators and reports
+// ncclInProgress while any runs on a non-blocking one (poll each with ncclCommGetAsyncError).
 ncclResult_t ncclGroupEnd() {
   if (group_depth == 0) return fail(ncclInvalidUsage, "ncclGroupEnd: no matching ncclGroupStart");
-  --group_depth;
-  return ncclSuccess;
+  if (--group_depth > 0) return ncclSuccess;
+  std::vector<ncclComm*> comms;
+  comms.swap(group_comms);
+  ncclResult_t result = ncclSuccess;
+  for (ncclComm* comm : comms) {
+    ncclResult_t status;
+    if (comm->blocking) {
+      status = wait_for_operations(comm, "ncclGroupEnd");
+    } else {
+      std::lock_guard<std::mutex> lock(comm->mutex);
+      if (comm->magic != kCommMagic) return fail(ncclInvalidUsage, "ncclGroupEnd: the communicator was aborted");
+      status = advance(comm);
+      comm->awaiting = status == ncclInProgress;
+    }
+    if (status != ncclSuccess && status != ncclInProgress) return status;
+    if (status == ncclInProgress) result = ncclInProgress;
+  }
+  return result;
 }
 
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
-  ncclResult_t status = check_call("ncclAllReduce", comm, datatype, count, &op);
+  const ncclResult_t status = check_call("ncclAllReduce", comm, datatype, count, &op);
   if (status != ncclSuccess) return status;
-  const int R = comm->nranks;
+  const int R = comm->nranks, rank = comm->rank;
   const size_t es = element_bytes(datatype), chunk = (count + R - 1) / R;
-  std::vector<size_t> offsets(R), counts(R);
+  auto x = std::make_shared<Exchange>();
+  x->offsets.resize(R);
+  x->counts.resize(R);
   for (int q = 0; q < R; ++q) {
-    offsets[q] = std::min(count, q * chunk);
-    counts[q] = std::min(count, offsets[q] + chunk) - offsets[q];
+    x->offsets[q] = std::min(count, q * chunk);
+    x->counts[q] = std::min(count, x->offsets[q] + chunk) - x->offsets[q];
   }
-  std::vector<char> gathered;
-  status = exchange_ranges(sendbuff, offsets, counts, datatype, comm, &gathered);
-  if (status != ncclSuccess) return status;
-  std::vector<char> reduced(counts[comm->rank] * es);
-  reduce_in_rank_order(reduced.data(), gathered.data(), counts[comm->rank], R, datatype, op);
-  if (R == 1) {
-    if (count > 0) std::memcpy(recvbuff, reduced.data(), reduced.size());
-    return ncclSuccess;
-  }
-  std::vector<int> recv_counts(R), recv_displs(R);
-  for (int q = 0; q < R; ++q) {
-    recv_counts[q] = static_cast<int>(counts[q] * es);
-    recv_displs[q] = static_cast<int>(offsets[q] * es);
-  }
-  return mpi_status(MPI_Allgatherv(reduced.data(), static_cast<int>(reduced.size()), MPI_BYTE, recvbuff,
-                                   recv_counts.data(), recv_displs.data(), MPI_BYTE, comm->mpi),
-                    "ncclAllReduce");
+  Operation o;
+  o.name = "ncclAllReduce";
+  o.steps.push_back([=](MPI_Request* request) { return start_exchange(sendbuff, datatype, comm, x.get(), request); });
+  o.steps.push_back([=](MPI_Request* request) {
+    x->reduced.resize(x->counts[rank] * es);
+    reduce_in_rank_order(x->reduced.data(), x->gathered.data(), x->counts[rank], R, datatype, op);
+    if (R == 1) {
+      if (count > 0) std::memcpy(recvbuff, x->reduced.data(), x->reduced.size());
+      return ncclSuccess;
+    }
+    for (int q = 0; q < R; ++q) {
+      x->recv_counts[q] = static_cast<int>(x->counts[q] * es);
+      x->recv_displs[q] = static_cast<int>(x->offsets[q] * es);
+    }
+    return mpi_status(MPI_Iallgatherv(x->reduced.data(), static_cast<int>(x->reduced.size()), MPI_BYTE, recvbuff,
+                                      x->recv_counts.data(), x->recv_displs.data(), MPI_BYTE, comm->mpi, request),
+                      "ncclAllReduce");
+  });
+  return issue(comm, std::move(o));
 }
 
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
-  ncclResult_t status = check_call("ncclReduceScatter", comm, datatype, recvcount, &op);
+  const ncclResult_t status = check_call("ncclReduceScatter", comm, datatype, recvcount, &op);
   if (status != ncclSuccess) return status;
   const int R = comm->nranks;
-  std::vector<size_t> offsets(R), counts(R, recvcount);
-  for (int q = 0; q < R; ++q) offsets[q] = q * recvcount;
-  std::vector<char> gathered;
-  status = exchange_ranges(sendbuff, offsets, counts, datatype, comm, &gathered);
-  if (status != ncclSuccess) return status;
-  reduce_in_rank_order(recvbuff, gathered.data(), recvcount, R, datatype, op);
-  return ncclSuccess;
+  auto x = std::make_shared<Exchange>();
+  x->counts.assign(R, recvcount);
+  x->offsets.resize(R);
+  for (int q = 0; q < R; ++q) x->offsets[q] = q * recvcount;
+  Operation o;
+  o.name = "ncclReduceScatter";
+  o.steps.push_back([=](MPI_Request* request) { return start_exchange(sendbuff, datatype, comm, x.get(), request); });
+  o.steps.push_back([=](MPI_Request*) {
+    reduce_in_rank_order(recvbuff, x->gathered.data(), recvcount, R, datatype, op);
+    return ncclSuccess;
+  });
+  return issue(comm, std::move(o));
 }
 
 ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
                         int root, ncclComm_t comm, cudaStream_t) {
-  ncclResult_t status = check_call("ncclReduce", comm, datatype, count, &op);
+  const ncclResult_t status = check_call("ncclReduce", comm, datatype, count, &op);
   if (status != ncclSuccess) return status;
   if (root < 0 || root >= comm->nranks)
     return fail(ncclInvalidArgument, "ncclReduce: root " + std::to_string(root) + " is not a rank");
   const int R = comm->nranks;
-  std::vector<size_t> offsets(R, 0), counts(R, 0);
-  counts[root] = count;
-  std::vector<char> gathered;
-  status = exchange_ranges(sendbuff, offsets, counts, datatype, comm, &gathered);
-  if (status != ncclSuccess) return status;
-  if (comm->rank == root) reduce_in_rank_order(recvbuff, gathered.data(), count, R, datatype, op);
-  return ncclSuccess;
+  auto x = std::make_shared<Exchange>();
+  x->offsets.assign(R, 0);
+  x->counts.assign(R, 0);
+  x->counts[root] = count;
+  Operation o;
+  o.name = "ncclReduce";
+  o.steps.push_back([=](MPI_Request* request) { return start_exchange(sendbuff, datatype, comm, x.get(), request); });
+  o.steps.push_back([=](MPI_Request*) {
+    if (comm->rank == root) reduce_in_rank_order(recvbuff, x->gathered.data(), count, R, datatype, op);
+    return ncclSuccess;
+  });
+  return issue(comm, std::move(o));
 }
 
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
                            ncclComm_t comm, cudaStream_t) {
-  ncclResult_t status = check_call("ncclAllGather", comm, datatype, sendcount, nullptr);
+  const ncclResult_t status = check_call("ncclAllGather", comm, datatype, sendcount, nullptr);
   if (status != ncclSuccess) return status;
   const size_t bytes = sendcount * element_bytes(datatype);
   char* own = static_cast<char*>(recvbuff) + comm->rank * bytes;
-  if (comm->nranks == 1) {
-    if (own != sendbuff && bytes > 0) std::memmove(own, sendbuff, bytes);
-    return ncclSuccess;
-  }
-  const bool in_place = own == sendbuff;
-  return mpi_status(MPI_Allgather(in_place ? MPI_IN_PLACE : sendbuff, static_cast<int>(bytes), MPI_BYTE, recvbuff,
-                                  static_cast<int>(bytes), MPI_BYTE, comm->mpi),
-                    "ncclAllGather");
+  Operation o;
+  o.name = "ncclAllGather";
+  o.steps.push_back([=](MPI_Request* request) {
+    if (comm->nranks == 1) {
+      if (own != sendbuff && bytes > 0) std::memmove(own, sendbuff, bytes);
+      return ncclSuccess;
+    }
+    const bool in_place = own == sendbuff;
+    return mpi_status(MPI_Iallgather(in_place ? MPI_IN_PLACE : sendbuff, static_cast<int>(bytes), MPI_BYTE, recvbuff,
+                                     static_cast<int>(bytes), MPI_BYTE, comm->mpi, request),
+                      "ncclAllGather");
+  });
+  return issue(comm, std::move(o));
 }
 
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                            ncclComm_t comm, cudaStream_t) {
-  ncclResult_t status = check_call("ncclBroadcast", comm, datatype, count, nullptr);
+  const ncclResult_t status = check_call("ncclBroadcast", comm, datatype, count, nullptr);
   if (status != ncclSuccess) return status;
   if (root < 0 || root >= comm->nranks)
     return fail(ncclInvalidArgument, "ncclBroadcast: root " + std::to_string(root) + " is not a rank");
   const size_t bytes = count * element_bytes(datatype);
-  if (comm->rank == root && sendbuff != recvbuff && bytes > 0) std::memmove(recvbuff, sendbuff, bytes);
-  if (comm->nranks == 1) return ncclSuccess;
-  return mpi_status(MPI_Bcast(recvbuff, static_cast<int>(bytes), MPI_BYTE, root, comm->mpi), "ncclBroadcast");
+  Operation o;
+  o.name = "ncclBroadcast";
+  o.steps.push_back([=](MPI_Request* request) {
+    if (comm->rank == root && sendbuff != recvbuff && bytes > 0) std::memmove(recvbuff, sendbuff, bytes);
+    if (comm->nranks == 1) return ncclSuccess;
+    return mpi_status(MPI_Ibcast(recvbuff, static_cast<int>(bytes), MPI_BYTE, root, comm->mpi, request),
+                      "ncclBroadcast");
+  });
+  return issue(comm, std::move(o));
 }
 
 }  // extern "C"

@@ -343,6 +343,8 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
   e->has_time = true;
   return cudaSuccess;
 }
+// Work is done when it is issued: a recorded event has always completed.
+cudaError_t cudaEventQuery(cudaEvent_t event) { return event ? sticky_or(cudaSuccess) : fail(cudaErrorInvalidResourceHandle); }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   ++simt::counters().host_syncs;
   return event ? sticky_or(cudaSuccess) : fail(cudaErrorInvalidResourceHandle);

@@ -14,13 +14,18 @@
 //     tcp:HOST:PORT  rank 0 listens on PORT; rank r connects to HOST:PORT, sends its rank and
 //                world size, and receives the id once every rank has connected.
 //   neither: one process, world size 1 (no MPI needed).
-// Every wait of the rendezvous gives up after --comm-timeout seconds with an error that names the
-// missing rank(s), so a peer that never starts makes every other rank exit instead of hanging.
+// --comm-timeout bounds every wait for the other ranks: each wait of the rendezvous gives up after
+// it with an error that names the missing rank(s), so a peer that never starts makes every other
+// rank exit instead of hanging; the NCCL communicator is non-blocking and each collective (and its
+// set-up) is watched by comm_watchdog.h, which aborts the communicator and ends the process with
+// one line naming the rank, the collective and the step when one does not finish within it or
+// NCCL reports an error (a peer that died or hangs).
 // Each process uses GPU (local rank mod device count).
 //
 // Collectives run on stream() (a stream of their own); wait_for(s) orders the communication
 // after the work already queued on s, and order_before(s) orders the work queued next on s after
-// the communication issued so far. The CPU build answers the nccl* calls with MPI
+// the communication issued so far. set_purpose(what, when) names what the collectives issued next
+// carry, for the watchdog's messages. The CPU build answers the nccl* calls with MPI
 // (simt/nccl.cpp); there streams are synchronous and MPI needs mpirun for more than one rank.
 #pragma once
 #include "../kernels/common.cuh"
@@ -31,6 +36,7 @@
 #include <mpi.h>
 #include <nccl.h>
 
+#include "comm_watchdog.h"
 #include "rendezvous.h"
 
 #include <chrono>
@@ -38,6 +44,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <exception>
 #include <fstream>
 #include <memory>
@@ -49,7 +56,7 @@
 
 struct CommOptions {
   std::string rendezvous;          // "", "file:PATH" or "tcp:HOST:PORT"
-  double timeout_seconds = 300.0;  // for every wait of the bootstrap
+  double timeout_seconds = 600.0;  // for every wait for the other ranks: the start-up's and each collective's
 };
 
 namespace comm_detail {
@@ -68,13 +75,16 @@ struct CollectiveCounts {
 
 class Communicator {
  public:
-  explicit Communicator(const CommOptions& options) : options_(options) {
-    launch_ = detect_launch();
+  explicit Communicator(const CommOptions& options)
+      : options_(options), launch_(detect_launch()), watchdog_(launch_.rank, options.timeout_seconds) {
     if (launch_.uses_mpi) {
       int initialized = 0;
       MPI_Initialized(&initialized);
       if (!initialized) {
-        if (MPI_Init(nullptr, nullptr) != MPI_SUCCESS) throw std::runtime_error(launch_.source + " launch: MPI_Init failed");
+        // Threads: the CPU build's NCCL stand-in calls MPI from the watchdog's thread too.
+        int provided = 0;
+        if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
+          throw std::runtime_error(launch_.source + " launch: MPI_Init_thread failed");
         owns_mpi_ = true;
       }
     }
@@ -84,7 +94,15 @@ class Communicator {
     ncclUniqueId id;
     if (launch_.rank == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId");
     if (launch_.world_size > 1) id = exchange_id(id);
-    check(ncclCommInitRank(&comm_, launch_.world_size, id, launch_.rank), "ncclCommInitRank");
+    // Non-blocking: no NCCL call waits on a peer, so the watchdog can end a stalled run.
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    watchdog_.begin("set-up of the communicator during start-up");
+    const ncclResult_t status = ncclCommInitRankConfig(&comm_, launch_.world_size, id, launch_.rank, &config);
+    if (status != ncclInProgress) check(status, "ncclCommInitRankConfig");
+    watchdog_.start(comm_);
+    check(watchdog_.settle(status), "ncclCommInitRankConfig");
+    watchdog_.finished();
     cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating the communication stream");
     cuda_check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "creating a communication event");
     cuda_check(cudaMalloc(reinterpret_cast<void**>(&scalar_), sizeof(double)), "allocating a communication scalar");
@@ -96,10 +114,11 @@ class Communicator {
   // torn down collectively, which could block.
   ~Communicator() {
     if (std::uncaught_exceptions() > 0) return;
-    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);  // still watched
     if (scalar_ != nullptr) cudaFree(scalar_);
     if (event_ != nullptr) cudaEventDestroy(event_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    watchdog_.stop();
     if (comm_ != nullptr) ncclCommDestroy(comm_);
     if (launch_.rank == 0 && options_.rendezvous.rfind("file:", 0) == 0)
       rendezvous::remove_rendezvous_files(options_.rendezvous.substr(5), launch_.world_size);
@@ -125,30 +144,55 @@ class Communicator {
     cuda_check(cudaStreamWaitEvent(consumer, event_, 0), "ordering computation after communication");
   }
 
+  // What the collectives issued from now on carry and when, for the watchdog's messages:
+  // ("gradients", "at step 7") names an all-reduce "all-reduce of gradients at step 7".
+  void set_purpose(std::string what, std::string when) {
+    purpose_what_ = std::move(what);
+    purpose_when_ = std::move(when);
+  }
+
   // In place over n device elements: every rank gets the sum (average) over ranks.
   template <typename T> void all_reduce(T* data, size_t n, ncclRedOp_t op) {
     ++counts_.all_reduce;
-    check(ncclAllReduce(data, data, n, comm_detail::nccl_type<T>(), op, comm_, stream_), "ncclAllReduce");
+    collective("all-reduce", "ncclAllReduce",
+               [&] { return ncclAllReduce(data, data, n, comm_detail::nccl_type<T>(), op, comm_, stream_); });
   }
   // recv (recvcount elements) on rank r = op over ranks of send[r·recvcount, (r+1)·recvcount).
   template <typename T> void reduce_scatter(const T* send, T* recv, size_t recvcount, ncclRedOp_t op) {
     ++counts_.reduce_scatter;
-    check(ncclReduceScatter(send, recv, recvcount, comm_detail::nccl_type<T>(), op, comm_, stream_),
-          "ncclReduceScatter");
+    collective("reduce-scatter", "ncclReduceScatter", [&] {
+      return ncclReduceScatter(send, recv, recvcount, comm_detail::nccl_type<T>(), op, comm_, stream_);
+    });
   }
   // recv[r·sendcount, (r+1)·sendcount) = rank r's send; send may be recv + rank·sendcount.
   template <typename T> void all_gather(const T* send, T* recv, size_t sendcount) {
     ++counts_.all_gather;
-    check(ncclAllGather(send, recv, sendcount, comm_detail::nccl_type<T>(), comm_, stream_), "ncclAllGather");
+    collective("all-gather", "ncclAllGather",
+               [&] { return ncclAllGather(send, recv, sendcount, comm_detail::nccl_type<T>(), comm_, stream_); });
   }
   // data (n elements) on every rank = data on `root`.
   template <typename T> void broadcast(T* data, size_t n, int root) {
     ++counts_.broadcast;
-    check(ncclBroadcast(data, data, n, comm_detail::nccl_type<T>(), root, comm_, stream_), "ncclBroadcast");
+    collective("broadcast", "ncclBroadcast",
+               [&] { return ncclBroadcast(data, data, n, comm_detail::nccl_type<T>(), root, comm_, stream_); });
   }
-  // Calls between group_start() and group_end() are launched together (nccl group semantics).
-  void group_start() { check(ncclGroupStart(), "ncclGroupStart"); }
-  void group_end() { check(ncclGroupEnd(), "ncclGroupEnd"); }
+  // Calls between group_start() and group_end() are launched together (nccl group semantics); the
+  // watchdog watches the group as one collective.
+  void group_start() {
+    if (group_depth_++ == 0) group_kinds_.clear();
+    check(watchdog_.run([] { return ncclGroupStart(); }), "ncclGroupStart");
+  }
+  void group_end() {
+    if (group_depth_ == 1) {
+      group_depth_ = 0;
+      std::string kinds;
+      for (const char* kind : group_kinds_) kinds += (kinds.empty() ? "" : " and ") + std::string(kind);
+      issue(kinds.empty() ? "empty group" : kinds, "ncclGroupEnd", [] { return ncclGroupEnd(); });
+      return;
+    }
+    if (group_depth_ > 1) --group_depth_;
+    check(watchdog_.run([] { return ncclGroupEnd(); }), "ncclGroupEnd");  // nested, or unmatched: NCCL's error
+  }
 
   // Sum over ranks of a host value (blocking; fp64, added in NCCL's order).
   double sum(double value) {
@@ -183,16 +227,42 @@ class Communicator {
     return id;
   }
 
+  // A collective outside a group is issued (and watched) now; inside one, with the group.
+  template <typename Call> void collective(const char* kind, const char* nccl_name, Call&& call) {
+    if (group_depth_ == 0) {
+      issue(kind, nccl_name, call);
+      return;
+    }
+    if (std::find(group_kinds_.begin(), group_kinds_.end(), kind) == group_kinds_.end()) group_kinds_.push_back(kind);
+    check(watchdog_.run(call), nccl_name);
+  }
+
+  template <typename Call> void issue(const std::string& kind, const char* nccl_name, Call&& call) {
+    watchdog_.begin(kind + " of " + purpose_what_ + " " + purpose_when_);
+    const ncclResult_t status = watchdog_.run(call);
+    if (status != ncclSuccess) {
+      watchdog_.finished();  // not watched: its error is reported here
+      check(status, nccl_name);
+    }
+    watchdog_.issued(stream_);
+  }
+
+  // Throws the call's error, unless the watchdog fired (the process is ending with its message).
   void check(ncclResult_t status, const char* what) const {
-    if (status != ncclSuccess)
-      throw std::runtime_error(std::string(what) + ": " + ncclGetErrorString(status) + " (" +
-                               ncclGetLastError(comm_) + ")");
+    if (status == ncclSuccess) return;
+    watchdog_.wait_if_fired();
+    throw std::runtime_error(std::string(what) + ": " + ncclGetErrorString(status) + " (" + ncclGetLastError(comm_) +
+                             ")");
   }
 
   CommOptions options_;
   LaunchInfo launch_;
+  CommWatchdog watchdog_;
   bool owns_mpi_ = false;
   ncclComm_t comm_ = nullptr;
+  int group_depth_ = 0;
+  std::vector<const char*> group_kinds_;  // of the collectives in the open group
+  std::string purpose_what_ = "values", purpose_when_ = "during start-up";
   cudaStream_t stream_ = nullptr;
   cudaEvent_t event_ = nullptr;
   double* scalar_ = nullptr;

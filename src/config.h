@@ -70,7 +70,7 @@ struct TrainConfig {
   int zero = 0;
   double bucket_mib = kDefaultBucketMiB;
   std::string rendezvous;
-  double comm_timeout = 300.0;
+  double comm_timeout = 600.0;  // every wait for the other ranks (start-up, each collective)
   // checkpoints and bad-step guards (src/checkpoint.h, src/step_guards.h)
   long long checkpoint_every = 0;  // 0: only the final checkpoint (last step or signal)
   long long keep_checkpoints = 3;  // 0: keep all
@@ -184,7 +184,9 @@ inline const std::vector<Flag>& flag_table() {
       {"rendezvous", "file:PATH|tcp:HOST:PORT",
        "how ranks started without MPI (plain srun) exchange the NCCL id: a file on a shared filesystem or rank 0's "
        "TCP port", &TrainConfig::rendezvous, {}, {}, "none (mpirun, srun --mpi=pmix: MPI)"},
-      {"comm-timeout", "SECONDS", "start-up fails with an error naming the missing ranks after this long",
+      {"comm-timeout", "SECONDS",
+       "the longest a rank waits for the others: a start-up wait fails naming the missing ranks, a collective "
+       "not finished by then aborts the run naming it and the step",
        &TrainConfig::comm_timeout, {0, HUGE_VAL, true, false}},
       {"checkpoint-every", "N",
        "write a checkpoint (DIR/checkpoint_<step>) after every N-th step; one is always written at the end (0 = only then)",

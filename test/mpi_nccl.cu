@@ -11,8 +11,10 @@
 #include "test_util.h"
 #include "../src/comm.h"
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -47,6 +49,28 @@ template <typename T> bool same_on_all_ranks(const std::vector<T>& values) {
   int same = std::memcmp(root.data(), values.data(), values.size() * sizeof(T)) == 0, all = 0;
   MPI_Allreduce(&same, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   return all == 1;
+}
+
+// Polls ncclCommGetAsyncError while `status` is ncclInProgress; the final status.
+ncclResult_t settle(ncclComm_t c, ncclResult_t status) {
+  while (status == ncclInProgress) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (ncclCommGetAsyncError(c, &status) != ncclSuccess) return ncclInternalError;
+  }
+  return status;
+}
+
+// A non-blocking NCCL communicator of its own over the same ranks, set up.
+ncclComm_t non_blocking_comm() {
+  ncclUniqueId id;
+  if (comm().rank() == 0) REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  MPI_Bcast(id.internal, sizeof(id.internal), MPI_BYTE, 0, MPI_COMM_WORLD);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t c = nullptr;
+  const ncclResult_t status = ncclCommInitRankConfig(&c, comm().world_size(), id, comm().rank(), &config);
+  REQUIRE(settle(c, status) == ncclSuccess);
+  return c;
 }
 
 template <typename T> void check_reduced(const std::vector<T>& got, size_t first, ncclRedOp_t op) {
@@ -145,4 +169,53 @@ TEST_CASE("invalid collective calls fail with an error instead of hanging", "[nc
   CHECK_THROWS_WITH(comm().broadcast(data.ptr, 4, comm().world_size()), Catch::Contains("ncclBroadcast"));
   CHECK_THROWS_WITH(comm().group_end(), Catch::Contains("ncclGroupEnd"));
   comm().barrier();  // the ranks are still in step
+}
+
+TEST_CASE("a non-blocking communicator completes a collective that a late peer joins", "[nccl]") {
+  const size_t n = 300;
+  ncclComm_t c = non_blocking_comm();
+  cudaStream_t stream = nullptr;
+  CUDA_CHECK(cudaStreamCreate(&stream));
+  test::DeviceBuffer<float> data(inputs_of<float>(comm().rank(), n));
+  if (comm().rank() != 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const ncclResult_t status = ncclAllReduce(data.ptr, data.ptr, n, ncclFloat32, ncclSum, c, stream);
+  REQUIRE(settle(c, status) == ncclSuccess);
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  check_reduced(data.download(), 0, ncclSum);
+  CHECK(ncclCommDestroy(c) == ncclSuccess);
+  CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+// What the watchdog (src/comm_watchdog.h) relies on: a collective a peer never joins is seen as
+// unfinished (the call still in progress, or an event after it not reached), and ncclCommAbort
+// ends it without a hang.
+TEST_CASE("a collective a peer never joins stays unfinished until ncclCommAbort ends it", "[nccl]") {
+  if (comm().world_size() == 1) return;  // no peer to stay away
+  const size_t n = 64;
+  ncclComm_t c = non_blocking_comm();
+  cudaStream_t stream = nullptr;
+  cudaEvent_t after = nullptr;
+  CUDA_CHECK(cudaStreamCreate(&stream));
+  CUDA_CHECK(cudaEventCreateWithFlags(&after, cudaEventDisableTiming));
+  test::DeviceBuffer<float> data(inputs_of<float>(comm().rank(), n));
+  if (comm().rank() == 0) {
+    ncclResult_t status = ncclAllReduce(data.ptr, data.ptr, n, ncclFloat32, ncclSum, c, stream);
+    bool recorded = false;
+    for (int poll = 0; poll < 20; ++poll) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      if (status == ncclInProgress) REQUIRE(ncclCommGetAsyncError(c, &status) == ncclSuccess);
+      REQUIRE((status == ncclSuccess || status == ncclInProgress));
+      if (status == ncclSuccess && !recorded) {
+        CUDA_CHECK(cudaEventRecord(after, stream));
+        recorded = true;
+      }
+      INFO("poll " << poll);
+      CHECK((status == ncclInProgress || cudaEventQuery(after) == cudaErrorNotReady));
+    }
+  }
+  CHECK(ncclCommAbort(c) == ncclSuccess);
+  cudaStreamSynchronize(stream);  // returns: the abort ended the collective (its status is NCCL's business)
+  CUDA_CHECK(cudaEventDestroy(after));
+  CUDA_CHECK(cudaStreamDestroy(stream));
+  MPI_Barrier(MPI_COMM_WORLD);
 }

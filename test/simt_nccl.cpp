@@ -70,3 +70,42 @@ TEST_CASE("simt NCCL stand-in refuses what it does not implement", "[nccl]") {
   CHECK(ncclCommInitRank(&comm, 2, id, 0) == ncclInvalidUsage);
   CHECK(std::string(ncclGetLastError(nullptr)).find("mpirun") != std::string::npos);
 }
+
+TEST_CASE("simt NCCL stand-in: config, non-blocking calls and abort", "[nccl]") {
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  ncclComm_t comm = nullptr;
+  // Only `blocking` is implemented; a config not made by NCCL_CONFIG_INITIALIZER is refused.
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 2;
+  CHECK(ncclCommInitRankConfig(&comm, 1, id, 0, &config) == ncclInvalidArgument);
+  CHECK(std::string(ncclGetLastError(nullptr)).find("blocking") != std::string::npos);
+  config = NCCL_CONFIG_INITIALIZER;
+  config.maxCTAs = 4;
+  CHECK(ncclCommInitRankConfig(&comm, 1, id, 0, &config) == ncclInvalidArgument);
+  CHECK(std::string(ncclGetLastError(nullptr)).find("only the config's `blocking`") != std::string::npos);
+  ncclConfig_t uninitialized;
+  std::memset(&uninitialized, 0, sizeof uninitialized);
+  CHECK(ncclCommInitRankConfig(&comm, 1, id, 0, &uninitialized) == ncclInvalidArgument);
+
+  // One rank: a non-blocking communicator's collectives complete within their calls.
+  config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  REQUIRE(ncclCommInitRankConfig(&comm, 1, id, 0, &config) == ncclSuccess);
+  const std::vector<float> values = test::random_floats(19, 5);
+  test::DeviceBuffer<float> data(values);
+  REQUIRE(ncclGroupStart() == ncclSuccess);
+  CHECK(ncclAllReduce(data.ptr, data.ptr, 19, ncclFloat32, ncclSum, comm, nullptr) == ncclSuccess);
+  CHECK(ncclBroadcast(data.ptr, data.ptr, 19, ncclFloat32, 0, comm, nullptr) == ncclSuccess);
+  CHECK(ncclGroupEnd() == ncclSuccess);
+  ncclResult_t async_error = ncclInternalError;
+  CHECK(ncclCommGetAsyncError(comm, &async_error) == ncclSuccess);
+  CHECK(async_error == ncclSuccess);
+  CHECK(test::all_close("grouped collectives of one rank", data.download(), values, 0.0, 0.0));
+
+  // After ncclCommAbort the handle is refused, not used.
+  CHECK(ncclCommAbort(comm) == ncclSuccess);
+  CHECK(ncclAllReduce(data.ptr, data.ptr, 19, ncclFloat32, ncclSum, comm, nullptr) == ncclInvalidArgument);
+  CHECK(ncclCommGetAsyncError(comm, &async_error) == ncclInvalidArgument);
+  CHECK(ncclCommDestroy(comm) == ncclInvalidArgument);
+}
