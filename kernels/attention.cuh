@@ -70,6 +70,47 @@ __device__ __forceinline__ void attention_load_floats(float dst[Vec128<T>::size]
   for (int i = 0; i < Vec128<T>::size; ++i) dst[i] = load ? to_float(v[i]) : 0.0f;
 }
 
+// One lane group's online softmax over the keys it visits (running max, running sum and the
+// p-weighted sum of its chunk of v), and the butterfly merge of the groups at the end; shared by
+// the full attention and the decoding kernel (attention_decode.cuh), which must give its bits.
+template <int V>
+struct AttentionOnlineSoftmax {
+  float running_max = -INFINITY, running_sum = 0.0f, acc[V] = {};
+
+  __device__ __forceinline__ void add(float score, const float v[V]) {
+    float new_max = fmaxf(running_max, score);
+    float correction = expf(running_max - new_max);  // 0 for the first key (running_max = -inf)
+    float p = expf(score - new_max);
+    running_sum = running_sum * correction + p;
+    for (int i = 0; i < V; ++i) acc[i] = acc[i] * correction + p * v[i];
+    running_max = new_max;
+  }
+
+  // Every lane ends with the whole row's max, sum and weighted v (the whole warp must call it).
+  __device__ __forceinline__ void merge_groups(int group_lanes) {
+    for (int offset = group_lanes; offset < 32; offset <<= 1) {
+      float other_max = __shfl_xor_sync(0xffffffffu, running_max, offset);
+      float other_sum = __shfl_xor_sync(0xffffffffu, running_sum, offset);
+      float new_max = fmaxf(running_max, other_max);
+      // A group that saw no key still has max -inf: weight 0, not exp(-inf + inf).
+      float mine = running_max == -INFINITY ? 0.0f : expf(running_max - new_max);
+      float theirs = other_max == -INFINITY ? 0.0f : expf(other_max - new_max);
+      running_sum = running_sum * mine + other_sum * theirs;
+      for (int i = 0; i < V; ++i) acc[i] = acc[i] * mine + __shfl_xor_sync(0xffffffffu, acc[i], offset) * theirs;
+      running_max = new_max;
+    }
+  }
+
+  // The softmax-weighted sum of v (after merge_groups), as T.
+  template <typename T>
+  __device__ __forceinline__ Vec128<T> output() const {
+    float inv_sum = 1.0f / running_sum;
+    Vec128<T> o;
+    for (int i = 0; i < V; ++i) o[i] = from_float<T>(acc[i] * inv_sum);
+    return o;
+  }
+};
+
 // One warp per (b, h, t): online softmax over keys s <= t. Each group keeps its own running
 // max, sum and weighted sum of v over the keys it visited; the groups are merged at the end.
 template <typename T>
@@ -91,8 +132,7 @@ __global__ void attention_forward_kernel(T* out, float* lse, const T* qkv, int B
   float q[V];
   attention_load_floats<T>(q, q_chunk + t * row_stride, lane.owns_chunk);
 
-  float running_max = -INFINITY, running_sum = 0.0f, acc[V];
-  for (int i = 0; i < V; ++i) acc[i] = 0.0f;
+  AttentionOnlineSoftmax<V> softmax;
   // The trip count is the same for every lane (shuffles need the whole warp); a group past t idles.
   for (int step = 0; step <= t; step += lane.groups) {
     int s = step + lane.group;
@@ -101,36 +141,17 @@ __global__ void attention_forward_kernel(T* out, float* lse, const T* qkv, int B
     attention_load_floats<T>(k, k_chunk + s * row_stride, key_valid && lane.owns_chunk);
     float score = attention_group_sum(attention_dot<V>(q, k), lane.group_lanes) * scale;
     if (key_valid) {
-      float new_max = fmaxf(running_max, score);
-      float correction = expf(running_max - new_max);  // 0 for the first key (running_max = -inf)
-      float p = expf(score - new_max);
-      running_sum = running_sum * correction + p;
       float v[V];
       attention_load_floats<T>(v, v_chunk + s * row_stride, lane.owns_chunk);
-      for (int i = 0; i < V; ++i) acc[i] = acc[i] * correction + p * v[i];
-      running_max = new_max;
+      softmax.add(score, v);
     }
   }
+  softmax.merge_groups(lane.group_lanes);
 
-  for (int offset = lane.group_lanes; offset < 32; offset <<= 1) {
-    float other_max = __shfl_xor_sync(0xffffffffu, running_max, offset);
-    float other_sum = __shfl_xor_sync(0xffffffffu, running_sum, offset);
-    float new_max = fmaxf(running_max, other_max);
-    // A group that saw no key (t + 1 < groups) still has max -inf: weight 0, not exp(-inf + inf).
-    float mine = running_max == -INFINITY ? 0.0f : expf(running_max - new_max);
-    float theirs = other_max == -INFINITY ? 0.0f : expf(other_max - new_max);
-    running_sum = running_sum * mine + other_sum * theirs;
-    for (int i = 0; i < V; ++i) acc[i] = acc[i] * mine + __shfl_xor_sync(0xffffffffu, acc[i], offset) * theirs;
-    running_max = new_max;
-  }
-
-  if (lane.group == 0 && lane.owns_chunk) {
-    float inv_sum = 1.0f / running_sum;
-    Vec128<T> o;
-    for (int i = 0; i < V; ++i) o[i] = from_float<T>(acc[i] * inv_sum);
-    store128(out + (static_cast<size_t>(b) * seq_len + t) * C + h * head_size + lane.chunk * V, o);
-  }
-  if (threadIdx.x % 32 == 0) lse[(static_cast<size_t>(b) * NH + h) * seq_len + t] = running_max + logf(running_sum);
+  if (lane.group == 0 && lane.owns_chunk)
+    store128(out + (static_cast<size_t>(b) * seq_len + t) * C + h * head_size + lane.chunk * V, softmax.template output<T>());
+  if (threadIdx.x % 32 == 0)
+    lse[(static_cast<size_t>(b) * NH + h) * seq_len + t] = softmax.running_max + logf(softmax.running_sum);
 }
 
 // One warp per (b, h, t): D_t = dout_t · out_t (saved in delta for the key/value kernel) and

@@ -34,8 +34,7 @@ __global__ void attention_decode_forward_kernel(T* out, const T* qkv, const T* k
   const T* k_chunk = k_cache + head_offset;
   const T* v_chunk = v_cache + head_offset;
 
-  float running_max = -INFINITY, running_sum = 0.0f, acc[V];
-  for (int i = 0; i < V; ++i) acc[i] = 0.0f;
+  AttentionOnlineSoftmax<V> softmax;
   // Same trip count for every lane (shuffles need the whole warp); a group past the last key idles.
   for (int step = 0; step < len; step += lane.groups) {
     int s = step + lane.group;
@@ -44,35 +43,15 @@ __global__ void attention_decode_forward_kernel(T* out, const T* qkv, const T* k
     attention_load_floats<T>(k, k_chunk + static_cast<size_t>(s) * C, key_valid && lane.owns_chunk);
     float score = attention_group_sum(attention_dot<V>(q, k), lane.group_lanes) * scale;
     if (key_valid) {
-      float new_max = fmaxf(running_max, score);
-      float correction = expf(running_max - new_max);  // 0 for the first key (running_max = -inf)
-      float p = expf(score - new_max);
-      running_sum = running_sum * correction + p;
       float v[V];
       attention_load_floats<T>(v, v_chunk + static_cast<size_t>(s) * C, lane.owns_chunk);
-      for (int i = 0; i < V; ++i) acc[i] = acc[i] * correction + p * v[i];
-      running_max = new_max;
+      softmax.add(score, v);
     }
   }
+  softmax.merge_groups(lane.group_lanes);
 
-  for (int offset = lane.group_lanes; offset < 32; offset <<= 1) {
-    float other_max = __shfl_xor_sync(0xffffffffu, running_max, offset);
-    float other_sum = __shfl_xor_sync(0xffffffffu, running_sum, offset);
-    float new_max = fmaxf(running_max, other_max);
-    // A group that saw no key (len < groups) still has max -inf: weight 0, not exp(-inf + inf).
-    float mine = running_max == -INFINITY ? 0.0f : expf(running_max - new_max);
-    float theirs = other_max == -INFINITY ? 0.0f : expf(other_max - new_max);
-    running_sum = running_sum * mine + other_sum * theirs;
-    for (int i = 0; i < V; ++i) acc[i] = acc[i] * mine + __shfl_xor_sync(0xffffffffu, acc[i], offset) * theirs;
-    running_max = new_max;
-  }
-
-  if (lane.group == 0 && lane.owns_chunk) {
-    float inv_sum = 1.0f / running_sum;
-    Vec128<T> o;
-    for (int i = 0; i < V; ++i) o[i] = from_float<T>(acc[i] * inv_sum);
-    store128(out + static_cast<size_t>(b) * C + h * head_size + lane.chunk * V, o);
-  }
+  if (lane.group == 0 && lane.owns_chunk)
+    store128(out + static_cast<size_t>(b) * C + h * head_size + lane.chunk * V, softmax.template output<T>());
 }
 
 // One thread per 16-byte chunk of the k and v parts of the n new qkv rows of each sequence:
