@@ -283,18 +283,27 @@ cudaDeviceProp device_properties() {
 
 constexpr double kBytesPerGiB = 1073741824.0;
 
-MemoryPlan run_memory_plan(const TrainConfig& cfg, const GPT2Config& model, int batch_size, int recompute, int world) {
+// Positions of rank 0's --sample-every decoder: the sampler's (prompt + --max-new-tokens - 1), or
+// without one (--plan reads no vocabulary) the model's context, the most it can be; 0: no sampling.
+int sampling_positions(const TrainConfig& cfg, const GPT2Config& model, const TextSampler* sampler) {
+  if (cfg.sample_every == 0) return 0;
+  return sampler != nullptr ? sampler->cache_positions() : model.max_seq_len;
+}
+
+MemoryPlan run_memory_plan(const TrainConfig& cfg, const GPT2Config& model, int batch_size, int recompute, int world,
+                           int sample_positions) {
   return plan_memory(model, batch_size, cfg.seq_len, recompute, cfg.dtype == "fp32" ? DType::fp32 : DType::bf16,
-                     cfg.zero, world, cfg.bucket_mib);
+                     cfg.zero, world, cfg.bucket_mib, sample_positions);
 }
 
 // "largest --batch-size that fits: --recompute 0: 3, 1: 5, 2: 6, 3: 9" (0: not even 1).
-std::string fitting_batch_sizes(const TrainConfig& cfg, const GPT2Config& model, int world, size_t budget) {
+std::string fitting_batch_sizes(const TrainConfig& cfg, const GPT2Config& model, int world, size_t budget,
+                                int sample_positions) {
   std::string out = "largest --batch-size that fits " + format_bytes(budget) + ":";
   for (int r = 0; r <= kRecomputeMax; ++r)
     out += std::string(r == 0 ? "" : ",") + " --recompute " + std::to_string(r) + ": " +
            std::to_string(largest_fitting_batch(model, cfg.seq_len, r, cfg.dtype == "fp32" ? DType::fp32 : DType::bf16,
-                                                cfg.zero, world, budget, cfg.bucket_mib));
+                                                cfg.zero, world, budget, cfg.bucket_mib, sample_positions));
   return out;
 }
 
@@ -314,13 +323,14 @@ int print_memory_plan(TrainConfig cfg) {
   int devices = 0;
   if (budget == 0 && cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0)
     budget = device_properties().totalGlobalMem;
-  const MemoryPlan plan = run_memory_plan(cfg, model, cfg.batch_size, cfg.recompute, world);
+  const int sampling = sampling_positions(cfg, model, nullptr);
+  const MemoryPlan plan = run_memory_plan(cfg, model, cfg.batch_size, cfg.recompute, world, sampling);
   std::printf("memory plan per rank: %s (%s parameters) from %s, --batch-size %d --seq-len %d, %s, --recompute %d, "
               "ZeRO stage %d over %d rank(s)\n%s",
               describe(model).c_str(), thousands(ParameterLayout(model).total).c_str(), source.c_str(), cfg.batch_size,
               cfg.seq_len, cfg.dtype.c_str(), cfg.recompute, effective_zero_stage(cfg.zero, world), world,
               format_memory_plan(plan, budget).c_str());
-  if (budget > 0) std::printf("%s\n", fitting_batch_sizes(cfg, model, world, budget).c_str());
+  if (budget > 0) std::printf("%s\n", fitting_batch_sizes(cfg, model, world, budget, sampling).c_str());
   else std::printf("no device and no --gpu-memory: pass --gpu-memory GiB to see what fits\n");
   std::printf("not counted: the CUDA context and NCCL's buffers (leave ~1 GiB per GPU)\n");
   return 0;
@@ -336,12 +346,13 @@ void check_memory_fits(const Run& run, int world) {
     cuda_check(cudaMemGetInfo(&budget, &total), "querying free device memory");
     source = "free device memory";
   }
-  const MemoryPlan plan = run_memory_plan(cfg, run.model, cfg.batch_size, cfg.recompute, world);
+  const int sampling = sampling_positions(cfg, run.model, run.sampler.get());
+  const MemoryPlan plan = run_memory_plan(cfg, run.model, cfg.batch_size, cfg.recompute, world, sampling);
   if (plan.total() <= budget) return;
   std::printf("memory plan per rank (%s):\n%s", model_sizing(run).c_str(), format_memory_plan(plan, budget).c_str());
   std::fflush(stdout);
   throw std::runtime_error("the run needs " + format_bytes(plan.total()) + " of device memory per rank and " + source +
-                           " is " + format_bytes(budget) + "; " + fitting_batch_sizes(cfg, run.model, world, budget) +
+                           " is " + format_bytes(budget) + "; " + fitting_batch_sizes(cfg, run.model, world, budget, sampling) +
                            " (see --plan)");
 }
 
@@ -483,7 +494,8 @@ class Trainer {
     const int B = cfg_.batch_size, seq_len = cfg_.seq_len, world_size = comm_.world_size();
     const ActivationBytes acts = gpt2_activation_bytes(run_.model, B, seq_len, model_.recompute(), GPT2<Elem>::dtype);
     // What the model allocated, by the plan's terms (equal: test/simt_counters.cpp).
-    const MemoryPlan plan = run_memory_plan(cfg_, run_.model, B, model_.recompute(), world_size);
+    const MemoryPlan plan = run_memory_plan(cfg_, run_.model, B, model_.recompute(), world_size,
+                                            sampling_positions(cfg_, run_.model, run_.sampler.get()));
     const size_t param_bytes = term_bytes(plan, "parameters"), grad_bytes = term_bytes(plan, "gradients"),
                  optim_bytes = term_bytes(plan, "master weights (fp32)") + term_bytes(plan, "AdamW moments (fp32)"),
                  act_bytes = acts.total();

@@ -57,6 +57,25 @@ inline int choose_token(const std::vector<float>& logits, const SamplingSettings
   return order[std::min(pick, k - 1)];
 }
 
+// Elements of the buffers a decoder of max_len positions allocates, by element type (also sizes
+// the memory plan's sampling term, memory_plan.h).
+struct KvDecoderCounts {
+  size_t cache = 0;        // keys or values: (L, max_len, C), Elem
+  size_t activations = 0;  // the prefill's residual streams, LayerNorm, qkv, attention, MLP and logits, Elem
+  size_t floats = 0;       // LayerNorm statistics and attention log-sum-exp, float
+  size_t tokens = 0;       // int
+  size_t bytes(size_t elem) const { return elem * (2 * cache + activations) + 4 * floats + sizeof(int) * tokens; }
+};
+inline KvDecoderCounts kv_decoder_counts(const GPT2Config& cfg, int max_len) {
+  const size_t rows = static_cast<size_t>(max_len), C = static_cast<size_t>(cfg.channels);
+  KvDecoderCounts n;
+  n.cache = static_cast<size_t>(cfg.num_layers) * rows * C;
+  n.activations = rows * C * (5 + 3 + 2 * 4) + static_cast<size_t>(cfg.padded_vocab_size);
+  n.floats = rows * (2 + static_cast<size_t>(cfg.num_heads));
+  n.tokens = rows;
+  return n;
+}
+
 // Incremental decoding of one sequence. The parameters (llm.c order, ParameterLayout(cfg)) are
 // read, never written, and must outlive the decoder; its work runs on `stream` (a training model's
 // own stream keeps it ordered with that model's updates). Holds the keys and values of up to
@@ -71,8 +90,9 @@ class KvCacheDecoder {
       throw std::runtime_error("the decoder's cache: " + std::to_string(max_len) + " positions, expected 1.." +
                                std::to_string(cfg.max_seq_len) + " (the model's max_seq_len)");
     matmul_init();
+    // Sized as kv_decoder_counts() counts them.
     const size_t rows = static_cast<size_t>(max_len), C = static_cast<size_t>(cfg.channels);
-    const size_t cache = static_cast<size_t>(cfg.num_layers) * rows * C;
+    const size_t cache = kv_decoder_counts(cfg, max_len).cache;
     k_cache_ = DeviceArray<Elem>(cache, "the decoder's key cache");
     v_cache_ = DeviceArray<Elem>(cache, "the decoder's value cache");
     tokens_ = DeviceArray<int>(rows, "the decoder's tokens");

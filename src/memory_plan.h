@@ -1,11 +1,12 @@
 // memory_plan.h — the device memory one rank of a run allocates, term by term, computed from the
-// same sizing functions the allocations use (activations.h, grad_sync.h, matmul.cuh); whether it
-// fits a GPU; and the largest micro-batch that fits at each --recompute setting (--plan).
+// same sizing functions the allocations use (activations.h, grad_sync.h, generate.h, matmul.cuh);
+// whether it fits a GPU; and the largest micro-batch that fits at each --recompute setting (--plan).
 // NCCL's own buffers and the CUDA context are not allocated by train_gpt and not counted: leave
 // headroom for them (a few hundred MiB to 1 GiB per GPU).
 #pragma once
 #include "../kernels/matmul.cuh"
 #include "activations.h"
+#include "generate.h"
 #include "gpt2_config.h"
 #include "grad_sync.h"
 
@@ -36,9 +37,10 @@ inline size_t term_bytes(const MemoryPlan& plan, const std::string& name) {
 
 // One rank's device allocations (rank 0's: no other rank holds more) for a model of `cfg` trained
 // with micro-batch B×T at `recompute`, `dtype`, ZeRO stage `zero_stage` over `world_size` ranks,
-// gradients in buckets of ~bucket_mib.
+// gradients in buckets of ~bucket_mib; sample_positions > 0: rank 0's --sample-every decoder of
+// that many positions.
 inline MemoryPlan plan_memory(const GPT2Config& cfg, int B, int T, int recompute, DType dtype, int zero_stage,
-                              int world_size, double bucket_mib = kDefaultBucketMiB) {
+                              int world_size, double bucket_mib = kDefaultBucketMiB, int sample_positions = 0) {
   const ParameterLayout layout(cfg);
   const size_t elem = dtype == DType::fp32 ? sizeof(float) : sizeof(bf16);
   const GradientBuckets buckets =
@@ -59,6 +61,7 @@ inline MemoryPlan plan_memory(const GPT2Config& cfg, int B, int T, int recompute
       {"activations: other buffers", activations.other - logits},
       {"cuBLASLt workspace", kMatmulWorkspaceBytes + kBiasPartialFloats * sizeof(float)},
       {"step and communication scalars", 2 * sizeof(double)},
+      {"text sampling (--sample-every)", sample_positions > 0 ? kv_decoder_counts(cfg, sample_positions).bytes(elem) : 0},
   };
   return plan;
 }
@@ -66,9 +69,10 @@ inline MemoryPlan plan_memory(const GPT2Config& cfg, int B, int T, int recompute
 // The largest micro-batch size (≤ limit) whose plan fits in `budget` bytes; 0 if not even B = 1.
 inline int largest_fitting_batch(const GPT2Config& cfg, int T, int recompute, DType dtype, int zero_stage,
                                  int world_size, size_t budget, double bucket_mib = kDefaultBucketMiB,
-                                 int limit = 1 << 16) {
+                                 int sample_positions = 0, int limit = 1 << 16) {
   auto fits = [&](int B) {
-    return plan_memory(cfg, B, T, recompute, dtype, zero_stage, world_size, bucket_mib).total() <= budget;
+    return plan_memory(cfg, B, T, recompute, dtype, zero_stage, world_size, bucket_mib, sample_positions).total() <=
+           budget;
   };
   if (!fits(1)) return 0;
   int lo = 1, hi = limit;  // fits(lo); the answer is in [lo, hi]

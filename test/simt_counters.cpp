@@ -129,3 +129,23 @@ TEMPLATE_TEST_CASE("the memory plan is what the model allocates", "[simt][memory
       CHECK(planned - allocated <= 8);
     }
 }
+
+TEMPLATE_TEST_CASE("the plan's sampling term is what the --sample-every decoder allocates", "[simt][memory_plan]",
+                   float, bf16) {
+  const DType dtype = GPT2<TestType>::dtype;
+  GPT2<TestType> model(kTiny, 1, 8);  // the decoder reads its parameters
+  for (int positions : {1, 13, kTiny.max_seq_len}) {
+    matmul_destroy();  // the decoder's constructor allocates the cuBLASLt workspace again
+    const long long before = simt::counters().device_bytes;
+    const MemoryPlan with = plan_memory(kTiny, 1, 8, 1, dtype, 0, 1, kDefaultBucketMiB, positions);
+    const long long workspace = static_cast<long long>(term_bytes(with, "cuBLASLt workspace"));
+    {
+      KvCacheDecoder<TestType> decoder(kTiny, model.params_device(), positions, model.attention(), model.stream());
+      const long long allocated = simt::counters().device_bytes - before;
+      const long long planned = static_cast<long long>(term_bytes(with, "text sampling (--sample-every)")) + workspace;
+      INFO(positions << " positions: allocated " << allocated << ", planned " << planned);
+      CHECK(allocated == planned);
+    }
+    CHECK(simt::counters().device_bytes - before == workspace);  // the decoder frees all of its own
+  }
+}

@@ -13,14 +13,8 @@ set -u
 # shellcheck source=test/checks/lib/trainer.sh
 source "$(dirname "$0")/lib/trainer.sh" "$@"
 require_files "$bin" "$ref/model.bin" "$ref/train.bin"
-command -v mpirun >/dev/null || { echo "FAIL: mpirun not found"; exit 1; }
-if [ "$mode" = gpu ]; then
-  gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
-  [ "$gpus" -ge 2 ] || { echo "skipped: needs at least 2 GPUs"; exit 77; }
-fi
-mpi_opts=(--oversubscribe -x SIMT_THREADS=1 -x TRAIN_GPT_TEST_EXIT_AFTER_STEP)
-[ "$(id -u)" -eq 0 ] && mpi_opts+=(--allow-run-as-root)
-export SIMT_THREADS=1
+require_ranks 2
+mpi_opts+=(-x TRAIN_GPT_TEST_EXIT_AFTER_STEP)
 export TRAIN_GPT_TEST_EXIT_AFTER_STEP=
 
 common=(--init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$ref/train.bin" --shuffle 1

@@ -10,14 +10,7 @@ set -u
 # shellcheck source=test/checks/lib/trainer.sh
 source "$(dirname "$0")/lib/trainer.sh" "$@"
 require_files "$bin" "$ref/model.bin" "$ref/train.bin"
-command -v mpirun >/dev/null || { echo "FAIL: mpirun not found"; exit 1; }
-if [ "$mode" = gpu ]; then
-  gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
-  [ "$gpus" -ge 4 ] || { echo "skipped: needs 4 GPUs"; exit 77; }
-fi
-mpi_opts=(--oversubscribe -x SIMT_THREADS=1)
-[ "$(id -u)" -eq 0 ] && mpi_opts+=(--allow-run-as-root)
-export SIMT_THREADS=1
+require_ranks 4
 
 common=(--init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$ref/train.bin" --shuffle 1
         --seq-len 16 --max-steps 6 --lr 2e-3 --warmup-steps 2 --val-every 3 --val-steps 1)

@@ -10,13 +10,7 @@ set -u
 # shellcheck source=test/checks/lib/trainer.sh
 source "$(dirname "$0")/lib/trainer.sh" "$@"
 require_files "$bin" "$ref/model.bin" "$ref/train.bin"
-if [ "$mode" = gpu ] && [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -lt 2 ]; then
-  echo "skipped: needs at least 2 GPUs"; exit 77
-fi
-mpi_opts=(--oversubscribe -x SIMT_THREADS=1)
-[ "$(id -u)" -eq 0 ] && mpi_opts+=(--allow-run-as-root)
-export SIMT_THREADS=1
-unset OMPI_COMM_WORLD_SIZE OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_LOCAL_RANK SLURM_NTASKS SLURM_PROCID SLURM_LOCALID
+require_ranks 2
 
 timeout_s=5
 train=("$bin" --init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-every 0 --seq-len 16 --batch-size 2

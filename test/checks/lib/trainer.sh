@@ -6,7 +6,7 @@
 # reference that make test generates), tmp (a directory removed at exit), failures and fail(),
 # require_files to stop early when something make test builds is missing, and with_flags to vary
 # a set of flags (the trainer refuses a flag given twice), wait_for_steps to wait for a running
-# trainer's N-th step.
+# trainer's N-th step, and require_ranks for checks that run several ranks under mpirun.
 # shellcheck shell=bash disable=SC2034
 cd "$(dirname "${BASH_SOURCE[0]}")/../../.." || exit 1
 mode=${1:-cpu}
@@ -47,4 +47,18 @@ wait_for_steps() {
     sleep 0.1
   done
   return 1
+}
+
+# For checks that run N ranks under mpirun: skips (exit 77) on a GPU machine with fewer than N
+# GPUs, fails without mpirun, sets mpi_opts (mpirun's options: one simt thread per rank, as root
+# too) and clears any launcher identity inherited from the calling environment.
+require_ranks() {
+  command -v mpirun >/dev/null || { echo "FAIL: mpirun not found"; exit 1; }
+  if [ "$mode" = gpu ] && [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -lt "$1" ]; then
+    echo "skipped: needs at least $1 GPUs"; exit 77
+  fi
+  mpi_opts=(--oversubscribe -x SIMT_THREADS=1)
+  [ "$(id -u)" -eq 0 ] && mpi_opts+=(--allow-run-as-root)
+  export SIMT_THREADS=1
+  unset OMPI_COMM_WORLD_SIZE OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_LOCAL_RANK SLURM_NTASKS SLURM_PROCID SLURM_LOCALID
 }
