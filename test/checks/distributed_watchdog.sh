@@ -50,12 +50,12 @@ expect_abort() {
   echo "$name: rank $rank aborted after $((end - start)) s (${cpu} s CPU)"
 }
 
-# 1. A peer that hangs at the start of a step, under ZeRO 0 (all-reduce) and ZeRO 2 (reduce).
+# 1. A peer that hangs at the start of a step, under ZeRO 0 (all-reduce) and ZeRO 2 (reduce-scatter).
 TRAIN_GPT_TEST_HANG_AT_STEP=1:3 expect_abort hang_1 0 \
   "all-reduce of gradients at step 3 did not finish within $timeout_s s (--comm-timeout)" \
   -x TRAIN_GPT_TEST_HANG_AT_STEP -- --zero 0
 TRAIN_GPT_TEST_HANG_AT_STEP=0:2 expect_abort hang_0_zero2 1 \
-  "reduce of gradients at step 2 did not finish within $timeout_s s (--comm-timeout)" \
+  "reduce-scatter of gradients at step 2 did not finish within $timeout_s s (--comm-timeout)" \
   -x TRAIN_GPT_TEST_HANG_AT_STEP -- --zero 2
 # 2. A peer that dies after step 2 while mpirun lets the job go on: the survivor ends itself.
 TRAIN_GPT_TEST_EXIT_AFTER_STEP=1:2 expect_abort dies_1 0 \
