@@ -595,11 +595,12 @@ class Trainer {
       model_.forward_backward(inputs_.data(), targets_.data(), run_.grad_accum_steps,
                               micro + 1 == run_.grad_accum_steps);
     }
-    // The step's one host synchronisation. The same loss and norm on every rank, so every rank
-    // takes the same skip decision; the update is queued behind it and runs while the host reads
-    // the next batch.
-    comm_.set_purpose("the loss and gradient norm", at_step);
-    const auto figures = model_.step_figures();
+    // The step's one host synchronisation. The same loss, norm and stop votes on every rank, so
+    // every rank takes the same skip and stop decisions; the update is queued behind it and runs
+    // while the host reads the next batch.
+    comm_.set_purpose("the loss, gradient norm and stop votes", at_step);
+    const auto figures = model_.step_figures(g_stop_signal != 0);
+    stop_votes_ = static_cast<int>(figures.stop_votes);
     StepRecord record;
     record.train_loss = figures.loss;
     record.lr = run_.schedule.at(step);
@@ -760,14 +761,12 @@ class Trainer {
                              " (replace the shard, then continue with --resume auto)");
   }
 
-  // The signal that stops the run after this step (0: none); every rank stops after the same step
-  // when any of them was signalled.
-  int agreed_stop_signal() {
-    comm_.set_purpose("the stop decision", after_step());
-    int stop_signal = g_stop_signal;
-    if (comm_.world_size() > 1 && comm_.sum(stop_signal != 0 ? 1.0 : 0.0) > 0.0 && stop_signal == 0)
-      stop_signal = SIGTERM;
-    return stop_signal;
+  // The signal that stops the run after this step (0: none): every rank stops after the same step
+  // when any of them had been signalled by the time of the step's figures (the votes travel with
+  // the loss); a signal that comes later stops the run after the next step.
+  int agreed_stop_signal() const {
+    if (stop_votes_ == 0) return 0;
+    return g_stop_signal != 0 ? static_cast<int>(g_stop_signal) : SIGTERM;
   }
 
   // Every rank writes its state file; rank 0 the model file and the manifest, then applies retention.
@@ -830,6 +829,7 @@ class Trainer {
   std::unique_ptr<OutDirLock> lock_;  // rank 0; released after metrics_ is closed
   std::unique_ptr<MetricsLog> metrics_;
   std::unique_ptr<KvCacheDecoder<Elem>> decoder_;  // rank 0 of a run with --sample-every
+  int stop_votes_ = 0;  // ranks that had a stop signal at the last step's figures
   StepClock clock_;
 };
 

@@ -3,7 +3,8 @@
 
 namespace simt {
 // Calls that block the host until device work is done (stream, event and device synchronize;
-// cudaMemcpy; cudaMemcpyAsync into pageable host memory, which returns only once copied), and
+// cudaMemcpy; cudaMemcpyAsync into pageable host memory, which returns only once copied, or from
+// it, which may wait for the stream's earlier work before staging the data), and
 // cuBLASLt heuristic queries. Tests reset them (= Counters{}) and read them around the code they
 // measure.
 // Device memory: bytes held by cudaMalloc now, and the most held at once since the last reset

@@ -298,7 +298,9 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind)
   return simt::copy(dst, src, count);
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t) {
-  if (kind == cudaMemcpyDeviceToHost && !simt::is_pinned(dst)) ++simt::counters().host_syncs;
+  // Pageable host memory on either side: the copy may wait for the stream's earlier work.
+  if ((kind == cudaMemcpyDeviceToHost && !simt::is_pinned(dst)) || (kind == cudaMemcpyHostToDevice && !simt::is_pinned(src)))
+    ++simt::counters().host_syncs;
   return simt::copy(dst, src, count);
 }
 cudaError_t cudaMemset(void* ptr, int value, size_t count) {

@@ -22,12 +22,14 @@
 #include "model_file.h"
 #include "optimizer.h"
 #include "rng.h"
+#include "upload_staging.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -67,7 +69,7 @@ class GPT2 {
     reset_training_state();
     const ActivationCounts counts = gpt2_activation_counts(cfg_, B_, seq_len_, recompute_);
     acts_ = Activations<Elem>(counts);
-    buckets_host_.assign(counts.buckets, 0);
+    staging_.emplace(counts.tokens, counts.buckets);
   }
   GPT2(const GPT2&) = delete;
   GPT2& operator=(const GPT2&) = delete;
@@ -122,7 +124,7 @@ class GPT2 {
   // mean cross-entropy over the B·T positions and keeps the logits of the last chunk of rows
   // (logits()). targets may be nullptr (no loss: returns NaN).
   float forward(const int* inputs, const int* targets) {
-    upload_tokens(inputs, targets);
+    upload_tokens(inputs, targets, false);
     run_forward();
     run_head(targets != nullptr, 0.0f, false);
     if (targets == nullptr) {
@@ -144,16 +146,12 @@ class GPT2 {
       throw std::runtime_error("gradient accumulation: expected at least 1 micro-step, found " +
                                std::to_string(grad_accum_steps));
     if (targets == nullptr) throw std::runtime_error("forward_backward: targets are required");
-    upload_tokens(inputs, targets);
-    num_buckets_ = encoder_backward_build_buckets(buckets_host_.data(), inputs, B_, seq_len_, cfg_.vocab_size);
-    cuda_check(cudaMemcpyAsync(acts_.buckets.get(), buckets_host_.data(), acts_.buckets.bytes(),
-                               cudaMemcpyHostToDevice, stream_.get()),
-               "uploading encoder-gradient buckets");
+    upload_tokens(inputs, targets, true);
     run_forward();
     const float dloss = 1.0f / (static_cast<float>(rows()) * static_cast<float>(grad_accum_steps) * grads_.ranks_summed());
     grads_.begin_micro_step(last_micro_step);
     run_head(true, dloss, true);
-    classifier_loss_sum(step_loss_.get(), acts_.losses.get(), rows(), stream_.get());
+    classifier_loss_sum(step_scalars_.get(), acts_.losses.get(), rows(), stream_.get());
     ++micro_steps_;
     run_backward();
     grads_.end_micro_step();
@@ -162,28 +160,35 @@ class GPT2 {
   // Starts an optimizer step: gradients and the step's loss sum to zero.
   void zero_grad() {
     grads_.zero();
-    cuda_check(cudaMemsetAsync(step_loss_.get(), 0, sizeof(double), stream_.get()), "zeroing the step's loss");
+    cuda_check(cudaMemsetAsync(step_scalars_.get(), 0, step_scalars_.bytes(), stream_.get()), "zeroing the step's loss");
     micro_steps_ = 0;
   }
 
   // The figures of the optimizer step whose micro-steps are queued, copied to the host together:
   // the step's one host synchronisation. loss: the mean over every micro-step's tokens on every
-  // rank; grad_norm: gradient_norm()'s.
+  // rank; grad_norm: gradient_norm()'s; stop_votes: how many ranks passed stop_requested (summed in
+  // the loss's all-reduce, so every rank learns it without a synchronisation of its own).
   struct StepFigures {
-    double loss;
+    double loss, stop_votes;  // adjacent: copied back together from step_scalars_
     float grad_norm;
   };
-  StepFigures step_figures() {
+  StepFigures step_figures(bool stop_requested = false) {
     queue_norm_squared();
-    grads_.sum_over_ranks(step_loss_.get());
     StepFigures* host = figures_host_.get();
-    cuda_check(cudaMemcpyAsync(&host->loss, step_loss_.get(), sizeof(double), cudaMemcpyDeviceToHost, stream_.get()),
-               "copying the step's loss");
+    host->stop_votes = stop_requested ? 1.0 : 0.0;
+    cuda_check(cudaMemcpyAsync(step_scalars_.get() + 1, &host->stop_votes, sizeof(double), cudaMemcpyHostToDevice,
+                               stream_.get()),
+               "uploading the stop vote");
+    grads_.sum_over_ranks(step_scalars_.get(), kStepScalars);
+    cuda_check(cudaMemcpyAsync(&host->loss, step_scalars_.get(), step_scalars_.bytes(), cudaMemcpyDeviceToHost,
+                               stream_.get()),
+               "copying the step's loss and stop votes");
     cuda_check(cudaMemcpyAsync(&host->grad_norm, acts_.norm_squared.get(), sizeof(float), cudaMemcpyDeviceToHost,
                                stream_.get()),
                "copying the gradient norm");
     cuda_check(cudaStreamSynchronize(stream_.get()), "the step's figures");
-    return {host->loss / (static_cast<double>(rows()) * micro_steps_ * grads_.world_size()), std::sqrt(host->grad_norm)};
+    return {host->loss / (static_cast<double>(rows()) * micro_steps_ * grads_.world_size()), host->stop_votes,
+            std::sqrt(host->grad_norm)};
   }
 
   // One optimizer step (step is 1-based) from the accumulated gradients: gradient_norm(), then
@@ -286,32 +291,23 @@ class GPT2 {
                    (std::string("uploading master weights of ") + t.name).c_str());
   }
 
-  // Every token must index a real vocabulary row; anything else means the data was tokenized for
-  // another vocabulary than the model's.
-  void check_tokens(const int* tokens, const char* what) const {
-    if (tokens == nullptr) throw std::runtime_error(std::string(what) + " tokens: expected B*T ids, found nullptr");
-    for (int p = 0; p < rows(); ++p) {
-      if (tokens[p] < 0 || tokens[p] >= cfg_.vocab_size)
-        throw std::runtime_error(std::string(what) + " token " + std::to_string(tokens[p]) + " at batch row " +
-                                 std::to_string(p / seq_len_) + ", position " + std::to_string(p % seq_len_) +
-                                 ": expected an id in [0, " + std::to_string(cfg_.vocab_size) +
-                                 ") (the model's vocabulary); data and model disagree on the vocabulary");
+  // Checks the micro-batch's tokens and queues their upload (with `buckets`, also the encoder-
+  // backward buckets built from them) from page-locked staging: the host does not wait.
+  void upload_tokens(const int* inputs, const int* targets, bool buckets) {
+    check_token_ids(inputs, B_, seq_len_, cfg_.vocab_size, "input");
+    if (targets != nullptr) check_token_ids(targets, B_, seq_len_, cfg_.vocab_size, "target");
+    const UploadStaging::Slot slot = staging_->next();
+    cudaStream_t s = stream_.get();
+    staging_->upload(acts_.inputs.get(), slot.inputs, inputs, rows(), s, "uploading input tokens");
+    if (targets != nullptr)
+      staging_->upload(acts_.targets.get(), slot.targets, targets, rows(), s, "uploading target tokens");
+    if (buckets) {
+      num_buckets_ = encoder_backward_build_buckets(slot.buckets, inputs, B_, seq_len_, cfg_.vocab_size);
+      staging_->upload(acts_.buckets.get(), slot.buckets, nullptr, acts_.buckets.count(), s,
+                       "uploading encoder-gradient buckets");
     }
+    staging_->queued(s);
   }
-
-  void upload_tokens(const int* inputs, const int* targets) {
-    check_tokens(inputs, "input");
-    cuda_check(cudaMemcpyAsync(acts_.inputs.get(), inputs, acts_.inputs.bytes(), cudaMemcpyHostToDevice, stream_.get()),
-               "uploading input tokens");
-    if (targets != nullptr) {
-      check_tokens(targets, "target");
-      cuda_check(cudaMemcpyAsync(acts_.targets.get(), targets, acts_.targets.bytes(), cudaMemcpyHostToDevice,
-                                 stream_.get()),
-                 "uploading target tokens");
-    }
-  }
-
-
 
   // The squared global norm of the accumulated gradients into acts_.norm_squared, on the device,
   // after the gradient communication (summed over ranks' shards when they are sharded).
@@ -487,9 +483,9 @@ class GPT2 {
   DeviceArray<float> adam_m_, adam_v_, master_, wte_grad_fp32_;  // wte's: the lm head's share, (Vp, C)
   int logits_chunk_rows_ = static_cast<int>(kLogitsChunkRows);
   Activations<Elem> acts_;
-  std::vector<int> buckets_host_;
+  std::optional<UploadStaging> staging_;  // emplaced once the activation counts are known
   int num_buckets_ = 0;
-  DeviceArray<double> step_loss_{1, "the step's loss sum"};
+  DeviceArray<double> step_scalars_{kStepScalars, "the step's loss sum and stop votes"};
   int micro_steps_ = 0;  // since zero_grad()
   PinnedArray<StepFigures> figures_host_{1, "allocating pinned memory for the step's figures"};
 };

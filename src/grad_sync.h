@@ -39,6 +39,10 @@
 // The ZeRO stage a run of world_size ranks uses for the requested one.
 inline int effective_zero_stage(int requested, int world_size) { return world_size > 1 ? requested : 0; }
 
+// The step's device scalars summed over ranks in one all-reduce (gpt2.h): its loss sum and the
+// ranks' stop votes.
+constexpr size_t kStepScalars = 2;
+
 // The buckets of a run: chunked for every rank at stages 1 and 2, for one owner at stage 0.
 inline GradientBuckets gradient_buckets(const ParameterLayout& layout, int world_size, int zero_stage,
                                         int bucket_layers) {
@@ -203,11 +207,11 @@ class GradientSync {
     comm_->all_reduce(norm_squared, 1, ncclSum);
     comm_->order_before(stream_);
   }
-  // A device scalar becomes its sum over ranks.
-  void sum_over_ranks(double* value) {
+  // n device values become their sums over ranks.
+  void sum_over_ranks(double* values, size_t n) {
     if (!communicating()) return;
     comm_->wait_for(stream_);
-    comm_->all_reduce(value, 1, ncclSum);
+    comm_->all_reduce(values, n, ncclSum);
     comm_->order_before(stream_);
   }
   // After each rank updated its parameters (llm.c order): every rank gets every rank's, bucket by

@@ -60,7 +60,7 @@ inline MemoryPlan plan_memory(const GPT2Config& cfg, int B, int T, int recompute
       {"activations: logits chunk", logits},
       {"activations: other buffers", activations.other - logits},
       {"cuBLASLt workspace", kMatmulWorkspaceBytes + kBiasPartialFloats * sizeof(float)},
-      {"step and communication scalars", 2 * sizeof(double)},
+      {"step and communication scalars", (kStepScalars + 1) * sizeof(double)},
       {"text sampling (--sample-every)", sample_positions > 0 ? kv_decoder_counts(cfg, sample_positions).bytes(elem) : 0},
   };
   return plan;

@@ -59,7 +59,7 @@ TRAIN_GPT_TEST_HANG_AT_STEP=0:2 expect_abort hang_0_zero2 1 \
   -x TRAIN_GPT_TEST_HANG_AT_STEP -- --zero 2
 # 2. A peer that dies after step 2 while mpirun lets the job go on: the survivor ends itself.
 TRAIN_GPT_TEST_EXIT_AFTER_STEP=1:2 expect_abort dies_1 0 \
-  "all-reduce of the stop decision after step 2 did not finish within $timeout_s s (--comm-timeout)" \
+  "all-reduce of gradients at step 3 did not finish within $timeout_s s (--comm-timeout)" \
   -x TRAIN_GPT_TEST_EXIT_AFTER_STEP --mca orte_abort_on_non_zero_status 0 --
 
 [ "$failures" -eq 0 ] && echo "distributed_watchdog: all checks passed"
