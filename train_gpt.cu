@@ -18,8 +18,8 @@
 // (src/generate.h, src/sample_text.h); --sample-every N adds a sample after every N-th step.
 //
 // Checkpoints (src/checkpoint.h): after every --checkpoint-every-th step, after the last step, after
-// the step during which SIGTERM, SIGUSR1 or SIGINT arrived (the run then exits 0; a second SIGINT
-// ends it at once), and before a run stops on a shard found bad mid-run (a token id outside the
+// the step during which SIGTERM, SIGUSR1 or SIGINT arrived (before its figures were read; later:
+// after the next step; the run then exits 0; a second SIGINT ends it at once), and before a run stops on a shard found bad mid-run (a token id outside the
 // vocabulary: the loader checks each shard as it opens it, before its first batch is used).
 //
 // Step k (1-based) zeroes the gradients, runs grad_accum micro-batches of forward+backward
