@@ -32,6 +32,18 @@ std::string parse_error(std::initializer_list<const char*> flags) {
   return "";
 }
 
+// The message of the invalid_argument that validating the parsed `flags` for one rank throws
+// ("" if it does not throw).
+std::string validation_error(std::initializer_list<const char*> flags) {
+  TrainConfig cfg = parse(flags).config;
+  try {
+    validate_config(cfg, 1);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
 // A JSON file in a fresh temporary directory, removed at scope exit.
 struct TempJson {
   std::string dir, path;
@@ -371,15 +383,6 @@ TEST_CASE("a 0|1 flag without a value means 1; the eval flags' cross-checks") {
   CHECK_FALSE(parse({"--eval", "0"}).config.eval);
   CHECK(parse({"--shuffle", "--seed", "3"}).config.shuffle);
   CHECK(contains(parse_error({"--eval", "maybe"}), "--eval: expected 0 or 1"));
-  const auto validation_error = [](std::initializer_list<const char*> flags) -> std::string {
-    TrainConfig cfg = parse(flags).config;
-    try {
-      validate_config(cfg, 1);
-    } catch (const std::invalid_argument& e) {
-      return e.what();
-    }
-    return "";
-  };
   CHECK(contains(validation_error({"--eval"}), "--eval needs --eval-data FILE"));
   CHECK(contains(validation_error({"--eval-every", "10"}), "--eval-every needs --eval-data FILE"));
   CHECK(contains(validation_error({"--eval-data", "x.bin", "--eval-losses", "l.jsonl"}), "--eval-losses is written by --eval"));
@@ -388,15 +391,6 @@ TEST_CASE("a 0|1 flag without a value means 1; the eval flags' cross-checks") {
 }
 
 TEST_CASE("the generation flags: ranges, cross-checks, the unused --prompt warning") {
-  const auto validation_error = [](std::initializer_list<const char*> flags) -> std::string {
-    TrainConfig cfg = parse(flags).config;
-    try {
-      validate_config(cfg, 1);
-    } catch (const std::invalid_argument& e) {
-      return e.what();
-    }
-    return "";
-  };
   const TrainConfig defaults = parse({}).config;
   CHECK_FALSE(defaults.generate);
   CHECK(defaults.temperature == 1.0);
