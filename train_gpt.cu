@@ -19,8 +19,9 @@
 //
 // Checkpoints (src/checkpoint.h): after every --checkpoint-every-th step, after the last step, after
 // the step during which SIGTERM, SIGUSR1 or SIGINT arrived (before its figures were read; later:
-// after the next step; the run then exits 0; a second SIGINT ends it at once), and before a run stops on a shard found bad mid-run (a token id outside the
-// vocabulary: the loader checks each shard as it opens it, before its first batch is used).
+// after the next step; the run then exits 0; a second SIGINT ends it at once), and before a run
+// stops on a shard found bad mid-run (a token id outside the vocabulary: the loader checks each
+// shard as it opens it, before its first batch is used).
 //
 // Step k (1-based) zeroes the gradients, runs grad_accum micro-batches of forward+backward
 // (their mean loss is step k's train_loss, measured with the weights before step k's update),
@@ -292,7 +293,7 @@ int sampling_positions(const TrainConfig& cfg, const GPT2Config& model, const Te
 
 MemoryPlan run_memory_plan(const TrainConfig& cfg, const GPT2Config& model, int batch_size, int recompute, int world,
                            int sample_positions) {
-  return plan_memory(model, batch_size, cfg.seq_len, recompute, cfg.dtype == "fp32" ? DType::fp32 : DType::bf16,
+  return plan_memory(model, batch_size, cfg.seq_len, recompute, dtype_named(cfg.dtype),
                      cfg.zero, world, cfg.bucket_mib, sample_positions);
 }
 
@@ -302,7 +303,7 @@ std::string fitting_batch_sizes(const TrainConfig& cfg, const GPT2Config& model,
   std::string out = "largest --batch-size that fits " + format_bytes(budget) + ":";
   for (int r = 0; r <= kRecomputeMax; ++r)
     out += std::string(r == 0 ? "" : ",") + " --recompute " + std::to_string(r) + ": " +
-           std::to_string(largest_fitting_batch(model, cfg.seq_len, r, cfg.dtype == "fp32" ? DType::fp32 : DType::bf16,
+           std::to_string(largest_fitting_batch(model, cfg.seq_len, r, dtype_named(cfg.dtype),
                                                 cfg.zero, world, budget, cfg.bucket_mib, sample_positions));
   return out;
 }
@@ -375,7 +376,7 @@ class Trainer {
         model_(allocate_model<Elem>(run, comm)),
         model_path_(cfg_.out_dir + "/model.bin"),
         save_dtype_(cfg_.save_dtype.empty() ? GPT2<Elem>::dtype
-                                            : cfg_.save_dtype == "fp32" ? DType::fp32 : DType::bf16) {
+                                            : dtype_named(cfg_.save_dtype)) {
     initialize_model();
     last_checkpoint_step_ = state_.step;
     if (run_.resume_from) last_checkpoint_dir_ = run_.resume_from->path;
@@ -911,7 +912,7 @@ int run_main(int argc, char** argv) {
   }
   validate_against_model(run.cfg, run.model.max_seq_len, run.model_source);
   with_context("model " + run.model_source,
-               [&] { choose_attention(run.cfg.attention, run.cfg.dtype == "fp32" ? DType::fp32 : DType::bf16, run.model); });
+               [&] { choose_attention(run.cfg.attention, dtype_named(run.cfg.dtype), run.model); });
   with_context(model_sizing(run), [&] {
     gpt2_check_micro_batch(run.model, run.cfg.batch_size, run.cfg.seq_len, run.cfg.recompute);
   });

@@ -19,6 +19,8 @@
 enum class DType : uint32_t { fp32 = 0, bf16 = 1 };
 
 inline const char* dtype_name(DType d) { return d == DType::bf16 ? "bf16" : "fp32"; }
+// The DType a --dtype / --save-dtype value names (the flags accept only "fp32" and "bf16").
+inline DType dtype_named(const std::string& name) { return name == "fp32" ? DType::fp32 : DType::bf16; }
 
 struct GPT2Config {
   int max_seq_len = 0;        // rows of wpe (maxT)
