@@ -44,7 +44,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <algorithm>
 #include <exception>
 #include <fstream>
 #include <memory>
@@ -52,6 +51,7 @@
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 struct CommOptions {
@@ -176,23 +176,6 @@ class Communicator {
     collective("broadcast", "ncclBroadcast",
                [&] { return ncclBroadcast(data, data, n, comm_detail::nccl_type<T>(), root, comm_, stream_); });
   }
-  // Calls between group_start() and group_end() are launched together (nccl group semantics); the
-  // watchdog watches the group as one collective.
-  void group_start() {
-    if (group_depth_++ == 0) group_kinds_.clear();
-    check(watchdog_.run([] { return ncclGroupStart(); }), "ncclGroupStart");
-  }
-  void group_end() {
-    if (group_depth_ == 1) {
-      group_depth_ = 0;
-      std::string kinds;
-      for (const char* kind : group_kinds_) kinds += (kinds.empty() ? "" : " and ") + std::string(kind);
-      issue(kinds.empty() ? "empty group" : kinds, "ncclGroupEnd", [] { return ncclGroupEnd(); });
-      return;
-    }
-    if (group_depth_ > 1) --group_depth_;
-    check(watchdog_.run([] { return ncclGroupEnd(); }), "ncclGroupEnd");  // nested, or unmatched: NCCL's error
-  }
 
   // Sum over ranks of a host value (blocking; fp64, added in NCCL's order).
   double sum(double value) {
@@ -227,17 +210,8 @@ class Communicator {
     return id;
   }
 
-  // A collective outside a group is issued (and watched) now; inside one, with the group.
-  template <typename Call> void collective(const char* kind, const char* nccl_name, Call&& call) {
-    if (group_depth_ == 0) {
-      issue(kind, nccl_name, call);
-      return;
-    }
-    if (std::find(group_kinds_.begin(), group_kinds_.end(), kind) == group_kinds_.end()) group_kinds_.push_back(kind);
-    check(watchdog_.run(call), nccl_name);
-  }
-
-  template <typename Call> void issue(const std::string& kind, const char* nccl_name, Call&& call) {
+  // Issues one collective, watched by the watchdog from now until its event completes.
+  template <typename Call> void collective(const std::string& kind, const char* nccl_name, Call&& call) {
     watchdog_.begin(kind + " of " + purpose_what_ + " " + purpose_when_);
     const ncclResult_t status = watchdog_.run(call);
     if (status != ncclSuccess) {
@@ -260,8 +234,6 @@ class Communicator {
   CommWatchdog watchdog_;
   bool owns_mpi_ = false;
   ncclComm_t comm_ = nullptr;
-  int group_depth_ = 0;
-  std::vector<const char*> group_kinds_;  // of the collectives in the open group
   std::string purpose_what_ = "values", purpose_when_ = "during start-up";
   cudaStream_t stream_ = nullptr;
   cudaEvent_t event_ = nullptr;

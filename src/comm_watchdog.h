@@ -4,7 +4,7 @@
 //
 // The communicator is non-blocking (comm.h): an NCCL call may return ncclInProgress, and then
 // ncclCommGetAsyncError is polled (short sleeps, no core spinning) until it reports the call's
-// end. Every collective (a group counts as one) is registered before it is issued, and an event
+// end. Every collective is registered before it is issued, and an event
 // is recorded after it on the communication stream. Every 100 ms the watchdog thread asks
 // ncclCommGetAsyncError and the oldest unfinished collective's event. When NCCL reports an error,
 // or a collective (or the communicator's set-up) has not finished --comm-timeout seconds after it

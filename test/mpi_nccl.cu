@@ -149,16 +149,7 @@ TEMPLATE_TEST_CASE("broadcast copies the root's buffer to every rank", "[nccl]",
   }
 }
 
-TEST_CASE("collectives in a group all complete; host sums and the barrier agree", "[nccl]") {
-  const size_t n = 50;
-  test::DeviceBuffer<float> a(inputs_of<float>(comm().rank(), n)), b(inputs_of<float>(comm().rank(), 2 * n));
-  comm().group_start();
-  comm().all_reduce(a.ptr, n, ncclSum);
-  comm().all_reduce(b.ptr, 2 * n, ncclAvg);
-  comm().group_end();
-  check_reduced(a.download(), 0, ncclSum);
-  check_reduced(b.download(), 0, ncclAvg);
-
+TEST_CASE("host sums and the barrier agree", "[nccl]") {
   const int R = comm().world_size();
   CHECK(comm().sum(static_cast<double>(comm().rank()) + 0.5) == R * (R - 1) / 2.0 + 0.5 * R);
   comm().barrier();
@@ -167,7 +158,6 @@ TEST_CASE("collectives in a group all complete; host sums and the barrier agree"
 TEST_CASE("invalid collective calls fail with an error instead of hanging", "[nccl]") {
   test::DeviceBuffer<float> data(4);
   CHECK_THROWS_WITH(comm().broadcast(data.ptr, 4, comm().world_size()), Catch::Contains("ncclBroadcast"));
-  CHECK_THROWS_WITH(comm().group_end(), Catch::Contains("ncclGroupEnd"));
   comm().barrier();  // the ranks are still in step
 }
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The multi-rank test binaries under mpirun: the communicator's collectives (test/mpi_nccl.cu:
-# all-reduce, reduce-scatter, all-gather, broadcast, groups, host sums) and how gradients travel
+# all-reduce, reduce-scatter, all-gather, broadcast, host sums) and how gradients travel
 # in buckets at each ZeRO stage (test/mpi_grad_sync.cu), with 2 and 4 ranks: the CPU build's
 # MPI-backed NCCL stand-in, or real NCCL in the GPU build (one GPU per rank: 2 and 4 ranks as the
 # GPUs allow, one rank on a one-GPU machine). CPU: both thread orders, like every other test binary.
