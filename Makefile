@@ -34,9 +34,9 @@ GPU_FLAGS := -std=c++17 -O3 -lineinfo $(GPU_ARCH) -Werror all-warnings -Xcompile
              -I. $(MPI_COMPILE) -MMD -MP
 GPU_LIBS  := -lcublasLt -lnccl $(MPI_LINK)
 
-# The GPT-2 tokenizer of data/tokenize/ (prompts and generated text of --generate, --sample-every),
-# linked into train_gpt as host objects.
-BPE_SRCS := data/tokenize/gpt2_bpe.cpp data/tokenize/sha256.cpp
+# The GPT-2 tokenizer library (src/tokenizer/): the tokenize tool's encoder, and --generate's and
+# --sample-every's prompts and text; linked into train_gpt as host objects.
+BPE_SRCS := $(wildcard src/tokenizer/*.cpp)
 BPE_LIBS := -lpcre2-8
 
 SIMT_SRCS  := $(wildcard simt/*.cpp)
@@ -138,12 +138,13 @@ clean:
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 
-# ---- tokenize: GPT-2 BPE text → token shards (host-only tool; sources in data/tokenize/)
-TOKENIZE_OBJS := $(patsubst data/tokenize/%.cpp,$(BUILD)/tokenize/%.o,$(wildcard data/tokenize/*.cpp))
+# ---- tokenize: GPT-2 BPE text → token shards (host-only tool; sources in data/tokenize/, the
+# tokenizer library in src/tokenizer/)
+TOKENIZE_OBJS := $(patsubst %.cpp,$(BUILD)/tokenize/%.o,$(wildcard data/tokenize/*.cpp) $(BPE_SRCS))
 
 tokenize: $(TOKENIZE_OBJS)
 	$(CXX) -pthread -o $@ $^ -lpcre2-8
 
-$(BUILD)/tokenize/%.o: data/tokenize/%.cpp
+$(BUILD)/tokenize/%.o: %.cpp
 	@mkdir -p $(@D)
-	$(CXX) -std=c++17 -O2 -Wall -Wextra -Werror -pthread -MMD -MP -c $< -o $@
+	$(CXX) -std=c++17 -O2 -Wall -Wextra -Werror -pthread -I. -MMD -MP -c $< -o $@

@@ -1,7 +1,7 @@
 // train_gpt — pretrains GPT-2 family models: flags → config → model/optimizer/data → loop.
 //
 // Order of a run (nothing on disk is created or truncated before every input is checked):
-//   1. flags and --config (src/config.h); cross-flag checks
+//   1. flags and --config (src/config/config.h); cross-flag checks
 //   2. the device (without one: a one-line pointer to the CPU build)
 //   3. the model architecture (--init-from's header or the --model preset), --seq-len against it
 //   4. the data: every shard's header and size; the token ids of the first training shard and of
@@ -13,11 +13,11 @@
 // and --model in steps 3 and 5; metrics.jsonl keeps its records up to the checkpoint's step.
 // A fresh run refuses an --out-dir that holds checkpoints (it would mix two runs' checkpoints).
 // --max-steps 0 stops after step 5: it validates the model and writes nothing. --eval stops there
-// too: it scores --eval-data (src/hellaswag.h) on the model, reading no token shards. --generate
+// too: it scores --eval-data (src/data/hellaswag.h) on the model, reading no token shards. --generate
 // stops after step 3: it loads the model's parameters alone and prints --prompt continued
-// (src/generate.h, src/sample_text.h); --sample-every N adds a sample after every N-th step.
+// (src/gen/generate.h, src/gen/sample_text.h); --sample-every N adds a sample after every N-th step.
 //
-// Checkpoints (src/checkpoint.h): after every --checkpoint-every-th step, after the last step, after
+// Checkpoints (src/ckpt/checkpoint.h): after every --checkpoint-every-th step, after the last step, after
 // the step during which SIGTERM, SIGUSR1 or SIGINT arrived (before its figures were read; later:
 // after the next step; the run then exits 0; a second SIGINT ends it at once), and before a run
 // stops on a shard found bad mid-run (a token id outside the vocabulary: the loader checks each
@@ -25,39 +25,39 @@
 //
 // Step k (1-based) zeroes the gradients, runs grad_accum micro-batches of forward+backward
 // (their mean loss is step k's train_loss, measured with the weights before step k's update),
-// then one AdamW update at lr(k) (src/lr_schedule.h). Validation runs after step k when
+// then one AdamW update at lr(k) (src/config/lr_schedule.h). Validation runs after step k when
 // k % val_every == 0 and after the last step, on the weights after that step's update: the mean
 // loss over the first val_steps batches of --val-data; the HellaSwag evaluation of --eval-data
-// likewise with eval_every. Each step's line has its tokens/s and MFU (src/throughput.h); the run
+// likewise with eval_every. Each step's line has its tokens/s and MFU (src/run/throughput.h); the run
 // ends with the mean throughput after a warm-up.
 //
-// Data parallel (src/comm.h): one process per GPU, started by mpirun or srun. Every rank reads its
-// own part of each global batch (src/dataloader.h) and runs the same steps; losses are averaged
+// Data parallel (src/dist/comm.h): one process per GPU, started by mpirun or srun. Every rank reads its
+// own part of each global batch (src/data/dataloader.h) and runs the same steps; losses are averaged
 // over the ranks. Rank 0 alone prints the log, writes metrics.jsonl and the model file; an error on
 // any rank is printed with its rank and ends that rank (the launcher then ends the others); a
-// collective that stalls or fails is ended by the communicator's watchdog (src/comm_watchdog.h),
+// collective that stalls or fails is ended by the communicator's watchdog (src/dist/comm_watchdog.h),
 // its line named by the purpose set before each phase (comm_.set_purpose).
 // Checkpoints are written by all ranks together (each its own state file, rank 0 the model file and
 // the manifest) into an --out-dir all ranks share.
 #include "kernels/common.cuh"
-#include "src/checkpoint.h"
-#include "src/checkpoint_dirs.h"
-#include "src/comm.h"
-#include "src/config.h"
-#include "src/config_checks.h"
-#include "src/config_text.h"
-#include "src/config_warnings.h"
-#include "src/dataloader.h"
-#include "src/gpt2.h"
-#include "src/hellaswag.h"
-#include "src/lr_schedule.h"
-#include "src/memory_plan.h"
-#include "src/metrics.h"
-#include "src/out_dir_lock.h"
-#include "src/resume.h"
-#include "src/sample_text.h"
-#include "src/step_guards.h"
-#include "src/throughput.h"
+#include "src/ckpt/checkpoint.h"
+#include "src/ckpt/checkpoint_dirs.h"
+#include "src/dist/comm.h"
+#include "src/config/config.h"
+#include "src/config/config_checks.h"
+#include "src/config/config_text.h"
+#include "src/config/config_warnings.h"
+#include "src/data/dataloader.h"
+#include "src/model/gpt2.h"
+#include "src/data/hellaswag.h"
+#include "src/config/lr_schedule.h"
+#include "src/run/memory_plan.h"
+#include "src/run/metrics.h"
+#include "src/base/out_dir_lock.h"
+#include "src/ckpt/resume.h"
+#include "src/gen/sample_text.h"
+#include "src/model/step_guards.h"
+#include "src/run/throughput.h"
 
 #include <unistd.h>
 
@@ -280,7 +280,7 @@ cudaDeviceProp device_properties() {
   return prop;
 }
 
-// ---- The memory plan (src/memory_plan.h): --plan, and the check before a run allocates.
+// ---- The memory plan (src/run/memory_plan.h): --plan, and the check before a run allocates.
 
 constexpr double kBytesPerGiB = 1073741824.0;
 
@@ -672,7 +672,7 @@ class Trainer {
     comm_.barrier();
   }
 
-  // Every completion's summed loss over --eval-data (src/hellaswag.h), on the current weights; each
+  // Every completion's summed loss over --eval-data (src/data/hellaswag.h), on the current weights; each
   // rank scores its examples, the sums are added over the ranks.
   std::vector<double> eval_completion_losses() {
     comm_.set_purpose("the eval's completion losses", after_step());

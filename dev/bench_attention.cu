@@ -4,8 +4,8 @@
 // all on the same bf16 inputs, and checks that the three agree. GPU build only: make bench.
 //
 // usage: build/bench_attention [--shape B,NH,T,HD]... [--iters N] [--warmup N] [--python PATH] [--no-torch]
-#include "../kernels/attention.cuh"
-#include "../kernels/flash_attention.cuh"
+#include "kernels/attention.cuh"
+#include "kernels/flash_attention.cuh"
 
 #include <algorithm>
 #include <cmath>

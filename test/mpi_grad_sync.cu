@@ -1,11 +1,11 @@
-// How gradients travel between ranks (src/grad_sync.h) under mpirun (test/checks/distributed_nccl.sh):
+// How gradients travel between ranks (src/dist/grad_sync.h) under mpirun (test/checks/distributed_nccl.sh):
 // one collective per bucket per step — all-reduce at ZeRO 0, reduce-scatter at 1 and 2 (every
 // micro-step at 2), parameters all-gathered per bucket at 1 and 2 — and the update each stage
 // makes equals the single-rank update on the whole global batch (a plain host computation of the
 // same model on every rank's tokens is not needed: one process with B·R rows is the reference).
-#include "test_util.h"
-#include "../src/comm.h"
-#include "../src/gpt2.h"
+#include "test/test_util.h"
+#include "src/dist/comm.h"
+#include "src/model/gpt2.h"
 
 #include <vector>
 

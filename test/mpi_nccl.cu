@@ -1,4 +1,4 @@
-// Collectives of src/comm.h's Communicator (nccl* calls: the CPU build's MPI stand-in
+// Collectives of src/dist/comm.h's Communicator (nccl* calls: the CPU build's MPI stand-in
 // simt/nccl.cpp, or NCCL on GPUs) against host loops over what every rank contributed.
 // Runs under mpirun (test/checks/distributed_nccl.sh: 2 and 4 ranks; 1 on a one-GPU machine);
 // it is named mpi_* so the single-process test runner does not pick it up.
@@ -8,8 +8,8 @@
 // order of additions depends on its algorithm; the stand-in adds in rank order in fp32, which
 // the reference also does, so on the CPU they agree exactly), and every rank must hold the
 // same bits as rank 0 (checked through MPI).
-#include "test_util.h"
-#include "../src/comm.h"
+#include "test/test_util.h"
+#include "src/dist/comm.h"
 
 #include <chrono>
 #include <cstdint>
@@ -176,7 +176,7 @@ TEST_CASE("a non-blocking communicator completes a collective that a late peer j
   CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
-// What the watchdog (src/comm_watchdog.h) relies on: a collective a peer never joins is seen as
+// What the watchdog (src/dist/comm_watchdog.h) relies on: a collective a peer never joins is seen as
 // unfinished (the call still in progress, or an event after it not reached), and ncclCommAbort
 // ends it without a hang.
 TEST_CASE("a collective a peer never joins stays unfinished until ncclCommAbort ends it", "[nccl]") {

@@ -1,6 +1,6 @@
 // Probe for test/checks/simt_asan.sh (built with -fsanitize=address, not a Catch2 test):
 // `inside` fills dynamic shared memory exactly; `past-end` writes one float beyond it.
-#include "../kernels/common.cuh"
+#include "kernels/common.cuh"
 
 #include <cstring>
 

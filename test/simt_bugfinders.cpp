@@ -3,7 +3,7 @@
 // lines abort with a message naming the kernel and the threads; a misaligned 128-bit access
 // is reported as cudaErrorMisalignedAddress. Aborting cases run in a forked child whose
 // stderr is captured.
-#include "test_util.h"
+#include "test/test_util.h"
 
 #include <csignal>
 #include <cstdlib>

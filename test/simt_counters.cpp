@@ -1,9 +1,9 @@
 // What host code would make a GPU wait for, counted on the CPU build (simt/counters.h): blocking
 // host synchronisations and cuBLASLt heuristic queries. The counters exist only in the CPU build,
 // so this test does too.
-#include "test_util.h"
-#include "../src/gpt2.h"
-#include "../src/memory_plan.h"
+#include "test/test_util.h"
+#include "src/model/gpt2.h"
+#include "src/run/memory_plan.h"
 
 #include <vector>
 

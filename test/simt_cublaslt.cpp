@@ -1,7 +1,7 @@
 // The CPU build's cuBLASLt stand-in (simt/cublaslt.cpp) implements a subset of cuBLASLt;
 // everything outside it must fail loudly instead of computing something else. The real
 // library implements these, so this test exists only in the CPU build.
-#include "cublaslt_call.h"
+#include "test/cublaslt_call.h"
 
 TEST_CASE("simt cuBLASLt stand-in refuses what it does not implement", "[matmul][cublaslt]") {
   test::LtCall call;

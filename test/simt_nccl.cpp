@@ -3,7 +3,7 @@
 // the input), and everything the stand-in does not implement fails with an error status and a
 // message instead of computing something else. The real library implements these types and
 // ops, so this test exists only in the CPU build; multi-rank semantics are test/mpi_nccl.cu.
-#include "test_util.h"
+#include "test/test_util.h"
 
 #include <nccl.h>
 

@@ -3,8 +3,8 @@
 // pointers at misaligned and mutually misaligned offsets (vector and scalar paths must give
 // the same bits); and the stochastic rounding to bf16 (always a neighbouring bf16 value,
 // unbiased on average, same seed → same bits, another seed → other bits).
-#include "test_util.h"
-#include "../kernels/adamw.cuh"
+#include "test/test_util.h"
+#include "kernels/adamw.cuh"
 
 #include <cstdint>
 #include <iterator>

@@ -1,7 +1,7 @@
 // Causal multi-head attention, forward (out, lse) and backward (dqkv), against a naive CPU
 // implementation in double: full T×T score matrix, causal mask, softmax, matrix products.
-#include "test_util.h"
-#include "../kernels/attention.cuh"
+#include "test/test_util.h"
+#include "kernels/attention.cuh"
 
 #include <cstring>
 

@@ -3,8 +3,8 @@
 // attends each sequence's new query over the cached rows [0, len) and reads nothing else (the
 // rows past len and every output start poisoned with NaN), and it gives the bits of the full causal
 // attention's last row (kernels/attention.cuh) for the same q, k, v.
-#include "test_util.h"
-#include "../kernels/attention_decode.cuh"
+#include "test/test_util.h"
+#include "kernels/attention_decode.cuh"
 
 namespace {
 

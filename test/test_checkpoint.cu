@@ -1,10 +1,10 @@
-// Checkpoint building blocks (src/checkpoint.h, src/step_guards.h): CRC-32C against published
+// Checkpoint building blocks (src/ckpt/checkpoint.h, src/model/step_guards.h): CRC-32C against published
 // check values, atomic files, the bad-step guards, a model + training state round trip for both
 // dtypes, detection of damaged checkpoints, retention and the metrics rewrite on resume.
 // The end-to-end behaviour (exact resume, signals, failed writes) is test/checks/checkpoint_*.sh.
-#include "test_util.h"
-#include "../src/checkpoint.h"
-#include "../src/metrics.h"
+#include "test/test_util.h"
+#include "src/ckpt/checkpoint.h"
+#include "src/run/metrics.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

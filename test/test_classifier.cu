@@ -1,8 +1,8 @@
 // fused_classifier vs. a double-precision softmax / cross-entropy written here: losses,
 // in-place logit gradients, the untouched-logits mode, padded vocabulary columns (poisoned
 // with NaN on input, exact zeros on output), numerically large logits, and bit-identical reruns.
-#include "test_util.h"
-#include "../kernels/classifier.cuh"
+#include "test/test_util.h"
+#include "kernels/classifier.cuh"
 
 #include <cstdint>
 #include <limits>

@@ -1,11 +1,11 @@
-// Tests for src/config.h (flags, JSON config), src/config_text.h (--help), src/config_warnings.h and src/lr_schedule.h.
-#include "test_util.h"
+// Tests for src/config/config.h (flags, JSON config), src/config/config_text.h (--help), src/config/config_warnings.h and src/config/lr_schedule.h.
+#include "test/test_util.h"
 
-#include "../src/config.h"
-#include "../src/config_checks.h"
-#include "../src/config_text.h"
-#include "../src/config_warnings.h"
-#include "../src/lr_schedule.h"
+#include "src/config/config.h"
+#include "src/config/config_checks.h"
+#include "src/config/config_text.h"
+#include "src/config/config_warnings.h"
+#include "src/config/lr_schedule.h"
 
 #include <cstdio>
 #include <fstream>

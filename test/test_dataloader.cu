@@ -1,8 +1,8 @@
 // DataLoader vs. the docs/FORMATS.md reading rule written out here: exact unshuffled order, shard
 // switching and epoch wrap, rank disjointness and epoch coverage with and without shuffling,
 // seeds, position save/restore, prefetch independence, and every file error by message.
-#include "test_util.h"
-#include "../src/dataloader.h"
+#include "test/test_util.h"
+#include "src/data/dataloader.h"
 
 #include <dirent.h>
 #include <unistd.h>

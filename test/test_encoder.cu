@@ -2,8 +2,8 @@
 // the host bucket list's exact layout, odd shapes (B = 1, T = 1, one token everywhere,
 // many repeats), accumulation into pre-filled gradients (rows of unused tokens and
 // positions >= seq_len keep their bits), and bit-identical reruns.
-#include "test_util.h"
-#include "../kernels/encoder.cuh"
+#include "test/test_util.h"
+#include "kernels/encoder.cuh"
 
 #include <cstdint>
 #include <type_traits>

@@ -2,9 +2,9 @@
 // against a plain double-precision CPU loop and against the simple kernel of attention.cuh;
 // head dims 64 and 128, sequence lengths with and without tails, several batches and heads;
 // every output poisoned first and reproduced bit for bit by a second run.
-#include "test_util.h"
-#include "../kernels/attention.cuh"
-#include "../kernels/flash_attention.cuh"
+#include "test/test_util.h"
+#include "kernels/attention.cuh"
+#include "kernels/flash_attention.cuh"
 
 #include <algorithm>
 #include <cstdio>

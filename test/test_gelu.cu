@@ -1,8 +1,8 @@
 // gelu_forward / gelu_backward vs. the tanh-approximation GELU and its derivative written
 // here in double (the derivative itself checked by finite differences), separate and
 // in-place backward, and bit-identical reruns.
-#include "test_util.h"
-#include "../kernels/gelu.cuh"
+#include "test/test_util.h"
+#include "kernels/gelu.cuh"
 
 #include <cstdint>
 #include <type_traits>

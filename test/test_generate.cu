@@ -1,15 +1,15 @@
-// Generation with a KV cache (src/generate.h) on the tiny PyTorch reference model
+// Generation with a KV cache (src/gen/generate.h) on the tiny PyTorch reference model
 // (build/reference/tiny, written by dev/gpt2_reference.py before `make test`):
-//  - the decoder's greedy tokens and logits equal those of the training forward (src/gpt2.h)
+//  - the decoder's greedy tokens and logits equal those of the training forward (src/model/gpt2.h)
 //    recomputed over the whole sequence without a cache: fp32 tightly, bf16 within its rounding;
 //  - they equal PyTorch's greedy decoding (generate.json, float64, full recomputation): fp32 the
 //    same tokens and logits to 1e-5; bf16, fed PyTorch's tokens, logits within bf16 error and the
 //    same argmax wherever PyTorch's top two logits are clearly apart;
 //  - choose_token: greedy ties, top-k support, frequencies of seeded draws, determinism;
 //  - the cache's capacity and token errors.
-#include "test_util.h"
-#include "../src/generate.h"
-#include "../src/gpt2.h"
+#include "test/test_util.h"
+#include "src/gen/generate.h"
+#include "src/model/gpt2.h"
 
 #include <nlohmann/json.hpp>
 

@@ -2,8 +2,8 @@
 // misaligned element offsets (scalar head + vector body + scalar tail), sizes large enough
 // that the grid is capped and threads loop, exact integer data that exposes any element
 // skipped or counted twice, accumulation (+=) into *out, and bit-identical reruns.
-#include "test_util.h"
-#include "../kernels/global_norm.cuh"
+#include "test/test_util.h"
+#include "kernels/global_norm.cuh"
 
 #include <cstdint>
 

@@ -1,4 +1,4 @@
-// The whole model (src/gpt2.h) against PyTorch: dev/gpt2_reference.py computes, for the tiny
+// The whole model (src/model/gpt2.h) against PyTorch: dev/gpt2_reference.py computes, for the tiny
 // config in build/reference/tiny/ (L=2 NH=4 C=64 V=500 Vp=512, B=2 T=32, Markov-chain tokens),
 // the step-1 logits, loss and gradients and 10 steps of clipped AdamW. The Makefile generates
 // the directory before `make test`; tests run from the repository root.
@@ -7,8 +7,8 @@
 // accumulated over two micro-steps), per-step losses and gradient norms over 10 AdamW steps and
 // the final parameters; that padded vocabulary rows stay zero and padded logit columns have no
 // effect; save/load round trips; model file, token and configuration errors; init_random.
-#include "test_util.h"
-#include "../src/gpt2.h"
+#include "test/test_util.h"
+#include "src/model/gpt2.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,8 +1,8 @@
-// Gradient buckets and ownership (src/grad_buckets.h): every parameter is owned by exactly one rank,
+// Gradient buckets and ownership (src/dist/grad_buckets.h): every parameter is owned by exactly one rank,
 // each rank's state is dense, buckets hold whole layers in backward order, and every tensor slice
 // has one place in its bucket.
-#include "test_util.h"
-#include "../src/grad_buckets.h"
+#include "test/test_util.h"
+#include "src/dist/grad_buckets.h"
 
 #include <vector>
 

@@ -1,7 +1,7 @@
-// Tests for detect_launch (src/rendezvous.h): rank, world size, local rank and whether MPI carries
+// Tests for detect_launch (src/dist/rendezvous.h): rank, world size, local rank and whether MPI carries
 // the NCCL id, for each launcher's environment — none, mpirun, srun, srun --mpi=pmix (PMIx sets
 // PMIX_RANK and no OMPI_COMM_WORLD_*), mpirun inside a SLURM job — and the malformed ones.
-#include "../src/rendezvous.h"
+#include "src/dist/rendezvous.h"
 
 #include <catch2/catch.hpp>
 

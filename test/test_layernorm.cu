@@ -3,8 +3,8 @@
 // three backward gradients accumulated into pre-filled buffers, odd shapes (N = 1, 3, 37,
 // a grid-stride N = 4099, C = 8 … 784 where the backward needs > 48 KB of shared memory),
 // and bit-identical reruns.
-#include "test_util.h"
-#include "../kernels/layernorm.cuh"
+#include "test/test_util.h"
+#include "kernels/layernorm.cuh"
 
 #include <cstdint>
 #include <type_traits>

@@ -4,10 +4,10 @@
 // directly (padded leading dimensions, alpha/beta, a separate C). In the CPU build the cuBLASLt
 // calls are answered by simt/cublaslt.cpp; its refusals of what it does not implement are
 // checked in simt_cublaslt.cpp.
-#include "test_util.h"
+#include "test/test_util.h"
 
-#include "../kernels/matmul.cuh"
-#include "cublaslt_call.h"
+#include "kernels/matmul.cuh"
+#include "test/cublaslt_call.h"
 
 #include <cmath>
 #include <cstring>

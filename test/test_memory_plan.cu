@@ -1,9 +1,9 @@
-// The memory planner (src/memory_plan.h) against figures computed here by hand from the GPT-2
+// The memory planner (src/run/memory_plan.h) against figures computed here by hand from the GPT-2
 // architecture: GPT-2 124M's terms at ZeRO stages 0, 1 and 2, the table's text, and the largest
 // batch that fits. (That the plan equals what the model allocates is checked on the CPU build
 // by simt_counters.cpp, where simt counts cudaMalloc.)
-#include "test_util.h"
-#include "../src/memory_plan.h"
+#include "test/test_util.h"
+#include "src/run/memory_plan.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// Activation recomputation (--recompute, src/gpt2.h): settings 1-3 keep fewer activations and
+// Activation recomputation (--recompute, src/model/gpt2.h): settings 1-3 keep fewer activations and
 // recompute the rest in the backward pass with the same deterministic kernels, so a run must
 // give bit-identical losses, gradients, gradient norms and weights at every setting. Checked
 // for T = float and T = bf16 over several AdamW steps with two accumulated micro-steps each, on
@@ -6,9 +6,9 @@
 // one-layer slice, so a missing recomputation shows). Also: the activation memory formula
 // against an independently written one for GPT-2 124M at B=8, T=1024, the allocation against
 // the formula, and the errors for bad settings.
-#include "test_util.h"
-#include "../src/config.h"
-#include "../src/gpt2.h"
+#include "test/test_util.h"
+#include "src/config/config.h"
+#include "src/model/gpt2.h"
 
 #include <cstring>
 #include <string>

@@ -1,7 +1,7 @@
-// Tests for src/throughput.h: FLOPs per token against a count of every product by hand, the peak
+// Tests for src/run/throughput.h: FLOPs per token against a count of every product by hand, the peak
 // table's matching of device names (unknown names, the --peak-tflops override), MFU, and the
 // warm-up of the end-of-training mean.
-#include "../src/throughput.h"
+#include "src/run/throughput.h"
 
 #include <catch2/catch.hpp>
 

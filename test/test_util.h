@@ -1,8 +1,8 @@
 // test_util.h — helpers shared by the Catch2 tests: device buffers, poisoning, seeded
 // random data, bf16 rounding for references, and tolerance-aware comparison.
 #pragma once
-#include "../kernels/common.cuh"
-#include "../src/device.h"
+#include "kernels/common.cuh"
+#include "src/base/device.h"
 
 #include <catch2/catch.hpp>
 
@@ -15,7 +15,7 @@
 
 namespace test {
 
-// A device allocation (src/device.h's DeviceArray, at least one element so that an empty buffer
+// A device allocation (src/base/device.h's DeviceArray, at least one element so that an empty buffer
 // still has an address) whose fresh contents are poisoned with 0xFF bytes (NaN as float and as
 // bf16), so an element a kernel forgets to write shows up.
 template <typename T>

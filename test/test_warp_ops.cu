@@ -4,7 +4,7 @@
 // wrappers (mma.m16n8k16, ldmatrix x1/x2/x4 with and without .trans) against an fp64
 // matrix product. Runs in both builds: on a GPU it validates the fragment layouts simt
 // emulates.
-#include "test_util.h"
+#include "test/test_util.h"
 
 #include <cstdint>
 

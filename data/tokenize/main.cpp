@@ -2,7 +2,7 @@
 // Run `tokenize --help` for the interface. Work is split into ~1 MiB items that worker
 // threads encode independently; results are written strictly in input order, so the output
 // does not depend on the thread count.
-#include "gpt2_bpe.h"
+#include "src/tokenizer/gpt2_bpe.h"
 #include "shards.h"
 
 #include <nlohmann/json.hpp>

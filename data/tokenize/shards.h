@@ -1,7 +1,7 @@
 // shards.h — llm.c-compatible token shards and tokenizer file (layouts in docs/FORMATS.md).
 // Every function throws std::runtime_error with a one-line message naming the file.
 #pragma once
-#include "../../src/file_formats.h"
+#include "src/base/file_formats.h"
 
 #include <cstdint>
 #include <cstdio>

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The communication watchdog (src/comm_watchdog.h) under mpirun with 2 ranks and --comm-timeout 5:
+# The communication watchdog (src/dist/comm_watchdog.h) under mpirun with 2 ranks and --comm-timeout 5:
 # a peer that hangs mid-run (TRAIN_GPT_TEST_HANG_AT_STEP) or dies without mpirun ending the job
 # (TRAIN_GPT_TEST_EXIT_AFTER_STEP, orte_abort_on_non_zero_status 0) makes the other rank print
 # one line naming its rank, the collective and the step, and exit with status 1 — not before the

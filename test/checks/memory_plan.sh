@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# --plan (src/memory_plan.h) end to end: the table without a GPU run or data, ZeRO and
+# --plan (src/run/memory_plan.h) end to end: the table without a GPU run or data, ZeRO and
 # --world-size in it, the batch sizes that fit; a run whose plan exceeds --gpu-memory stops
 # before allocating, with the table and one line naming the flag, and leaves --out-dir alone;
 # impossible settings give one line and a non-zero exit.

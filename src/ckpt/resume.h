@@ -1,0 +1,92 @@
+// resume.h — --resume: choosing the checkpoint a run continues from (rank 0 chooses and verifies
+// it, every rank follows) and checking it against this run's ranks, ZeRO stage, dtype and flags.
+#pragma once
+#include "src/ckpt/checkpoint_dirs.h"
+#include "src/dist/comm.h"
+#include "src/config/config.h"
+#include "src/dist/grad_sync.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+// --resume: the checkpoint to continue from (nothing: start fresh), checked against this run. The
+// checkpoint directory is on a filesystem every rank sees: rank 0 chooses the checkpoint and
+// verifies every file's size and CRC-32C, the other ranks learn its choice (the step) through the
+// communicator and read that checkpoint's manifest, so every rank resumes from the same one.
+inline std::optional<Checkpoint> resolve_resume(const TrainConfig& cfg, Communicator& comm) {
+  const int world_size = comm.world_size(), zero = effective_zero_stage(cfg.zero, world_size);
+  const bool lead = comm.rank() == 0;
+  const std::vector<CheckpointDir> existing = list_checkpoint_dirs(cfg.out_dir);
+  if (cfg.resume.empty()) {
+    // Evaluation only (--max-steps 0, --eval) and --generate write nothing.
+    if (!existing.empty() && cfg.max_steps > 0 && !cfg.eval && !cfg.generate)
+      throw std::runtime_error("--out-dir " + cfg.out_dir + " already holds checkpoints (newest: " +
+                               existing.front().path +
+                               "): continue that run with --resume auto, or choose another --out-dir");
+    return std::nullopt;
+  }
+  std::string dir = cfg.resume;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  std::optional<Checkpoint> found;
+  std::string error;  // rank 0's reason to stop
+  if (lead) {
+    if (cfg.resume == "auto") {
+      std::vector<std::string> skipped;
+      found = find_latest_checkpoint(cfg.out_dir, &skipped);
+      for (const std::string& s : skipped) std::fprintf(stderr, "warning: --resume auto: skipping %s\n", s.c_str());
+    } else {
+      std::string problem;
+      found = verify_checkpoint(dir, &problem);
+      if (!found) error = "--resume " + cfg.resume + ": not a complete checkpoint: " + problem;
+    }
+  }
+  // Rank 0's decision: the checkpoint's step, -1 for none, -2 for an error.
+  const double lead_choice = !error.empty() ? -2.0 : found ? static_cast<double>(found->step) : -1.0;
+  const double choice = world_size > 1 ? comm.sum(lead ? lead_choice : 0.0) : lead_choice;
+  if (!error.empty()) throw std::runtime_error(error);
+  if (choice == -2.0) throw std::runtime_error("--resume " + cfg.resume + ": rank 0 refused the checkpoint (see its error)");
+  if (choice == -1.0) {
+    if (cfg.generate) throw std::runtime_error("--resume auto: no complete checkpoint in " + cfg.out_dir + " to generate from");
+    std::printf("--resume auto: no complete checkpoint in %s; starting from scratch\n", cfg.out_dir.c_str());
+    return std::nullopt;
+  }
+  if (!lead) {
+    const std::string path =
+        cfg.resume == "auto" ? cfg.out_dir + "/" + checkpoint_dir_name(static_cast<long long>(choice)) : dir;
+    std::string problem;
+    found = verify_checkpoint(path, &problem, false);
+    if (!found) throw std::runtime_error("--resume " + path + ": rank 0 chose it, but here: " + problem);
+  }
+  // --eval and --generate read the checkpoint's model file alone, whatever ranks and settings wrote it.
+  if (cfg.eval || cfg.generate) return found;
+  const nlohmann::json& m = found->manifest;
+  const int saved_world_size = m.value("world_size", -1), zero_stage = m.value("zero_stage", -1);
+  if ((saved_world_size != world_size || zero_stage != zero) && lead)
+    std::printf("--resume %s: written by %d rank(s) at ZeRO stage %d; its optimizer state is resharded for %d "
+                "rank(s) at ZeRO stage %d\n",
+                found->path.c_str(), saved_world_size, zero_stage, world_size, zero);
+  const std::string dtype = m.value("dtype", "");
+  if (dtype != cfg.dtype)
+    throw std::runtime_error("--resume " + found->path + ": the checkpoint holds " + dtype +
+                             " training state; run with --dtype " + dtype);
+  // Other flags may change on resume (e.g. a longer --max-steps); each change to what is trained
+  // is reported (flags about files and checkpointing are not).
+  const std::set<std::string> unreported = {"config", "resume", "out-dir", "checkpoint-every", "keep-checkpoints",
+                                            "keep-every", "save-dtype"};
+  const nlohmann::json now = config_json(cfg), then = m.value("config", nlohmann::json::object());
+  for (const auto& item : now.items()) {
+    if (!lead) break;  // reported once
+    if (unreported.count(item.key()) != 0 || !then.contains(item.key()) || !then[item.key()].is_string()) continue;
+    const std::string before = then[item.key()].get<std::string>(), after = item.value().get<std::string>();
+    if (before != after)
+      std::fprintf(stderr, "warning: --resume: --%s is %s, the checkpointed run had %s\n", item.key().c_str(),
+                   after.c_str(), before.c_str());
+  }
+  return found;
+}

@@ -1,0 +1,76 @@
+// upload_staging.h — the host side of each micro-batch's uploads (input and target tokens, the
+// encoder-backward buckets): the token ids checked against the vocabulary, and page-locked
+// buffers, two sets used in turn, so the copies are truly asynchronous (a copy from pageable
+// memory may wait for the stream's earlier work) and the host can prepare the next micro-batch
+// while the device still reads the previous one.
+#pragma once
+#include "kernels/common.cuh"
+#include "src/base/device.h"
+
+#include <algorithm>
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+
+// Every one of the B·T ids must index a real vocabulary row; anything else means the data was
+// tokenized for another vocabulary than the model's. `what`: "input" or "target".
+inline void check_token_ids(const int* tokens, int B, int seq_len, int vocab_size, const char* what) {
+  if (tokens == nullptr) throw std::runtime_error(std::string(what) + " tokens: expected B*T ids, found nullptr");
+  for (int p = 0; p < B * seq_len; ++p) {
+    if (tokens[p] < 0 || tokens[p] >= vocab_size)
+      throw std::runtime_error(std::string(what) + " token " + std::to_string(tokens[p]) + " at batch row " +
+                               std::to_string(p / seq_len) + ", position " + std::to_string(p % seq_len) +
+                               ": expected an id in [0, " + std::to_string(vocab_size) +
+                               ") (the model's vocabulary); data and model disagree on the vocabulary");
+  }
+}
+
+class UploadStaging {
+ public:
+  // One set of page-locked host buffers.
+  struct Slot {
+    int* inputs;
+    int* targets;
+    int* buckets;
+  };
+
+  // Buffers for `tokens` input and target ids and `buckets` bucket entries, twice.
+  UploadStaging(size_t tokens, size_t buckets)
+      : tokens_(tokens), buckets_(buckets), memory_(2 * (2 * tokens + buckets), "allocating pinned upload buffers") {
+    for (cudaEvent_t& e : copied_)
+      cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "creating an upload event");
+  }
+  UploadStaging(const UploadStaging&) = delete;
+  UploadStaging& operator=(const UploadStaging&) = delete;
+  ~UploadStaging() {
+    for (cudaEvent_t e : copied_)
+      if (e != nullptr) cudaEventDestroy(e);
+  }
+
+  // The other set than last time, once the copies that last read it have run. They normally
+  // have: a wait here means the host is two micro-batches ahead of the device, which then has
+  // work queued.
+  Slot next() {
+    current_ ^= 1;
+    if (cudaEventQuery(copied_[current_]) == cudaErrorNotReady)
+      cuda_check(cudaEventSynchronize(copied_[current_]), "waiting for an upload buffer");
+    int* base = memory_.get() + current_ * (2 * tokens_ + buckets_);
+    return Slot{base, base + tokens_, base + 2 * tokens_};
+  }
+  // Copies n ids from src (nullptr: already in place) into `staged`, a buffer of next()'s set, and
+  // queues their copy to the device array dst.
+  void upload(int* dst, int* staged, const int* src, size_t n, cudaStream_t stream, const char* what) {
+    if (src != nullptr) std::copy(src, src + n, staged);
+    cuda_check(cudaMemcpyAsync(dst, staged, n * sizeof(int), cudaMemcpyHostToDevice, stream), what);
+  }
+  // After the copies from next()'s set were queued on `stream`.
+  void queued(cudaStream_t stream) {
+    cuda_check(cudaEventRecord(copied_[current_], stream), "recording an upload event");
+  }
+
+ private:
+  size_t tokens_, buckets_;
+  PinnedArray<int> memory_;
+  cudaEvent_t copied_[2] = {nullptr, nullptr};
+  int current_ = 1;
+};

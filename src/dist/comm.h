@@ -1,0 +1,242 @@
+// comm.h — the data-parallel communicator: which process this is (rank, world size, node-local
+// rank) and NCCL collectives on device buffers, issued on a dedicated communication stream.
+//
+// Launch (detected from the environment):
+//   mpirun (OpenMPI: OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK): MPI is initialized and, without
+//     --rendezvous, rank 0's ncclUniqueId reaches the others by MPI_Bcast.
+//   srun --mpi=pmix (SLURM_PROCID/NTASKS/LOCALID and PMIX_RANK): as mpirun, MPI_Init finds the
+//     job through PMIx.
+//   SLURM srun without MPI (SLURM_PROCID/NTASKS/LOCALID): the id goes through --rendezvous:
+//     file:PATH  rank 0 writes PATH (atomically); rank r reads it and writes PATH.rank<r>; rank 0
+//                waits for every PATH.rank<r>, then writes PATH.ready, which the others wait for.
+//                PATH must be on a filesystem all ranks see and must not exist before the run
+//                (rank 0 removes the files at the end of a run).
+//     tcp:HOST:PORT  rank 0 listens on PORT; rank r connects to HOST:PORT, sends its rank and
+//                world size, and receives the id once every rank has connected.
+//   neither: one process, world size 1 (no MPI needed).
+// --comm-timeout bounds every wait for the other ranks: each wait of the rendezvous gives up after
+// it with an error that names the missing rank(s), so a peer that never starts makes every other
+// rank exit instead of hanging; the NCCL communicator is non-blocking and each collective (and its
+// set-up) is watched by comm_watchdog.h, which aborts the communicator and ends the process with
+// one line naming the rank, the collective and the step when one does not finish within it or
+// NCCL reports an error (a peer that died or hangs).
+// Each process uses GPU (local rank mod device count).
+//
+// Collectives run on stream() (a stream of their own); wait_for(s) orders the communication
+// after the work already queued on s, and order_before(s) orders the work queued next on s after
+// the communication issued so far. set_purpose(what, when) names what the collectives issued next
+// carry, for the watchdog's messages. The CPU build answers the nccl* calls with MPI
+// (simt/nccl.cpp); there streams are synchronous and MPI needs mpirun for more than one rank.
+#pragma once
+#include "kernels/common.cuh"
+
+// The C API only: OpenMPI's deprecated C++ bindings do not compile warning-free.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+#include <nccl.h>
+
+#include "src/dist/comm_watchdog.h"
+#include "src/dist/rendezvous.h"
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <fstream>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+struct CommOptions {
+  std::string rendezvous;          // "", "file:PATH" or "tcp:HOST:PORT"
+  double timeout_seconds = 600.0;  // for every wait for the other ranks: the start-up's and each collective's
+};
+
+namespace comm_detail {
+
+template <typename T> constexpr ncclDataType_t nccl_type();
+template <> constexpr ncclDataType_t nccl_type<float>() { return ncclFloat32; }
+template <> constexpr ncclDataType_t nccl_type<bf16>() { return ncclBfloat16; }
+template <> constexpr ncclDataType_t nccl_type<double>() { return ncclFloat64; }
+
+}  // namespace comm_detail
+
+// Collectives issued through a Communicator, by kind (tests check how gradients travel).
+struct CollectiveCounts {
+  long long all_reduce = 0, reduce_scatter = 0, all_gather = 0, broadcast = 0;
+};
+
+class Communicator {
+ public:
+  explicit Communicator(const CommOptions& options)
+      : options_(options), launch_(detect_launch()), watchdog_(launch_.rank, options.timeout_seconds) {
+    if (launch_.uses_mpi) {
+      int initialized = 0;
+      MPI_Initialized(&initialized);
+      if (!initialized) {
+        // Threads: the CPU build's NCCL stand-in calls MPI from the watchdog's thread too.
+        int provided = 0;
+        if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
+          throw std::runtime_error(launch_.source + " launch: MPI_Init_thread failed");
+        owns_mpi_ = true;
+      }
+    }
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0)
+      cuda_check(cudaSetDevice(launch_.local_rank % devices), "selecting this rank's GPU");
+    ncclUniqueId id;
+    if (launch_.rank == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    if (launch_.world_size > 1) id = exchange_id(id);
+    // Non-blocking: no NCCL call waits on a peer, so the watchdog can end a stalled run.
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    watchdog_.begin("set-up of the communicator during start-up");
+    const ncclResult_t status = ncclCommInitRankConfig(&comm_, launch_.world_size, id, launch_.rank, &config);
+    if (status != ncclInProgress) check(status, "ncclCommInitRankConfig");
+    watchdog_.start(comm_);
+    check(watchdog_.settle(status), "ncclCommInitRankConfig");
+    watchdog_.finished();
+    cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating the communication stream");
+    cuda_check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "creating a communication event");
+    cuda_check(cudaMalloc(reinterpret_cast<void**>(&scalar_), sizeof(double)), "allocating a communication scalar");
+  }
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+  // While an exception unwinds, peers may still wait in a collective with this rank: the
+  // communicator and MPI are then left for the error path to abort (MPI_Abort) instead of being
+  // torn down collectively, which could block.
+  ~Communicator() {
+    if (std::uncaught_exceptions() > 0) return;
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);  // still watched
+    if (scalar_ != nullptr) cudaFree(scalar_);
+    if (event_ != nullptr) cudaEventDestroy(event_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    watchdog_.stop();
+    if (comm_ != nullptr) ncclCommDestroy(comm_);
+    if (launch_.rank == 0 && options_.rendezvous.rfind("file:", 0) == 0)
+      rendezvous::remove_rendezvous_files(options_.rendezvous.substr(5), launch_.world_size);
+    if (owns_mpi_) MPI_Finalize();
+  }
+
+  int rank() const { return launch_.rank; }
+  int world_size() const { return launch_.world_size; }
+  int local_rank() const { return launch_.local_rank; }
+  const std::string& launcher() const { return launch_.source; }
+  cudaStream_t stream() const { return stream_; }
+  // Since construction or the last reset (counts = {}).
+  CollectiveCounts& counts() { return counts_; }
+
+  // Communication issued from now on runs after the work already queued on `producer`.
+  void wait_for(cudaStream_t producer) {
+    cuda_check(cudaEventRecord(event_, producer), "recording a communication event");
+    cuda_check(cudaStreamWaitEvent(stream_, event_, 0), "ordering communication after computation");
+  }
+  // Work queued next on `consumer` runs after the communication issued so far.
+  void order_before(cudaStream_t consumer) {
+    cuda_check(cudaEventRecord(event_, stream_), "recording a communication event");
+    cuda_check(cudaStreamWaitEvent(consumer, event_, 0), "ordering computation after communication");
+  }
+
+  // What the collectives issued from now on carry and when, for the watchdog's messages:
+  // ("gradients", "at step 7") names an all-reduce "all-reduce of gradients at step 7".
+  void set_purpose(std::string what, std::string when) {
+    purpose_what_ = std::move(what);
+    purpose_when_ = std::move(when);
+  }
+
+  // In place over n device elements: every rank gets the sum (average) over ranks.
+  template <typename T> void all_reduce(T* data, size_t n, ncclRedOp_t op) {
+    ++counts_.all_reduce;
+    collective("all-reduce", "ncclAllReduce",
+               [&] { return ncclAllReduce(data, data, n, comm_detail::nccl_type<T>(), op, comm_, stream_); });
+  }
+  // recv (recvcount elements) on rank r = op over ranks of send[r·recvcount, (r+1)·recvcount).
+  template <typename T> void reduce_scatter(const T* send, T* recv, size_t recvcount, ncclRedOp_t op) {
+    ++counts_.reduce_scatter;
+    collective("reduce-scatter", "ncclReduceScatter", [&] {
+      return ncclReduceScatter(send, recv, recvcount, comm_detail::nccl_type<T>(), op, comm_, stream_);
+    });
+  }
+  // recv[r·sendcount, (r+1)·sendcount) = rank r's send; send may be recv + rank·sendcount.
+  template <typename T> void all_gather(const T* send, T* recv, size_t sendcount) {
+    ++counts_.all_gather;
+    collective("all-gather", "ncclAllGather",
+               [&] { return ncclAllGather(send, recv, sendcount, comm_detail::nccl_type<T>(), comm_, stream_); });
+  }
+  // data (n elements) on every rank = data on `root`.
+  template <typename T> void broadcast(T* data, size_t n, int root) {
+    ++counts_.broadcast;
+    collective("broadcast", "ncclBroadcast",
+               [&] { return ncclBroadcast(data, data, n, comm_detail::nccl_type<T>(), root, comm_, stream_); });
+  }
+
+  // Sum over ranks of a host value (blocking; fp64, added in NCCL's order).
+  double sum(double value) {
+    cuda_check(cudaMemcpyAsync(scalar_, &value, sizeof value, cudaMemcpyHostToDevice, stream_), "communication");
+    all_reduce(scalar_, 1, ncclSum);
+    double total = 0.0;
+    cuda_check(cudaMemcpyAsync(&total, scalar_, sizeof total, cudaMemcpyDeviceToHost, stream_), "communication");
+    cuda_check(cudaStreamSynchronize(stream_), "communication");
+    return total;
+  }
+  // Returns once every rank has called it.
+  void barrier() { sum(0.0); }
+
+ private:
+  ncclUniqueId exchange_id(ncclUniqueId id) {
+    const std::string& r = options_.rendezvous;
+    const double timeout = options_.timeout_seconds;
+    if (r.rfind("file:", 0) == 0 && r.size() > 5) return rendezvous::file_rendezvous(r.substr(5), launch_, timeout, id);
+    if (r.rfind("tcp:", 0) == 0) {
+      const size_t colon = r.rfind(':');
+      if (colon > 4 && colon + 1 < r.size())
+        return rendezvous::tcp_rendezvous(r.substr(4, colon - 4), r.substr(colon + 1), launch_, timeout, id);
+    }
+    if (!r.empty())
+      throw std::runtime_error("--rendezvous '" + r + "': expected file:PATH or tcp:HOST:PORT");
+    if (!launch_.uses_mpi)
+      throw std::runtime_error(launch_.source + " launch of " + std::to_string(launch_.world_size) +
+                               " ranks without mpirun: give --rendezvous file:PATH (shared filesystem) or "
+                               "--rendezvous tcp:HOST:PORT (HOST = rank 0's node), or start them with srun --mpi=pmix");
+    if (MPI_Bcast(id.internal, sizeof(id.internal), MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
+      throw std::runtime_error(launch_.source + " launch: MPI_Bcast of the NCCL unique id failed");
+    return id;
+  }
+
+  // Issues one collective, watched by the watchdog from now until its event completes.
+  template <typename Call> void collective(const std::string& kind, const char* nccl_name, Call&& call) {
+    watchdog_.begin(kind + " of " + purpose_what_ + " " + purpose_when_);
+    const ncclResult_t status = watchdog_.run(call);
+    if (status != ncclSuccess) {
+      watchdog_.finished();  // not watched: its error is reported here
+      check(status, nccl_name);
+    }
+    watchdog_.issued(stream_);
+  }
+
+  // Throws the call's error, unless the watchdog fired (the process is ending with its message).
+  void check(ncclResult_t status, const char* what) const {
+    if (status == ncclSuccess) return;
+    watchdog_.wait_if_fired();
+    throw std::runtime_error(std::string(what) + ": " + ncclGetErrorString(status) + " (" + ncclGetLastError(comm_) +
+                             ")");
+  }
+
+  CommOptions options_;
+  LaunchInfo launch_;
+  CommWatchdog watchdog_;
+  bool owns_mpi_ = false;
+  ncclComm_t comm_ = nullptr;
+  std::string purpose_what_ = "values", purpose_when_ = "during start-up";
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t event_ = nullptr;
+  double* scalar_ = nullptr;
+  CollectiveCounts counts_;
+};

@@ -1,0 +1,143 @@
+// grad_buckets.h — where the parameter gradients live for communication and which elements each
+// rank owns: the gradient buffer is a sequence of buckets in backward order (runs of consecutive
+// layers from the top, ~--bucket-mib each, then wte/wpe/lnf), each bucket split into one equal
+// chunk per rank; rank r owns chunk r of every bucket (its gradients, optimizer state and the
+// parameters it updates). Host arithmetic only: the gradient buffers (grad_sync.h), the AdamW
+// update (optimizer.h), checkpoints and their resharding (checkpoint.h) and the memory plan all
+// read their sizes and offsets from here.
+//
+// Why this layout: a bucket completes as soon as its lowest layer's backward is queued, and its
+// chunked form is exactly what ncclReduceScatter delivers and ncclAllGather collects, so ZeRO
+// needs one collective per bucket. The parameters themselves stay in llm.c order; an optimizer
+// segment maps a run of owned bucket elements to the parameters (one tensor slice) they belong to.
+#pragma once
+#include "src/config/gpt2_config.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <vector>
+
+// Layers per bucket for buckets of about `bucket_mib` MiB of `elem_bytes`-sized gradients (at least 1).
+inline int layers_per_bucket(const ParameterLayout& layout, double bucket_mib, size_t elem_bytes) {
+  size_t layer_elements = 0;
+  for (int i = kLn1w; i <= kFcprojb; ++i) layer_elements += layout.slice_count(i);
+  const double layers = std::floor(bucket_mib * 1048576.0 / static_cast<double>(layer_elements * elem_bytes));
+  return static_cast<int>(std::clamp(layers, 1.0, static_cast<double>(std::max<size_t>(layout.num_layers, 1))));
+}
+
+// One tensor slice (layer `layer`'s, or a whole model tensor: layer 0) at bucket element `at`.
+struct GradientPiece {
+  int tensor, layer;
+  size_t at, count;
+};
+
+struct GradientBucket {
+  std::vector<GradientPiece> pieces;
+  int top_layer = -1, bottom_layer = -1;  // the layers it holds (top_layer >= bottom_layer); -1: wte/wpe/lnf
+  size_t elements = 0;                    // n: the pieces' elements
+  size_t chunk = 0;                       // c: each rank's part, ceil(n / ranks) rounded up to 8 elements
+  size_t offset = 0;                      // where it starts in the full gradient buffer (ranks · c per bucket)
+  size_t shard_offset = 0;                // where rank r's chunk starts in a gradient shard (c per bucket)
+  bool holds_layers() const { return top_layer >= 0; }
+};
+
+// A run of owned elements: bucket elements [at, at + count) of bucket `bucket` are parameters
+// [param, param + count) of tensor `tensor`, and this rank's optimizer state [state, state + count).
+struct OptimizerSegment {
+  int tensor;
+  size_t bucket, at, param, state, count;
+};
+
+class GradientBuckets {
+ public:
+  GradientBuckets() = default;
+  // The buckets of `layout` with `bucket_layers` layers each (the last layer bucket may hold fewer),
+  // chunked for `ranks` owners (1: one rank owns everything).
+  GradientBuckets(const ParameterLayout& layout, int bucket_layers, int ranks)
+      : layout_(layout), bucket_layers_(std::max(bucket_layers, 1)), ranks_(std::max(ranks, 1)) {
+    const int L = static_cast<int>(layout.num_layers);
+    piece_at_.assign(static_cast<size_t>(kNumParameterTensors) * std::max(L, 1), 0);
+    for (int top = L - 1; top >= 0; top -= bucket_layers_) {
+      GradientBucket b;
+      b.top_layer = top;
+      b.bottom_layer = std::max(0, top - bucket_layers_ + 1);
+      for (int l = top; l >= b.bottom_layer; --l)
+        for (int i = kLn1w; i <= kFcprojb; ++i) add_piece(b, i, l);
+      buckets_.push_back(b);
+    }
+    GradientBucket model;
+    for (int i : {kWte, kWpe, kLnfw, kLnfb}) add_piece(model, i, 0);
+    buckets_.push_back(model);
+    for (GradientBucket& b : buckets_) {
+      b.chunk = (b.elements + ranks_ - 1) / ranks_;
+      b.chunk = (b.chunk + 7) / 8 * 8;
+      b.offset = full_elements_;
+      b.shard_offset = shard_elements_;
+      full_elements_ += b.chunk * ranks_;
+      shard_elements_ += b.chunk;
+      if (b.holds_layers()) largest_layer_bucket_ = std::max(largest_layer_bucket_, b.chunk * ranks_);
+    }
+  }
+
+  const std::vector<GradientBucket>& buckets() const { return buckets_; }
+  int bucket_layers() const { return bucket_layers_; }
+  int ranks() const { return ranks_; }
+  // Elements of the whole chunked buffer (every bucket, every rank's chunk) and of one rank's chunks.
+  size_t full_elements() const { return full_elements_; }
+  size_t shard_elements() const { return shard_elements_; }
+  // Elements of the largest layer bucket, chunked (a working window at ZeRO stage 2).
+  size_t largest_layer_bucket() const { return largest_layer_bucket_; }
+  const GradientBucket& model_bucket() const { return buckets_.back(); }
+  // The bucket holding layer l's slices.
+  size_t bucket_of_layer(int l) const {
+    return static_cast<size_t>((static_cast<int>(layout_.num_layers) - 1 - l) / bucket_layers_);
+  }
+  // Where tensor i's slice for layer l (layer ignored for wte, wpe, lnf) starts within its bucket.
+  size_t piece_at(int i, int l) const { return piece_at_[index(i, l)]; }
+
+  // Rank `rank`'s owned elements as optimizer segments, in its state order (bucket by bucket).
+  std::vector<OptimizerSegment> segments(int rank) const {
+    std::vector<OptimizerSegment> out;
+    size_t state = 0;
+    for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+      const GradientBucket& b = buckets_[bi];
+      const size_t lo = std::min(b.elements, static_cast<size_t>(rank) * b.chunk);
+      const size_t hi = std::min(b.elements, lo + b.chunk);
+      for (const GradientPiece& p : b.pieces) {
+        const size_t begin = std::max(lo, p.at), end = std::min(hi, p.at + p.count);
+        if (begin >= end) continue;
+        const size_t param = layout_.slice_offset(p.tensor, p.layer) + (begin - p.at);
+        out.push_back(OptimizerSegment{p.tensor, bi, begin, param, state, end - begin});
+        state += end - begin;
+      }
+    }
+    return out;
+  }
+  // Elements of optimizer state rank `rank` holds.
+  size_t state_count(int rank) const {
+    size_t n = 0;
+    for (const GradientBucket& b : buckets_) {
+      const size_t lo = std::min(b.elements, static_cast<size_t>(rank) * b.chunk);
+      n += std::min(b.elements, lo + b.chunk) - lo;
+    }
+    return n;
+  }
+
+ private:
+  size_t index(int i, int l) const {
+    return static_cast<size_t>(i) * std::max<size_t>(layout_.num_layers, 1) + (is_layer_tensor(i) ? l : 0);
+  }
+  void add_piece(GradientBucket& b, int i, int l) {
+    piece_at_[index(i, l)] = b.elements;
+    b.pieces.push_back(GradientPiece{i, l, b.elements, layout_.slice_count(i)});
+    b.elements += layout_.slice_count(i);
+  }
+
+  ParameterLayout layout_;
+  int bucket_layers_ = 1, ranks_ = 1;
+  std::vector<GradientBucket> buckets_;
+  size_t full_elements_ = 0, shard_elements_ = 0, largest_layer_bucket_ = 0;
+  std::vector<size_t> piece_at_;  // piece_at(i, l), by index(i, l)
+};

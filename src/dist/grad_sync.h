@@ -1,0 +1,290 @@
+// grad_sync.h — the parameter gradients of data-parallel training: where the backward pass
+// accumulates them, and how they travel between ranks at each ZeRO stage, bucket by bucket
+// (grad_buckets.h): all-reduce, reduce-scatter onto the owners, all-gather of the updated
+// parameters. The model asks it for gradient pointers and calls its hooks around the backward
+// pass; it never looks at the ZeRO stage itself.
+//
+// Every rank holds all parameters (llm.c order) and runs the same steps on its own micro-batches.
+// Gradients are kept in bucket order; rank r owns chunk r of every bucket.
+//   stage 0: each bucket is averaged over ranks (all-reduce); every rank keeps the full optimizer
+//     state and runs the full AdamW update.
+//   stage 1: each bucket is averaged onto its owners (reduce-scatter, in place); each rank keeps
+//     AdamW moments (and fp32 master weights) for its chunks alone — 1/R of the optimizer state —
+//     updates those parameters, then every bucket's parameters are all-gathered.
+//   stage 2: as 1, and no rank holds the full gradient: the backward pass writes into one of two
+//     layer-bucket working windows (alternating) and wte/wpe/lnf into a window of their own; each
+//     window is summed onto the owners' gradient shards (reduce-scatter) as soon as its bucket is
+//     complete, and is reused only after that communication finished (event). The loss gradient is
+//     pre-divided by R (ranks_summed()) so the sum is the average. With gradient accumulation
+//     every micro-step communicates (the windows cannot keep a sum): before a window is written
+//     again, the owner copies its accumulated chunk into its own part of the window, so the
+//     backward pass adds this micro-step's gradient to it and the next sum over ranks yields the
+//     running total.
+// Communication overlaps the backward pass: a bucket is sent on the communicator's stream as soon
+// as its lowest layer's backward is queued (wte, wpe and lnf after the embeddings' backward), and
+// (stages 0 and 1) only on the last micro-step of an optimizer step. One rank (or no
+// communicator) always runs stage 0: with R = 1 the stages compute the same.
+#pragma once
+#include "src/dist/comm.h"
+#include "src/base/device.h"
+#include "src/config/gpt2_config.h"
+#include "src/dist/grad_buckets.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+// The ZeRO stage a run of world_size ranks uses for the requested one.
+inline int effective_zero_stage(int requested, int world_size) { return world_size > 1 ? requested : 0; }
+
+// The step's device scalars summed over ranks in one all-reduce (gpt2.h): its loss sum and the
+// ranks' stop votes.
+constexpr size_t kStepScalars = 2;
+
+// The buckets of a run: chunked for every rank at stages 1 and 2, for one owner at stage 0.
+inline GradientBuckets gradient_buckets(const ParameterLayout& layout, int world_size, int zero_stage,
+                                        int bucket_layers) {
+  return GradientBuckets(layout, bucket_layers, effective_zero_stage(zero_stage, world_size) == 0 ? 1 : world_size);
+}
+
+// Elements of the gradient buffers GradientSync allocates on one rank: stages 0 and 1 keep every
+// bucket (chunked, padded); stage 2 two layer-bucket working windows, the wte/wpe/lnf window and
+// the rank's chunks (its shard). Also sizes the memory plan (memory_plan.h).
+struct GradientBufferCounts {
+  size_t full = 0, layer_window = 0, model_window = 0, shard = 0;
+  size_t total() const { return full + 2 * layer_window + model_window + shard; }
+};
+inline GradientBufferCounts gradient_buffer_counts(const GradientBuckets& buckets, int zero_stage) {
+  GradientBufferCounts n;
+  if (zero_stage != 2) {
+    n.full = buckets.full_elements();
+    return n;
+  }
+  n.layer_window = buckets.largest_layer_bucket();
+  n.model_window = buckets.model_bucket().chunk * buckets.ranks();
+  n.shard = buckets.shard_elements();
+  return n;
+}
+
+template <typename Elem>
+class GradientSync {
+ public:
+  // Gradients of `layout`'s parameters for the backward passes queued on `stream`, in buckets of
+  // `bucket_layers` layers.
+  GradientSync(const ParameterLayout& layout, Communicator* comm, int zero_stage, int bucket_layers,
+               cudaStream_t stream)
+      : layout_(layout), comm_(comm), stream_(stream) {
+    if (zero_stage < 0 || zero_stage > 2)
+      throw std::runtime_error("ZeRO stage: expected 0, 1 or 2, found " + std::to_string(zero_stage));
+    if (comm != nullptr) {
+      world_ = comm->world_size();
+      rank_ = comm->rank();
+    }
+    zero_ = effective_zero_stage(zero_stage, world_);
+    buckets_ = gradient_buckets(layout_, world_, zero_, bucket_layers);
+    owner_ = zero_ == 0 ? 0 : rank_;
+    segments_ = buckets_.segments(owner_);
+    const GradientBufferCounts counts = gradient_buffer_counts(buckets_, zero_);
+    if (zero_ == 2) {
+      layer_windows_ = DeviceArray<Elem>(2 * counts.layer_window, "gradients (two layer-bucket working windows)");
+      model_window_ = DeviceArray<Elem>(counts.model_window, "gradients (wte, wpe, lnf working window)");
+      shard_grads_ = DeviceArray<Elem>(counts.shard, "gradients (this rank's shard)");
+      for (cudaEvent_t& e : window_free_)
+        cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "creating a gradient-window event");
+    } else {
+      grads_ = DeviceArray<Elem>(counts.full, "gradients");
+    }
+  }
+  GradientSync(const GradientSync&) = delete;
+  GradientSync& operator=(const GradientSync&) = delete;
+  ~GradientSync() {
+    wait_idle();
+    for (cudaEvent_t e : window_free_)
+      if (e != nullptr) cudaEventDestroy(e);
+  }
+
+  int zero_stage() const { return zero_; }
+  int world_size() const { return world_; }
+  const GradientBuckets& buckets() const { return buckets_; }
+  // This rank's owned elements, in optimizer-state order; their gradients are at
+  // owned_gradients() + gradient_offset(segment).
+  const std::vector<OptimizerSegment>& segments() const { return segments_; }
+  size_t state_count() const { return buckets_.state_count(owner_); }
+  const Elem* owned_gradients() const { return zero_ == 2 ? shard_grads_.get() : grads_.get(); }
+  size_t gradient_offset(const OptimizerSegment& s) const {
+    const GradientBucket& b = buckets_.buckets()[s.bucket];
+    return zero_ == 2 ? b.shard_offset + (s.at - owner_ * b.chunk) : b.offset + s.at;
+  }
+  // The loss gradient's divisor beyond the mean over tokens and micro-steps: stage 2 sums.
+  float ranks_summed() const { return zero_ == 2 ? static_cast<float>(world_) : 1.0f; }
+  size_t bytes() const { return grads_.bytes() + shard_grads_.bytes() + layer_windows_.bytes() + model_window_.bytes(); }
+
+  // Where the backward pass accumulates tensor `tensor`'s gradient (layer `layer`'s slice of a
+  // per-layer tensor; layer ignored for wte, wpe, lnf).
+  Elem* at(int tensor, int layer) const {
+    const size_t b = is_layer_tensor(tensor) ? buckets_.bucket_of_layer(layer) : buckets_.buckets().size() - 1;
+    return bucket_data(b) + buckets_.piece_at(tensor, layer);
+  }
+  // The ranges [offset, offset + count) of owned_gradients() that hold this rank's gradients.
+  std::vector<std::pair<size_t, size_t>> owned_gradient_ranges() const {
+    if (zero_ != 1) return {{0, zero_ == 2 ? shard_grads_.count() : grads_.count()}};
+    std::vector<std::pair<size_t, size_t>> ranges;
+    for (const GradientBucket& b : buckets_.buckets()) ranges.push_back({b.offset + owner_ * b.chunk, b.chunk});
+    return ranges;
+  }
+
+  // Host copies as float of all accumulated gradients, llm.c order (at stage 2 no rank holds them
+  // all: throws).
+  std::vector<float> llmc_order(cudaStream_t stream) const {
+    if (zero_ == 2) throw std::runtime_error("gradients(): at ZeRO stage 2 each rank holds only its gradient shard");
+    std::vector<float> all(layout_.total);
+    for (const GradientBucket& b : buckets_.buckets())
+      for (const GradientPiece& p : b.pieces) {
+        const std::vector<float> piece = copy_floats_to_host(at(p.tensor, p.layer), p.count, stream);
+        std::copy(piece.begin(), piece.end(), all.begin() + layout_.slice_offset(p.tensor, p.layer));
+      }
+    return all;
+  }
+
+  void zero() {
+    if (zero_ == 2) {
+      cuda_check(cudaMemsetAsync(shard_grads_.get(), 0, shard_grads_.bytes(), stream_), "zeroing gradients");
+      shard_holds_gradients_ = false;
+      return;
+    }
+    cuda_check(cudaMemsetAsync(grads_.get(), 0, grads_.bytes(), stream_), "zeroing gradients");
+  }
+
+  // Hooks around one micro-step's backward pass, in this order: begin_micro_step before anything
+  // writes a gradient (the lm head included), before_layer(l) and after_layer(l) around layer l's
+  // backward (l = L-1 .. 0), end_micro_step after the embeddings' backward.
+  void begin_micro_step(bool last_micro_step) {
+    communicate_ = communicating() && (last_micro_step || zero_ == 2);
+    if (zero_ != 2) return;
+    comm_->order_before(stream_);  // the previous micro-step's sums into the shard are complete
+    prepare_window(buckets_.buckets().size() - 1);
+  }
+  void before_layer(int l) {
+    const size_t b = buckets_.bucket_of_layer(l);
+    if (zero_ != 2 || buckets_.buckets()[b].top_layer != l) return;
+    cuda_check(cudaStreamWaitEvent(stream_, window_free_[b % 2], 0), "waiting for a gradient window");
+    prepare_window(b);
+  }
+  // A layer bucket is complete once its lowest layer's backward is queued: it is sent after that
+  // backward (event), while the model's stream moves on to the next layer.
+  void after_layer(int l) {
+    const size_t b = buckets_.bucket_of_layer(l);
+    if (!communicate_ || buckets_.buckets()[b].bottom_layer != l) return;
+    comm_->wait_for(stream_);
+    send(b);
+    if (zero_ == 2)
+      cuda_check(cudaEventRecord(window_free_[b % 2], comm_->stream()), "recording a gradient-window event");
+  }
+  // wte (lm head and embedding), wpe and lnf are complete after the encoder backward.
+  void end_micro_step() {
+    if (communicate_) {
+      comm_->wait_for(stream_);
+      send(buckets_.buckets().size() - 1);
+    }
+    communicate_ = false;
+    shard_holds_gradients_ = zero_ == 2;
+  }
+
+  // Blocks until this rank's gradient and parameter communication has finished.
+  void wait_idle() const {
+    if (communicating()) cudaStreamSynchronize(comm_->stream());
+  }
+  // Orders the work queued next on the model's stream after the gradient communication.
+  void wait_for_gradients() {
+    if (communicating()) comm_->order_before(stream_);
+  }
+  // The squared norm of this rank's gradients (on the device) becomes the sum over ranks'.
+  void sum_norm_squared(float* norm_squared) {
+    if (!communicating() || zero_ == 0) return;
+    comm_->wait_for(stream_);
+    comm_->all_reduce(norm_squared, 1, ncclSum);
+    comm_->order_before(stream_);
+  }
+  // n device values become their sums over ranks.
+  void sum_over_ranks(double* values, size_t n) {
+    if (!communicating()) return;
+    comm_->wait_for(stream_);
+    comm_->all_reduce(values, n, ncclSum);
+    comm_->order_before(stream_);
+  }
+  // After each rank updated its parameters (llm.c order): every rank gets every rank's, bucket by
+  // bucket through a gradient window the optimizer step no longer needs: this rank's segments
+  // are packed into its chunk, the chunks all-gathered in place, and the bucket unpacked.
+  void gather_parameters(Elem* params) {
+    if (!communicating() || zero_ == 0) return;
+    comm_->wait_for(stream_);
+    cudaStream_t s = comm_->stream();
+    size_t next = 0;  // segments_ are in bucket order
+    for (size_t bi = 0; bi < buckets_.buckets().size(); ++bi) {
+      const GradientBucket& b = buckets_.buckets()[bi];
+      Elem* window = bucket_data(bi);
+      for (; next < segments_.size() && segments_[next].bucket == bi; ++next) {
+        const OptimizerSegment& g = segments_[next];
+        copy(window + g.at, params + g.param, g.count, s, "packing updated parameters");
+      }
+      comm_->all_gather(window + owner_ * b.chunk, window, b.chunk);
+      for (const GradientPiece& p : b.pieces)
+        copy(params + layout_.slice_offset(p.tensor, p.layer), window + p.at, p.count, s, "unpacking parameters");
+    }
+    comm_->order_before(stream_);
+  }
+
+ private:
+  bool communicating() const { return comm_ != nullptr && world_ > 1; }
+
+  static void copy(Elem* dst, const Elem* src, size_t n, cudaStream_t s, const char* what) {
+    cuda_check(cudaMemcpyAsync(dst, src, n * sizeof(Elem), cudaMemcpyDeviceToDevice, s), what);
+  }
+
+  // Bucket b's elements: its place in the full buffer, or (stage 2) its working window.
+  Elem* bucket_data(size_t b) const {
+    const GradientBucket& bucket = buckets_.buckets()[b];
+    if (zero_ != 2) return grads_.get() + bucket.offset;
+    if (!bucket.holds_layers()) return model_window_.get();
+    return layer_windows_.get() + (b % 2) * buckets_.largest_layer_bucket();
+  }
+
+  // Stage 2: makes bucket b's working window ready for a backward pass to accumulate into (the
+  // caller has ordered it after the window's previous communication): zeroes it and, after an
+  // earlier micro-step of this optimizer step, copies this rank's accumulated chunk into its part.
+  void prepare_window(size_t b) {
+    const GradientBucket& bucket = buckets_.buckets()[b];
+    Elem* window = bucket_data(b);
+    cuda_check(cudaMemsetAsync(window, 0, bucket.chunk * world_ * sizeof(Elem), stream_), "zeroing a gradient window");
+    if (shard_holds_gradients_)
+      copy(window + owner_ * bucket.chunk, shard_grads_.get() + bucket.shard_offset, bucket.chunk, stream_,
+           "restoring accumulated gradients");
+  }
+
+  // Communicates bucket b: stage 0 averages it everywhere (in place); stage 1 averages each chunk
+  // onto its owner (in place); stage 2 sums each chunk into its owner's gradient shard.
+  void send(size_t b) {
+    const GradientBucket& bucket = buckets_.buckets()[b];
+    Elem* data = bucket_data(b);
+    if (zero_ == 0) comm_->all_reduce(data, bucket.elements, ncclAvg);
+    else if (zero_ == 1) comm_->reduce_scatter(data, data + owner_ * bucket.chunk, bucket.chunk, ncclAvg);
+    else comm_->reduce_scatter(data, shard_grads_.get() + bucket.shard_offset, bucket.chunk, ncclSum);
+  }
+
+  const ParameterLayout layout_;
+  Communicator* comm_;
+  cudaStream_t stream_;
+  int zero_ = 0, world_ = 1, rank_ = 0;
+  int owner_ = 0;  // whose chunks this rank's optimizer updates: its rank at stages 1 and 2, 0 (all) at stage 0
+  GradientBuckets buckets_;
+  std::vector<OptimizerSegment> segments_;
+  bool communicate_ = false;  // set during a micro-step whose backward communicates
+  DeviceArray<Elem> grads_;   // stages 0 and 1: every bucket
+  // Stage 2 only: working windows, the gradient shard, and whether the shard holds gradients of
+  // earlier micro-steps of the current optimizer step.
+  DeviceArray<Elem> layer_windows_, model_window_, shard_grads_;
+  cudaEvent_t window_free_[2] = {nullptr, nullptr};  // recorded on the comm stream when a layer window is sent
+  bool shard_holds_gradients_ = false;
+};

@@ -1,0 +1,92 @@
+// sample_text.h — generated text around generate.h's tokens: the GPT-2 tokenizer
+// (src/tokenizer/gpt2_bpe.h, read from --vocab-dir) encoding --prompt and decoding tokens, the
+// checks of --prompt, --max-new-tokens and --top-k against the model, and the sampling settings
+// of --generate and of the samples a training run logs every --sample-every steps.
+#pragma once
+#include "src/tokenizer/gpt2_bpe.h"
+#include "src/config/config.h"
+#include "src/gen/generate.h"
+#include "src/config/gpt2_config.h"
+#include "src/base/rng.h"
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+class TextSampler {
+ public:
+  // Reads the vocabulary and encodes --prompt (empty: the single token <|endoftext|>); the prompt
+  // and --max-new-tokens must fit the context of `model` (from `model_source`): an error, not a
+  // silently shortened output. Errors are one line naming the flag.
+  TextSampler(const TrainConfig& cfg, const GPT2Config& model, const std::string& model_source)
+      : max_new_tokens_(cfg.max_new_tokens), temperature_(cfg.temperature), top_k_(cfg.top_k),
+        seed_(static_cast<uint64_t>(cfg.seed)) {
+    try {
+      bpe_ = std::make_unique<Gpt2Bpe>(cfg.vocab_dir);
+    } catch (const std::exception& e) {
+      throw std::runtime_error("--vocab-dir " + cfg.vocab_dir + ": " + e.what());
+    }
+    if (cfg.prompt.empty()) {
+      prompt_ = {kEndOfText};
+    } else {
+      std::vector<uint16_t> ids;
+      PieceEncoder(*bpe_).encode(cfg.prompt, ids);
+      prompt_.assign(ids.begin(), ids.end());
+    }
+    for (size_t i = 0; i < prompt_.size(); ++i)
+      if (prompt_[i] >= model.vocab_size)
+        throw std::runtime_error("--prompt: its token " + std::to_string(i) + " (id " + std::to_string(prompt_[i]) +
+                                 ", '" + bpe_->token_bytes()[prompt_[i]] + "') is outside the vocabulary of " +
+                                 model_source + " (" + std::to_string(model.vocab_size) + " tokens)");
+    const long long prompt_len = static_cast<long long>(prompt_.size()), context = model.max_seq_len;
+    if (prompt_len > context)
+      throw std::runtime_error("--prompt: " + std::to_string(prompt_len) + " tokens, more than the context of " +
+                               model_source + " (max_seq_len " + std::to_string(context) + ")");
+    if (prompt_len + cfg.max_new_tokens > context)
+      throw std::runtime_error("--max-new-tokens " + std::to_string(cfg.max_new_tokens) + ": the prompt's " +
+                               std::to_string(prompt_len) + " token(s) and the new tokens exceed the context of " +
+                               model_source + " (max_seq_len " + std::to_string(context) + "); at most " +
+                               std::to_string(context - prompt_len) + " new token(s) fit");
+    if (cfg.top_k > model.vocab_size)
+      throw std::runtime_error("--top-k " + std::to_string(cfg.top_k) + ": more than the vocabulary of " +
+                               model_source + " (" + std::to_string(model.vocab_size) +
+                               " tokens; 0 samples from all of them)");
+  }
+
+  const std::vector<int>& prompt() const { return prompt_; }
+  int max_new_tokens() const { return max_new_tokens_; }
+  // Positions a decoder needs: the prompt and every new token but the last, which is never run.
+  int cache_positions() const { return static_cast<int>(prompt_.size()) + max_new_tokens_ - 1; }
+
+  // The bytes of `tokens` (50256 as "<|endoftext|>"); an id the tokenizer lacks (a model with a
+  // larger vocabulary) as "<|id N|>".
+  std::string decode(const std::vector<int>& tokens) const {
+    std::string text;
+    for (int id : tokens)
+      text += id >= 0 && id < kGpt2VocabSize ? bpe_->token_bytes()[id] : "<|id " + std::to_string(id) + "|>";
+    return text;
+  }
+
+  // --temperature and --top-k with a draw stream from --seed; `stream` > 0 gives another stream
+  // of the same seed (training: the step, so a resumed run draws the same samples).
+  SamplingSettings settings(uint64_t stream = 0) const {
+    return {temperature_, top_k_, stream == 0 ? seed_ : splitmix64_mix(seed_ * kGoldenGamma + stream)};
+  }
+
+  // "greedy" or "temperature 0.8, top-k 40, seed 1337".
+  std::string describe_settings() const {
+    if (temperature_ == 0.0) return "greedy";
+    return "temperature " + config_detail::format_number(temperature_) + ", top-k " +
+           (top_k_ == 0 ? std::string("all") : std::to_string(top_k_)) + ", seed " + std::to_string(seed_);
+  }
+
+ private:
+  const int max_new_tokens_;
+  const double temperature_;
+  const int top_k_;
+  const uint64_t seed_;
+  std::unique_ptr<Gpt2Bpe> bpe_;
+  std::vector<int> prompt_;
+};

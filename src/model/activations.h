@@ -1,0 +1,217 @@
+// activations.h — the activation memory of one micro-batch: which tensors each --recompute setting
+// keeps for the backward pass, their sizes (the source of truth for the start-up memory summary and
+// any planner), and the device buffers themselves (Activations).
+#pragma once
+#include "kernels/attention.cuh"
+#include "kernels/encoder.cuh"
+#include "kernels/global_norm.cuh"
+#include "kernels/layernorm.cuh"
+#include "src/base/device.h"
+#include "src/config/gpt2_config.h"
+
+#include <algorithm>
+#include <climits>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+
+// Activation recomputation and activation memory.
+//
+// --recompute trades compute for memory: the backward pass recomputes part of what the forward
+// pass computed instead of keeping it for every layer.
+//   0  every layer keeps everything its backward reads
+//   1  the GELU outputs fch_gelu (4C per row) are recomputed from the kept pre-activations fch
+//   2  also the LayerNorm outputs ln1 and ln2 (C each), from their kept inputs
+//   3  only the residual stream (every block's input) is kept: the backward reruns a block's
+//      forward from its input right before differentiating it
+// A tensor not kept for every layer has one layer-sized slice that the forward and the
+// recomputation reuse layer after layer. Recomputation runs the same deterministic kernels on the
+// same bits (a LayerNorm output recomputed by layernorm_forward is bitwise the fused residual
+// LayerNorm's: both round the residual to T first and share layernorm_row), so every setting
+// gives bit-identical losses and gradients.
+constexpr int kRecomputeMax = 3;
+constexpr int kRecomputeDefault = 1;
+
+inline void gpt2_check_recompute(int recompute) {
+  if (recompute < 0 || recompute > kRecomputeMax)
+    throw std::runtime_error("recompute: expected 0, 1, 2 or 3, found " + std::to_string(recompute));
+}
+
+// Element counts of the activation buffers of one B×T micro-batch, N = B·T rows. A per-layer
+// tensor holds L slices when kept for the backward pass, else 1 (block_keeps).
+struct ActivationCounts {
+  // T elements.
+  size_t encoded = 0, residual3 = 0;                        // the residual stream: (N, C), (L, N, C)
+  size_t ln1 = 0, atty = 0, residual2 = 0, ln2 = 0;         // (slices, N, C)
+  size_t qkv = 0;                                           // (slices, N, 3C)
+  size_t fch = 0, fch_gelu = 0;                             // (slices, N, 4C)
+  size_t lnf = 0, logits = 0, branch = 0, dresidual = 0, dwide = 0;
+  // fp32 elements.
+  size_t ln_stat = 0;  // each of ln1_mean, ln1_rstd, ln2_mean, ln2_rstd: (slices, N)
+  size_t lse = 0;      // (slices, B, NH, T)
+  size_t lnf_stat = 0, losses = 0, scratch = 0, norm_squared = 0;
+  // int elements.
+  size_t tokens = 0;  // each of inputs, targets
+  size_t buckets = 0;
+};
+
+// The configuration of a model that runs micro-batches of B×seq_len tokens at setting `recompute`,
+// after every check that needs no allocation.
+inline const GPT2Config& gpt2_check_micro_batch(const GPT2Config& cfg, int B, int seq_len, int recompute) {
+  gpt2_check_config(cfg, "model configuration");
+  gpt2_check_recompute(recompute);
+  if (B < 1) throw std::runtime_error("batch size: expected B >= 1, found " + std::to_string(B));
+  if (seq_len < 1 || seq_len > cfg.max_seq_len)
+    throw std::runtime_error("sequence length: expected 1 <= T <= max_seq_len (" + std::to_string(cfg.max_seq_len) +
+                             "), found " + std::to_string(seq_len));
+  // The kernels index rows (B·T) and attention rows (B·NH·T) with int.
+  if (static_cast<size_t>(B) * seq_len * cfg.num_heads > static_cast<size_t>(INT_MAX))
+    throw std::runtime_error("micro-batch: B*T*NH = " + std::to_string(B) + "*" + std::to_string(seq_len) + "*" +
+                             std::to_string(cfg.num_heads) + " exceeds the kernels' int indexing");
+  return cfg;
+}
+
+enum class BlockTensor { fch_gelu, ln_output, other };
+
+// Whether setting `recompute` keeps a block tensor for every layer (see above): GELU outputs up
+// to 0, LayerNorm outputs up to 1, everything else (qkv, attention output and lse, residual2, fch,
+// LayerNorm statistics) up to 2. The residual stream is always kept.
+inline bool block_keeps(BlockTensor tensor, int recompute) {
+  switch (tensor) {
+    case BlockTensor::fch_gelu: return recompute < 1;
+    case BlockTensor::ln_output: return recompute < 2;
+    case BlockTensor::other: return recompute < 3;
+  }
+  return true;
+}
+
+// The lm head and the classifier run over chunks of at most this many rows of the micro-batch,
+// so the logits (Vp wide: the largest activation per row) need a (chunk, Vp) buffer, not (N, Vp).
+constexpr size_t kLogitsChunkRows = 1024;
+
+inline ActivationCounts gpt2_activation_counts(const GPT2Config& cfg, int B, int seq_len, int recompute) {
+  gpt2_check_recompute(recompute);
+  const size_t L = cfg.num_layers, C = cfg.channels, N = static_cast<size_t>(B) * seq_len;
+  auto slices = [&](BlockTensor t) { return block_keeps(t, recompute) ? L : 1; };
+  ActivationCounts n;
+  n.encoded = N * C;
+  n.residual3 = L * N * C;
+  n.ln1 = n.ln2 = slices(BlockTensor::ln_output) * N * C;
+  n.atty = n.residual2 = slices(BlockTensor::other) * N * C;
+  n.qkv = slices(BlockTensor::other) * N * 3 * C;
+  n.fch = slices(BlockTensor::other) * N * 4 * C;
+  n.fch_gelu = slices(BlockTensor::fch_gelu) * N * 4 * C;
+  n.lnf = n.branch = n.dresidual = N * C;
+  n.logits = std::min(N, kLogitsChunkRows) * cfg.padded_vocab_size;
+  n.dwide = N * 4 * C;
+  n.ln_stat = slices(BlockTensor::other) * N;
+  n.lse = slices(BlockTensor::other) * N * cfg.num_heads;
+  n.lnf_stat = n.losses = N;
+  const size_t scratch_bytes =
+      std::max({layernorm_backward_scratch_bytes(static_cast<int>(N), cfg.channels),
+                attention_backward_scratch_bytes(B, seq_len, cfg.num_heads), global_norm_scratch_bytes()});
+  n.scratch = ceil_div(scratch_bytes, sizeof(float));
+  n.norm_squared = 1;
+  n.tokens = N;
+  n.buckets = encoder_backward_scratch_bytes(B, seq_len) / sizeof(int);
+  return n;
+}
+
+// Device memory of the activations (everything that scales with the micro-batch) in two parts:
+//   blocks: the transformer blocks' activations: the residual stream and what the blocks keep for
+//           the backward pass, including the one-layer slices the recomputation refills. This is
+//           what --recompute shrinks.
+//   other:  final LayerNorm, logits (min(N, kLogitsChunkRows)·Vp), losses, activation-gradient
+//           buffers, scratch, tokens. The same at every setting.
+struct ActivationBytes {
+  size_t blocks = 0, other = 0;
+  size_t total() const { return blocks + other; }
+};
+
+inline ActivationBytes gpt2_activation_bytes(const GPT2Config& cfg, int B, int seq_len, int recompute, DType dtype) {
+  const ActivationCounts n = gpt2_activation_counts(cfg, B, seq_len, recompute);
+  const size_t t = dtype == DType::fp32 ? sizeof(float) : sizeof(bf16), f = sizeof(float);
+  ActivationBytes bytes;
+  bytes.blocks = t * (n.encoded + n.residual3 + n.ln1 + n.atty + n.residual2 + n.ln2 + n.qkv + n.fch + n.fch_gelu) +
+                 f * (4 * n.ln_stat + n.lse);
+  bytes.other = t * (n.lnf + n.logits + n.branch + n.dresidual + n.dwide) +
+                f * (2 * n.lnf_stat + n.losses + n.scratch + n.norm_squared) + sizeof(int) * (2 * n.tokens + n.buckets);
+  return bytes;
+}
+
+
+// The activation buffers of one micro-batch, N = B·T rows, sized by gpt2_activation_counts.
+// Per-layer tensors hold L slices, or one slice reused by every layer when the recompute setting
+// does not keep them (block_keeps; layer_slice()).
+template <typename Elem>
+struct Activations {
+  DeviceArray<Elem> encoded;                    // (N, C) wte[token] + wpe[t]: layer 0's input
+  DeviceArray<Elem> ln1, atty, residual2, ln2;  // (L|1, N, C)
+  DeviceArray<Elem> residual3;                  // (L, N, C) residual2 + fcproj: the next layer's input
+  DeviceArray<Elem> qkv;                        // (L|1, N, 3C)
+  DeviceArray<Elem> fch, fch_gelu;              // (L|1, N, 4C) before / after GELU
+  DeviceArray<float> ln1_mean, ln1_rstd, ln2_mean, ln2_rstd;  // (L|1, N)
+  DeviceArray<float> lse;                       // (L|1, B, NH, T) attention log-sum-exp
+  DeviceArray<Elem> lnf;                        // (N, C)
+  DeviceArray<float> lnf_mean, lnf_rstd;        // (N)
+  DeviceArray<Elem> logits;                     // (chunk, Vp); the classifier writes dlogits in place
+  DeviceArray<float> losses;                    // (N)
+  // Forward: output of a residual branch's projection before the residual add. Backward: the
+  // gradient of the input of the matmul / attention just differentiated.
+  DeviceArray<Elem> branch;                     // (N, C)
+  DeviceArray<Elem> dresidual;                  // (N, C) gradient of the residual stream
+  DeviceArray<Elem> dwide;                      // (N, 4C) gradient of fch_gelu/fch, then of qkv
+  DeviceArray<float> scratch;                   // layernorm / attention backward, gradient norm
+  DeviceArray<float> norm_squared;              // (1)
+  DeviceArray<int> inputs, targets;             // (N)
+  DeviceArray<int> buckets;                     // encoder-backward bucket list
+
+  Activations() = default;
+  explicit Activations(const ActivationCounts& n)
+      : encoded(n.encoded, "activations (encoded)"),
+        ln1(n.ln1, "activations (ln1)"),
+        atty(n.atty, "activations (attention output)"),
+        residual2(n.residual2, "activations (residual2)"),
+        ln2(n.ln2, "activations (ln2)"),
+        residual3(n.residual3, "activations (residual3)"),
+        qkv(n.qkv, "activations (qkv)"),
+        fch(n.fch, "activations (fch)"),
+        fch_gelu(n.fch_gelu, "activations (fch_gelu)"),
+        ln1_mean(n.ln_stat, "activations (ln1 mean)"),
+        ln1_rstd(n.ln_stat, "activations (ln1 rstd)"),
+        ln2_mean(n.ln_stat, "activations (ln2 mean)"),
+        ln2_rstd(n.ln_stat, "activations (ln2 rstd)"),
+        lse(n.lse, "activations (attention lse)"),
+        lnf(n.lnf, "activations (lnf)"),
+        lnf_mean(n.lnf_stat, "activations (lnf mean)"),
+        lnf_rstd(n.lnf_stat, "activations (lnf rstd)"),
+        logits(n.logits, "activations (logits)"),
+        losses(n.losses, "activations (losses)"),
+        branch(n.branch, "activations (branch output / input gradient)"),
+        dresidual(n.dresidual, "activation gradients (residual)"),
+        dwide(n.dwide, "activation gradients (fch / qkv)"),
+        scratch(n.scratch, "scratch"),
+        norm_squared(n.norm_squared, "gradient norm"),
+        inputs(n.tokens, "input tokens"),
+        targets(n.tokens, "target tokens"),
+        buckets(n.buckets, "encoder-gradient buckets") {}
+
+  // The sum of the buffers allocated, which gpt2_activation_bytes(...).total() predicts.
+  size_t bytes() const {
+    size_t total = 0;
+    for (size_t b : {encoded.bytes(), ln1.bytes(), atty.bytes(), residual2.bytes(), ln2.bytes(), residual3.bytes(),
+                     qkv.bytes(), fch.bytes(), fch_gelu.bytes(), ln1_mean.bytes(), ln1_rstd.bytes(), ln2_mean.bytes(),
+                     ln2_rstd.bytes(), lse.bytes(), lnf.bytes(), lnf_mean.bytes(), lnf_rstd.bytes(), logits.bytes(),
+                     losses.bytes(), branch.bytes(), dresidual.bytes(), dwide.bytes(), scratch.bytes(),
+                     norm_squared.bytes(), inputs.bytes(), targets.bytes(), buckets.bytes()})
+      total += b;
+    return total;
+  }
+};
+
+// Layer l's slice of a per-layer activation of `slice` elements: its own slice when the tensor is
+// kept for every layer, else the one slice all layers reuse.
+template <typename Elem>
+Elem* layer_slice(const DeviceArray<Elem>& a, int l, size_t slice) {
+  return a.get() + (a.count() > slice ? static_cast<size_t>(l) * slice : 0);
+}

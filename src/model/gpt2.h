@@ -1,0 +1,491 @@
+// gpt2.h — the GPT-2 model on the GPU: parameters, AdamW state and activations in device memory,
+// and the host code that runs kernels/ for the forward pass, the backward pass and the optimizer
+// step. The architecture and parameter layout are gpt2_config.h's, the files model_file.h's, the
+// per-micro-batch buffers activations.h's, the gradients and their communication grad_sync.h's.
+// Parameters, gradients and activations are Elem (float: --dtype fp32, bf16: the default);
+// LayerNorm statistics, attention log-sum-exps, losses, AdamW moments and master weights are fp32.
+// Errors throw std::runtime_error: one line naming the file or setting, what was expected and found.
+#pragma once
+#include "kernels/classifier.cuh"
+#include "kernels/common.cuh"
+#include "kernels/encoder.cuh"
+#include "kernels/gelu.cuh"
+#include "kernels/global_norm.cuh"
+#include "kernels/layernorm.cuh"
+#include "kernels/matmul.cuh"
+#include "src/model/activations.h"
+#include "src/model/attention.h"
+#include "src/dist/comm.h"
+#include "src/base/device.h"
+#include "src/config/gpt2_config.h"
+#include "src/dist/grad_sync.h"
+#include "src/model/model_file.h"
+#include "src/model/optimizer.h"
+#include "src/base/rng.h"
+#include "src/data/upload_staging.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+template <typename Elem>
+class GPT2 {
+  static_assert(std::is_same<Elem, float>::value || std::is_same<Elem, bf16>::value, "GPT2<Elem>: float or bf16");
+
+ public:
+  static constexpr DType dtype = std::is_same<Elem, float>::value ? DType::fp32 : DType::bf16;
+
+  // Allocates parameters, gradients, optimizer state and the activations of one B×seq_len
+  // micro-batch (the sequence length is fixed for the model's lifetime) at activation
+  // recomputation setting `recompute` (0..3, see kRecomputeMax). Parameters, gradients and
+  // optimizer state start at zero: call init_random() or load(). With a communicator of several
+  // ranks, gradients are synchronized at `zero_stage` in buckets of ~bucket_mib (grad_sync.h).
+  GPT2(const GPT2Config& cfg, int B, int seq_len, int recompute = kRecomputeDefault, Communicator* comm = nullptr,
+       int zero_stage = 0, const std::string& attention = "auto", double bucket_mib = kDefaultBucketMiB)
+      : cfg_(gpt2_check_micro_batch(cfg, B, seq_len, recompute)),
+        layout_(cfg),
+        B_(B),
+        seq_len_(seq_len),
+        recompute_(recompute),
+        attention_(choose_attention(attention, dtype, cfg)),
+        stream_("creating the model's CUDA stream"),
+        grads_(layout_, comm, zero_stage, layers_per_bucket(layout_, bucket_mib, sizeof(Elem)), stream_.get()) {
+    matmul_init();
+    const size_t state = grads_.state_count();
+    params_ = DeviceArray<Elem>(layout_.total, "parameters");
+    adam_m_ = DeviceArray<float>(state, "AdamW first moments");
+    adam_v_ = DeviceArray<float>(state, "AdamW second moments");
+    if (dtype == DType::bf16) master_ = DeviceArray<float>(state, "fp32 master weights");
+    wte_grad_fp32_ = DeviceArray<float>(layout_[kWte].count, "the lm head's fp32 wte gradient");
+    cuda_check(cudaMemset(params_.get(), 0, params_.bytes()), "zeroing parameters");
+    if (master_.get() != nullptr) cuda_check(cudaMemset(master_.get(), 0, master_.bytes()), "zeroing master weights");
+    reset_training_state();
+    const ActivationCounts counts = gpt2_activation_counts(cfg_, B_, seq_len_, recompute_);
+    acts_ = Activations<Elem>(counts);
+    staging_.emplace(counts.tokens, counts.buckets);
+  }
+  GPT2(const GPT2&) = delete;
+  GPT2& operator=(const GPT2&) = delete;
+  ~GPT2() {
+    cudaStreamSynchronize(stream_.get());
+    grads_.wait_idle();
+  }
+
+  const GPT2Config& config() const { return cfg_; }
+  const ParameterLayout& layout() const { return layout_; }
+  int batch_size() const { return B_; }
+  int seq_len() const { return seq_len_; }
+  int recompute() const { return recompute_; }
+  AttentionKernel attention() const { return attention_; }
+  cudaStream_t stream() const { return stream_.get(); }
+  int zero_stage() const { return grads_.zero_stage(); }
+  // The parameters whose optimizer state this rank holds (at ZeRO 0: all), in state order.
+  const GradientSync<Elem>& gradient_sync() const { return grads_; }
+
+  // Device buffers (llm.c order) for checkpoints; master weights: nullptr for Elem = float.
+  Elem* params_device() const { return params_.get(); }
+  float* adam_m_device() const { return adam_m_.get(); }
+  float* adam_v_device() const { return adam_v_.get(); }
+  float* master_device() const { return master_.get(); }
+
+  // GPT-2's initialization from `seed` (gpt2_initial_values); bf16 parameters are the values
+  // rounded to nearest, the master weights the fp32 values. Gradients and optimizer state are reset.
+  void init_random(uint64_t seed) {
+    NormalSampler normal(seed);
+    for (int i = 0; i < kNumParameterTensors; ++i) upload_tensor(i, gpt2_initial_values(layout_, i, normal));
+    reset_training_state();
+  }
+
+  // Reads an llm.c model file: version 3 (fp32) or 5 (bf16) into either dtype. Its header must
+  // describe this model's configuration. fp32 values load into bf16 parameters rounded to nearest
+  // (the master weights keep the fp32 values); bf16 values load into fp32 exactly. Gradients and
+  // optimizer state are reset.
+  void load(const std::string& path) {
+    const ModelFileInfo info = read_model_file_info(path);
+    if (info.config != cfg_)
+      throw std::runtime_error(path + ": model file has " + describe(info.config) + ", expected " + describe(cfg_) +
+                               " (the configuration this model was built with)");
+    read_model_tensors(path, info, [&](int i, const std::vector<float>& values) { upload_tensor(i, values); });
+    reset_training_state();
+  }
+
+  // Writes an llm.c model file: version 3 (fp32 values) for Elem = float, 5 (raw bf16) for bf16,
+  // atomically (durable_file.h).
+  void save(const std::string& path) const { write_model_file(path, cfg_, params_.get(), dtype, stream_.get()); }
+
+  // Forward pass over one micro-batch of host tokens (B·T each, row-major [B][T]). Returns the
+  // mean cross-entropy over the B·T positions and keeps the logits of the last chunk of rows
+  // (logits()). targets may be nullptr (no loss: returns NaN).
+  float forward(const int* inputs, const int* targets) {
+    upload_tokens(inputs, targets, false);
+    run_forward();
+    run_head(targets != nullptr, 0.0f, false);
+    if (targets == nullptr) {
+      cuda_check(cudaStreamSynchronize(stream_.get()), "forward pass");
+      return std::numeric_limits<float>::quiet_NaN();
+    }
+    return mean_loss();
+  }
+
+  // Forward pass, then the gradient of (mean loss / grad_accum_steps) ADDED to the parameter
+  // gradients (call zero_grad() before the first micro-step of an optimizer step); the micro-batch's
+  // losses are added to the step's, on the device (step_figures(); mean_loss() for this micro-batch
+  // alone). Overwrites the logits with their gradient. With several ranks, the
+  // micro-step with last_micro_step = true also averages the accumulated gradients over the ranks
+  // (onto their owners at ZeRO stage 1), overlapped with its backward pass; earlier micro-steps
+  // only accumulate locally (grad_sync.h).
+  void forward_backward(const int* inputs, const int* targets, int grad_accum_steps, bool last_micro_step = true) {
+    if (grad_accum_steps < 1)
+      throw std::runtime_error("gradient accumulation: expected at least 1 micro-step, found " +
+                               std::to_string(grad_accum_steps));
+    if (targets == nullptr) throw std::runtime_error("forward_backward: targets are required");
+    upload_tokens(inputs, targets, true);
+    run_forward();
+    const float dloss = 1.0f / (static_cast<float>(rows()) * static_cast<float>(grad_accum_steps) * grads_.ranks_summed());
+    grads_.begin_micro_step(last_micro_step);
+    run_head(true, dloss, true);
+    classifier_loss_sum(step_scalars_.get(), acts_.losses.get(), rows(), stream_.get());
+    ++micro_steps_;
+    run_backward();
+    grads_.end_micro_step();
+  }
+
+  // Starts an optimizer step: gradients and the step's loss sum to zero.
+  void zero_grad() {
+    grads_.zero();
+    cuda_check(cudaMemsetAsync(step_scalars_.get(), 0, step_scalars_.bytes(), stream_.get()), "zeroing the step's loss");
+    micro_steps_ = 0;
+  }
+
+  // The figures of the optimizer step whose micro-steps are queued, copied to the host together:
+  // the step's one host synchronisation. loss: the mean over every micro-step's tokens on every
+  // rank; grad_norm: gradient_norm()'s; stop_votes: how many ranks passed stop_requested (summed in
+  // the loss's all-reduce, so every rank learns it without a synchronisation of its own).
+  struct StepFigures {
+    double loss, stop_votes;  // adjacent: copied back together from step_scalars_
+    float grad_norm;
+  };
+  StepFigures step_figures(bool stop_requested = false) {
+    queue_norm_squared();
+    StepFigures* host = figures_host_.get();
+    host->stop_votes = stop_requested ? 1.0 : 0.0;
+    cuda_check(cudaMemcpyAsync(step_scalars_.get() + 1, &host->stop_votes, sizeof(double), cudaMemcpyHostToDevice,
+                               stream_.get()),
+               "uploading the stop vote");
+    grads_.sum_over_ranks(step_scalars_.get(), kStepScalars);
+    cuda_check(cudaMemcpyAsync(&host->loss, step_scalars_.get(), step_scalars_.bytes(), cudaMemcpyDeviceToHost,
+                               stream_.get()),
+               "copying the step's loss and stop votes");
+    cuda_check(cudaMemcpyAsync(&host->grad_norm, acts_.norm_squared.get(), sizeof(float), cudaMemcpyDeviceToHost,
+                               stream_.get()),
+               "copying the gradient norm");
+    cuda_check(cudaStreamSynchronize(stream_.get()), "the step's figures");
+    return {host->loss / (static_cast<double>(rows()) * micro_steps_ * grads_.world_size()), host->stop_votes,
+            std::sqrt(host->grad_norm)};
+  }
+
+  // One optimizer step (step is 1-based) from the accumulated gradients: gradient_norm(), then
+  // apply_update() (AdamW with clipping, optimizer.h). Returns the global gradient norm before
+  // clipping, a non-finite one as is (the caller decides). Data parallel: the update waits for the
+  // gradient communication; with sharded optimizer state each rank updates its shard, then the
+  // parameters are all-gathered.
+  float update(const OptimizerSettings& opt, float lr, int step) {
+    const float norm = gradient_norm();
+    apply_update(opt, lr, step, norm);
+    return norm;
+  }
+
+  // The global norm of the accumulated gradients (update()'s first half, for callers that look at
+  // the norm before deciding whether to apply the step). Waits for the gradient communication.
+  float gradient_norm() {
+    queue_norm_squared();
+    float norm_squared = 0.0f;
+    copy_to_host(&norm_squared, acts_.norm_squared.get(), sizeof(float), stream_.get());
+    return std::sqrt(norm_squared);
+  }
+
+  // update()'s second half: the AdamW step, given gradient_norm()'s result for the clipping.
+  void apply_update(const OptimizerSettings& opt, float lr, int step, float norm) {
+    adamw_step(opt, lr, step, norm, layout_, grads_.segments(), params_.get(), master_.get(), grads_.owned_gradients(),
+               [this](const OptimizerSegment& s) { return grads_.gradient_offset(s); }, adam_m_.get(), adam_v_.get(),
+               stream_.get());
+    grads_.gather_parameters(params_.get());
+  }
+
+  // The mean loss of the last forward() or forward_backward() micro-batch: its per-position losses
+  // summed on the host in position order (double). Waits for the device.
+  float mean_loss() const {
+    const std::vector<float> losses = position_losses();
+    return static_cast<float>(std::accumulate(losses.begin(), losses.end(), 0.0) / rows());
+  }
+
+  // The B·T per-position losses of the last forward() or forward_backward() (row-major [B][T]).
+  // Waits for the device.
+  std::vector<float> position_losses() const { return copy_floats_to_host(acts_.losses.get(), rows(), stream_.get()); }
+
+  size_t num_parameters() const { return layout_.total; }
+
+  // Host copies as float, llm.c order.
+  std::vector<float> parameters() const { return copy_floats_to_host(params_.get(), layout_.total, stream_.get()); }
+  // (At ZeRO stage 2 no rank holds them all: throws.)
+  std::vector<float> gradients() const { return grads_.llmc_order(stream_.get()); }
+  // The logits of the last forward(): rows [N - r, N) of the micro-batch, r = N mod the lm head's
+  // chunk rows (or those rows), which is every row when B·T <= that.
+  // After forward_backward() they hold the logits' gradients.
+  std::vector<float> logits() const {
+    const size_t chunk = static_cast<size_t>(logits_chunk_rows_);
+    const size_t last_chunk = rows() - (rows() - 1) / chunk * chunk;
+    return copy_floats_to_host(acts_.logits.get(), last_chunk * cfg_.padded_vocab_size, stream_.get());
+  }
+
+  // Replaces all parameters (llm.c order, as float; rounded to nearest for bf16, master weights get
+  // the float values). Gradients and optimizer state are kept.
+  void set_parameters(const std::vector<float>& values) {
+    if (values.size() != layout_.total)
+      throw std::runtime_error("set_parameters: expected " + std::to_string(layout_.total) + " values, found " +
+                               std::to_string(values.size()));
+    for (int i = 0; i < kNumParameterTensors; ++i) {
+      const auto begin = values.begin() + static_cast<std::ptrdiff_t>(layout_[i].offset);
+      upload_tensor(i, std::vector<float>(begin, begin + static_cast<std::ptrdiff_t>(layout_[i].count)));
+    }
+  }
+
+  // Device memory of the activations: gpt2_activation_bytes(...).total(). (All of it: memory_plan.h.)
+  size_t activation_bytes() const { return acts_.bytes(); }
+
+  // Rows per lm-head chunk (run_head): kLogitsChunkRows, the logits buffer's height, or fewer:
+  // more chunks, the same results (tested).
+  void set_logits_chunk_rows(int rows) {
+    if (rows < 1 || static_cast<size_t>(rows) > kLogitsChunkRows)
+      throw std::runtime_error("set_logits_chunk_rows: " + std::to_string(rows) + " rows, expected 1.." +
+                               std::to_string(kLogitsChunkRows));
+    logits_chunk_rows_ = rows;
+  }
+
+ private:
+  int rows() const { return B_ * seq_len_; }
+
+  void reset_training_state() {
+    zero_grad();
+    cuda_check(cudaMemsetAsync(adam_m_.get(), 0, adam_m_.bytes(), stream_.get()), "zeroing AdamW moments");
+    cuda_check(cudaMemsetAsync(adam_v_.get(), 0, adam_v_.bytes(), stream_.get()), "zeroing AdamW moments");
+    cuda_check(cudaStreamSynchronize(stream_.get()), "resetting training state");
+  }
+
+  // Parameter tensor i as float values → Elem parameters (and the fp32 master copy for bf16).
+  void upload_tensor(int i, const std::vector<float>& values) {
+    const ParameterInfo& t = layout_[i];
+    upload_floats(params_.get() + t.offset, values, std::string("parameter tensor ") + t.name);
+    // The master weights of the parameters this rank updates only.
+    for (const OptimizerSegment& s : grads_.segments())
+      if (master_.get() != nullptr && s.tensor == i)
+        cuda_check(cudaMemcpy(master_.get() + s.state, values.data() + (s.param - t.offset), s.count * sizeof(float),
+                              cudaMemcpyHostToDevice),
+                   (std::string("uploading master weights of ") + t.name).c_str());
+  }
+
+  // Checks the micro-batch's tokens and queues their upload (with `buckets`, also the encoder-
+  // backward buckets built from them) from page-locked staging: the host does not wait.
+  void upload_tokens(const int* inputs, const int* targets, bool buckets) {
+    check_token_ids(inputs, B_, seq_len_, cfg_.vocab_size, "input");
+    if (targets != nullptr) check_token_ids(targets, B_, seq_len_, cfg_.vocab_size, "target");
+    const UploadStaging::Slot slot = staging_->next();
+    cudaStream_t s = stream_.get();
+    staging_->upload(acts_.inputs.get(), slot.inputs, inputs, rows(), s, "uploading input tokens");
+    if (targets != nullptr)
+      staging_->upload(acts_.targets.get(), slot.targets, targets, rows(), s, "uploading target tokens");
+    if (buckets) {
+      num_buckets_ = encoder_backward_build_buckets(slot.buckets, inputs, B_, seq_len_, cfg_.vocab_size);
+      staging_->upload(acts_.buckets.get(), slot.buckets, nullptr, acts_.buckets.count(), s,
+                       "uploading encoder-gradient buckets");
+    }
+    staging_->queued(s);
+  }
+
+  // The squared global norm of the accumulated gradients into acts_.norm_squared, on the device,
+  // after the gradient communication (summed over ranks' shards when they are sharded).
+  void queue_norm_squared() {
+    grads_.wait_for_gradients();
+    float* norm_squared = acts_.norm_squared.get();
+    cuda_check(cudaMemsetAsync(norm_squared, 0, sizeof(float), stream_.get()), "gradient norm");
+    for (const auto& [offset, count] : grads_.owned_gradient_ranges())
+      global_norm_squared(norm_squared, acts_.scratch.get(), grads_.owned_gradients() + offset, count, stream_.get());
+    grads_.sum_norm_squared(norm_squared);
+  }
+
+  // Tensor `tensor`'s parameters (layer `layer`'s slice of a per-layer tensor) and its gradient.
+  const Elem* param(int tensor, int layer = 0) const {
+    return params_.get() + layout_.slice_offset(tensor, layer);
+  }
+  Elem* grad(int tensor, int layer = 0) const { return grads_.at(tensor, layer); }
+
+  // Layer l's input: the embeddings for layer 0, else the previous layer's output.
+  const Elem* block_input(int l) const {
+    return l == 0 ? acts_.encoded.get() : acts_.residual3.get() + static_cast<size_t>(l - 1) * rows() * cfg_.channels;
+  }
+
+  // Layer l's forward from its ln1 output (already in place) to its GELU output: everything the
+  // backward reads except ln1. The attention projection's output is left in a.branch.
+  void block_forward(int l) {
+    const int N = rows(), C = cfg_.channels, NH = cfg_.num_heads;
+    const size_t NC = static_cast<size_t>(N) * C;
+    Activations<Elem>& a = acts_;
+    cudaStream_t s = stream_.get();
+    Elem* qkv = layer_slice(a.qkv, l, 3 * NC);
+    Elem* atty = layer_slice(a.atty, l, NC);
+    Elem* fch = layer_slice(a.fch, l, 4 * NC);
+    matmul_forward(qkv, layer_slice(a.ln1, l, NC), param(kQkvw, l), param(kQkvb, l), N, C, 3 * C, s);
+    model_attention_forward(attention_, atty, layer_slice(a.lse, l, static_cast<size_t>(N) * NH), qkv, B_, seq_len_, C,
+                            NH, s);
+    matmul_forward(a.branch.get(), atty, param(kAttprojw, l), param(kAttprojb, l), N, C, C, s);
+    residual_layernorm_forward(layer_slice(a.residual2, l, NC), layer_slice(a.ln2, l, NC),
+                               layer_slice(a.ln2_mean, l, N), layer_slice(a.ln2_rstd, l, N), block_input(l),
+                               a.branch.get(), param(kLn2w, l), param(kLn2b, l), N, C, s);
+    // GELU as its own kernel on the rounded pre-activation (not cuBLASLt's GELU epilogue on the
+    // fp32 product), so that recomputing it from the kept fch reproduces the same bits.
+    matmul_forward(fch, layer_slice(a.ln2, l, NC), param(kFcw, l), param(kFcb, l), N, C, 4 * C, s);
+    gelu_forward(layer_slice(a.fch_gelu, l, 4 * NC), fch, 4 * NC, s);
+  }
+
+  void run_forward() {
+    const int N = rows(), C = cfg_.channels, L = cfg_.num_layers;
+    const size_t NC = static_cast<size_t>(N) * C;
+    Activations<Elem>& a = acts_;
+    cudaStream_t s = stream_.get();
+    encoder_forward(a.encoded.get(), a.inputs.get(), param(kWte), param(kWpe), B_, seq_len_, C, s);
+    // Layer 0 normalizes the embeddings; every later ln1 (and lnf) comes out of the previous
+    // layer's fused residual add + LayerNorm.
+    layernorm_forward(layer_slice(a.ln1, 0, NC), layer_slice(a.ln1_mean, 0, N), layer_slice(a.ln1_rstd, 0, N),
+                      a.encoded.get(), param(kLn1w), param(kLn1b), N, C, s);
+    for (int l = 0; l < L; ++l) {
+      block_forward(l);
+      matmul_forward(a.branch.get(), layer_slice(a.fch_gelu, l, 4 * NC), param(kFcprojw, l), param(kFcprojb, l), N,
+                     4 * C, C, s);
+      Elem* residual3 = a.residual3.get() + l * NC;
+      if (l + 1 < L) {
+        residual_layernorm_forward(residual3, layer_slice(a.ln1, l + 1, NC), layer_slice(a.ln1_mean, l + 1, N),
+                                   layer_slice(a.ln1_rstd, l + 1, N), layer_slice(a.residual2, l, NC), a.branch.get(),
+                                   param(kLn1w, l + 1), param(kLn1b, l + 1), N, C, s);
+      } else {
+        residual_layernorm_forward(residual3, a.lnf.get(), a.lnf_mean.get(), a.lnf_rstd.get(),
+                                   layer_slice(a.residual2, l, NC), a.branch.get(), param(kLnfw), param(kLnfb), N, C,
+                                   s);
+      }
+    }
+  }
+
+  // The tied lm head (over all Vp columns; the zero padding rows of wte give zero padding logits)
+  // and the classifier, chunk by chunk of rows. With `losses`, each row's loss; with `train`, the
+  // classifier leaves dloss·dlogits in the chunk, and the chunk's share of the lm-head backward
+  // runs at once: its rows of d lnf (written into a.branch, which run_backward reads) and its
+  // product summed in fp32 over the chunks, then added to the wte gradient with one rounding
+  // (so the gradient's precision does not depend on the number of chunks).
+  void run_head(bool losses, float dloss, bool train) {
+    const int N = rows(), C = cfg_.channels, Vp = cfg_.padded_vocab_size;
+    const int chunk = logits_chunk_rows_;
+    Activations<Elem>& a = acts_;
+    if (train) cuda_check(cudaMemsetAsync(wte_grad_fp32_.get(), 0, wte_grad_fp32_.bytes(), stream_.get()),
+                          "zeroing the lm head's fp32 wte gradient");
+    for (int r = 0; r < N; r += chunk) {
+      const int n = std::min(chunk, N - r);
+      const size_t offset = static_cast<size_t>(r) * C;
+      matmul_forward(a.logits.get(), a.lnf.get() + offset, param(kWte), nullptr, n, C, Vp, stream_.get());
+      if (!losses) continue;
+      fused_classifier(a.logits.get(), a.losses.get() + r, a.targets.get() + r, n, cfg_.vocab_size, Vp, dloss, train,
+                       stream_.get());
+      if (train)
+        matmul_backward<Elem, float>(a.branch.get() + offset, wte_grad_fp32_.get(), nullptr, nullptr, a.logits.get(),
+                        a.lnf.get() + offset, param(kWte), nullptr, n, C, Vp, stream_.get());
+    }
+    if (train) matmul_add_weight_gradient(grad(kWte), wte_grad_fp32_.get(), wte_grad_fp32_.count(), stream_.get());
+  }
+
+  // Backward from d lnf, which run_head left in a.branch. Parameter gradients accumulate;
+  // dresidual holds d loss / d (residual stream) at the current depth: the skip connections pass
+  // it through unchanged and each LayerNorm backward adds its branch's share. Activations the
+  // recompute setting did not keep are recomputed into their layer slice right before they are
+  // read (a.branch, a.dwide and the scratch are free at the start of each layer).
+  void run_backward() {
+    const int N = rows(), C = cfg_.channels, NH = cfg_.num_heads, L = cfg_.num_layers;
+    const size_t NC = static_cast<size_t>(N) * C;
+    Activations<Elem>& a = acts_;
+    cudaStream_t s = stream_.get();
+    Elem* dresidual = a.dresidual.get();
+    Elem* dbranch = a.branch.get();
+    Elem* dwide = a.dwide.get();
+    float* scratch = a.scratch.get();
+    cuda_check(cudaMemsetAsync(dresidual, 0, a.dresidual.bytes(), s), "zeroing the residual gradient");
+
+    layernorm_backward(dresidual, grad(kLnfw), grad(kLnfb), scratch, dbranch, a.residual3.get() + (L - 1) * NC,
+                       param(kLnfw), a.lnf_mean.get(), a.lnf_rstd.get(), N, C, s);
+    const bool rerun_block = !block_keeps(BlockTensor::other, recompute_);
+    const bool recompute_gelu = !rerun_block && !block_keeps(BlockTensor::fch_gelu, recompute_);
+    const bool recompute_ln = !rerun_block && !block_keeps(BlockTensor::ln_output, recompute_);
+    for (int l = L - 1; l >= 0; --l) {
+      grads_.before_layer(l);
+      const Elem* residual = block_input(l);
+      Elem* ln1 = layer_slice(a.ln1, l, NC);
+      float* ln1_mean = layer_slice(a.ln1_mean, l, N);
+      float* ln1_rstd = layer_slice(a.ln1_rstd, l, N);
+      Elem* ln2 = layer_slice(a.ln2, l, NC);
+      float* ln2_mean = layer_slice(a.ln2_mean, l, N);
+      float* ln2_rstd = layer_slice(a.ln2_rstd, l, N);
+      const Elem* residual2 = layer_slice(a.residual2, l, NC);
+      const Elem* qkv = layer_slice(a.qkv, l, 3 * NC);
+      const Elem* atty = layer_slice(a.atty, l, NC);
+      const Elem* fch = layer_slice(a.fch, l, 4 * NC);
+      Elem* fch_gelu = layer_slice(a.fch_gelu, l, 4 * NC);
+      // A recomputed ln1 or ln2 (layernorm_forward of the kept, rounded input) equals the forward's
+      // fused residual LayerNorm output bit for bit, statistics included (kept statistics are
+      // rewritten with the values they hold).
+      if (rerun_block) {
+        layernorm_forward(ln1, ln1_mean, ln1_rstd, residual, param(kLn1w, l), param(kLn1b, l), N, C, s);
+        block_forward(l);
+      }
+      if (recompute_gelu) gelu_forward(fch_gelu, fch, 4 * NC, s);
+      // MLP branch; dresidual = d/d residual3 = d/d fcproj.
+      matmul_backward(dwide, grad(kFcprojw, l), grad(kFcprojb, l), nullptr, dresidual, fch_gelu, param(kFcprojw, l),
+                      nullptr, N, 4 * C, C, s);
+      if (recompute_ln)
+        layernorm_forward(ln2, ln2_mean, ln2_rstd, residual2, param(kLn2w, l), param(kLn2b, l), N, C, s);
+      matmul_backward(dbranch, grad(kFcw, l), grad(kFcb, l), dwide, dwide, ln2, param(kFcw, l), fch, N, C, 4 * C, s);
+      layernorm_backward(dresidual, grad(kLn2w, l), grad(kLn2b, l), scratch, dbranch, residual2, param(kLn2w, l),
+                         ln2_mean, ln2_rstd, N, C, s);
+      // Attention branch; dresidual = d/d residual2 = d/d attproj.
+      matmul_backward(dbranch, grad(kAttprojw, l), grad(kAttprojb, l), nullptr, dresidual, atty, param(kAttprojw, l),
+                      nullptr, N, C, C, s);
+      model_attention_backward(attention_, dwide, scratch, dbranch, qkv, atty,
+                               layer_slice(a.lse, l, static_cast<size_t>(N) * NH), B_, seq_len_, C, NH, s);
+      if (recompute_ln) layernorm_forward(ln1, ln1_mean, ln1_rstd, residual, param(kLn1w, l), param(kLn1b, l), N, C, s);
+      matmul_backward(dbranch, grad(kQkvw, l), grad(kQkvb, l), nullptr, dwide, ln1, param(kQkvw, l), nullptr, N, C,
+                      3 * C, s);
+      layernorm_backward(dresidual, grad(kLn1w, l), grad(kLn1b, l), scratch, dbranch, residual, param(kLn1w, l),
+                         ln1_mean, ln1_rstd, N, C, s);
+      grads_.after_layer(l);
+    }
+    encoder_backward(grad(kWte), grad(kWpe), a.buckets.get(), num_buckets_, dresidual, B_, seq_len_, C, s);
+  }
+
+  const GPT2Config cfg_;
+  const ParameterLayout layout_;
+  const int B_, seq_len_, recompute_;
+  const AttentionKernel attention_;
+  CudaStream stream_;
+  GradientSync<Elem> grads_;
+  DeviceArray<Elem> params_;
+  DeviceArray<float> adam_m_, adam_v_, master_, wte_grad_fp32_;  // wte's: the lm head's share, (Vp, C)
+  int logits_chunk_rows_ = static_cast<int>(kLogitsChunkRows);
+  Activations<Elem> acts_;
+  std::optional<UploadStaging> staging_;  // emplaced once the activation counts are known
+  int num_buckets_ = 0;
+  DeviceArray<double> step_scalars_{kStepScalars, "the step's loss sum and stop votes"};
+  int micro_steps_ = 0;  // since zero_grad()
+  PinnedArray<StepFigures> figures_host_{1, "allocating pinned memory for the step's figures"};
+};

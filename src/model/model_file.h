@@ -1,0 +1,152 @@
+// model_file.h — llm.c model files (docs/FORMATS.md, "Model file"): reading and checking the
+// header, reading the body tensor by tensor, and writing one (header, then the parameters in
+// either dtype) through the one atomic writer of durable_file.h.
+#pragma once
+#include "src/base/file_formats.h"
+#include "src/base/device.h"
+#include "src/base/durable_file.h"
+#include "src/config/gpt2_config.h"
+
+#include <sys/stat.h>
+
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+struct ModelFileInfo {
+  GPT2Config config;
+  int version = 0;  // kModelVersionFp32 or kModelVersionBf16
+  size_t element_bytes() const { return version == kModelVersionFp32 ? 4 : 2; }
+};
+
+inline int model_file_version(DType dtype) { return dtype == DType::fp32 ? kModelVersionFp32 : kModelVersionBf16; }
+
+// The header of a model file holding `config` with `dtype` values.
+inline std::array<int32_t, kHeaderInts> model_file_header(const GPT2Config& c, DType dtype) {
+  std::array<int32_t, kHeaderInts> header{};
+  header[0] = kModelMagic;
+  header[1] = model_file_version(dtype);
+  header[2] = c.max_seq_len;
+  header[3] = c.vocab_size;
+  header[4] = c.num_layers;
+  header[5] = c.num_heads;
+  header[6] = c.channels;
+  header[7] = c.padded_vocab_size;
+  return header;
+}
+
+// Writes the model file of `config` with `dtype` values from its parameters on the device
+// (`params`, llm.c order, laid out as ParameterLayout says), atomically: version 3 for fp32, 5 for
+// bf16. Values widen to fp32 exactly and narrow to bf16 by rounding to nearest even; with the
+// parameters' own dtype the body is their bytes.
+template <typename Elem>
+void write_model_file(const std::string& path, const GPT2Config& config, const Elem* params, DType dtype,
+                      cudaStream_t stream) {
+  const ParameterLayout layout(config);
+  AtomicFileWriter out(path);
+  const auto header = model_file_header(config, dtype);
+  out.write(header.data(), sizeof header);
+  for (int i = 0; i < kNumParameterTensors; ++i) {
+    std::vector<Elem> values(layout[i].count);
+    copy_to_host(values.data(), params + layout[i].offset, values.size() * sizeof(Elem), stream);
+    if (dtype == (std::is_same<Elem, float>::value ? DType::fp32 : DType::bf16)) {
+      out.write(values.data(), values.size() * sizeof(Elem));
+    } else if (dtype == DType::fp32) {
+      std::vector<float> wide(values.size());
+      for (size_t k = 0; k < values.size(); ++k) wide[k] = host_to_float(values[k]);
+      out.write(wide.data(), wide.size() * sizeof(float));
+    } else {
+      std::vector<bf16> narrow(values.size());
+      for (size_t k = 0; k < values.size(); ++k) narrow[k] = host_from_float<bf16>(host_to_float(values[k]));
+      out.write(narrow.data(), narrow.size() * sizeof(bf16));
+    }
+  }
+  out.commit();
+}
+
+// Opens an llm.c model file and checks everything but the tensor values: header magic and
+// version, a configuration the kernels support, and a file size of exactly header + body.
+inline ModelFileInfo read_model_file_info(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) throw std::runtime_error(path + ": cannot open model file: " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(::fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+    std::fclose(f);
+    throw std::runtime_error(path + ": is a directory, expected an llm.c model file");
+  }
+  int32_t header[kHeaderInts] = {};
+  const size_t got = std::fread(header, sizeof(int32_t), kHeaderInts, f);
+  std::fseek(f, 0, SEEK_END);
+  const long file_bytes = std::ftell(f);
+  std::fclose(f);
+  if (got != kHeaderInts)
+    throw std::runtime_error(path + ": expected an llm.c model file with a " + std::to_string(kHeaderBytes) +
+                             "-byte header, found a " + std::to_string(file_bytes) + "-byte file");
+  if (header[0] != kModelMagic)
+    throw std::runtime_error(path + ": expected model file magic " + std::to_string(kModelMagic) + ", found " +
+                             std::to_string(header[0]) + " (not an llm.c model file)");
+  if (header[1] != kModelVersionFp32 && header[1] != kModelVersionBf16)
+    throw std::runtime_error(path + ": expected model file version 3 (fp32) or 5 (bf16), found " +
+                             std::to_string(header[1]));
+  ModelFileInfo info;
+  info.version = header[1];
+  info.config = GPT2Config{header[2], header[3], header[7], header[4], header[5], header[6]};
+  gpt2_check_config(info.config, path);
+  const size_t expected = kHeaderBytes + ParameterLayout(info.config).total * info.element_bytes();
+  if (static_cast<size_t>(file_bytes) != expected)
+    throw std::runtime_error(path + ": expected " + std::to_string(expected) + " bytes for a version " +
+                             std::to_string(info.version) + " model with " + describe(info.config) + ", found " +
+                             std::to_string(file_bytes) + " bytes");
+  return info;
+}
+
+inline GPT2Config read_model_header(const std::string& path) { return read_model_file_info(path).config; }
+
+// Reads the body of a model file that read_model_file_info checked, one tensor at a time in
+// llm.c order, as float values (bf16 values widen exactly): tensor(i, values) for each.
+inline void read_model_tensors(const std::string& path, const ModelFileInfo& info,
+                               const std::function<void(int, const std::vector<float>&)>& tensor) {
+  const ParameterLayout layout(info.config);
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) throw std::runtime_error(path + ": cannot open model file: " + std::strerror(errno));
+  try {
+    std::fseek(f, static_cast<long>(kHeaderBytes), SEEK_SET);
+    for (int i = 0; i < kNumParameterTensors; ++i) {
+      const size_t n = layout[i].count;
+      std::vector<float> values(n);
+      bool complete;
+      if (info.version == kModelVersionFp32) {
+        complete = std::fread(values.data(), sizeof(float), n, f) == n;
+      } else {
+        std::vector<bf16> raw(n);
+        complete = std::fread(raw.data(), sizeof(bf16), n, f) == n;
+        for (size_t k = 0; k < n; ++k) values[k] = host_to_float(raw[k]);
+      }
+      if (!complete) throw std::runtime_error(path + ": file ended inside tensor " + layout[i].name);
+      tensor(i, values);
+    }
+  } catch (...) {
+    std::fclose(f);
+    throw;
+  }
+  std::fclose(f);
+}
+
+// The parameters of a model file on the device as Elem (llm.c order, ParameterLayout of its
+// configuration; bf16 values widen to fp32 exactly, fp32 values round to nearest for bf16), for
+// inference: no gradients or optimizer state. *config receives the file's configuration.
+template <typename Elem>
+DeviceArray<Elem> load_model_parameters(const std::string& path, GPT2Config* config) {
+  const ModelFileInfo info = read_model_file_info(path);
+  const ParameterLayout layout(info.config);
+  DeviceArray<Elem> params(layout.total, "the model's parameters");
+  read_model_tensors(path, info, [&](int i, const std::vector<float>& values) {
+    upload_floats(params.get() + layout[i].offset, values, path + ": tensor " + layout[i].name);
+  });
+  *config = info.config;
+  return params;
+}

@@ -1,0 +1,112 @@
+// memory_plan.h — the device memory one rank of a run allocates, term by term, computed from the
+// same sizing functions the allocations use (activations.h, grad_sync.h, generate.h, matmul.cuh);
+// whether it fits a GPU; and the largest micro-batch that fits at each --recompute setting (--plan).
+// NCCL's own buffers and the CUDA context are not allocated by train_gpt and not counted: leave
+// headroom for them (a few hundred MiB to 1 GiB per GPU).
+#pragma once
+#include "kernels/matmul.cuh"
+#include "src/model/activations.h"
+#include "src/gen/generate.h"
+#include "src/config/gpt2_config.h"
+#include "src/dist/grad_sync.h"
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+struct MemoryTerm {
+  std::string name;
+  size_t bytes;
+};
+
+struct MemoryPlan {
+  std::vector<MemoryTerm> terms;
+  size_t total() const {
+    size_t sum = 0;
+    for (const MemoryTerm& t : terms) sum += t.bytes;
+    return sum;
+  }
+};
+
+// The bytes of the term called `name` (0 if the plan has none).
+inline size_t term_bytes(const MemoryPlan& plan, const std::string& name) {
+  for (const MemoryTerm& t : plan.terms)
+    if (t.name == name) return t.bytes;
+  return 0;
+}
+
+// One rank's device allocations (rank 0's: no other rank holds more) for a model of `cfg` trained
+// with micro-batch B×T at `recompute`, `dtype`, ZeRO stage `zero_stage` over `world_size` ranks,
+// gradients in buckets of ~bucket_mib; sample_positions > 0: rank 0's --sample-every decoder of
+// that many positions.
+inline MemoryPlan plan_memory(const GPT2Config& cfg, int B, int T, int recompute, DType dtype, int zero_stage,
+                              int world_size, double bucket_mib = kDefaultBucketMiB, int sample_positions = 0) {
+  const ParameterLayout layout(cfg);
+  const size_t elem = dtype == DType::fp32 ? sizeof(float) : sizeof(bf16);
+  const GradientBuckets buckets =
+      gradient_buckets(layout, world_size, zero_stage, layers_per_bucket(layout, bucket_mib, elem));
+  const size_t state = buckets.state_count(0);
+  const ActivationCounts counts = gpt2_activation_counts(cfg, B, T, recompute);
+  const ActivationBytes activations = gpt2_activation_bytes(cfg, B, T, recompute, dtype);
+  const size_t logits = elem * counts.logits;
+  MemoryPlan plan;
+  plan.terms = {
+      {"parameters", elem * layout.total},
+      {"gradients", elem * gradient_buffer_counts(buckets, effective_zero_stage(zero_stage, world_size)).total()},
+      {"lm head wte gradient (fp32)", sizeof(float) * layout[kWte].count},
+      {"master weights (fp32)", dtype == DType::bf16 ? sizeof(float) * state : 0},
+      {"AdamW moments (fp32)", 2 * sizeof(float) * state},
+      {"activations: blocks", activations.blocks},
+      {"activations: logits chunk", logits},
+      {"activations: other buffers", activations.other - logits},
+      {"cuBLASLt workspace", kMatmulWorkspaceBytes + kBiasPartialFloats * sizeof(float)},
+      {"step and communication scalars", (kStepScalars + 1) * sizeof(double)},
+      {"text sampling (--sample-every)", sample_positions > 0 ? kv_decoder_counts(cfg, sample_positions).bytes(elem) : 0},
+  };
+  return plan;
+}
+
+// The largest micro-batch size (≤ limit) whose plan fits in `budget` bytes; 0 if not even B = 1.
+inline int largest_fitting_batch(const GPT2Config& cfg, int T, int recompute, DType dtype, int zero_stage,
+                                 int world_size, size_t budget, double bucket_mib = kDefaultBucketMiB,
+                                 int sample_positions = 0, int limit = 1 << 16) {
+  auto fits = [&](int B) {
+    return plan_memory(cfg, B, T, recompute, dtype, zero_stage, world_size, bucket_mib, sample_positions).total() <=
+           budget;
+  };
+  if (!fits(1)) return 0;
+  int lo = 1, hi = limit;  // fits(lo); the answer is in [lo, hi]
+  while (lo < hi) {
+    const int mid = lo + (hi - lo + 1) / 2;
+    if (fits(mid)) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+inline std::string format_bytes(size_t bytes) {
+  char buf[32];
+  if (bytes >= (size_t{1} << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / 1073741824.0);
+  else if (bytes >= (size_t{1} << 20)) std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / 1048576.0);
+  else std::snprintf(buf, sizeof buf, "%zu B", bytes);
+  return buf;
+}
+
+// The plan as a table: one line per term, the total, and (budget > 0) whether it fits.
+inline std::string format_memory_plan(const MemoryPlan& plan, size_t budget) {
+  std::string out;
+  char line[128];
+  for (const MemoryTerm& t : plan.terms) {
+    if (t.bytes == 0) continue;
+    std::snprintf(line, sizeof line, "  %-32s %12s\n", t.name.c_str(), format_bytes(t.bytes).c_str());
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "  %-32s %12s", "total per rank", format_bytes(plan.total()).c_str());
+  out += line;
+  if (budget > 0) {
+    std::snprintf(line, sizeof line, " of %s: %s", format_bytes(budget).c_str(),
+                  plan.total() <= budget ? "fits" : "does NOT fit");
+    out += line;
+  }
+  return out + "\n";
+}

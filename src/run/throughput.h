@@ -1,0 +1,126 @@
+// throughput.h — model FLOPs per token, the dense bf16 peak of known GPUs, and MFU: what the step
+// lines' "MFU" and the end-of-training throughput summary are computed from.
+//
+// FLOPs per trained token (forward + backward = 3 x forward, 2 FLOPs per multiply-add):
+//   6·N + 12·L·C·T
+// N: every parameter except the position embedding wpe (a table lookup, no multiply): the block
+// matrices, biases and LayerNorms, lnf, and the tied wte at its padded Vp rows (the lm head
+// multiplies by all Vp columns). 12·L·C·T: attention's two T-long products per token and layer
+// (scores q·k and the weighted sum of v, 2·2·C·T forward), counted over the whole T x T square
+// as is customary (the causal mask halves the work actually needed). This is the model's FLOP
+// count: recomputation (--recompute) does more work but does not count.
+#pragma once
+#include "src/config/gpt2_config.h"
+
+#include <algorithm>
+#include <cctype>
+#include <optional>
+#include <string>
+#include <vector>
+
+// 6·N + 12·L·C·T for a sequence length T.
+inline double flops_per_token(const GPT2Config& c, int seq_len) {
+  const ParameterLayout layout(c);
+  const double multiplying = static_cast<double>(layout.total - layout[kWpe].count);
+  return 6.0 * multiplying + 12.0 * c.num_layers * static_cast<double>(c.channels) * seq_len;
+}
+
+// One row of the peak table: a GPU whose device name holds every word of `words` (and none of
+// `not_words`), compared without case, words split at spaces and dashes.
+struct PeakEntry {
+  const char* gpu;
+  std::vector<std::string> words, not_words;
+  double tflops;  // dense bf16 tensor-core TFLOP/s with fp32 accumulation, without sparsity
+};
+
+// Datasheet figures; the first matching row wins, so the more specific rows come first.
+inline const std::vector<PeakEntry>& peak_table() {
+  static const std::vector<PeakEntry> table = {
+      {"H100 NVL", {"H100", "NVL"}, {}, 835.5},
+      {"H100 PCIe", {"H100", "PCIE"}, {}, 756.5},
+      {"H100 SXM", {"H100"}, {}, 989.5},
+      {"H200 NVL", {"H200", "NVL"}, {}, 835.5},
+      {"H200", {"H200"}, {}, 989.5},
+      {"A100", {"A100"}, {}, 312.0},
+      {"A10", {"A10"}, {}, 125.0},
+      {"L40S", {"L40S"}, {}, 362.05},
+      {"L4", {"L4"}, {}, 121.0},
+      {"RTX 4090", {"RTX", "4090"}, {"D"}, 165.2},
+      {"B200", {"B200"}, {}, 2250.0},
+  };
+  return table;
+}
+
+// "NVIDIA A100-SXM4-80GB" -> {"NVIDIA", "A100", "SXM4", "80GB"}
+inline std::vector<std::string> device_name_words(const std::string& name) {
+  std::vector<std::string> words;
+  std::string word;
+  for (char ch : name + " ") {
+    if (ch == ' ' || ch == '-') {
+      if (!word.empty()) words.push_back(word);
+      word.clear();
+    } else {
+      word += static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    }
+  }
+  return words;
+}
+
+struct Peak {
+  std::string gpu;  // the table's name, or "--peak-tflops"
+  double tflops = 0;
+};
+
+// The peak of the GPU named `device_name` (cudaDeviceProp::name); `override_tflops` > 0
+// (--peak-tflops) takes precedence. Nothing for a device the table does not know.
+inline std::optional<Peak> device_peak(const std::string& device_name, double override_tflops = 0) {
+  if (override_tflops > 0) return Peak{"--peak-tflops", override_tflops};
+  const std::vector<std::string> words = device_name_words(device_name);
+  const auto has = [&](const std::string& w) {
+    for (const std::string& x : words)
+      if (x == w) return true;
+    return false;
+  };
+  for (const PeakEntry& e : peak_table()) {
+    bool match = true;
+    for (const std::string& w : e.words) match = match && has(w);
+    for (const std::string& w : e.not_words) match = match && !has(w);
+    if (match) return Peak{e.gpu, e.tflops};
+  }
+  return std::nullopt;
+}
+
+// Model FLOPs utilization in [0, ...): the FLOP/s that tokens_per_s (over all ranks) implies, per
+// GPU, over the peak of one.
+inline double mfu(double tokens_per_s, double flops_per_token, int world_size, const Peak& peak) {
+  return tokens_per_s * flops_per_token / world_size / (peak.tflops * 1e12);
+}
+
+// The run's mean throughput for its end-of-training summary: the steps after a warm-up of
+// max(3, ⌈10% of --max-steps⌉) steps of this process, which pay one-time costs (allocation,
+// cuBLASLt heuristics, page faults); a run with no step beyond it is measured over all its steps.
+class ThroughputMeter {
+ public:
+  explicit ThroughputMeter(long long max_steps) : warmup_(std::max(3LL, (max_steps + 9) / 10)) {}
+  void add(double ms, double tokens) {
+    ++steps_;
+    all_.add(ms, tokens);
+    if (steps_ > warmup_) measured_.add(ms, tokens);
+  }
+  long long steps() const { return steps_; }
+  // The steps the mean is over (those after the warm-up, or all of them).
+  long long measured_steps() const { return measured_.steps > 0 ? measured_.steps : all_.steps; }
+  long long warmup_steps() const { return measured_.steps > 0 ? warmup_ : 0; }
+  double tokens_per_s() const { return span().tokens / (span().ms / 1000.0); }
+  double ms_per_step() const { return span().ms / static_cast<double>(span().steps); }
+
+ private:
+  struct Span {
+    long long steps = 0;
+    double ms = 0, tokens = 0;
+    void add(double m, double t) { ++steps, ms += m, tokens += t; }
+  };
+  const Span& span() const { return measured_.steps > 0 ? measured_ : all_; }
+  long long warmup_, steps_ = 0;
+  Span all_, measured_;
+};
