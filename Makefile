@@ -34,10 +34,14 @@ GPU_FLAGS := -std=c++17 -O3 -lineinfo $(GPU_ARCH) -Werror all-warnings -Xcompile
              -I. $(MPI_COMPILE) -MMD -MP
 GPU_LIBS  := -lcublasLt -lnccl $(MPI_LINK)
 
-# The GPT-2 tokenizer library (src/tokenizer/): the tokenize tool's encoder, and --generate's and
-# --sample-every's prompts and text; linked into train_gpt as host objects.
-BPE_SRCS := $(wildcard src/tokenizer/*.cpp)
-BPE_LIBS := -lpcre2-8
+# Host-only code (src/*/*.cpp: no CUDA, no element-type templates), compiled once by the host
+# compiler into one archive that both trainers, the tests and tokenize link: touching one of these
+# files recompiles it alone. The GPT-2 tokenizer (src/tokenizer/) needs pcre2.
+HOST_SRCS  := $(wildcard src/*/*.cpp)
+HOST_OBJS  := $(HOST_SRCS:%.cpp=$(BUILD)/host/%.o)
+HOST_LIB   := $(BUILD)/host/libtrain_gpt_host.a
+HOST_FLAGS := -std=c++17 -O2 -g -Wall -Wextra -Werror -pthread -I. $(MPI_COMPILE) -MMD -MP
+HOST_LIBS  := -lpcre2-8
 
 SIMT_SRCS  := $(wildcard simt/*.cpp)
 SIMT_OBJS  := $(SIMT_SRCS:%.cpp=$(BUILD)/cpu/%.o)
@@ -62,11 +66,19 @@ check-nvcc:
 	@command -v $(NVCC) >/dev/null 2>&1 || { echo "nvcc not found at $(NVCC): install the CUDA toolkit and set CUDA_HOME (or run 'make cpu' for the CPU build)"; exit 1; }
 
 # ---- binaries
-train_gpt: $(BUILD)/gpu/train_gpt.o $(BPE_SRCS:%.cpp=$(BUILD)/gpu/%.o)
-	$(NVCC) $(GPU_ARCH) -o $@ $^ $(GPU_LIBS) $(BPE_LIBS)
+train_gpt: $(BUILD)/gpu/train_gpt.o $(HOST_LIB)
+	$(NVCC) $(GPU_ARCH) -o $@ $^ $(GPU_LIBS) $(HOST_LIBS)
 
-train_gpt_cpu: $(BUILD)/cpu/train_gpt.o $(SIMT_OBJS) $(BPE_SRCS:%.cpp=$(BUILD)/cpu/%.o)
-	$(CXX) -o $@ $^ $(CPU_LIBS) $(BPE_LIBS)
+train_gpt_cpu: $(BUILD)/cpu/train_gpt.o $(SIMT_OBJS) $(HOST_LIB)
+	$(CXX) -o $@ $^ $(CPU_LIBS) $(HOST_LIBS)
+
+$(HOST_LIB): $(HOST_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/host/%.o: %.cpp
+	@mkdir -p $(@D)
+	$(CXX) $(HOST_FLAGS) -c $< -o $@
 
 # ---- objects: .cu sources are C++ to g++ (-x c++), CUDA to nvcc
 $(BUILD)/cpu/%.o: %.cu
@@ -85,16 +97,12 @@ $(BUILD)/gpu/%.o: %.cu
 	@$(NVCC) $(GPU_FLAGS) -Xptxas -v -c $< -o $@ 2> $@.ptxas || { grep -v '^ptxas info\|^    [0-9]* bytes stack' $@.ptxas; exit 1; }
 	@grep -v '^ptxas info\|^    [0-9]* bytes stack' $@.ptxas || true
 
-$(BUILD)/gpu/%.o: %.cpp
-	@mkdir -p $(@D)
-	$(CXX) -std=c++17 -O2 -I. -isystem $(CUDA_HOME)/include -MMD -MP -c $< -o $@
-
 # ---- tests
-$(BUILD)/cpu/test/%: $(BUILD)/cpu/test/%.o $(BUILD)/cpu/test/catch_main.o $(SIMT_OBJS)
-	$(CXX) -o $@ $^ $(CPU_LIBS)
+$(BUILD)/cpu/test/%: $(BUILD)/cpu/test/%.o $(BUILD)/host/test/catch_main.o $(SIMT_OBJS) $(HOST_LIB)
+	$(CXX) -o $@ $^ $(CPU_LIBS) $(HOST_LIBS)
 
-$(BUILD)/gpu/test/%: $(BUILD)/gpu/test/%.o $(BUILD)/gpu/test/catch_main.o
-	$(NVCC) $(GPU_ARCH) -o $@ $^ $(GPU_LIBS)
+$(BUILD)/gpu/test/%: $(BUILD)/gpu/test/%.o $(BUILD)/host/test/catch_main.o $(HOST_LIB)
+	$(NVCC) $(GPU_ARCH) -o $@ $^ $(GPU_LIBS) $(HOST_LIBS)
 
 .PRECIOUS: $(BUILD)/cpu/%.o $(BUILD)/gpu/%.o
 
@@ -140,11 +148,7 @@ clean:
 
 # ---- tokenize: GPT-2 BPE text → token shards (host-only tool; sources in data/tokenize/, the
 # tokenizer library in src/tokenizer/)
-TOKENIZE_OBJS := $(patsubst %.cpp,$(BUILD)/tokenize/%.o,$(wildcard data/tokenize/*.cpp) $(BPE_SRCS))
+TOKENIZE_OBJS := $(patsubst %.cpp,$(BUILD)/host/%.o,$(wildcard data/tokenize/*.cpp))
 
-tokenize: $(TOKENIZE_OBJS)
-	$(CXX) -pthread -o $@ $^ -lpcre2-8
-
-$(BUILD)/tokenize/%.o: %.cpp
-	@mkdir -p $(@D)
-	$(CXX) -std=c++17 -O2 -Wall -Wextra -Werror -pthread -I. -MMD -MP -c $< -o $@
+tokenize: $(TOKENIZE_OBJS) $(HOST_LIB)
+	$(CXX) -pthread -o $@ $^ $(HOST_LIBS)

@@ -8,6 +8,13 @@
 #include <utility>
 #include <vector>
 
+// The properties of device 0 (the rank's device once the communicator has chosen it).
+inline cudaDeviceProp device_properties() {
+  cudaDeviceProp prop;
+  cuda_check(cudaGetDeviceProperties(&prop, 0), "querying the device");
+  return prop;
+}
+
 // A device allocation that frees itself. `what` names the buffer in the out-of-memory error.
 template <typename Elem>
 class DeviceArray {

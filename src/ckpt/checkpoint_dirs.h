@@ -5,6 +5,7 @@
 // checkpoint, and writing and loading one, is checkpoint.h's (format: docs/CHECKPOINTS.md).
 #pragma once
 #include "src/base/durable_file.h"
+#include "src/base/units.h"
 
 #include <dirent.h>
 #include <sys/stat.h>
@@ -230,10 +231,7 @@ inline void check_output_directory(const std::string& out_dir, uint64_t bytes_ne
   if (::statvfs(out_dir.c_str(), &fs) != 0) throw file_error(out_dir, "statvfs failed", errno);
   const uint64_t available = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
   if (available < bytes_needed) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%.1f MiB free, ", available / 1048576.0);
-    std::string message = out_dir + ": " + buf + needed_for + " need ";
-    std::snprintf(buf, sizeof buf, "%.1f MiB", bytes_needed / 1048576.0);
-    throw std::runtime_error(message + buf + " (free space or choose another --out-dir)");
+    throw std::runtime_error(out_dir + ": " + mib(available) + " free, " + needed_for + " need " + mib(bytes_needed) +
+                             " (free space or choose another --out-dir)");
   }
 }

@@ -36,6 +36,7 @@
 #include <mpi.h>
 #include <nccl.h>
 
+#include "src/base/device.h"
 #include "src/dist/comm_watchdog.h"
 #include "src/dist/rendezvous.h"
 
@@ -185,6 +186,17 @@ class Communicator {
     cuda_check(cudaMemcpyAsync(&total, scalar_, sizeof total, cudaMemcpyDeviceToHost, stream_), "communication");
     cuda_check(cudaStreamSynchronize(stream_), "communication");
     return total;
+  }
+  // Sum over ranks of host values, in place (blocking; fp64, added in NCCL's order): the copies and
+  // the all-reduce share the communicator's stream, so nothing else orders them.
+  void sum(std::vector<double>& values) {
+    if (values.empty()) return;
+    DeviceArray<double> buffer(values.size(), "host values summed over ranks");
+    const size_t bytes = buffer.bytes();
+    cuda_check(cudaMemcpyAsync(buffer.get(), values.data(), bytes, cudaMemcpyHostToDevice, stream_), "communication");
+    all_reduce(buffer.get(), values.size(), ncclSum);
+    cuda_check(cudaMemcpyAsync(values.data(), buffer.get(), bytes, cudaMemcpyDeviceToHost, stream_), "communication");
+    cuda_check(cudaStreamSynchronize(stream_), "communication");
   }
   // Returns once every rank has called it.
   void barrier() { sum(0.0); }

@@ -166,28 +166,29 @@ class GPT2 {
 
   // The figures of the optimizer step whose micro-steps are queued, copied to the host together:
   // the step's one host synchronisation. loss: the mean over every micro-step's tokens on every
-  // rank; grad_norm: gradient_norm()'s; stop_votes: how many ranks passed stop_requested (summed in
-  // the loss's all-reduce, so every rank learns it without a synchronisation of its own).
+  // rank; grad_norm: gradient_norm()'s; summed_with_loss: the caller's `with_loss` summed over the
+  // ranks in the loss's all-reduce (the trainer's stop votes: every rank learns them without a
+  // synchronisation of their own).
   struct StepFigures {
-    double loss, stop_votes;  // adjacent: copied back together from step_scalars_
+    double loss, summed_with_loss;  // adjacent: copied back together from step_scalars_
     float grad_norm;
   };
-  StepFigures step_figures(bool stop_requested = false) {
+  StepFigures step_figures(double with_loss = 0.0) {
     queue_norm_squared();
     StepFigures* host = figures_host_.get();
-    host->stop_votes = stop_requested ? 1.0 : 0.0;
-    cuda_check(cudaMemcpyAsync(step_scalars_.get() + 1, &host->stop_votes, sizeof(double), cudaMemcpyHostToDevice,
-                               stream_.get()),
-               "uploading the stop vote");
+    host->summed_with_loss = with_loss;
+    cuda_check(cudaMemcpyAsync(step_scalars_.get() + 1, &host->summed_with_loss, sizeof(double),
+                               cudaMemcpyHostToDevice, stream_.get()),
+               "uploading the value summed with the loss");
     grads_.sum_over_ranks(step_scalars_.get(), kStepScalars);
     cuda_check(cudaMemcpyAsync(&host->loss, step_scalars_.get(), step_scalars_.bytes(), cudaMemcpyDeviceToHost,
                                stream_.get()),
-               "copying the step's loss and stop votes");
+               "copying the step's loss");
     cuda_check(cudaMemcpyAsync(&host->grad_norm, acts_.norm_squared.get(), sizeof(float), cudaMemcpyDeviceToHost,
                                stream_.get()),
                "copying the gradient norm");
     cuda_check(cudaStreamSynchronize(stream_.get()), "the step's figures");
-    return {host->loss / (static_cast<double>(rows()) * micro_steps_ * grads_.world_size()), host->stop_votes,
+    return {host->loss / (static_cast<double>(rows()) * micro_steps_ * grads_.world_size()), host->summed_with_loss,
             std::sqrt(host->grad_norm)};
   }
 

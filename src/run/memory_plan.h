@@ -8,6 +8,7 @@
 #include "src/model/activations.h"
 #include "src/gen/generate.h"
 #include "src/config/gpt2_config.h"
+#include "src/base/units.h"
 #include "src/dist/grad_sync.h"
 
 #include <cstdio>
@@ -82,14 +83,6 @@ inline int largest_fitting_batch(const GPT2Config& cfg, int T, int recompute, DT
     else hi = mid - 1;
   }
   return lo;
-}
-
-inline std::string format_bytes(size_t bytes) {
-  char buf[32];
-  if (bytes >= (size_t{1} << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / 1073741824.0);
-  else if (bytes >= (size_t{1} << 20)) std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / 1048576.0);
-  else std::snprintf(buf, sizeof buf, "%zu B", bytes);
-  return buf;
 }
 
 // The plan as a table: one line per term, the total, and (budget > 0) whether it fits.

@@ -1,14 +1,14 @@
 // throughput.h — model FLOPs per token, the dense bf16 peak of known GPUs, and MFU: what the step
 // lines' "MFU" and the end-of-training throughput summary are computed from.
 //
-// FLOPs per trained token (forward + backward = 3 x forward, 2 FLOPs per multiply-add):
-//   6·N + 12·L·C·T
-// N: every parameter except the position embedding wpe (a table lookup, no multiply): the block
-// matrices, biases and LayerNorms, lnf, and the tied wte at its padded Vp rows (the lm head
-// multiplies by all Vp columns). 12·L·C·T: attention's two T-long products per token and layer
-// (scores q·k and the weighted sum of v, 2·2·C·T forward), counted over the whole T x T square
-// as is customary (the causal mask halves the work actually needed). This is the model's FLOP
-// count: recomputation (--recompute) does more work but does not count.
+// FLOPs per trained token, llm.c's convention (so our MFU compares directly with its published
+// figures and with make gpu-acceptance's report):
+//   6·N + 6·L·C·T
+// N: every parameter, wte at its padded Vp rows and wpe included (6 per parameter: forward and
+// backward are 3 x the forward's multiply-add, 2 FLOPs each). 6·L·C·T: attention's two T-long
+// products per token and layer with the causal mask's halving (2·2·C·T forward over the full
+// square, halved, times 3). The model's FLOP count: recomputation (--recompute) does more work
+// but does not count.
 #pragma once
 #include "src/config/gpt2_config.h"
 
@@ -18,11 +18,10 @@
 #include <string>
 #include <vector>
 
-// 6·N + 12·L·C·T for a sequence length T.
+// 6·N + 6·L·C·T for a sequence length T.
 inline double flops_per_token(const GPT2Config& c, int seq_len) {
-  const ParameterLayout layout(c);
-  const double multiplying = static_cast<double>(layout.total - layout[kWpe].count);
-  return 6.0 * multiplying + 12.0 * c.num_layers * static_cast<double>(c.channels) * seq_len;
+  const double parameters = static_cast<double>(ParameterLayout(c).total);
+  return 6.0 * parameters + 6.0 * c.num_layers * static_cast<double>(c.channels) * seq_len;
 }
 
 // One row of the peak table: a GPU whose device name holds every word of `words` (and none of

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Throughput and MFU in the log and metrics.jsonl. With --peak-tflops every step line has tok/s
 # and MFU, every train record "tokens_per_s" and "mfu", and mfu = tokens_per_s x FLOPs per token /
-# peak, with the FLOPs per token (6N + 12LCT, N = parameters but wpe) computed here from the model
+# peak, with the FLOPs per token (llm.c's 6N + 6LCT, N = every parameter) computed here from the model
 # file's header; the run ends with one throughput line after 3 warm-up steps. Without it the
 # simulated device is unknown: "MFU: n/a (unknown GPU; pass --peak-tflops)" once, no MFU anywhere.
 # usage: throughput.sh cpu|gpu
@@ -27,7 +27,7 @@ import json, struct, sys
 _, _, maxT, V, L, NH, C, Vp = struct.unpack("<8i", open(sys.argv[1], "rb").read(32))
 T, peak, tokens = 16, 0.001e12, 2 * 16
 params = Vp * C + maxT * C + L * (12 * C * C + 13 * C) + 2 * C
-flops = 6 * (params - maxT * C) + 12 * L * C * T
+flops = 6 * params + 6 * L * C * T
 records = [json.loads(l) for l in open(sys.argv[2]) if "train_loss" in l]
 bad = [r for r in records
        if abs(r["tokens_per_s"] - tokens / (r["ms"] / 1000)) > 1e-6 * r["tokens_per_s"]

@@ -1,0 +1,89 @@
+// plan_report.h — the memory plan as a command (--plan: each rank's device memory, what fits) and
+// as the check before a run allocates (a run that would not fit stops with its plan).
+#pragma once
+#include "src/base/device.h"
+#include "src/base/units.h"
+#include "src/config/config_checks.h"
+#include "src/model/activations.h"
+#include "src/run/memory_plan.h"
+#include "src/run/run_setup.h"
+
+#include <cstdio>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+constexpr double kBytesPerGiB = 1073741824.0;
+
+// Positions of rank 0's --sample-every decoder: the sampler's (prompt + --max-new-tokens - 1), or
+// without one (--plan reads no vocabulary) the model's context, the most it can be; 0: no sampling.
+inline int sampling_positions(const TrainConfig& cfg, const GPT2Config& model, const TextSampler* sampler) {
+  if (cfg.sample_every == 0) return 0;
+  return sampler != nullptr ? sampler->cache_positions() : model.max_seq_len;
+}
+
+inline MemoryPlan run_memory_plan(const TrainConfig& cfg, const GPT2Config& model, int batch_size, int recompute,
+                                  int world, int sample_positions) {
+  return plan_memory(model, batch_size, cfg.seq_len, recompute, dtype_named(cfg.dtype), cfg.zero, world,
+                     cfg.bucket_mib, sample_positions);
+}
+
+// "largest --batch-size that fits: --recompute 0: 3, 1: 5, 2: 6, 3: 9" (0: not even 1).
+inline std::string fitting_batch_sizes(const TrainConfig& cfg, const GPT2Config& model, int world, size_t budget,
+                                       int sample_positions) {
+  std::string out = "largest --batch-size that fits " + format_bytes(budget) + ":";
+  for (int r = 0; r <= kRecomputeMax; ++r)
+    out += std::string(r == 0 ? "" : ",") + " --recompute " + std::to_string(r) + ": " +
+           std::to_string(largest_fitting_batch(model, cfg.seq_len, r, dtype_named(cfg.dtype), cfg.zero, world, budget,
+                                                cfg.bucket_mib, sample_positions));
+  return out;
+}
+
+// --plan: each rank's device memory for --world-size ranks, against --gpu-memory or the device's
+// total memory (none without a device). Reads only the model's architecture: no data, no GPU
+// needed, nothing written.
+inline int print_memory_plan(TrainConfig cfg) {
+  if (!cfg.resume.empty())
+    throw std::invalid_argument("--plan takes the architecture from --model or --init-from, not --resume");
+  const int world = cfg.world_size > 0 ? cfg.world_size : 1;
+  validate_config(cfg, world);
+  std::string source;
+  const GPT2Config model = resolve_model(cfg, std::nullopt, &source);
+  validate_against_model(cfg, model.max_seq_len, source);
+  gpt2_check_micro_batch(model, cfg.batch_size, cfg.seq_len, cfg.recompute);
+  size_t budget = static_cast<size_t>(cfg.gpu_memory * kBytesPerGiB);
+  int devices = 0;
+  if (budget == 0 && cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0)
+    budget = device_properties().totalGlobalMem;
+  const int sampling = sampling_positions(cfg, model, nullptr);
+  const MemoryPlan plan = run_memory_plan(cfg, model, cfg.batch_size, cfg.recompute, world, sampling);
+  std::printf("memory plan per rank: %s (%s parameters) from %s, --batch-size %d --seq-len %d, %s, --recompute %d, "
+              "ZeRO stage %d over %d rank(s)\n%s",
+              describe(model).c_str(), thousands(ParameterLayout(model).total).c_str(), source.c_str(), cfg.batch_size,
+              cfg.seq_len, cfg.dtype.c_str(), cfg.recompute, effective_zero_stage(cfg.zero, world), world,
+              format_memory_plan(plan, budget).c_str());
+  if (budget > 0) std::printf("%s\n", fitting_batch_sizes(cfg, model, world, budget, sampling).c_str());
+  else std::printf("no device and no --gpu-memory: pass --gpu-memory GiB to see what fits\n");
+  std::printf("not counted: the CUDA context and NCCL's buffers (leave ~1 GiB per GPU)\n");
+  return 0;
+}
+
+// Before a run allocates: its plan against --gpu-memory or the device's free memory. A run that
+// would not fit stops here with the plan, not with an out-of-memory error halfway through.
+inline void check_memory_fits(const RunSetup& setup, int world) {
+  const TrainConfig& cfg = setup.cfg;
+  size_t budget = static_cast<size_t>(cfg.gpu_memory * kBytesPerGiB), total = 0;
+  const char* source = "--gpu-memory";
+  if (budget == 0) {
+    cuda_check(cudaMemGetInfo(&budget, &total), "querying free device memory");
+    source = "free device memory";
+  }
+  const int sampling = sampling_positions(cfg, setup.model, setup.sampler.get());
+  const MemoryPlan plan = run_memory_plan(cfg, setup.model, cfg.batch_size, cfg.recompute, world, sampling);
+  if (plan.total() <= budget) return;
+  std::printf("memory plan per rank (%s):\n%s", model_sizing(setup).c_str(), format_memory_plan(plan, budget).c_str());
+  std::fflush(stdout);
+  throw std::runtime_error("the run needs " + format_bytes(plan.total()) + " of device memory per rank and " + source +
+                           " is " + format_bytes(budget) + "; " +
+                           fitting_batch_sizes(cfg, setup.model, world, budget, sampling) + " (see --plan)");
+}

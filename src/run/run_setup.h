@@ -1,0 +1,115 @@
+// run_setup.h — what a command resolves before it trains, evaluates or generates (RunSetup: the
+// flags, the model's architecture and where it comes from, the schedule, --resume's checkpoint,
+// the text sampler), and the data it reads (TrainingData), opened before the model is allocated.
+#pragma once
+#include "src/base/error_context.h"
+#include "src/base/units.h"
+#include "src/ckpt/checkpoint_dirs.h"
+#include "src/config/config.h"
+#include "src/config/lr_schedule.h"
+#include "src/data/dataloader.h"
+#include "src/data/hellaswag.h"
+#include "src/gen/sample_text.h"
+#include "src/model/model_file.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <new>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+struct RunSetup {
+  TrainConfig cfg;
+  int grad_accum_steps = 1;
+  GPT2Config model;
+  std::string model_source;  // "preset d12" or the --init-from path
+  LrSchedule schedule;
+  std::optional<Checkpoint> resume_from;  // --resume's checkpoint
+  std::unique_ptr<TextSampler> sampler;   // --generate, --sample-every
+};
+
+// The architecture: --resume's model file, --init-from's header or the --model preset; *source
+// names which.
+inline GPT2Config resolve_model(const TrainConfig& cfg, const std::optional<Checkpoint>& resume_from,
+                                std::string* source) {
+  if (resume_from) {
+    *source = resume_from->path + "/" + kModelFileName;
+    return with_context("--resume", [&] { return read_model_header(*source); });
+  }
+  if (!cfg.init_from.empty()) {
+    *source = cfg.init_from;
+    return with_context("--init-from", [&] { return read_model_header(cfg.init_from); });
+  }
+  *source = "preset " + cfg.model;
+  return with_context("--model", [&] { return gpt2_preset(cfg.model); });
+}
+
+// "--batch-size 8 --seq-len 1024 --recompute 1 (d12 from preset d12)": what sizes the model's memory.
+inline std::string model_sizing(const RunSetup& setup) {
+  return "--batch-size " + std::to_string(setup.cfg.batch_size) + " --seq-len " + std::to_string(setup.cfg.seq_len) +
+         " --recompute " + std::to_string(setup.cfg.recompute) + " (" + describe(setup.model) + " from " +
+         setup.model_source + ")";
+}
+
+// The host buffer of one micro-batch's B·T tokens; running out of memory names the bytes and the
+// flags that sized them.
+inline std::vector<int> token_buffer(const TrainConfig& cfg) {
+  const size_t count = static_cast<size_t>(cfg.batch_size) * static_cast<size_t>(cfg.seq_len);
+  try {
+    return std::vector<int>(count);
+  } catch (const std::bad_alloc&) {
+    throw std::runtime_error("--batch-size " + std::to_string(cfg.batch_size) + " x --seq-len " +
+                             std::to_string(cfg.seq_len) + ": cannot allocate " + thousands(count * sizeof(int)) +
+                             " bytes of host memory for a micro-batch's tokens");
+  }
+}
+
+// The data a run reads: the training loader, with --val-every > 0 the validation loader, and with
+// --eval-every > 0 or --eval the eval file.
+struct TrainingData {
+  std::unique_ptr<DataLoader> train, val;
+  std::optional<ChoiceEvalSet> eval;
+};
+
+// Data before the model: a missing or corrupt shard fails before gigabytes are allocated. Token ids
+// are checked a shard at a time as the loader first reads from it, so the first training batch
+// (the training loader is then rewound) and every validation batch a validation reads are read now:
+// data tokenized for another vocabulary fails before anything is written. Evaluation only
+// (--max-steps 0) reads no training data, --eval only the eval file.
+inline TrainingData open_training_data(const RunSetup& setup, int rank, int world_size, std::vector<int>& inputs,
+                                       std::vector<int>& targets) {
+  const TrainConfig& cfg = setup.cfg;
+  const uint64_t seed = static_cast<uint64_t>(cfg.seed);
+  const bool eval_only = cfg.max_steps == 0;
+  TrainingData data;
+  if (cfg.eval || cfg.eval_every > 0)
+    data.eval = with_context("--eval-data", [&] {
+      return read_choice_eval_file(cfg.eval_data, setup.model.vocab_size, cfg.seq_len);
+    });
+  if (cfg.eval) return data;
+  if (!eval_only)
+    with_context("--train-data", [&] {
+      data.train = std::make_unique<DataLoader>(cfg.train_data, cfg.batch_size, cfg.seq_len, rank, world_size,
+                                                cfg.shuffle, seed, setup.model.vocab_size);
+      data.train->next_batch(inputs.data(), targets.data());
+      data.train->reset();
+    });
+  if (cfg.val_every > 0 || eval_only) {
+    try {
+      data.val = std::make_unique<DataLoader>(cfg.val_data, cfg.batch_size, cfg.seq_len, rank, world_size, false, seed,
+                                              setup.model.vocab_size);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(std::string("--val-data: ") + e.what() +
+                               (eval_only ? "" : " (--val-every 0 trains without validation)"));
+    }
+    with_context("--val-data", [&] {
+      const uint64_t read = std::min<uint64_t>(static_cast<uint64_t>(cfg.val_steps), data.val->batches_per_epoch());
+      for (uint64_t b = 0; b < read; ++b) data.val->next_batch(inputs.data(), targets.data());
+      data.val->reset();
+    });
+  }
+  return data;
+}
