@@ -40,7 +40,7 @@ GPU_LIBS  := -lcublasLt -lnccl $(MPI_LINK)
 HOST_SRCS  := $(wildcard src/*/*.cpp)
 HOST_OBJS  := $(HOST_SRCS:%.cpp=$(BUILD)/host/%.o)
 HOST_LIB   := $(BUILD)/host/libtrain_gpt_host.a
-HOST_FLAGS := -std=c++17 -O2 -g -Wall -Wextra -Werror -pthread -I. $(MPI_COMPILE) -MMD -MP
+HOST_FLAGS := -std=c++17 -O2 -g -Wall -Wextra -Werror -pthread -I. -isystem $(CUDA_HOME)/include $(MPI_COMPILE) -MMD -MP
 HOST_LIBS  := -lpcre2-8
 
 SIMT_SRCS  := $(wildcard simt/*.cpp)

@@ -12,23 +12,11 @@
 #include "src/config/gpt2_config.h"
 #include "src/config/lr_schedule.h"
 
-#include <sys/stat.h>
+#include <nlohmann/json_fwd.hpp>
 
-#include <nlohmann/json.hpp>
-
-#include <cerrno>
-#include <climits>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
-#include <fstream>
-#include <iomanip>
-#include <limits>
 #include <set>
-#include <sstream>
-#include <stdexcept>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -132,309 +120,25 @@ struct Flag {
         default_text(default_text_), command_line_only(command_line_only_) {}
 };
 
-inline const std::vector<Flag>& flag_table() {
-  static const std::vector<Flag> flags = {
-      {"config", "FILE", "JSON object of flag values (keys = flag names without '--'); command-line flags override it",
-       &TrainConfig::config_file, {}, {}, "none", true},
-      {"train-data", "GLOB", "training token shards (llm.c .bin format)", &TrainConfig::train_data},
-      {"val-data", "GLOB", "validation token shards", &TrainConfig::val_data},
-      {"shuffle", "0|1", "shuffle the training data (validation is never shuffled)", &TrainConfig::shuffle},
-      {"seed", "N", "seed for weight init, data shuffling, stochastic rounding and sampling", &TrainConfig::seed, {0, (double)LLONG_MAX}},
-      {"init-from", "FILE", "start from this model file (its header defines the architecture; excludes --model)",
-       &TrainConfig::init_from, {}, {}, "none (random init of --model)"},
-      {"model", "PRESET", "architecture for random init: d12 d24 d36 d48 (GPT-2 124M..1.5B), micro, nano",
-       &TrainConfig::model},
-      {"dtype", "bf16|fp32", "storage type of parameters, activations and gradients", &TrainConfig::dtype, {}, {"bf16", "fp32"}},
-      {"batch-size", "B", "sequences per micro-batch (per rank)", &TrainConfig::batch_size, {1, INT_MAX}},
-      {"seq-len", "T", "tokens per sequence (at most the model's max sequence length)", &TrainConfig::seq_len, {1, INT_MAX}},
-      {"total-batch-tokens", "N",
-       "tokens per optimizer step; a multiple of B*T*ranks, the rest is done by gradient accumulation",
-       &TrainConfig::total_batch_tokens, {0, (double)LLONG_MAX}, {}, "B*T*ranks (no accumulation)"},
-      {"recompute", "0|1|2|3",
-       "activation memory vs compute: 0 keep every activation, 1 recompute GELU outputs, 2 also LayerNorm outputs, "
-       "3 keep only block inputs and rerun each block's forward in its backward (least memory, ~20% more compute)",
-       &TrainConfig::recompute, {0, 3}},
-      {"attention", "auto|flash|simple",
-       "attention kernel: flash (tensor cores; bf16, head size C/NH of 16, 32, 64 or 128) or simple (CUDA cores; "
-       "fp32 and every head size); auto picks flash wherever it can run",
-       &TrainConfig::attention, {}, {"auto", "flash", "simple"}},
-      {"lr", "X", "peak learning rate", &TrainConfig::lr, {0, HUGE_VAL}},
-      {"lr-schedule", "NAME", "cosine | linear | constant | wsd (warmup-stable-decay, decay over the last 20% of steps)",
-       &TrainConfig::lr_schedule, {}, lr_schedule_names()},
-      {"warmup-steps", "N", "steps of linear warmup from lr/N to lr", &TrainConfig::warmup_steps, {0, (double)LLONG_MAX}},
-      {"final-lr-frac", "X", "learning rate at the last step, as a fraction of --lr", &TrainConfig::final_lr_frac, {0, 1}},
-      {"weight-decay", "X", "AdamW weight decay (matrices and embeddings only)", &TrainConfig::weight_decay, {0, HUGE_VAL}},
-      {"beta1", "X", "AdamW beta1", &TrainConfig::beta1, {0, 1, false, true}},
-      {"beta2", "X", "AdamW beta2", &TrainConfig::beta2, {0, 1, false, true}},
-      {"adam-eps", "X", "AdamW epsilon", &TrainConfig::adam_eps, {0, HUGE_VAL, true, false}},
-      {"grad-clip", "X", "clip the global gradient norm to X (0 = off)", &TrainConfig::grad_clip, {0, HUGE_VAL}},
-      {"max-steps", "N", "optimizer steps to run (0 = only evaluate the model on --val-data and exit, writing nothing)",
-       &TrainConfig::max_steps, {0, INT_MAX}},
-      {"val-every", "N", "validate after every N-th step and after the last (0 = never)", &TrainConfig::val_every,
-       {0, (double)LLONG_MAX}},
-      {"val-steps", "N", "validation batches (B x T each) averaged per validation", &TrainConfig::val_steps,
-       {1, (double)LLONG_MAX}},
-      {"out-dir", "DIR", "where metrics.jsonl (truncated at start) and the final model.bin go", &TrainConfig::out_dir},
-      {"save-dtype", "bf16|fp32", "storage type of the final model file DIR/model.bin (checkpoints keep the run's)",
-       &TrainConfig::save_dtype, {}, {"bf16", "fp32"}, "the run's --dtype"},
-      {"zero", "0|1|2", "ZeRO stage with several ranks: 0 all-reduces gradients; 1 shards the AdamW state (moments, "
-       "fp32 master weights) over the ranks; 2 also shards the gradients", &TrainConfig::zero, {0, 2}},
-      {"bucket-mib", "MIB", "gradients travel between ranks in buckets of about MIB MiB (whole layers, at least one), "
-       "each sent as soon as its layers' backward is done", &TrainConfig::bucket_mib, {0, HUGE_VAL, true, false}},
-      {"rendezvous", "file:PATH|tcp:HOST:PORT",
-       "how ranks started without MPI (plain srun) exchange the NCCL id: a file on a shared filesystem or rank 0's "
-       "TCP port", &TrainConfig::rendezvous, {}, {}, "none (mpirun, srun --mpi=pmix: MPI)"},
-      {"comm-timeout", "SECONDS",
-       "the longest a rank waits for the others: a start-up wait fails naming the missing ranks, a collective "
-       "not finished by then aborts the run naming it and the step",
-       &TrainConfig::comm_timeout, {0, HUGE_VAL, true, false}},
-      {"checkpoint-every", "N",
-       "write a checkpoint (DIR/checkpoint_<step>) after every N-th step; one is always written at the end (0 = only then)",
-       &TrainConfig::checkpoint_every, {0, (double)LLONG_MAX}},
-      {"keep-checkpoints", "K", "keep the newest K checkpoints, delete older ones (0 = keep all)",
-       &TrainConfig::keep_checkpoints, {0, (double)LLONG_MAX}},
-      {"keep-every", "M", "never delete checkpoints at steps that are multiples of M (0 = off)", &TrainConfig::keep_every,
-       {0, (double)LLONG_MAX}},
-      {"resume", "auto|DIR",
-       "continue from the newest complete checkpoint in --out-dir (auto) or from checkpoint directory DIR",
-       &TrainConfig::resume, {}, {}, "none (start fresh; refused if --out-dir holds checkpoints)"},
-      {"skip-loss-z", "X", "skip the update of a step whose loss is > X std above the recent mean (0 = off)",
-       &TrainConfig::skip_loss_z, {0, HUGE_VAL}},
-      {"skip-norm-z", "X", "skip the update of a step whose gradient norm is > X std above the recent mean (0 = off)",
-       &TrainConfig::skip_norm_z, {0, HUGE_VAL}},
-      {"eval-data", "FILE", "multiple-choice eval file (HellaSwag in llm.c's eval format; data/hellaswag.sh writes one)",
-       &TrainConfig::eval_data, {}, {}, "none"},
-      {"eval-every", "N", "evaluate --eval-data after every N-th step and after the last (0 = never)",
-       &TrainConfig::eval_every, {0, (double)LLONG_MAX}},
-      {"eval", "0|1",
-       "only evaluate --eval-data on the model (--init-from, --resume's checkpoint or the random init): print the "
-       "accuracy and exit, writing nothing ('--eval' alone means 1)",
-       &TrainConfig::eval},
-      {"eval-losses", "FILE", "with --eval: also write each example's completion losses to FILE, one JSON line each",
-       &TrainConfig::eval_losses, {}, {}, "none"},
-      {"peak-tflops", "X", "the GPU's dense bf16 peak (TFLOP/s) that MFU is measured against (0 = the table of known "
-       "GPUs, matched on the device name)", &TrainConfig::peak_tflops, {0, HUGE_VAL}, {}, "0 (the table)"},
-      {"plan", "0|1", "print each rank's device memory by term and whether it fits, then exit without training (no "
-       "GPU needed; '--plan' alone means 1)", &TrainConfig::plan},
-      {"gpu-memory", "GiB", "device memory a rank may use: --plan's budget, and a run stops before allocating if its "
-       "plan exceeds it (0 = the device's: free memory for a run, total for --plan)", &TrainConfig::gpu_memory,
-       {0, HUGE_VAL}, {}, "0 (the device's)"},
-      {"world-size", "N", "with --plan: plan for N ranks (ZeRO shards, batch per rank) (0 = the run's)",
-       &TrainConfig::world_size, {0, 1 << 20}, {}, "0 (the run's)"},
-      {"generate", "0|1", "print --prompt and its continuation by the model (--init-from or --resume), then exit "
-       "writing nothing ('--generate' alone means 1)", &TrainConfig::generate},
-      {"prompt", "TEXT", "text the model continues (--generate, --sample-every)", &TrainConfig::prompt, {}, {},
-       "none (start from <|endoftext|>)"},
-      {"max-new-tokens", "N", "tokens to generate; the prompt and these must fit the model's context (max_seq_len)",
-       &TrainConfig::max_new_tokens, {1, INT_MAX}},
-      {"temperature", "X", "sampling temperature (0 = greedy: always the most likely token)", &TrainConfig::temperature,
-       {0, HUGE_VAL}},
-      {"top-k", "K", "sample among the K most likely tokens (0 = the whole vocabulary)", &TrainConfig::top_k,
-       {0, INT_MAX}},
-      {"vocab-dir", "DIR", "GPT-2 BPE files (encoder.json, vocab.bpe) for the prompt and the generated text",
-       &TrainConfig::vocab_dir},
-      {"sample-every", "N", "print and record (metrics.jsonl) a generated sample after every N-th step (0 = never)",
-       &TrainConfig::sample_every, {0, (double)LLONG_MAX}},
-  };
-  return flags;
-}
+const std::vector<Flag>& flag_table();
 
-inline const Flag* find_flag(const std::string& name) {
-  for (const Flag& f : flag_table())
-    if (name == f.name) return &f;
-  return nullptr;
-}
+const Flag* find_flag(const std::string& name);
 
 namespace config_detail {
 
-inline std::string format_number(double v) {
-  if (v == HUGE_VAL) return "inf";
-  if (v == static_cast<double>(LLONG_MAX)) return "max";
-  if (v == std::floor(v) && std::fabs(v) < 1e15) return std::to_string(static_cast<long long>(v));
-  std::ostringstream s;
-  s << std::setprecision(10) << v;
-  return s.str();
-}
+// A number as --help and the summary print it: inf, max, an integer, or 10 significant digits.
+std::string format_number(double v);
 
-// "an integer >= 1", "a number in [0, 1)", "a number > 0", "one of: bf16 fp32", ...
-inline std::string expectation(const Flag& flag) {
-  return std::visit(
-      [&](auto member) -> std::string {
-        using V = std::remove_reference_t<decltype(std::declval<TrainConfig&>().*member)>;
-        if constexpr (std::is_same_v<V, std::string>) {
-          if (flag.choices.empty()) return "a non-empty string";
-          std::string s = "one of:";
-          for (const auto& c : flag.choices) s += " " + c;
-          return s;
-        } else if constexpr (std::is_same_v<V, bool>) {
-          return "0 or 1";
-        } else {
-          const char* kind = std::is_same_v<V, double> ? "a number" : "an integer";
-          const Range& r = flag.range;
-          bool has_lo = std::isfinite(r.lo), has_hi = std::isfinite(r.hi) && r.hi != static_cast<double>(LLONG_MAX);
-          if (has_lo && has_hi)
-            return std::string(kind) + " in " + (r.lo_open ? "(" : "[") + format_number(r.lo) + ", " +
-                   format_number(r.hi) + (r.hi_open ? ")" : "]");
-          if (has_lo) return std::string(kind) + (r.lo_open ? " > " : " >= ") + format_number(r.lo);
-          if (has_hi) return std::string(kind) + (r.hi_open ? " < " : " <= ") + format_number(r.hi);
-          return kind;
-        }
-      },
-      flag.field);
-}
-
-inline bool parse_integer(const std::string& text, long long* out) {
-  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0]))) return false;
-  errno = 0;
-  char* end = nullptr;
-  long long v = std::strtoll(text.c_str(), &end, 10);
-  if (errno != 0 || *end != '\0') return false;
-  *out = v;
-  return true;
-}
-
-inline bool parse_real(const std::string& text, double* out) {
-  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0]))) return false;
-  errno = 0;
-  char* end = nullptr;
-  double v = std::strtod(text.c_str(), &end);
-  if (errno != 0 || *end != '\0' || !std::isfinite(v)) return false;
-  *out = v;
-  return true;
-}
-
-// A value in its textual form plus the JSON it came from (null for command-line text).
-struct RawValue {
-  std::string text;
-  const nlohmann::json* json = nullptr;
-};
-
-// Stores `raw` into cfg's field for `flag`; throws invalid_argument("<where>: expected ..., got ...").
-inline void assign(TrainConfig& cfg, const Flag& flag, const RawValue& raw, const std::string& where) {
-  const std::string shown = raw.json ? raw.json->dump() : "'" + raw.text + "'";
-  auto bad = [&]() { return std::invalid_argument(where + ": expected " + expectation(flag) + ", got " + shown); };
-  std::visit(
-      [&](auto member) {
-        using V = std::remove_cv_t<std::remove_reference_t<decltype(cfg.*member)>>;
-        if constexpr (std::is_same_v<V, std::string>) {
-          if (raw.json && !raw.json->is_string()) throw bad();
-          std::string v = raw.json ? raw.json->template get<std::string>() : raw.text;
-          if (v.empty() && !flag.command_line_only && std::string(flag.name) != "init-from") throw bad();
-          if (!flag.choices.empty()) {
-            bool known = false;
-            for (const auto& c : flag.choices) known = known || c == v;
-            if (!known) throw bad();
-          }
-          cfg.*member = v;
-        } else if constexpr (std::is_same_v<V, bool>) {
-          long long v = -1;
-          if (raw.json) {
-            if (raw.json->is_boolean()) v = raw.json->template get<bool>() ? 1 : 0;
-            else if (raw.json->is_number_integer()) v = raw.json->template get<long long>();
-          } else if (raw.text == "true") {
-            v = 1;
-          } else if (raw.text == "false") {
-            v = 0;
-          } else if (!parse_integer(raw.text, &v)) {
-            throw bad();
-          }
-          if (v != 0 && v != 1) throw bad();
-          cfg.*member = v == 1;
-        } else if constexpr (std::is_same_v<V, double>) {
-          double v = 0;
-          if (raw.json) {
-            if (!raw.json->is_number()) throw bad();
-            v = raw.json->template get<double>();
-          } else if (!parse_real(raw.text, &v)) {
-            throw bad();
-          }
-          if (!std::isfinite(v) || !flag.range.contains(v)) throw bad();
-          cfg.*member = v;
-        } else {
-          long long v = 0;
-          if (raw.json) {
-            if (!raw.json->is_number_integer()) throw bad();
-            if (raw.json->is_number_unsigned() && raw.json->template get<unsigned long long>() > LLONG_MAX) throw bad();
-            v = raw.json->template get<long long>();
-          } else if (!parse_integer(raw.text, &v)) {
-            throw bad();
-          }
-          if (!flag.range.contains(static_cast<double>(v)) || v > std::numeric_limits<V>::max()) throw bad();
-          cfg.*member = static_cast<V>(v);
-        }
-      },
-      flag.field);
-  cfg.explicitly_set.insert(flag.name);
-}
-
-inline std::string value_text(const TrainConfig& cfg, const Flag& flag) {
-  return std::visit(
-      [&](auto member) -> std::string {
-        using V = std::remove_cv_t<std::remove_reference_t<decltype(cfg.*member)>>;
-        if constexpr (std::is_same_v<V, std::string>) return cfg.*member;
-        else if constexpr (std::is_same_v<V, bool>) return cfg.*member ? "1" : "0";
-        else if constexpr (std::is_same_v<V, double>) return format_number(cfg.*member);
-        else return std::to_string(cfg.*member);
-      },
-      flag.field);
-}
+// A flag's value in cfg as text (--help's default, the start-up summary, the manifest).
+std::string value_text(const TrainConfig& cfg, const Flag& flag);
 
 }  // namespace config_detail
 
 // The run's flags as the manifest records them ({"lr": "0.0006", ...}).
-inline nlohmann::json config_json(const TrainConfig& cfg) {
-  nlohmann::json j = nlohmann::json::object();
-  for (const Flag& f : flag_table()) j[f.name] = config_detail::value_text(cfg, f);
-  return j;
-}
-
-namespace config_detail {
-
-// The whole of a --config file; errors name the file (a directory, for one, opens but cannot be read).
-inline std::string read_config_file(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0)
-    throw std::invalid_argument("--config " + path + ": cannot open the file: " + std::strerror(errno));
-  if (S_ISDIR(st.st_mode)) throw std::invalid_argument("--config " + path + ": is a directory, expected a JSON file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::invalid_argument("--config " + path + ": cannot open the file: " + std::strerror(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad() || text.fail()) throw std::invalid_argument("--config " + path + ": cannot read the file");
-  return text.str();
-}
-
-}  // namespace config_detail
+nlohmann::json config_json(const TrainConfig& cfg);
 
 // Applies a JSON config file (an object of flag values) to cfg.
-inline void apply_config_file(TrainConfig& cfg, const std::string& path) {
-  const std::string text = config_detail::read_config_file(path);
-  // The parser keeps the last of two equal keys; the callback sees every key of the top-level
-  // object (depth 1) as parsed, escapes decoded, so a repeated one is reported instead.
-  std::set<std::string> keys;
-  const auto no_repeated_keys = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-    if (event == nlohmann::json::parse_event_t::key && depth == 1 && !keys.insert(parsed.get<std::string>()).second)
-      throw std::invalid_argument("--config " + path + ": key \"" + parsed.get<std::string>() +
-                                  "\" appears more than once (give each key once)");
-    return true;
-  };
-  nlohmann::json doc;
-  try {
-    doc = nlohmann::json::parse(text, no_repeated_keys);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw std::invalid_argument("--config " + path + ": not valid JSON (" + e.what() + ")");
-  }
-  if (!doc.is_object())
-    throw std::invalid_argument("--config " + path + ": expected a JSON object of flag values, got " +
-                                std::string(doc.type_name()));
-  for (const auto& item : doc.items()) {
-    const Flag* flag = find_flag(item.key());
-    if (!flag || flag->command_line_only)
-      throw std::invalid_argument("--config " + path + ": unknown key \"" + item.key() +
-                                  "\" (keys are the flag names without '--'; see --help)");
-    config_detail::assign(cfg, *flag, {"", &item.value()}, "--config " + path + ": key \"" + item.key() + "\"");
-  }
-}
+void apply_config_file(TrainConfig& cfg, const std::string& path);
 
 struct ParsedArgs {
   TrainConfig config;
@@ -444,49 +148,4 @@ struct ParsedArgs {
 // Parses argv (argv[0] is the program). Reads --config first, then applies the other flags
 // in order. Checks each value and that no flag is given twice; cross-flag checks are
 // validate_config's.
-inline ParsedArgs parse_args(int argc, const char* const* argv) {
-  ParsedArgs result;
-  std::vector<std::pair<const Flag*, std::string>> given;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      result.help = true;
-      return result;
-    }
-    if (arg.rfind("--", 0) != 0 || arg.size() == 2)
-      throw std::invalid_argument("unexpected argument '" + arg + "' (flags look like --name value; see --help)");
-    std::string name = arg.substr(2), value;
-    size_t eq = name.find('=');
-    bool inline_value = eq != std::string::npos;
-    if (inline_value) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-    }
-    const Flag* flag = find_flag(name);
-    if (!flag) throw std::invalid_argument("unknown flag '--" + name + "' (see --help)");
-    // A 0|1 flag without a value (last, or followed by another flag) means 1: `--eval`.
-    const bool bare_switch = !inline_value && std::holds_alternative<bool TrainConfig::*>(flag->field) &&
-                             (i + 1 >= argc || std::string(argv[i + 1]).rfind("--", 0) == 0);
-    if (bare_switch) {
-      value = "1";
-    } else if (!inline_value) {
-      if (i + 1 >= argc) throw std::invalid_argument("--" + name + ": missing value (expected " +
-                                                     config_detail::expectation(*flag) + ")");
-      value = argv[++i];
-    }
-    for (const auto& [earlier, earlier_value] : given)
-      if (earlier == flag)
-        throw std::invalid_argument("--" + name + " is given twice ('" + earlier_value + "', then '" + value +
-                                    "'): give each flag once");
-    given.emplace_back(flag, value);
-  }
-  for (const auto& [flag, value] : given)
-    if (std::string(flag->name) == "config") {
-      if (value.empty()) throw std::invalid_argument("--config: expected a file name");
-      result.config.config_file = value;
-    }
-  if (!result.config.config_file.empty()) apply_config_file(result.config, result.config.config_file);
-  for (const auto& [flag, value] : given)
-    if (std::string(flag->name) != "config") config_detail::assign(result.config, *flag, {value, nullptr}, std::string("--") + flag->name);
-  return result;
-}
+ParsedArgs parse_args(int argc, const char* const* argv);

@@ -10,48 +10,9 @@
 
 // Checks that need several flags together; resolves total_batch_tokens' default.
 // Returns the gradient accumulation steps per optimizer step.
-inline int validate_config(TrainConfig& cfg, int world_size) {
-  if (cfg.was_set("init-from") && !cfg.init_from.empty() && cfg.was_set("model"))
-    throw std::invalid_argument("--init-from and --model are mutually exclusive: the model file's header defines the "
-                                "architecture (drop --model)");
-  if (cfg.eval_data.empty() && (cfg.eval || cfg.eval_every > 0))
-    throw std::invalid_argument(std::string(cfg.eval ? "--eval" : "--eval-every") +
-                                " needs --eval-data FILE (an eval file: data/hellaswag.sh writes HellaSwag's)");
-  if (cfg.world_size > 0 && !cfg.plan)
-    throw std::invalid_argument("--world-size is for --plan only (a run's world size is its launcher's)");
-  if (cfg.generate && cfg.init_from.empty() && cfg.resume.empty())
-    throw std::invalid_argument("--generate needs a trained model: --init-from FILE or --resume DIR|auto");
-  if (cfg.generate && (cfg.eval || cfg.plan))
-    throw std::invalid_argument(std::string("--generate and ") + (cfg.eval ? "--eval" : "--plan") +
-                                " are different runs: give one of them");
-  if (!cfg.eval_losses.empty() && !cfg.eval)
-    throw std::invalid_argument("--eval-losses is written by --eval runs only (add --eval)");
-  const long long micro_tokens = static_cast<long long>(cfg.batch_size) * cfg.seq_len * world_size;
-  if (cfg.total_batch_tokens == 0) cfg.total_batch_tokens = micro_tokens;
-  if (cfg.total_batch_tokens % micro_tokens != 0)
-    throw std::invalid_argument("--total-batch-tokens " + std::to_string(cfg.total_batch_tokens) +
-                                " is not a multiple of batch-size x seq-len x ranks = " +
-                                std::to_string(cfg.batch_size) + " x " + std::to_string(cfg.seq_len) + " x " +
-                                std::to_string(world_size) + " = " + std::to_string(micro_tokens));
-  const long long accum = cfg.total_batch_tokens / micro_tokens;
-  if (accum > INT_MAX) throw std::invalid_argument("--total-batch-tokens " + std::to_string(cfg.total_batch_tokens) +
-                                                   ": too many accumulation steps");
-  return static_cast<int>(accum);
-}
+int validate_config(TrainConfig& cfg, int world_size);
 
 // Checks the sequence length against the model (max_seq_len from the preset or file header).
-inline void validate_against_model(const TrainConfig& cfg, int max_seq_len, const std::string& model_source) {
-  if (cfg.seq_len > max_seq_len)
-    throw std::invalid_argument("--seq-len " + std::to_string(cfg.seq_len) + " exceeds the maximum sequence length " +
-                                std::to_string(max_seq_len) + " of " + model_source);
-}
+void validate_against_model(const TrainConfig& cfg, int max_seq_len, const std::string& model_source);
 
-inline LrSchedule make_lr_schedule(const TrainConfig& cfg) {
-  LrSchedule s;
-  s.kind = parse_lr_schedule(cfg.lr_schedule);
-  s.peak_lr = cfg.lr;
-  s.warmup_steps = cfg.warmup_steps;
-  s.total_steps = cfg.max_steps;
-  s.final_lr_frac = cfg.final_lr_frac;
-  return s;
-}
+LrSchedule make_lr_schedule(const TrainConfig& cfg);

@@ -29,16 +29,7 @@ class ZScoreWindow {
 
   // (x − mean) / std over the window (population std). A constant window gives +inf for any x
   // above it and 0 otherwise.
-  double z(double x) const {
-    double sum = 0.0;
-    for (double v : values_) sum += v;
-    const double mean = sum / static_cast<double>(values_.size());
-    double squares = 0.0;
-    for (double v : values_) squares += (v - mean) * (v - mean);
-    const double stddev = std::sqrt(squares / static_cast<double>(values_.size()));
-    if (stddev == 0.0) return x > mean ? std::numeric_limits<double>::infinity() : 0.0;
-    return (x - mean) / stddev;
-  }
+  double z(double x) const;
 
   void push(double x) {
     values_.push_back(x);
@@ -61,34 +52,8 @@ struct BadStepGuards {
 
   // Returns why the step must be skipped ("" = apply it) and counts it; an accepted step's loss
   // and norm join the windows.
-  std::string check(double loss, double grad_norm) {
-    if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
-      ++skipped_nonfinite;
-      return !std::isfinite(loss) ? "non-finite loss" : "non-finite gradient norm";
-    }
-    if (loss_z_limit > 0.0 && loss_window.ready()) {
-      const double z = loss_window.z(loss);
-      if (z > loss_z_limit) {
-        ++skipped_loss_z;
-        return "loss z-score " + format(z) + " > " + format(loss_z_limit);
-      }
-    }
-    if (norm_z_limit > 0.0 && norm_window.ready()) {
-      const double z = norm_window.z(grad_norm);
-      if (z > norm_z_limit) {
-        ++skipped_norm_z;
-        return "gradient-norm z-score " + format(z) + " > " + format(norm_z_limit);
-      }
-    }
-    loss_window.push(loss);
-    norm_window.push(grad_norm);
-    return "";
-  }
+  std::string check(double loss, double grad_norm);
 
  private:
-  static std::string format(double x) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.3g", x);
-    return buf;
-  }
+  static std::string format(double x);
 };
