@@ -3,7 +3,8 @@
 // dtypes, detection of damaged checkpoints, retention and the metrics rewrite on resume.
 // The end-to-end behaviour (exact resume, signals, failed writes) is test/checks/checkpoint_*.sh.
 #include "test/test_util.h"
-#include "src/ckpt/checkpoint.h"
+#include "src/ckpt/checkpoint_load.h"
+#include "src/ckpt/checkpoint_write.h"
 #include "src/run/metrics.h"
 
 #include <sys/stat.h>
@@ -160,7 +161,7 @@ TEMPLATE_TEST_CASE("A checkpoint restores parameters, fp32 weights, moments and 
   for (int step = 1; step <= 2; ++step) {
     model.zero_grad();
     model.forward_backward(inputs.data(), targets.data(), 1);
-    model.update(opt, 1e-2f, step);
+    test::optimizer_step(model, opt, 1e-2f, step);
   }
   TrainingState state;
   state.step = 2;
@@ -211,7 +212,7 @@ TEMPLATE_TEST_CASE("A checkpoint restores parameters, fp32 weights, moments and 
   for (GPT2<TestType>* m : {&model, &loaded}) {
     m->zero_grad();
     m->forward_backward(inputs.data(), targets.data(), 1);
-    m->update(opt, 1e-2f, 3);
+    test::optimizer_step(*m, opt, 1e-2f, 3);
   }
   CHECK(test::same_bits(download_all(model.params_device(), P), download_all(loaded.params_device(), P)));
 
@@ -234,7 +235,7 @@ TEMPLATE_TEST_CASE("A checkpoint loads into other gradient buckets (resharding) 
   auto step = [&](GPT2<TestType>& m, int s) {
     m.zero_grad();
     m.forward_backward(inputs.data(), targets.data(), 1);
-    m.update(opt, 1e-2f, s);
+    test::optimizer_step(m, opt, 1e-2f, s);
   };
   step(model, 1);
   step(model, 2);

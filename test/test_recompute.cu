@@ -50,7 +50,7 @@ Trace train(int recompute, size_t* activation_bytes) {
       trace.losses.push_back(model.mean_loss());
     }
     trace.grads.push_back(model.gradients());
-    trace.norms.push_back(model.update(opt, 1e-2f, step));
+    trace.norms.push_back(test::optimizer_step(model, opt, 1e-2f, step));
   }
   trace.params = model.parameters();
   const std::vector<int> tokens = test::random_tokens(rows + 1, kTiny.vocab_size, 999);

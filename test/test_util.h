@@ -15,6 +15,15 @@
 
 namespace test {
 
+// One optimizer step as the trainer takes it: the step's figures (its one host synchronisation),
+// then AdamW at `lr`. Returns the gradient norm before clipping.
+template <typename Model, typename Settings>
+float optimizer_step(Model& model, const Settings& opt, float lr, int step) {
+  const auto figures = model.step_figures();
+  model.apply_update(opt, lr, step, figures.grad_norm);
+  return figures.grad_norm;
+}
+
 // A device allocation (src/base/device.h's DeviceArray, at least one element so that an empty buffer
 // still has an address) whose fresh contents are poisoned with 0xFF bytes (NaN as float and as
 // bf16), so an element a kernel forgets to write shows up.

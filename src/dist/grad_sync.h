@@ -157,16 +157,18 @@ class GradientSync {
     cuda_check(cudaMemsetAsync(grads_.get(), 0, grads_.bytes(), stream_), "zeroing gradients");
   }
 
-  // Hooks around one micro-step's backward pass, in this order: begin_micro_step before anything
-  // writes a gradient (the lm head included), before_layer(l) and after_layer(l) around layer l's
-  // backward (l = L-1 .. 0), end_micro_step after the embeddings' backward.
+  // Calls around one micro-step's backward pass, in this order: begin_micro_step before anything
+  // writes a gradient (the lm head included), open_layer_gradients(l) and send_finished_bucket(l)
+  // around layer l's backward (l = L-1 .. 0), end_micro_step (which sends the embeddings' bucket)
+  // after the embeddings' backward.
   void begin_micro_step(bool last_micro_step) {
     communicate_ = communicating() && (last_micro_step || zero_ == 2);
     if (zero_ != 2) return;
     comm_->order_before(stream_);  // the previous micro-step's sums into the shard are complete
     prepare_window(buckets_.buckets().size() - 1);
   }
-  void before_layer(int l) {
+  // ZeRO 2: the window of l's bucket, free again, before its top layer writes gradients into it.
+  void open_layer_gradients(int l) {
     const size_t b = buckets_.bucket_of_layer(l);
     if (zero_ != 2 || buckets_.buckets()[b].top_layer != l) return;
     cuda_check(cudaStreamWaitEvent(stream_, window_free_[b % 2], 0), "waiting for a gradient window");
@@ -174,7 +176,7 @@ class GradientSync {
   }
   // A layer bucket is complete once its lowest layer's backward is queued: it is sent after that
   // backward (event), while the model's stream moves on to the next layer.
-  void after_layer(int l) {
+  void send_finished_bucket(int l) {
     const size_t b = buckets_.bucket_of_layer(l);
     if (!communicate_ || buckets_.buckets()[b].bottom_layer != l) return;
     comm_->wait_for(stream_);

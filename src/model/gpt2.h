@@ -166,7 +166,7 @@ class GPT2 {
 
   // The figures of the optimizer step whose micro-steps are queued, copied to the host together:
   // the step's one host synchronisation. loss: the mean over every micro-step's tokens on every
-  // rank; grad_norm: gradient_norm()'s; summed_with_loss: the caller's `with_loss` summed over the
+  // rank; grad_norm: the global norm of the accumulated gradients; summed_with_loss: the caller's `with_loss` summed over the
   // ranks in the loss's all-reduce (the trainer's stop votes: every rank learns them without a
   // synchronisation of their own).
   struct StepFigures {
@@ -192,27 +192,10 @@ class GPT2 {
             std::sqrt(host->grad_norm)};
   }
 
-  // One optimizer step (step is 1-based) from the accumulated gradients: gradient_norm(), then
-  // apply_update() (AdamW with clipping, optimizer.h). Returns the global gradient norm before
-  // clipping, a non-finite one as is (the caller decides). Data parallel: the update waits for the
+  // One optimizer step (step is 1-based) from the accumulated gradients: AdamW with clipping
+  // (optimizer.h) given step_figures()' gradient norm. Data parallel: the update waits for the
   // gradient communication; with sharded optimizer state each rank updates its shard, then the
   // parameters are all-gathered.
-  float update(const OptimizerSettings& opt, float lr, int step) {
-    const float norm = gradient_norm();
-    apply_update(opt, lr, step, norm);
-    return norm;
-  }
-
-  // The global norm of the accumulated gradients (update()'s first half, for callers that look at
-  // the norm before deciding whether to apply the step). Waits for the gradient communication.
-  float gradient_norm() {
-    queue_norm_squared();
-    float norm_squared = 0.0f;
-    copy_to_host(&norm_squared, acts_.norm_squared.get(), sizeof(float), stream_.get());
-    return std::sqrt(norm_squared);
-  }
-
-  // update()'s second half: the AdamW step, given gradient_norm()'s result for the clipping.
   void apply_update(const OptimizerSettings& opt, float lr, int step, float norm) {
     adamw_step(opt, lr, step, norm, layout_, grads_.segments(), params_.get(), master_.get(), grads_.owned_gradients(),
                [this](const OptimizerSegment& s) { return grads_.gradient_offset(s); }, adam_m_.get(), adam_v_.get(),
@@ -430,7 +413,7 @@ class GPT2 {
     const bool recompute_gelu = !rerun_block && !block_keeps(BlockTensor::fch_gelu, recompute_);
     const bool recompute_ln = !rerun_block && !block_keeps(BlockTensor::ln_output, recompute_);
     for (int l = L - 1; l >= 0; --l) {
-      grads_.before_layer(l);
+      grads_.open_layer_gradients(l);  // gradient communication: grad_sync.h
       const Elem* residual = block_input(l);
       Elem* ln1 = layer_slice(a.ln1, l, NC);
       float* ln1_mean = layer_slice(a.ln1_mean, l, N);
@@ -469,7 +452,7 @@ class GPT2 {
                       3 * C, s);
       layernorm_backward(dresidual, grad(kLn1w, l), grad(kLn1b, l), scratch, dbranch, residual, param(kLn1w, l),
                          ln1_mean, ln1_rstd, N, C, s);
-      grads_.after_layer(l);
+      grads_.send_finished_bucket(l);  // all-reduce / reduce-scatter once its bucket is done
     }
     encoder_backward(grad(kWte), grad(kWpe), a.buckets.get(), num_buckets_, dresidual, B_, seq_len_, C, s);
   }

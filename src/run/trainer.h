@@ -4,7 +4,8 @@
 #pragma once
 #include "src/base/error_context.h"
 #include "src/base/units.h"
-#include "src/ckpt/checkpoint.h"
+#include "src/ckpt/checkpoint_load.h"
+#include "src/ckpt/checkpoint_write.h"
 #include "src/config/config_warnings.h"
 #include "src/dist/comm.h"
 #include "src/gen/generate.h"

@@ -38,8 +38,9 @@ for f in src/*/*.h src/*/*.cpp; do
       kernels/*) ;;
       src/*/*)
         to=$(echo "$inc" | cut -d/ -f2)
-        [ -n "${rank[$to]:-}" ] && [ "${rank[$to]}" -le "${rank[$layer]:-99}" ] ||
-          fail "$f ($layer) includes $inc: layers include only their own folder or lower ones (${kLayers[*]})" ;;
+        if [ -z "${rank[$to]:-}" ] || [ "${rank[$to]}" -gt "${rank[$layer]:-99}" ]; then
+          fail "$f ($layer) includes $inc: layers include only their own folder or lower ones (${kLayers[*]})"
+        fi ;;
       *) fail "$f includes \"$inc\": src/ includes only src/ and kernels/ (root-relative paths)" ;;
     esac
   done

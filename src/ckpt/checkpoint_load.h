@@ -1,0 +1,170 @@
+// checkpoint_load.h — loading a verified checkpoint on any number of ranks: each rank reads the
+// optimizer state of the parameters it owns from whichever state files hold them (resharding).
+#pragma once
+#include "kernels/common.cuh"
+#include "src/base/durable_file.h"
+#include "src/ckpt/checkpoint.h"
+#include "src/ckpt/checkpoint_dirs.h"
+#include "src/dist/comm.h"
+#include "src/model/gpt2.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace checkpoint_detail {
+
+inline void read_exact(std::FILE* f, void* dst, size_t bytes, const std::string& path, const char* what) {
+  if (std::fread(dst, 1, bytes, f) != bytes) throw std::runtime_error(path + ": file ended inside " + what);
+}
+
+// One state file of a checkpoint being loaded: its header, its open file, and which parameters its
+// optimizer-state elements belong to (runs sorted by parameter).
+struct StateSource {
+  std::string path;
+  std::FILE* file = nullptr;
+  StateHeader header{};
+  std::vector<OptimizerSegment> runs;
+  StateSource() = default;
+  StateSource(const StateSource&) = delete;
+  StateSource& operator=(const StateSource&) = delete;
+  ~StateSource() {
+    if (file != nullptr) std::fclose(file);
+  }
+};
+
+// Reads and checks state file `rank` of a checkpoint written by `world_size` ranks.
+template <typename Elem>
+void open_state_source(const Checkpoint& c, int rank, int world_size, const GPT2<Elem>& model, StateSource* src) {
+  src->path = c.path + "/" + state_file_name(rank);
+  const std::string& path = src->path;
+  src->file = std::fopen(path.c_str(), "rb");
+  if (src->file == nullptr) throw file_error(path, "cannot open", errno);
+  StateHeader& h = src->header;
+  read_exact(src->file, &h, sizeof h, path, "the header");
+  auto mismatch = [&](const std::string& what) { return std::runtime_error(path + ": " + what); };
+  if (std::memcmp(h.magic, kStateMagic, sizeof h.magic) != 0) throw mismatch("not a train_gpt state file");
+  if (h.version != kStateVersion || h.header_bytes != sizeof(StateHeader))
+    throw mismatch("state format version " + std::to_string(h.version) + ", this build reads version " +
+                   std::to_string(kStateVersion));
+  if (h.rank != static_cast<uint32_t>(rank) || h.world_size != static_cast<uint32_t>(world_size))
+    throw mismatch("belongs to rank " + std::to_string(h.rank) + " of " + std::to_string(h.world_size) +
+                   ", the manifest lists it as rank " + std::to_string(rank) + " of " + std::to_string(world_size));
+  if (h.dtype != static_cast<uint32_t>(GPT2<Elem>::dtype))
+    throw mismatch(std::string("written by a --dtype ") + dtype_name(static_cast<DType>(h.dtype)) +
+                   " run, this run is " + dtype_name(GPT2<Elem>::dtype));
+  if (h.num_parameters != model.num_parameters())
+    throw mismatch("holds a model of " + std::to_string(h.num_parameters) + " parameters, this model has " +
+                   std::to_string(model.num_parameters()));
+  if (h.step != static_cast<uint64_t>(c.step))
+    throw mismatch("is at step " + std::to_string(h.step) + ", the manifest says " + std::to_string(c.step));
+  if (h.loss_window_count > ZScoreWindow::kCapacity || h.norm_window_count > ZScoreWindow::kCapacity)
+    throw mismatch("guard windows hold more than " + std::to_string(ZScoreWindow::kCapacity) + " values");
+  const GradientBuckets buckets = gradient_buckets(model.layout(), world_size, static_cast<int>(h.zero_stage),
+                                                   static_cast<int>(h.bucket_layers));
+  const int owner = effective_zero_stage(static_cast<int>(h.zero_stage), world_size) == 0 ? 0 : rank;
+  if (h.state_count != buckets.state_count(owner))
+    throw mismatch("holds " + std::to_string(h.state_count) + " optimizer-state elements, rank " +
+                   std::to_string(rank) + "'s share is " + std::to_string(buckets.state_count(owner)));
+  const uint64_t expected = sizeof h + 3 * h.state_count * sizeof(float) +
+                            (h.loss_window_count + h.norm_window_count) * sizeof(double);
+  struct stat st {};
+  if (::fstat(::fileno(src->file), &st) != 0 || static_cast<uint64_t>(st.st_size) != expected)
+    throw mismatch("is " + std::to_string(st.st_size) + " bytes, its header describes " + std::to_string(expected));
+  src->runs = buckets.segments(owner);
+  std::sort(src->runs.begin(), src->runs.end(),
+            [](const OptimizerSegment& a, const OptimizerSegment& b) { return a.param < b.param; });
+}
+
+// Section `section` (0 weights, 1 adam_m, 2 adam_v) of parameters [param, param + count) from the
+// sources that own them, into host memory.
+inline void read_state_range(const std::vector<std::unique_ptr<StateSource>>& sources, int section, size_t param,
+                             size_t count, float* out) {
+  for (size_t done = 0; done < count;) {
+    const size_t p = param + done;
+    const StateSource* from = nullptr;
+    const OptimizerSegment* run = nullptr;
+    for (const auto& src : sources) {
+      auto it = std::upper_bound(src->runs.begin(), src->runs.end(), p,
+                                 [](size_t v, const OptimizerSegment& r) { return v < r.param; });
+      if (it != src->runs.begin() && p < std::prev(it)->param + std::prev(it)->count) {
+        from = src.get();
+        run = &*std::prev(it);
+        break;
+      }
+    }
+    if (from == nullptr) throw std::runtime_error("checkpoint: no state file holds parameter " + std::to_string(p));
+    const size_t n = std::min(count - done, run->param + run->count - p);
+    const long offset = static_cast<long>(sizeof(StateHeader) +
+                                          (section * from->header.state_count + run->state + (p - run->param)) * 4);
+    if (std::fseek(from->file, offset, SEEK_SET) != 0) throw file_error(from->path, "cannot seek", errno);
+    read_exact(from->file, out + done, n * sizeof(float), from->path, "the optimizer state");
+    done += n;
+  }
+}
+
+}  // namespace checkpoint_detail
+
+// Loads a verified checkpoint into a model built with the checkpoint's architecture and dtype:
+// parameters from model.bin, fp32 weights (master weights for bf16) and AdamW moments of the
+// parameters this rank owns, and the rest into *state (guard limits are left as they are). The
+// checkpoint may come from another number of ranks, ZeRO stage or bucket size (resharding): each
+// owned segment's state is read from whichever state files hold it. The training state besides
+// the optimizer (step, seed, data position, guards) is the same on every rank: rank 0's is used.
+template <typename Elem>
+void load_checkpoint(const Checkpoint& c, GPT2<Elem>& model, TrainingState* state) {
+  model.load(c.path + "/" + kModelFileName);
+  const int old_world = c.manifest.value("world_size", 1);
+  const int old_zero = c.manifest.value("zero_stage", 0);
+  // At stage 0 every rank holds all of the state: rank 0's file is enough.
+  const int sources_needed = effective_zero_stage(old_zero, old_world) == 0 ? 1 : old_world;
+  std::vector<std::unique_ptr<checkpoint_detail::StateSource>> sources;
+  for (int r = 0; r < sources_needed; ++r) {
+    sources.push_back(std::make_unique<checkpoint_detail::StateSource>());
+    checkpoint_detail::open_state_source(c, r, old_world, model, sources.back().get());
+  }
+  for (const auto& src : sources)
+    if (src->header.zero_stage != static_cast<uint32_t>(old_zero))
+      throw std::runtime_error(src->path + ": ZeRO stage " + std::to_string(src->header.zero_stage) +
+                               ", the manifest says " + std::to_string(old_zero));
+
+  float* sections[3] = {model.master_device(), model.adam_m_device(), model.adam_v_device()};
+  const char* names[3] = {"the fp32 weights", "the AdamW first moments", "the AdamW second moments"};
+  std::vector<float> host;
+  for (const OptimizerSegment& g : model.gradient_sync().segments()) {
+    host.resize(g.count);
+    for (int section = 0; section < 3; ++section) {
+      checkpoint_detail::read_state_range(sources, section, g.param, g.count, host.data());
+      // fp32 weights in fp32 mode are the parameters themselves, in llm.c order.
+      float* dst = sections[section] != nullptr ? sections[section] + g.state
+                                                : reinterpret_cast<float*>(model.params_device()) + g.param;
+      cuda_check(cudaMemcpy(dst, host.data(), g.count * sizeof(float), cudaMemcpyHostToDevice),
+                 (std::string("uploading ") + names[section]).c_str());
+    }
+  }
+
+  const checkpoint_detail::StateSource& first = *sources.front();
+  const StateHeader& h = first.header;
+  if (std::fseek(first.file, static_cast<long>(sizeof h + 3 * h.state_count * sizeof(float)), SEEK_SET) != 0)
+    throw file_error(first.path, "cannot seek", errno);
+  std::vector<double> loss_values(h.loss_window_count), norm_values(h.norm_window_count);
+  checkpoint_detail::read_exact(first.file, loss_values.data(), loss_values.size() * sizeof(double), first.path,
+                                "the loss window");
+  checkpoint_detail::read_exact(first.file, norm_values.data(), norm_values.size() * sizeof(double), first.path,
+                                "the gradient-norm window");
+  state->step = static_cast<long long>(h.step);
+  state->seed = h.seed;
+  state->train_data = h.train_data;
+  state->guards.skipped_nonfinite = h.skipped_nonfinite;
+  state->guards.skipped_loss_z = h.skipped_loss_z;
+  state->guards.skipped_norm_z = h.skipped_norm_z;
+  state->guards.loss_window.assign(loss_values);
+  state->guards.norm_window.assign(norm_values);
+}
