@@ -22,7 +22,7 @@ fi
 model=$tmp/ref/model.bin
 
 # eval.bin (the format as docs/FORMATS.md states it) and expected.json: PyTorch's loss sums per
-# completion and the accuracies, with the context cut as README states (to T + 1 - longest
+# completion and the accuracies, with the context cut as docs/EVALUATION.md states (to T + 1 - longest
 # completion tokens).
 "$python" - "$model" "$tmp/eval.bin" "$tmp/expected.json" "$T" <<'PY' || { echo "FAIL: writing the eval file"; exit 1; }
 import json, struct, sys
