@@ -45,17 +45,21 @@ HOST_LIBS  := -lpcre2-8
 
 SIMT_SRCS  := $(wildcard simt/*.cpp)
 SIMT_OBJS  := $(SIMT_SRCS:%.cpp=$(BUILD)/cpu/%.o)
-KERNEL_TESTS := $(wildcard test/test_*.cu)
-SIMT_TESTS   := $(wildcard test/simt_*.cpp)
+# Tests by kind: test/kernels, test/host, test/model (Catch2, .cu: both builds), test/simt (the
+# CPU build's stand-ins, .cpp), test/mpi (multi-rank, run under mpirun by
+# test/checks/distributed_nccl.sh, not by the single-process runner); test/checks (end to end) and
+# test/lint (the tree's shape) are scripts run by test/run_tests.sh.
+KERNEL_TESTS := $(wildcard test/kernels/test_*.cu test/host/test_*.cu test/model/test_*.cu)
+SIMT_TESTS   := $(wildcard test/simt/simt_*.cpp)
 CPU_TEST_BINS := $(KERNEL_TESTS:test/%.cu=$(BUILD)/cpu/test/%) $(SIMT_TESTS:test/%.cpp=$(BUILD)/cpu/test/%)
 GPU_TEST_BINS := $(KERNEL_TESTS:test/%.cu=$(BUILD)/gpu/test/%)
-# Multi-rank tests (test/mpi_*.cu) run under mpirun from test/checks/distributed_nccl.sh, not by
-# the single-process runner.
-MPI_TESTS         := $(wildcard test/mpi_*.cu)
+MPI_TESTS         := $(wildcard test/mpi/mpi_*.cu)
 CPU_MPI_TEST_BINS := $(MPI_TESTS:test/%.cu=$(BUILD)/cpu/test/%)
 GPU_MPI_TEST_BINS := $(MPI_TESTS:test/%.cu=$(BUILD)/gpu/test/%)
+# What a check script may need: the binaries, the tests it runs and the PyTorch reference.
+CHECK_DEPS = train_gpt_cpu tokenize $(CPU_MPI_TEST_BINS) $(REFERENCES)
 
-.PHONY: all gpu cpu test test-gpu gpu-check ptx-report bench run clean check-nvcc gpu-deps gpu-acceptance
+.PHONY: all gpu cpu test test-one check test-gpu gpu-check ptx-report bench run clean check-nvcc gpu-deps gpu-acceptance
 .DEFAULT_GOAL := all
 
 all: gpu
@@ -112,8 +116,21 @@ REFERENCES    := $(REFERENCE_DIR)/tiny/reference.bin
 $(REFERENCE_DIR)/tiny/reference.bin: dev/gpt2_reference.py
 	$(PYTHON) dev/gpt2_reference.py --out $(@D) > /dev/null
 
-test: $(CPU_TEST_BINS) $(CPU_MPI_TEST_BINS) train_gpt_cpu tokenize $(REFERENCES)
+test: $(CPU_TEST_BINS) $(CHECK_DEPS)
 	@bash test/run_tests.sh cpu $(CPU_TEST_BINS)
+
+# One test binary, both thread orders: make test-one T=test_gelu (or T=simt_nccl).
+test-one:
+	@test -n "$(T)" || { echo "usage: make test-one T=NAME (a file under test/kernels, host, model or simt)"; exit 2; }
+	@bin="$(filter %/$(T),$(CPU_TEST_BINS))"; test -n "$$bin" || { echo "no test named $(T): $(notdir $(CPU_TEST_BINS))"; exit 2; }; \
+	  $(MAKE) --no-print-directory $$bin && bash test/run_tests.sh --only cpu $$bin
+
+# One check script: make check C=cli_train (test/checks or test/lint).
+check:
+	@test -n "$(C)" || { echo "usage: make check C=NAME (a script under test/checks or test/lint)"; exit 2; }
+	@script=$$(ls test/checks/$(C).sh test/lint/$(C).sh 2>/dev/null | head -n 1); \
+	  test -n "$$script" || { echo "no check named $(C) in test/checks or test/lint"; exit 2; }; \
+	  $(MAKE) --no-print-directory $(CHECK_DEPS) >/dev/null && bash "$$script" cpu
 
 test-gpu: check-nvcc $(GPU_TEST_BINS) $(GPU_MPI_TEST_BINS) train_gpt tokenize $(REFERENCES)
 	@bash test/run_tests.sh gpu $(GPU_TEST_BINS)

@@ -2,10 +2,12 @@
 # Runs test binaries and the project's other checks; prints one summary line
 # "N passed, N failed[, N skipped]" (test cases and checks) and exits non-zero on any failure.
 # A check script that exits 77 does not apply to this build (e.g. simt checks under test-gpu).
-# usage: run_tests.sh cpu|gpu BINARY...
+# usage: run_tests.sh [--only] cpu|gpu BINARY...   (--only: the binaries alone, no check scripts)
 # CPU: every binary runs twice, SIMT_SCHEDULE=forward and reverse, so a missing barrier
 # that one thread order hides is caught by the other.
 set -u
+only=0
+if [ "${1:-}" = --only ]; then only=1; shift; fi
 mode=$1; shift
 log_dir=build/$mode/test/logs
 mkdir -p "$log_dir"
@@ -64,8 +66,8 @@ for bin in "$@"; do
   fi
 done
 
-for check in test/checks/*.sh; do
-  [ -e "$check" ] || continue
+for check in test/checks/*.sh test/lint/*.sh; do
+  [ "$only" -eq 0 ] && [ -e "$check" ] || continue
   run_check "$(basename "$check" .sh)" bash "$check" "$mode"
 done
 

@@ -14,7 +14,6 @@
 #include <cstdio>
 #include <optional>
 
-// What the model allocated is reported by the plan's terms (equal: test/simt_counters.cpp).
 template <typename Elem>
 void print_startup_report(const RunSetup& setup, const GPT2<Elem>& model, const TrainingData& data,
                           const Communicator& comm, double flops_per_token, const std::optional<Peak>& peak) {
@@ -22,7 +21,7 @@ void print_startup_report(const RunSetup& setup, const GPT2<Elem>& model, const 
   const cudaDeviceProp prop = device_properties();
   const int B = cfg.batch_size, seq_len = cfg.seq_len, world_size = comm.world_size();
   const ActivationBytes acts = gpt2_activation_bytes(setup.model, B, seq_len, model.recompute(), GPT2<Elem>::dtype);
-  // What the model allocated, by the plan's terms (equal: test/simt_counters.cpp).
+  // What the model allocated, by the plan's terms (equal: test/simt/simt_counters.cpp).
   const MemoryPlan plan = run_memory_plan(cfg, setup.model, B, model.recompute(), world_size,
                                           sampling_positions(cfg, setup.model, setup.sampler.get()));
   const size_t param_bytes = term_bytes(plan, "parameters"), grad_bytes = term_bytes(plan, "gradients"),

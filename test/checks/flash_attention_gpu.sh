@@ -8,8 +8,8 @@ cd "$(dirname "$0")/../.."
 nvcc=${NVCC:-${CUDA_HOME:-/usr/local/cuda}/bin/nvcc}
 command -v "$nvcc" >/dev/null || { echo "nvcc not found at $nvcc: install the CUDA toolkit or set CUDA_HOME"; exit 1; }
 
-src=test/test_flash_attention.cu
-obj=build/gpu/test/test_flash_attention.o
+src=test/kernels/test_flash_attention.cu
+obj=build/gpu/test/kernels/test_flash_attention.o
 make --no-print-directory -j2 "$obj"
 
 failures=0

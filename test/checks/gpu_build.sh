@@ -47,16 +47,16 @@ require_vector_access() {  # test source, kernel name
     echo "ok: $2 uses 128-bit global loads and stores"
   fi
 }
-require_vector_access test/test_gelu.cu gelu_forward_kernel
-require_vector_access test/test_gelu.cu gelu_backward_kernel
-require_vector_access test/test_encoder.cu encoder_forward_kernel
-require_vector_access test/test_layernorm.cu layernorm_forward_kernel
-require_vector_access test/test_layernorm.cu residual_layernorm_forward_kernel
-require_vector_access test/test_layernorm.cu layernorm_backward_kernel
-require_vector_access test/test_adamw.cu adamw_kernel
-require_vector_access test/test_attention.cu attention_forward_kernel
+require_vector_access test/kernels/test_gelu.cu gelu_forward_kernel
+require_vector_access test/kernels/test_gelu.cu gelu_backward_kernel
+require_vector_access test/kernels/test_encoder.cu encoder_forward_kernel
+require_vector_access test/kernels/test_layernorm.cu layernorm_forward_kernel
+require_vector_access test/kernels/test_layernorm.cu residual_layernorm_forward_kernel
+require_vector_access test/kernels/test_layernorm.cu layernorm_backward_kernel
+require_vector_access test/kernels/test_adamw.cu adamw_kernel
+require_vector_access test/kernels/test_attention.cu attention_forward_kernel
 
-warp_ptx=$(ptx_of test/test_warp_ops.cu)
+warp_ptx=$(ptx_of test/kernels/test_warp_ops.cu)
 for instruction in 'mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32' 'ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16' \
                    'cp.async.cg.shared.global' 'shfl.sync.bfly.b32'; do
   if grep -qF "$instruction" "$warp_ptx"; then echo "ok: PTX has $instruction"; else echo "FAIL: no $instruction in $warp_ptx"; failures=$((failures + 1)); fi
