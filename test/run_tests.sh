@@ -67,7 +67,7 @@ for bin in "$@"; do
 done
 
 for check in test/checks/*.sh test/lint/*.sh; do
-  [ "$only" -eq 0 ] && [ -e "$check" ] || continue
+  if [ "$only" -eq 1 ] || [ ! -e "$check" ]; then continue; fi
   run_check "$(basename "$check" .sh)" bash "$check" "$mode"
 done
 

@@ -77,7 +77,7 @@ TEST_CASE("each bucket travels in one collective: all-reduce at ZeRO 0, reduce-s
       CHECK(gradient_all_reduces == 0);
       CHECK(c.reduce_scatter == static_cast<long long>(buckets) * (zero == 2 ? kMicroSteps : 1));
       CHECK(c.all_gather == static_cast<long long>(buckets));
-      CHECK(c.all_reduce == 1);  // the gradient norm's sum over the ranks' chunks
+      CHECK(c.all_reduce == 2);  // the step's figures: the gradient norm's sum over the ranks' chunks, the loss's
     }
     const std::vector<float> got = model.parameters();
     REQUIRE(got.size() == expected.size());
