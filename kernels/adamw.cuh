@@ -138,8 +138,7 @@ void adamw_update(T* params, float* master, const T* grads, float* m, float* v, 
                   float beta2, float eps, float weight_decay, float grad_scale, int step, unsigned seed,
                   size_t index_offset, cudaStream_t stream) {
   if (step < 1) {
-    std::fprintf(stderr, "adamw_update: step must be >= 1 (1-based, for bias correction), got %d\n", step);
-    std::exit(1);
+    throw_errorf("adamw_update: step must be >= 1 (1-based, for bias correction), got %d", step);
   }
   if (n == 0) return;
   constexpr size_t W = Vec128<T>::size;

@@ -271,20 +271,17 @@ __global__ void attention_backward_key_value_kernel(T* dqkv, const float* delta,
 // Validates the shape and alignment shared by forward and backward; returns HS.
 int attention_check(const char* who, int B, int seq_len, int C, int NH, std::initializer_list<const void*> tensors) {
   if (B < 1 || seq_len < 1 || NH < 1 || C < 1 || C % NH != 0) {
-    std::fprintf(stderr, "%s: need B, T, NH >= 1 and C divisible by NH; got B=%d T=%d C=%d NH=%d\n", who, B, seq_len,
+    throw_errorf("%s: need B, T, NH >= 1 and C divisible by NH; got B=%d T=%d C=%d NH=%d", who, B, seq_len,
                  C, NH);
-    std::exit(1);
   }
   int head_size = C / NH;
   if (head_size % 8 != 0 || head_size > 128) {
-    std::fprintf(stderr, "%s: head size C/NH = %d/%d = %d must be a multiple of 8 and at most 128\n", who, C, NH,
+    throw_errorf("%s: head size C/NH = %d/%d = %d must be a multiple of 8 and at most 128", who, C, NH,
                  head_size);
-    std::exit(1);
   }
   for (const void* p : tensors) {
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {
-      std::fprintf(stderr, "%s: tensor %p is not 16-byte aligned (128-bit accesses)\n", who, p);
-      std::exit(1);
+      throw_errorf("%s: tensor %p is not 16-byte aligned (128-bit accesses)", who, p);
     }
   }
   return head_size;

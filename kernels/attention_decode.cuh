@@ -77,8 +77,7 @@ void kv_cache_write(T* k_cache, T* v_cache, const T* qkv, int B, int n, int pos,
                     cudaStream_t stream) {
   attention_check("kv_cache_write", B, n, C, NH, {k_cache, v_cache, qkv});
   if (pos < 0 || n > max_len - pos) {
-    std::fprintf(stderr, "kv_cache_write: rows [%d, %d) do not fit a cache of %d rows\n", pos, pos + n, max_len);
-    std::exit(1);
+    throw_errorf("kv_cache_write: rows [%d, %d) do not fit a cache of %d rows", pos, pos + n, max_len);
   }
   const size_t threads = static_cast<size_t>(B) * n * (C / Vec128<T>::size);
   const int block = 256;
@@ -93,8 +92,7 @@ void attention_decode_forward(T* out, const T* qkv, const T* k_cache, const T* v
                               int C, int NH, cudaStream_t stream) {
   int head_size = attention_check("attention_decode_forward", B, len, C, NH, {out, qkv, k_cache, v_cache});
   if (len > max_len) {
-    std::fprintf(stderr, "attention_decode_forward: %d cached rows requested of a cache of %d\n", len, max_len);
-    std::exit(1);
+    throw_errorf("attention_decode_forward: %d cached rows requested of a cache of %d", len, max_len);
   }
   float scale = 1.0f / sqrtf(static_cast<float>(head_size));
   launch(attention_decode_forward_kernel<T>, dim3(static_cast<unsigned>(ceil_div(B * NH, kAttentionWarpsPerBlock))),

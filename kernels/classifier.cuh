@@ -106,11 +106,9 @@ void fused_classifier(T* logits, float* losses, const int* targets, int rows, in
                       bool write_dlogits, cudaStream_t stream) {
   constexpr int W = Vec128<T>::size;
   if (V < 1 || V > Vp || Vp % W != 0 || reinterpret_cast<uintptr_t>(logits) % 16 != 0) {
-    std::fprintf(stderr,
-                 "fused_classifier: need 1 <= V <= Vp, Vp a multiple of %d and 16-byte aligned logits "
-                 "(got V=%d, Vp=%d, logits=%p)\n",
+    throw_errorf("fused_classifier: need 1 <= V <= Vp, Vp a multiple of %d and 16-byte aligned logits "
+                 "(got V=%d, Vp=%d, logits=%p)",
                  W, V, Vp, static_cast<const void*>(logits));
-    std::exit(1);
   }
   if (rows == 0) return;
   launch(fused_classifier_kernel<T>, dim3(rows), dim3(kClassifierThreads), 0, stream, logits, losses, targets, V, Vp,

@@ -4,6 +4,7 @@
 // otherwise from the CUDA toolkit and the inline PTX below. Everything after the #endif
 // is shared, byte for byte, by both builds.
 #pragma once
+#include <cstdarg>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -32,6 +33,10 @@ inline void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem
 #define DYNAMIC_SHARED(T, name)                          \
   extern __shared__ __align__(16) unsigned char name##_bytes[]; \
   T* name = reinterpret_cast<T*>(name##_bytes)
+
+// A kernel declared __launch_bounds__(N) opens with LAUNCH_BOUNDS_GUARD(N): nothing here, where a
+// launch over the bound fails on its own; the CPU build fails the launch the same way.
+#define LAUNCH_BOUNDS_GUARD(max_threads_per_block)
 
 // 128-bit global/shared access primitives; the shared Vec128 helpers below build on them.
 __device__ __forceinline__ int4 load_int4(const void* p) { return *reinterpret_cast<const int4*>(p); }
@@ -94,11 +99,28 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 
 using bf16 = __nv_bfloat16;
 
-// The one check of CUDA runtime results, for kernels' launchers, host code and tests alike: throws
-// std::runtime_error("<what>: <the runtime's message>"). CUDA_CHECK(call) names the call and where
-// it stands. The message is built only on failure: launchers check after every launch.
+// The one error path of kernels/ (launchers' argument checks, CUDA_CHECK, matmul.cuh's CUBLAS_CHECK),
+// host code and tests alike: throws std::runtime_error(what), so the caller decides (train_gpt
+// reports it with the rank and ends every rank; a test checks the message). No launcher exits.
+[[noreturn]] inline void throw_error(const std::string& what) { throw std::runtime_error(what); }
+// throw_error with a printf-style message.
+[[noreturn]] inline __attribute__((format(printf, 1, 2))) void throw_errorf(const char* format, ...) {
+  va_list args;
+  va_start(args, format);
+  const int length = std::vsnprintf(nullptr, 0, format, args);
+  va_end(args);
+  std::string what(length > 0 ? static_cast<size_t>(length) : 0, '\0');
+  va_start(args, format);
+  std::vsnprintf(&what[0], what.size() + 1, format, args);
+  va_end(args);
+  throw_error(what);
+}
+
+// The check of CUDA runtime results: throws "<what>: <the runtime's message>". CUDA_CHECK(call)
+// names the call and where it stands. The message is built only on failure: launchers check after
+// every launch.
 [[noreturn]] inline void cuda_fail(cudaError_t err, const char* what) {
-  throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+  throw_error(std::string(what) + ": " + cudaGetErrorString(err));
 }
 inline void cuda_check(cudaError_t err, const char* what) {
   if (err != cudaSuccess) cuda_fail(err, what);

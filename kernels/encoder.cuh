@@ -88,9 +88,8 @@ __global__ void encoder_backward_wpe_kernel(T* dwpe, const T* dout, int B, int s
 template <typename T>
 void encoder_check_shape(const char* op, int B, int seq_len, int C) {
   if (B < 1 || seq_len < 1 || C < 1 || C % Vec128<T>::size != 0) {
-    std::fprintf(stderr, "%s: need B>=1, seq_len>=1 and C a positive multiple of %d (128-bit accesses); got B=%d "
-                 "seq_len=%d C=%d\n", op, Vec128<T>::size, B, seq_len, C);
-    std::exit(1);
+    throw_errorf("%s: need B>=1, seq_len>=1 and C a positive multiple of %d (128-bit accesses); got B=%d "
+                 "seq_len=%d C=%d", op, Vec128<T>::size, B, seq_len, C);
   }
 }
 
@@ -123,9 +122,8 @@ inline int encoder_backward_build_buckets(int* buckets_host, const int* tokens_h
   const int N = B * seq_len;
   for (int p = 0; p < N; ++p) {
     if (tokens_host[p] < 0 || tokens_host[p] >= vocab_size) {
-      std::fprintf(stderr, "encoder_backward: token %d at position %d is outside [0, %d)\n", tokens_host[p], p,
+      throw_errorf("encoder_backward: token %d at position %d is outside [0, %d)", tokens_host[p], p,
                    vocab_size);
-      std::exit(1);
     }
   }
   // Positions sorted by token; the stable sort keeps increasing position order per token.

@@ -179,6 +179,7 @@ template <int HD>
 __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
     flash_attention_forward_kernel(bf16* out, float* lse, const bf16* qkv, int B, int seq_len, int NH,
                                    float scale_log2) {
+  LAUNCH_BOUNDS_GUARD(FlashTiles<HD>::kThreads);
   using Tiles = FlashTiles<HD>;
   constexpr int BM = Tiles::kRows, BN = Tiles::kStream, S = Tiles::kStride;
   DYNAMIC_SHARED(bf16, smem);
@@ -310,6 +311,7 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
     flash_attention_backward_key_value_kernel(bf16* dqkv, const float* delta, const bf16* dout, const bf16* qkv,
                                               const float* lse, int B, int seq_len, int NH, float scale,
                                               float scale_log2) {
+  LAUNCH_BOUNDS_GUARD(FlashTiles<HD>::kThreads);
   using Tiles = FlashTiles<HD>;
   constexpr int BN = Tiles::kRows, BM = Tiles::kStream, S = Tiles::kStride;
   DYNAMIC_SHARED(bf16, smem);
@@ -409,6 +411,7 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
     flash_attention_backward_query_kernel(bf16* dqkv, const float* delta, const bf16* dout, const bf16* qkv,
                                           const float* lse, int B, int seq_len, int NH, float scale,
                                           float scale_log2) {
+  LAUNCH_BOUNDS_GUARD(FlashTiles<HD>::kThreads);
   using Tiles = FlashTiles<HD>;
   constexpr int BM = Tiles::kRows, BN = Tiles::kStream, S = Tiles::kStride;
   DYNAMIC_SHARED(bf16, smem);
@@ -498,20 +501,17 @@ inline bool flash_attention_supports(int head_size) {
 inline int flash_attention_check(const char* who, int B, int seq_len, int C, int NH,
                                  std::initializer_list<const void*> tensors) {
   if (B < 1 || seq_len < 1 || NH < 1 || C < 1 || C % NH != 0) {
-    std::fprintf(stderr, "%s: need B, T, NH >= 1 and C divisible by NH; got B=%d T=%d C=%d NH=%d\n", who, B, seq_len,
+    throw_errorf("%s: need B, T, NH >= 1 and C divisible by NH; got B=%d T=%d C=%d NH=%d", who, B, seq_len,
                  C, NH);
-    std::exit(1);
   }
   const int head_size = C / NH;
   if (!flash_attention_supports(head_size)) {
-    std::fprintf(stderr, "%s: head size C/NH = %d/%d = %d is not supported (16, 32, 64 or 128)\n", who, C, NH,
+    throw_errorf("%s: head size C/NH = %d/%d = %d is not supported (16, 32, 64 or 128)", who, C, NH,
                  head_size);
-    std::exit(1);
   }
   for (const void* p : tensors) {
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {
-      std::fprintf(stderr, "%s: tensor %p is not 16-byte aligned (cp.async and 128-bit accesses)\n", who, p);
-      std::exit(1);
+      throw_errorf("%s: tensor %p is not 16-byte aligned (cp.async and 128-bit accesses)", who, p);
     }
   }
   return head_size;

@@ -47,8 +47,7 @@ __global__ void gelu_backward_kernel(T* dinp, const T* inp, const T* dout, size_
 template <typename T>
 void gelu_check_size(const char* op, size_t n) {
   if (n % Vec128<T>::size != 0) {
-    std::fprintf(stderr, "%s: n=%zu must be a multiple of %d (128-bit accesses)\n", op, n, Vec128<T>::size);
-    std::exit(1);
+    throw_errorf("%s: n=%zu must be a multiple of %d (128-bit accesses)", op, n, Vec128<T>::size);
   }
 }
 

@@ -164,9 +164,8 @@ __global__ void layernorm_backward_reduce_kernel(T* dweight, T* dbias, const flo
 template <typename T>
 void layernorm_check_shape(const char* op, int N, int C) {
   if (N < 1 || C < 1 || C % Vec128<T>::size != 0) {
-    std::fprintf(stderr, "%s: need N>=1 and C a positive multiple of %d (128-bit accesses); got N=%d C=%d\n", op,
+    throw_errorf("%s: need N>=1 and C a positive multiple of %d (128-bit accesses); got N=%d C=%d", op,
                  Vec128<T>::size, N, C);
-    std::exit(1);
   }
 }
 

@@ -5,7 +5,7 @@
 //
 // Shapes: inp (rows, C), weight (OC, C), bias (OC), out/pre_gelu (rows, OC), C = in_features,
 // OC = out_features. Both must be multiples of 8: cuBLASLt wants 16-byte aligned rows, and the
-// bias-gradient kernel reads whole 128-bit vectors of a row. The launchers report any other shape and exit.
+// bias-gradient kernel reads whole 128-bit vectors of a row. The launchers refuse any other shape (throw_error).
 //
 // Row-major ↔ cuBLASLt (column-major): a row-major (r × c) matrix is the column-major (c × r)
 // matrix with ld = c, i.e. its transpose. So, with every buffer viewed column-major:
@@ -31,16 +31,12 @@
 
 #include <cublasLt.h>
 
-// Host-side check for cuBLASLt calls: file, line, the library's message, and the call.
-#define CUBLAS_CHECK(call)                                                                   \
-  do {                                                                                       \
-    cublasStatus_t cublas_check_status_ = (call);                                            \
-    if (cublas_check_status_ != CUBLAS_STATUS_SUCCESS) {                                     \
-      std::fprintf(stderr, "cuBLASLt error at %s:%d: %s (%s)\n", __FILE__, __LINE__,         \
-                   cublasLtGetStatusString(cublas_check_status_), #call);                    \
-      std::exit(1);                                                                          \
-    }                                                                                        \
-  } while (0)
+// Host-side check for cuBLASLt calls, through common.cuh's throw_error: file, line, the call and
+// the library's message.
+inline void cublas_check(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS) throw_error(std::string(what) + ": " + cublasLtGetStatusString(status));
+}
+#define CUBLAS_CHECK(call) cublas_check((call), __FILE__ ":" CUDA_CHECK_LINE_(__LINE__) ": " #call)
 
 // ---------------------------------------------------------------------------------------
 // The cuBLASLt context: one handle and one workspace per process.
@@ -55,6 +51,7 @@ struct MatmulPlan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t layout_a = nullptr, layout_b = nullptr, layout_d = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  size_t workspace_bytes = 0;  // what the algorithm asked for
 };
 using MatmulPlanKey =
     std::tuple<int, int, int, bool, bool, bool, cudaDataType_t, cudaDataType_t, uint32_t, uint32_t, uint32_t>;
@@ -165,13 +162,11 @@ template <> constexpr cudaDataType_t matmul_data_type<bf16>() { return CUDA_R_16
 
 void matmul_check_shape(const char* op, int rows, int C, int OC) {
   if (rows < 1 || C < 8 || OC < 8 || C % 8 != 0 || OC % 8 != 0) {
-    std::fprintf(stderr, "%s: rows=%d in_features=%d out_features=%d: need rows >= 1 and in/out features "
-                 "positive multiples of 8\n", op, rows, C, OC);
-    std::exit(1);
+    throw_errorf("%s: rows=%d in_features=%d out_features=%d: need rows >= 1 and in/out features "
+                 "positive multiples of 8", op, rows, C, OC);
   }
   if (matmul_context.handle == nullptr) {
-    std::fprintf(stderr, "%s: matmul_init() has not been called\n", op);
-    std::exit(1);
+    throw_errorf("%s: matmul_init() has not been called", op);
   }
 }
 
@@ -223,18 +218,25 @@ const MatmulPlan& matmul_plan(bool transpose_a, bool transpose_b, const TD* bias
                                                     sizeof(align_d)));
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
                                                     sizeof(align_d)));
-  // C is D (in place; only read when beta != 0).
+  // C is D (in place; only read when beta != 0). cuBLASLt answers CUBLAS_STATUS_NOT_SUPPORTED
+  // when no algorithm fits (cublasLt.h); zero results are treated the same.
   cublasLtMatmulHeuristicResult_t heuristic;
   int found_count = 0;
-  CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(matmul_context.handle, plan.desc, plan.layout_a, plan.layout_b,
-                                              plan.layout_d, plan.layout_d, preference, 1, &heuristic, &found_count));
+  const cublasStatus_t searched =
+      cublasLtMatmulAlgoGetHeuristic(matmul_context.handle, plan.desc, plan.layout_a, plan.layout_b, plan.layout_d,
+                                     plan.layout_d, preference, 1, &heuristic, &found_count);
   CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(preference));
-  if (found_count == 0) {
-    std::fprintf(stderr, "cuBLASLt has no algorithm for m=%d n=%d k=%d (transA=%d transB=%d, bias=%d)\n", m, n, k,
-                 transpose_a, transpose_b, bias != nullptr);
-    std::exit(1);
+  if (searched == CUBLAS_STATUS_NOT_SUPPORTED || (searched == CUBLAS_STATUS_SUCCESS && found_count == 0)) {
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan.layout_d));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan.layout_b));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan.layout_a));
+    CUBLAS_CHECK(cublasLtMatmulDescDestroy(plan.desc));
+    throw_errorf("cuBLASLt has no algorithm for m=%d n=%d k=%d (transA=%d transB=%d, bias=%d, workspace %zu bytes)",
+                 m, n, k, transpose_a, transpose_b, bias != nullptr, kMatmulWorkspaceBytes);
   }
+  CUBLAS_CHECK(searched);
   plan.algo = heuristic.algo;
+  plan.workspace_bytes = heuristic.workspaceSize;
   return matmul_context.plans.emplace(key, plan).first->second;
 }
 
@@ -253,7 +255,7 @@ void matmul_cublaslt(TD* d, const T* a, bool transpose_a, const T* b, bool trans
   const float alpha = 1.0f;
   CUBLAS_CHECK(cublasLtMatmul(matmul_context.handle, plan.desc, &alpha, a, plan.layout_a, b, plan.layout_b, &beta, d,
                               plan.layout_d, d, plan.layout_d, &plan.algo, matmul_context.workspace,
-                              kMatmulWorkspaceBytes, stream));
+                              plan.workspace_bytes, stream));
 }
 
 // out (rows × OC) = inp (rows × C) @ weight (OC × C)^T + bias (OC; nullptr: none). Written, not
@@ -282,17 +284,15 @@ void matmul_backward(T* dinp, NonDeduced<TW>* dweight, NonDeduced<T>* dbias, Non
   const int C = in_features, OC = out_features;
   matmul_check_shape("matmul_backward", rows, C, OC);
   if ((pre_gelu == nullptr) != (dpre_gelu == nullptr)) {
-    std::fprintf(stderr, "matmul_backward: pre_gelu and dpre_gelu must be given together\n");
-    std::exit(1);
+    throw_errorf("matmul_backward: pre_gelu and dpre_gelu must be given together");
   }
   if (pre_gelu != nullptr || dbias != nullptr) {
     // Chunks of >= 64 rows, at most 1024 of them, within the partial-sum buffer. The chunking
     // depends only on the shape, so the summation order (and every bit) does too.
     const int max_chunks = static_cast<int>(std::min<size_t>(1024, kBiasPartialFloats / OC));
     if (max_chunks < 1) {
-      std::fprintf(stderr, "matmul_backward: out_features=%d exceeds the bias-gradient buffer (%zu)\n", OC,
+      throw_errorf("matmul_backward: out_features=%d exceeds the bias-gradient buffer (%zu)", OC,
                    kBiasPartialFloats);
-      std::exit(1);
     }
     const int rows_per_chunk = ceil_div(rows, std::min(ceil_div(rows, 64), max_chunks));
     const int chunks = ceil_div(rows, rows_per_chunk);
@@ -331,8 +331,7 @@ __global__ void matmul_add_weight_gradient_kernel(T* dweight, const float* dweig
 template <typename T>
 void matmul_add_weight_gradient(T* dweight, const float* dweight_fp32, size_t count, cudaStream_t stream) {
   if (count % 8 != 0) {
-    std::fprintf(stderr, "matmul_add_weight_gradient: count=%zu is not a multiple of 8\n", count);
-    std::exit(1);
+    throw_errorf("matmul_add_weight_gradient: count=%zu is not a multiple of 8", count);
   }
   const size_t threads = count / Vec128<T>::size;
   launch(matmul_add_weight_gradient_kernel<T>, dim3(static_cast<unsigned>(ceil_div(threads, size_t{256}))), dim3(256),

@@ -16,6 +16,17 @@
 //   The heuristic returns one algorithm that records the operand alignments the preference
 //   allowed (default 256 bytes, as in the library); cublasLtMatmul refuses operands less aligned
 //   than that, as a GPU algorithm chosen for them would.
+// Rules of the real library the stand-in enforces (cublasLt.h's documentation of these calls):
+//   - The algorithm splits k when k >= 2·max(m, n) and then asks for kSplitKWorkspace bytes of
+//     workspace (deterministic, so the CPU build exercises a caller's workspace handling);
+//     cublasLtMatmul with a smaller workspace is refused (INVALID_VALUE: "parameters ... in an
+//     impossible configuration").
+//   - cublasLtMatmulAlgoGetHeuristic returns CUBLAS_STATUS_NOT_SUPPORTED ("if no heuristic function
+//     available for current configuration"), never success with zero results, when nothing fits:
+//     the preference's maximum workspace is below what the algorithm needs, or the bias/aux pointer
+//     set on the descriptor (whose value the heuristic reads for its alignment) is not 16-byte
+//     aligned. cublasLtMatmul refuses a bias or aux pointer that is not 16-byte aligned.
+//   - D may not overlap A or B, nor C unless D == C with the same layout (in place).
 // Everything else — other attributes, values, types, epilogues, orders, batching — returns
 // CUBLAS_STATUS_NOT_SUPPORTED (or INVALID_VALUE for malformed input); nothing is ignored.
 #include <cublasLt.h>
@@ -23,6 +34,7 @@
 #include "counters.h"
 #include <cblas.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -43,6 +55,8 @@ constexpr uint64_t kPreferenceMagic = 0x63756c7450726566ull;  // "cultPref"
 constexpr uint64_t kAlgoMagic = 0x63756c74416c676full;        // "cultAlgo"
 constexpr int32_t kTypeUnset = -1;                            // "same as D" for bias/aux types
 constexpr uint32_t kDefaultAlignment = 256;                   // the preference's documented default
+constexpr uint64_t kSplitKWorkspace = 1u << 20;               // what the split-k algorithm asks for
+constexpr uintptr_t kEpilogueAlignment = 16;                  // bias and aux vectors
 
 struct MatmulDesc {
   uint64_t magic = kDescMagic;
@@ -187,6 +201,27 @@ uint32_t alignment_of(const void* p) {
   uint32_t alignment = kDefaultAlignment;
   while (alignment > 1 && address % alignment != 0) alignment /= 2;
   return alignment;
+}
+
+// The workspace the stand-in's algorithm needs for a product (see the file comment).
+uint64_t workspace_needed(const Problem& p) {
+  return p.k >= 2 * std::max(p.m, p.n) ? kSplitKWorkspace : 0;
+}
+
+bool epilogue_vectors_aligned(const MatmulDesc& desc) {
+  if (has_bias(desc.epilogue) && reinterpret_cast<uintptr_t>(desc.bias) % kEpilogueAlignment != 0) return false;
+  return !has_aux(desc.epilogue) || reinterpret_cast<uintptr_t>(desc.aux) % kEpilogueAlignment == 0;
+}
+
+// The bytes a matrix of layout l at p spans: [p, p + ((cols - 1)·ld + rows) elements).
+bool overlap(const void* x, const Layout* lx, const void* y, const Layout* ly) {
+  auto end = [](const void* p, const Layout* l) {
+    const size_t bytes = l->type == CUDA_R_32F ? 4 : 2;
+    const size_t elements = l->cols > 0 && l->rows > 0 ? static_cast<size_t>((l->cols - 1) * l->ld + l->rows) : 0;
+    return reinterpret_cast<uintptr_t>(p) + elements * bytes;
+  };
+  const uintptr_t a = reinterpret_cast<uintptr_t>(x), b = reinterpret_cast<uintptr_t>(y);
+  return x != nullptr && y != nullptr && a < end(y, ly) && b < end(x, lx);
 }
 
 const char* status_name(cublasStatus_t status) {
@@ -369,7 +404,7 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulP
   }
 }
 
-// ---- heuristic: one algorithm, no workspace, remembering the alignments it may assume.
+// ---- heuristic: one algorithm, remembering the alignments it may assume and the workspace it needs.
 cublasStatus_t CUBLASWINAPI cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t lightHandle,
                                                            cublasLtMatmulDesc_t operationDesc,
                                                            cublasLtMatrixLayout_t Adesc, cublasLtMatrixLayout_t Bdesc,
@@ -386,11 +421,16 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t ligh
   Problem problem;
   const cublasStatus_t status = validate(lightHandle, operationDesc, Adesc, Bdesc, Cdesc, Ddesc, &problem);
   if (status != CUBLAS_STATUS_SUCCESS) return status;
+  *returnAlgoCount = 0;
+  const uint64_t workspace = workspace_needed(problem);
+  if (workspace > p->max_workspace || !epilogue_vectors_aligned(*desc_of(operationDesc)))
+    return CUBLAS_STATUS_NOT_SUPPORTED;  // nothing fits
   cublasLtMatmulHeuristicResult_t& result = heuristicResultsArray[0];
   std::memset(&result, 0, sizeof result);
   result.algo.data[0] = kAlgoMagic;
   for (int i = 0; i < 4; ++i) result.algo.data[1 + i] = p->alignment[i];
-  result.workspaceSize = 0;
+  result.algo.data[5] = workspace;
+  result.workspaceSize = workspace;
   result.state = CUBLAS_STATUS_SUCCESS;
   result.wavesCount = 1.0f;
   *returnAlgoCount = 1;
@@ -402,8 +442,8 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t lightHandle, cublasL
                                            const void* alpha, const void* A, cublasLtMatrixLayout_t Adesc,
                                            const void* B, cublasLtMatrixLayout_t Bdesc, const void* beta,
                                            const void* C, cublasLtMatrixLayout_t Cdesc, void* D,
-                                           cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t* algo, void*,
-                                           size_t, cudaStream_t) {
+                                           cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t* algo,
+                                           void* workspace, size_t workspaceSizeInBytes, cudaStream_t) {
   Problem pr;
   const cublasStatus_t status = validate(lightHandle, computeDesc, Adesc, Bdesc, Cdesc, Ddesc, &pr);
   if (status != CUBLAS_STATUS_SUCCESS) return status;
@@ -414,6 +454,13 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t lightHandle, cublasL
   if (D == nullptr || (beta_f != 0.0f && C == nullptr) || (pr.k > 0 && (A == nullptr || B == nullptr)))
     return CUBLAS_STATUS_INVALID_VALUE;
   if (C == D && pr.c->ld != pr.d->ld) return CUBLAS_STATUS_INVALID_VALUE;  // in place needs one layout
+  if (overlap(D, pr.d, A, pr.a) || overlap(D, pr.d, B, pr.b) || (C != D && beta_f != 0.0f && overlap(D, pr.d, C, pr.c)))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  if (!epilogue_vectors_aligned(*desc)) return CUBLAS_STATUS_INVALID_VALUE;
+  if (workspace == nullptr && workspaceSizeInBytes > 0) return CUBLAS_STATUS_INVALID_VALUE;
+  // Without an algorithm the library picks one itself, which may need workspace as well.
+  const uint64_t needed = algo != nullptr ? algo->data[5] : workspace_needed(pr);
+  if (workspaceSizeInBytes < needed) return CUBLAS_STATUS_INVALID_VALUE;
   if (algo != nullptr) {
     if (algo->data[0] != kAlgoMagic) return CUBLAS_STATUS_INVALID_VALUE;
     const void* operands[4] = {A, B, C, D};

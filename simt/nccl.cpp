@@ -35,6 +35,21 @@
 //   that sum by R, and the result is rounded once to the data type (bf16: to nearest even).
 //   Real NCCL's order depends on its algorithm (ring/tree), so GPU results may differ from these
 //   in the last bits; they do not differ between ranks on either.
+// Buffers (NCCL user guide, "In-place Operations"): all-reduce, broadcast and reduce are in place
+//   when sendbuff == recvbuff; reduce-scatter when recvbuff == sendbuff + rank·recvcount; all-gather
+//   when sendbuff == recvbuff + rank·sendcount. Any other overlap of the two ranges is refused
+//   (ncclInvalidArgument), as is a NULL buffer with a non-zero count.
+// Errors of a non-blocking communicator are sticky, as in NCCL's enqueue path (ncclEnqueueCheck
+//   stores a failed call's status with ncclCommSetAsyncError): once any call on it has failed, for
+//   whatever reason, ncclCommGetAsyncError and every later call on it report that error; only
+//   ncclCommAbort remains.
+// Teardown (nccl.h, ncclCommFinalize: "the state will change to ncclSuccess when the communicator
+//   is globally quiescent ... then, calling ncclCommDestroy can locally free the rest"):
+//   ncclCommFinalize queues a barrier of all ranks after the issued operations; a non-blocking
+//   communicator returns ncclInProgress until ncclCommGetAsyncError reports its end.
+//   ncclCommDestroy of a non-blocking communicator is refused (ncclInvalidUsage) unless finalize
+//   was called and polled to ncclSuccess; a blocking one is finalized by the destroy itself.
+//   No operation may be issued after ncclCommFinalize.
 // Groups (ncclGroupStart/End, per thread) nest; the calls inside are queued (and started) in call
 // order and return ncclSuccess; the outermost ncclGroupEnd completes them (blocking) or returns
 // ncclInProgress while any of them runs (non-blocking).
@@ -85,6 +100,7 @@ struct ncclComm {
   ncclResult_t error = ncclSuccess;  // the first failure of an operation (sticky)
   std::string error_text;
   bool awaiting = false;  // a call returned ncclInProgress and ncclCommGetAsyncError has not reported its end
+  bool finalize_called = false, finalized = false;  // ncclCommFinalize issued / completed
 };
 
 namespace {
@@ -104,6 +120,25 @@ ncclResult_t fail(ncclResult_t status, const std::string& message) {
 
 bool valid(const ncclComm* comm) { return comm != nullptr && comm->magic == kCommMagic; }
 
+// With comm->mutex held: the communicator's sticky error is this thread's last failure.
+ncclResult_t record_failure(ncclComm* comm, ncclResult_t status) {
+  comm->error = status;
+  comm->error_text = last_error;
+  comm->operations.clear();  // their MPI calls completed or never started
+  return status;
+}
+
+// A failed call on a communicator: on a non-blocking one the failure also becomes its sticky
+// asynchronous error (the first one is kept).
+ncclResult_t refuse(ncclComm* comm, ncclResult_t status, const std::string& message) {
+  fail(status, message);
+  if (valid(comm) && !comm->blocking) {
+    std::lock_guard<std::mutex> lock(comm->mutex);
+    if (comm->error == ncclSuccess) record_failure(comm, status);
+  }
+  return status;
+}
+
 // Bytes per element, 0 for a type the stand-in does not implement.
 size_t element_bytes(ncclDataType_t type) {
   switch (type) {
@@ -114,18 +149,31 @@ size_t element_bytes(ncclDataType_t type) {
   }
 }
 
-ncclResult_t check_call(const char* what, const ncclComm* comm, ncclDataType_t type, size_t count,
-                        const ncclRedOp_t* op) {
+ncclResult_t check_call(const char* what, ncclComm* comm, ncclDataType_t type, size_t count, const ncclRedOp_t* op) {
   if (!valid(comm)) return fail(ncclInvalidArgument, std::string(what) + ": invalid communicator");
   if (element_bytes(type) == 0)
-    return fail(ncclInvalidArgument, std::string(what) + ": data type " + std::to_string(static_cast<int>(type)) +
-                                         " is not implemented by the CPU stand-in (ncclFloat32, ncclBfloat16, ncclFloat64)");
+    return refuse(comm, ncclInvalidArgument, std::string(what) + ": data type " + std::to_string(static_cast<int>(type)) +
+                                                 " is not implemented by the CPU stand-in (ncclFloat32, ncclBfloat16, ncclFloat64)");
   if (op != nullptr && *op != ncclSum && *op != ncclAvg)
-    return fail(ncclInvalidArgument, std::string(what) + ": reduction op " + std::to_string(static_cast<int>(*op)) +
-                                         " is not implemented by the CPU stand-in (ncclSum, ncclAvg)");
+    return refuse(comm, ncclInvalidArgument, std::string(what) + ": reduction op " + std::to_string(static_cast<int>(*op)) +
+                                                 " is not implemented by the CPU stand-in (ncclSum, ncclAvg)");
   if (count * element_bytes(type) * static_cast<size_t>(comm->nranks) > static_cast<size_t>(INT_MAX))
-    return fail(ncclInvalidArgument, std::string(what) + ": " + std::to_string(count) +
-                                         " elements exceed the CPU stand-in's MPI message limit (INT_MAX bytes)");
+    return refuse(comm, ncclInvalidArgument, std::string(what) + ": " + std::to_string(count) +
+                                                 " elements exceed the CPU stand-in's MPI message limit (INT_MAX bytes)");
+  return ncclSuccess;
+}
+
+// The in-place rule of "In-place Operations" (see the file comment): `in_place` is the one overlap
+// allowed; any other overlap of [send, send + send_bytes) and [recv, recv + recv_bytes) is refused.
+ncclResult_t check_buffers(const char* what, ncclComm* comm, const void* send, size_t send_bytes, const void* recv,
+                           size_t recv_bytes, bool in_place, const char* in_place_layout) {
+  if ((send_bytes > 0 && send == nullptr) || (recv_bytes > 0 && recv == nullptr))
+    return refuse(comm, ncclInvalidArgument, std::string(what) + ": a NULL buffer");
+  if (in_place || send_bytes == 0 || recv_bytes == 0) return ncclSuccess;
+  const uintptr_t s = reinterpret_cast<uintptr_t>(send), r = reinterpret_cast<uintptr_t>(recv);
+  if (s < r + recv_bytes && r < s + send_bytes)
+    return refuse(comm, ncclInvalidArgument, std::string(what) + ": the send and receive buffers overlap without being "
+                                                 "in place (in place is " + in_place_layout + ")");
   return ncclSuccess;
 }
 
@@ -202,13 +250,6 @@ ncclResult_t start_exchange(const void* sendbuff, ncclDataType_t type, const ncc
 
 // ---- running operations (with comm->mutex held)
 
-ncclResult_t record_failure(ncclComm* comm, ncclResult_t status) {
-  comm->error = status;
-  comm->error_text = last_error;
-  comm->operations.clear();  // their MPI calls completed or never started
-  return status;
-}
-
 // Runs the operations as far as their MPI calls have completed: ncclSuccess when all are done,
 // ncclInProgress while one runs, or the communicator's error.
 ncclResult_t advance(ncclComm* comm) {
@@ -251,11 +292,18 @@ ncclResult_t wait_for_operations(ncclComm* comm, const char* what) {
 ncclResult_t issue(ncclComm* comm, Operation op) {
   {
     std::lock_guard<std::mutex> lock(comm->mutex);
-    if (comm->awaiting)
-      return fail(ncclInvalidUsage, op.name + ": issued while the communicator's previous operation is in progress "
-                                              "(poll ncclCommGetAsyncError until it is not ncclInProgress first)");
     if (comm->error != ncclSuccess)
       return fail(comm->error, op.name + ": the communicator failed earlier: " + comm->error_text);
+    std::string misuse;
+    if (comm->awaiting)
+      misuse = op.name + ": issued while the communicator's previous operation is in progress "
+                         "(poll ncclCommGetAsyncError until it is not ncclInProgress first)";
+    else if (comm->finalize_called)
+      misuse = op.name + ": issued after ncclCommFinalize";
+    if (!misuse.empty()) {
+      fail(ncclInvalidUsage, misuse);
+      return comm->blocking ? ncclInvalidUsage : record_failure(comm, ncclInvalidUsage);
+    }
     comm->operations.push_back(std::move(op));
     if (group_depth > 0) {
       if (std::find(group_comms.begin(), group_comms.end(), comm) == group_comms.end()) group_comms.push_back(comm);
@@ -413,9 +461,42 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId,
   return ncclCommInitRankConfig(comm, nranks, commId, rank, nullptr);
 }
 
-// Waits for the operations still queued (a non-blocking caller has already seen them end).
+// Queues the barrier after the issued operations (see the file comment); on a non-blocking
+// communicator, ncclInProgress until ncclCommGetAsyncError reports its end.
+ncclResult_t ncclCommFinalize(ncclComm_t comm) {
+  if (!valid(comm)) return fail(ncclInvalidArgument, "ncclCommFinalize: invalid communicator");
+  Operation op;
+  op.name = "ncclCommFinalize";
+  if (comm->nranks > 1)
+    op.steps.push_back([comm](MPI_Request* request) {
+      return mpi_status(MPI_Ibarrier(comm->mpi, request), "ncclCommFinalize");
+    });
+  op.steps.push_back([comm](MPI_Request*) {
+    comm->finalized = true;
+    return ncclSuccess;
+  });
+  const int depth = group_depth;  // not part of a caller's group
+  group_depth = 0;
+  const ncclResult_t status = issue(comm, std::move(op));
+  group_depth = depth;
+  if (status == ncclSuccess || status == ncclInProgress) {
+    std::lock_guard<std::mutex> lock(comm->mutex);
+    comm->finalize_called = true;
+  }
+  return status;
+}
+
+// A blocking communicator: waits for the operations still queued. A non-blocking one must have
+// been finalized, and that polled to its end, first.
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (!valid(comm)) return fail(ncclInvalidArgument, "ncclCommDestroy: invalid communicator");
+  if (!comm->blocking) {
+    std::lock_guard<std::mutex> lock(comm->mutex);
+    if (!comm->finalized || comm->awaiting)
+      return fail(ncclInvalidUsage, "ncclCommDestroy: a non-blocking communicator is destroyed only after "
+                                    "ncclCommFinalize, polled with ncclCommGetAsyncError until ncclSuccess "
+                                    "(after an error: ncclCommAbort)");
+  }
   wait_for_operations(comm, "ncclCommDestroy");
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -487,10 +568,13 @@ ncclResult_t ncclGroupEnd() {
 
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
-  const ncclResult_t status = check_call("ncclAllReduce", comm, datatype, count, &op);
+  ncclResult_t status = check_call("ncclAllReduce", comm, datatype, count, &op);
   if (status != ncclSuccess) return status;
   const int R = comm->nranks, rank = comm->rank;
   const size_t es = element_bytes(datatype), chunk = (count + R - 1) / R;
+  status = check_buffers("ncclAllReduce", comm, sendbuff, count * es, recvbuff, count * es, sendbuff == recvbuff,
+                         "sendbuff == recvbuff");
+  if (status != ncclSuccess) return status;
   auto x = std::make_shared<Exchange>();
   x->offsets.resize(R);
   x->counts.resize(R);
@@ -521,9 +605,14 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, n
 
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
-  const ncclResult_t status = check_call("ncclReduceScatter", comm, datatype, recvcount, &op);
+  ncclResult_t status = check_call("ncclReduceScatter", comm, datatype, recvcount, &op);
   if (status != ncclSuccess) return status;
   const int R = comm->nranks;
+  const size_t bytes = recvcount * element_bytes(datatype);
+  status = check_buffers("ncclReduceScatter", comm, sendbuff, bytes * R, recvbuff, bytes,
+                         recvbuff == static_cast<const char*>(sendbuff) + comm->rank * bytes,
+                         "recvbuff == sendbuff + rank * recvcount");
+  if (status != ncclSuccess) return status;
   auto x = std::make_shared<Exchange>();
   x->counts.assign(R, recvcount);
   x->offsets.resize(R);
@@ -540,10 +629,15 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
 
 ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
                         int root, ncclComm_t comm, cudaStream_t) {
-  const ncclResult_t status = check_call("ncclReduce", comm, datatype, count, &op);
+  ncclResult_t status = check_call("ncclReduce", comm, datatype, count, &op);
   if (status != ncclSuccess) return status;
   if (root < 0 || root >= comm->nranks)
-    return fail(ncclInvalidArgument, "ncclReduce: root " + std::to_string(root) + " is not a rank");
+    return refuse(comm, ncclInvalidArgument, "ncclReduce: root " + std::to_string(root) + " is not a rank");
+  // recvbuff is used on the root only.
+  const size_t bytes = count * element_bytes(datatype);
+  status = check_buffers("ncclReduce", comm, sendbuff, bytes, recvbuff, comm->rank == root ? bytes : 0,
+                         sendbuff == recvbuff, "sendbuff == recvbuff");
+  if (status != ncclSuccess) return status;
   const int R = comm->nranks;
   auto x = std::make_shared<Exchange>();
   x->offsets.assign(R, 0);
@@ -561,10 +655,13 @@ ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, nccl
 
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
                            ncclComm_t comm, cudaStream_t) {
-  const ncclResult_t status = check_call("ncclAllGather", comm, datatype, sendcount, nullptr);
+  ncclResult_t status = check_call("ncclAllGather", comm, datatype, sendcount, nullptr);
   if (status != ncclSuccess) return status;
   const size_t bytes = sendcount * element_bytes(datatype);
   char* own = static_cast<char*>(recvbuff) + comm->rank * bytes;
+  status = check_buffers("ncclAllGather", comm, sendbuff, bytes, recvbuff, bytes * comm->nranks, sendbuff == own,
+                         "sendbuff == recvbuff + rank * sendcount");
+  if (status != ncclSuccess) return status;
   Operation o;
   o.name = "ncclAllGather";
   o.steps.push_back([=](MPI_Request* request) {
@@ -582,11 +679,15 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
 
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                            ncclComm_t comm, cudaStream_t) {
-  const ncclResult_t status = check_call("ncclBroadcast", comm, datatype, count, nullptr);
+  ncclResult_t status = check_call("ncclBroadcast", comm, datatype, count, nullptr);
   if (status != ncclSuccess) return status;
   if (root < 0 || root >= comm->nranks)
-    return fail(ncclInvalidArgument, "ncclBroadcast: root " + std::to_string(root) + " is not a rank");
+    return refuse(comm, ncclInvalidArgument, "ncclBroadcast: root " + std::to_string(root) + " is not a rank");
+  // sendbuff is used on the root only.
   const size_t bytes = count * element_bytes(datatype);
+  status = check_buffers("ncclBroadcast", comm, sendbuff, comm->rank == root ? bytes : 0, recvbuff, bytes,
+                         sendbuff == recvbuff, "sendbuff == recvbuff");
+  if (status != ncclSuccess) return status;
   Operation o;
   o.name = "ncclBroadcast";
   o.steps.push_back([=](MPI_Request* request) {

@@ -62,11 +62,6 @@ struct Event {
   bool has_time = false;
 };
 
-void launch_refused(const LaunchSpec& spec, cudaError_t err, const char* why) {
-  if (std::getenv("SIMT_VERBOSE"))
-    std::fprintf(stderr, "simt: launch of %s refused: %s\n", describe_kernel(spec.kernel).c_str(), why);
-  fail(err);
-}
 
 // Pinned host allocations (start → size): a copy into them does not block the host.
 std::mutex pinned_mutex;
@@ -95,6 +90,12 @@ cudaError_t copy(void* dst, const void* src, size_t count) {
   return sticky_or(cudaSuccess);
 }
 }  // namespace
+
+void launch_refused(const LaunchSpec& spec, cudaError_t err, const char* why) {
+  if (std::getenv("SIMT_VERBOSE"))
+    std::fprintf(stderr, "simt: launch of %s refused: %s\n", describe_kernel(spec.kernel).c_str(), why);
+  fail(err);
+}
 
 void report_kernel_fault(cudaError_t err, const char* what, const void* address, const void* kernel) {
   cudaError_t expected = cudaSuccess;
@@ -144,6 +145,7 @@ const char* cudaGetErrorName(cudaError_t error) {
     case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
     case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
     case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorLaunchOutOfResources: return "cudaErrorLaunchOutOfResources";
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case cudaErrorInvalidDeviceFunction: return "cudaErrorInvalidDeviceFunction";
     case cudaErrorMisalignedAddress: return "cudaErrorMisalignedAddress";
@@ -161,6 +163,7 @@ const char* cudaGetErrorString(cudaError_t error) {
     case cudaErrorInvalidValue: return "invalid argument";
     case cudaErrorMemoryAllocation: return "out of memory";
     case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorInvalidDeviceFunction: return "invalid device function";
     case cudaErrorMisalignedAddress: return "misaligned address";

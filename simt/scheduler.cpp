@@ -538,6 +538,17 @@ void warp_collective(unsigned mask, const char* what, CollectiveFn fn, int param
   if (out_bytes) std::memcpy(out, ws.out[me.lane], out_bytes);
 }
 
+// Every thread of a launch over the bound returns at once, so the kernel has no effect; block
+// (0,0,0), which every launch runs, reports it.
+bool within_launch_bounds(int max_threads_per_block) {
+  const Worker& w = worker();
+  const dim3 b = w.spec->block;
+  if (static_cast<long long>(b.x) * b.y * b.z <= max_threads_per_block) return true;
+  if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && w.current == &w.fibers[0])
+    launch_refused(*w.spec, cudaErrorLaunchOutOfResources, "more threads per block than the kernel's __launch_bounds__");
+  return false;
+}
+
 int lane_id() { return worker().current->lane; }
 unsigned live_lanes() {
   Worker& w = worker();
@@ -545,11 +556,23 @@ unsigned live_lanes() {
 }
 void* dynamic_shared_memory() { return worker().dynamic_smem; }
 
+// A source lane that is not in the mask, has exited or lies beyond the block returns an undefined
+// value on a GPU (CUDA C++ Programming Guide, "Warp Shuffle Functions": "If the target thread is
+// inactive, the retrieved value is undefined"): stopped here. The documented own-value cases
+// (a xor partner in a later segment, up/down past the segment) never get here: simt.h already
+// made the source the caller itself.
 void gather_fn(WarpState& ws) {
   for (int lane = 0; lane < kWarpSize; ++lane) {
     if (!(ws.arrived & (1u << lane))) continue;
-    int src = ws.src_lane[lane];
-    if (src < 0 || src >= kWarpSize || !(ws.arrived & (1u << src))) src = lane;  // inactive source: undefined in CUDA
+    const int src = ws.src_lane[lane];
+    if (src < 0 || src >= kWarpSize || !(ws.arrived & (1u << src))) {
+      char buf[224];
+      std::snprintf(buf, sizeof buf,
+                    "%s: lane %d of warp %d reads lane %d, which does not take part (mask %08x, taking part %08x): "
+                    "its value is undefined on a GPU",
+                    ws.what, lane, worker().current->warp, src, ws.mask, ws.arrived);
+      die_in_block(buf);
+    }
     std::memcpy(ws.out[lane], ws.in[src], kLanePayload);
   }
 }

@@ -23,6 +23,9 @@
 #define __constant__
 #define __managed__
 #define __grid_constant__
+// The attribute cannot carry its bound to g++, and its position (before the kernel's name) admits
+// nothing that could register it; kernels that declare a bound restate it with LAUNCH_BOUNDS_GUARD
+// (kernels/common.cuh), which simt honours.
 #define __launch_bounds__(...)
 #define __shared__ thread_local
 
@@ -84,6 +87,9 @@ struct LaunchSpec {
 void run_launch(const LaunchSpec& spec);
 
 // Device-side services, implemented in runtime.cpp.
+// False (and the launch fails with cudaErrorLaunchOutOfResources, as a GPU refuses it) when the
+// block has more threads than the kernel's __launch_bounds__ allows.
+bool within_launch_bounds(int max_threads_per_block);
 void syncthreads(const char* site);
 void warp_collective(unsigned mask, const char* what, CollectiveFn fn, int param, const void* in,
                      size_t in_bytes, void* out, size_t out_bytes, int src_lane = 0);
@@ -138,6 +144,8 @@ inline void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem
 }
 
 #define DYNAMIC_SHARED(T, name) T* name = reinterpret_cast<T*>(::simt::dynamic_shared_memory())
+#define LAUNCH_BOUNDS_GUARD(max_threads_per_block) \
+  if (!::simt::within_launch_bounds(max_threads_per_block)) return
 
 // ---- synchronization and warp collectives
 #define SIMT_STRINGIFY2(x) #x

@@ -12,6 +12,7 @@ int worker_count();                           // OS threads that run blocks
 std::string describe_kernel(const void* kernel);
 
 // runtime.cpp
+void launch_refused(const LaunchSpec& spec, cudaError_t err, const char* why);  // the error cudaGetLastError reports
 void report_kernel_fault(cudaError_t err, const char* what, const void* address, const void* kernel);
 
 }  // namespace simt

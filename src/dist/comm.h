@@ -22,6 +22,11 @@
 // NCCL reports an error (a peer that died or hangs).
 // Each process uses GPU (local rank mod device count).
 //
+// Arguments are validated before NCCL sees them (null buffers, the in-place layouts NCCL documents,
+// the root, the reduction op): a bad call throws CommArgumentError naming the collective, and the
+// communicator stays usable (a failed NCCL call would poison a non-blocking communicator for good).
+// Teardown finalizes the communicator and polls that to its end under the watchdog before
+// destroying it, as NCCL requires of a non-blocking communicator.
 // Collectives run on stream() (a stream of their own); wait_for(s) orders the communication
 // after the work already queued on s, and order_before(s) orders the work queued next on s after
 // the communication issued so far. set_purpose(what, when) names what the collectives issued next
@@ -68,6 +73,11 @@ template <> constexpr ncclDataType_t nccl_type<bf16>() { return ncclBfloat16; }
 template <> constexpr ncclDataType_t nccl_type<double>() { return ncclFloat64; }
 
 }  // namespace comm_detail
+
+// A collective called with arguments NCCL would refuse; thrown before NCCL is called.
+struct CommArgumentError : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
 
 // Collectives issued through a Communicator, by kind (tests check how gradients travel).
 struct CollectiveCounts {
@@ -119,8 +129,13 @@ class Communicator {
     if (scalar_ != nullptr) cudaFree(scalar_);
     if (event_ != nullptr) cudaEventDestroy(event_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    watchdog_.begin("finalize of the communicator at teardown");
+    const ncclResult_t finalized = watchdog_.run([&] { return ncclCommFinalize(comm_); });
+    watchdog_.finished();
     watchdog_.stop();
-    if (comm_ != nullptr) ncclCommDestroy(comm_);
+    // A finalize that failed leaves only the abort.
+    if (finalized == ncclSuccess) ncclCommDestroy(comm_);
+    else ncclCommAbort(comm_);
     if (launch_.rank == 0 && options_.rendezvous.rfind("file:", 0) == 0)
       rendezvous::remove_rendezvous_files(options_.rendezvous.substr(5), launch_.world_size);
     if (owns_mpi_) MPI_Finalize();
@@ -154,12 +169,17 @@ class Communicator {
 
   // In place over n device elements: every rank gets the sum (average) over ranks.
   template <typename T> void all_reduce(T* data, size_t n, ncclRedOp_t op) {
+    require_buffer("all-reduce", data, n);
+    require_op("all-reduce", op);
     ++counts_.all_reduce;
     collective("all-reduce", "ncclAllReduce",
                [&] { return ncclAllReduce(data, data, n, comm_detail::nccl_type<T>(), op, comm_, stream_); });
   }
   // recv (recvcount elements) on rank r = op over ranks of send[r·recvcount, (r+1)·recvcount).
   template <typename T> void reduce_scatter(const T* send, T* recv, size_t recvcount, ncclRedOp_t op) {
+    require_layout("reduce-scatter", send, recvcount * world_size(), recv, recvcount, send + rank() * recvcount == recv,
+                   "recv == send + rank·recvcount");
+    require_op("reduce-scatter", op);
     ++counts_.reduce_scatter;
     collective("reduce-scatter", "ncclReduceScatter", [&] {
       return ncclReduceScatter(send, recv, recvcount, comm_detail::nccl_type<T>(), op, comm_, stream_);
@@ -167,12 +187,18 @@ class Communicator {
   }
   // recv[r·sendcount, (r+1)·sendcount) = rank r's send; send may be recv + rank·sendcount.
   template <typename T> void all_gather(const T* send, T* recv, size_t sendcount) {
+    require_layout("all-gather", send, sendcount, recv, sendcount * world_size(), send == recv + rank() * sendcount,
+                   "send == recv + rank·sendcount");
     ++counts_.all_gather;
     collective("all-gather", "ncclAllGather",
                [&] { return ncclAllGather(send, recv, sendcount, comm_detail::nccl_type<T>(), comm_, stream_); });
   }
   // data (n elements) on every rank = data on `root`.
   template <typename T> void broadcast(T* data, size_t n, int root) {
+    require_buffer("broadcast", data, n);
+    if (root < 0 || root >= world_size())
+      throw CommArgumentError("broadcast of " + purpose_what_ + ": root " + std::to_string(root) + " is not a rank of " +
+                              std::to_string(world_size()));
     ++counts_.broadcast;
     collective("broadcast", "ncclBroadcast",
                [&] { return ncclBroadcast(data, data, n, comm_detail::nccl_type<T>(), root, comm_, stream_); });
@@ -202,6 +228,29 @@ class Communicator {
   void barrier() { sum(0.0); }
 
  private:
+  // ---- argument checks (what NCCL would refuse with ncclInvalidArgument)
+  void require_buffer(const char* kind, const void* data, size_t n) const {
+    if (n > 0 && data == nullptr)
+      throw CommArgumentError(std::string(kind) + " of " + purpose_what_ + ": a null buffer of " + std::to_string(n) +
+                              " elements");
+  }
+  void require_op(const char* kind, ncclRedOp_t op) const {
+    if (op != ncclSum && op != ncclProd && op != ncclMax && op != ncclMin && op != ncclAvg)
+      throw CommArgumentError(std::string(kind) + " of " + purpose_what_ + ": reduction op " +
+                              std::to_string(static_cast<int>(op)) + " is not one of NCCL's");
+  }
+  // NCCL's "In-place Operations": the two ranges may overlap only in the in-place layout.
+  template <typename T>
+  void require_layout(const char* kind, const T* send, size_t send_count, const T* recv, size_t recv_count,
+                      bool in_place, const char* layout) const {
+    require_buffer(kind, send, send_count);
+    require_buffer(kind, recv, recv_count);
+    if (in_place || send_count == 0 || recv_count == 0) return;
+    if (send < recv + recv_count && recv < send + send_count)
+      throw CommArgumentError(std::string(kind) + " of " + purpose_what_ + ": send and receive buffers overlap "
+                              "without being in place (" + layout + ")");
+  }
+
   ncclUniqueId exchange_id(ncclUniqueId id) {
     const std::string& r = options_.rendezvous;
     const double timeout = options_.timeout_seconds;

@@ -98,6 +98,21 @@ TEMPLATE_TEST_CASE("matmul_forward computes inp @ weight^T + bias", "[matmul]", 
     }
 }
 
+// The launchers' argument checks throw (kernels/common.cuh's throw_error) instead of ending the process.
+TEST_CASE("matmul launchers refuse bad arguments with an error naming the launcher", "[matmul]") {
+  MatmulSession session;
+  test::DeviceBuffer<float> out(4 * 16), inp(4 * 16), weight(16 * 16), grad(16 * 16);
+  // Planted: in_features 12 (not a multiple of 8), pre_gelu without dpre_gelu, a count of 12.
+  CHECK_THROWS_WITH(matmul_forward<float>(out, inp, weight, nullptr, 4, 12, 16, nullptr),
+                    Catch::Contains("matmul_forward: rows=4 in_features=12 out_features=16"));
+  CHECK_THROWS_WITH(matmul_backward<float>(inp, weight, nullptr, nullptr, out, inp, weight, out.ptr, 4, 16, 16, nullptr),
+                    Catch::Contains("matmul_backward: pre_gelu and dpre_gelu must be given together"));
+  CHECK_THROWS_WITH(matmul_add_weight_gradient<float>(weight, grad, 12, nullptr),
+                    Catch::Contains("matmul_add_weight_gradient: count=12"));
+  // The correct counterpart of the first.
+  CHECK_NOTHROW(matmul_forward<float>(out, inp, weight, nullptr, 4, 16, 16, nullptr));
+}
+
 TEMPLATE_TEST_CASE("matmul_backward writes dinp and accumulates dweight and dbias", "[matmul]", float, bf16) {
   using T = TestType;
   MatmulSession session;

@@ -155,10 +155,19 @@ TEST_CASE("host sums and the barrier agree", "[nccl]") {
   comm().barrier();
 }
 
-TEST_CASE("invalid collective calls fail with an error instead of hanging", "[nccl]") {
-  test::DeviceBuffer<float> data(4);
-  CHECK_THROWS_WITH(comm().broadcast(data.ptr, 4, comm().world_size()), Catch::Contains("ncclBroadcast"));
-  comm().barrier();  // the ranks are still in step
+// The Communicator refuses arguments NCCL would refuse before calling NCCL: a refused NCCL call
+// would poison the non-blocking communicator (and real NCCL's watchdog would end the run).
+TEST_CASE("invalid collective calls are refused before NCCL sees them", "[nccl]") {
+  const int R = comm().world_size(), rank = comm().rank();
+  test::DeviceBuffer<float> data(4 * R + 1);
+  CHECK_THROWS_AS(comm().broadcast(data.ptr, 4, R), CommArgumentError);
+  CHECK_THROWS_WITH(comm().broadcast(data.ptr, 4, -1), Catch::Contains("root -1 is not a rank"));
+  CHECK_THROWS_WITH(comm().all_reduce(static_cast<float*>(nullptr), 4, ncclSum), Catch::Contains("null buffer"));
+  CHECK_THROWS_WITH(comm().all_reduce(data.ptr, 4, static_cast<ncclRedOp_t>(-1)), Catch::Contains("reduction op"));
+  // Overlaps that are not NCCL's in-place layouts (the in-place ones are exercised above).
+  CHECK_THROWS_WITH(comm().all_gather(data.ptr + rank * 4 + 1, data.ptr, 4), Catch::Contains("overlap"));
+  CHECK_THROWS_WITH(comm().reduce_scatter(data.ptr, data.ptr + rank * 4 + 1, 4, ncclSum), Catch::Contains("overlap"));
+  comm().barrier();  // the communicator still works and the ranks are still in step
 }
 
 TEST_CASE("a non-blocking communicator completes a collective that a late peer joins", "[nccl]") {
@@ -172,6 +181,8 @@ TEST_CASE("a non-blocking communicator completes a collective that a late peer j
   REQUIRE(settle(c, status) == ncclSuccess);
   CUDA_CHECK(cudaStreamSynchronize(stream));
   check_reduced(data.download(), 0, ncclSum);
+  // NCCL destroys a non-blocking communicator only after a finalize polled to its end.
+  CHECK(settle(c, ncclCommFinalize(c)) == ncclSuccess);
   CHECK(ncclCommDestroy(c) == ncclSuccess);
   CUDA_CHECK(cudaStreamDestroy(stream));
 }

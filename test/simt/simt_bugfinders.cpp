@@ -3,56 +3,11 @@
 // lines abort with a message naming the kernel and the threads; a misaligned 128-bit access
 // is reported as cudaErrorMisalignedAddress. Aborting cases run in a forked child whose
 // stderr is captured.
+#include "test/child_process.h"
 #include "test/test_util.h"
 
-#include <csignal>
 #include <cstdlib>
-#include <fcntl.h>
 #include <string>
-#include <sys/wait.h>
-#include <unistd.h>
-
-namespace {
-
-struct ChildResult {
-  bool aborted = false;
-  int exit_code = -1;
-  std::string stderr_text;
-};
-
-// Runs body in a child process; reports how it ended and what it wrote to stderr.
-template <typename Body>
-ChildResult run_in_child(Body body) {
-  int fds[2];
-  REQUIRE(pipe(fds) == 0);
-  std::fflush(nullptr);
-  pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    close(fds[0]);
-    dup2(fds[1], STDERR_FILENO);
-    dup2(open("/dev/null", O_WRONLY), STDOUT_FILENO);  // the child's copy of Catch2 must not report
-    std::signal(SIGABRT, SIG_DFL);                      // nor turn the abort into a test failure
-    std::_Exit(body());
-  }
-  close(fds[1]);
-  ChildResult r;
-  char buf[4096];
-  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) r.stderr_text.append(buf, static_cast<size_t>(n));
-  close(fds[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  r.aborted = WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-struct ScheduleScope {
-  explicit ScheduleScope(const char* order) { setenv("SIMT_SCHEDULE", order, 1); }
-  ~ScheduleScope() { unsetenv("SIMT_SCHEDULE"); }
-};
-
-}  // namespace
 
 // Each thread stores its value, then reads its neighbour's; without the barrier the
 // neighbour may not have stored yet (the buffer starts as NaN poison).
@@ -66,7 +21,7 @@ __global__ void neighbour_kernel(float* out, const float* in, int n) {
 }
 
 static int wrong_neighbours(void (*kernel)(float*, const float*, int), const char* order) {
-  ScheduleScope scope(order);
+  test::ScheduleScope scope(order);
   const int n = 64;
   std::vector<float> host = test::random_floats(n, 1);
   test::DeviceBuffer<float> in(host);
@@ -98,8 +53,8 @@ __global__ void divergent_shuffle_kernel(float* out) {
 
 TEST_CASE("lanes of one warp in different collectives abort with a clear message", "[bugfinder]") {
   for (const char* order : {"forward", "reverse"}) {
-    ChildResult r = run_in_child([order] {
-      ScheduleScope scope(order);
+    test::ChildResult r = test::run_in_child([order] {
+      test::ScheduleScope scope(order);
       test::DeviceBuffer<float> out(32);
       launch(divergent_shuffle_kernel, dim3(1), dim3(32), 0, nullptr, out.ptr);
       return 0;
@@ -120,7 +75,7 @@ __global__ void deadlock_kernel(float* out) {
 }
 
 TEST_CASE("a deadlock names the kernel and where its threads wait", "[bugfinder]") {
-  ChildResult r = run_in_child([] {
+  test::ChildResult r = test::run_in_child([] {
     test::DeviceBuffer<float> out(64);
     launch(deadlock_kernel, dim3(1), dim3(64), 0, nullptr, out.ptr);
     return 0;
@@ -143,7 +98,7 @@ __global__ void split_barrier_kernel(float* out) {
 }
 
 TEST_CASE("threads at different __syncthreads lines abort, unless allowed", "[bugfinder]") {
-  ChildResult r = run_in_child([] {
+  test::ChildResult r = test::run_in_child([] {
     test::DeviceBuffer<float> out(64);
     launch(split_barrier_kernel, dim3(1), dim3(64), 0, nullptr, out.ptr);
     return 0;
@@ -153,7 +108,7 @@ TEST_CASE("threads at different __syncthreads lines abort, unless allowed", "[bu
   CHECK(r.stderr_text.find("different __syncthreads") != std::string::npos);
   CHECK(r.stderr_text.find("simt_bugfinders.cpp") != std::string::npos);
 
-  ChildResult allowed = run_in_child([] {
+  test::ChildResult allowed = test::run_in_child([] {
     setenv("SIMT_BARRIER_SITES", "0", 1);
     test::DeviceBuffer<float> out(64);
     launch(split_barrier_kernel, dim3(1), dim3(64), 0, nullptr, out.ptr);
@@ -167,7 +122,7 @@ __global__ void misaligned_kernel(float* out, const float* in) {
 }
 
 TEST_CASE("a misaligned 128-bit access is a sticky cudaErrorMisalignedAddress", "[bugfinder]") {
-  ChildResult r = run_in_child([] {
+  test::ChildResult r = test::run_in_child([] {
     test::DeviceBuffer<float> in(8), out(8);
     launch(misaligned_kernel, dim3(1), dim3(1), 0, nullptr, out.ptr, in.ptr);
     if (cudaDeviceSynchronize() != cudaErrorMisalignedAddress) return 1;

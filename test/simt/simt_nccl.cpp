@@ -2,7 +2,9 @@
 // needs no MPI, its collectives are the identity (bf16 averages round once, so they too return
 // the input), and everything the stand-in does not implement fails with an error status and a
 // message instead of computing something else. The real library implements these types and
-// ops, so this test exists only in the CPU build; multi-rank semantics are test/mpi/mpi_nccl.cu.
+// ops, so this test exists only in the CPU build; multi-rank semantics are test/mpi_nccl.cu.
+// NCCL's own rules hold too: a non-blocking communicator's first error is sticky, it is finalized
+// (and that polled) before it is destroyed, and buffers overlap only in the in-place layouts.
 #include "test/test_util.h"
 
 #include <nccl.h>
@@ -108,4 +110,90 @@ TEST_CASE("simt NCCL stand-in: config, non-blocking calls and abort", "[nccl]") 
   CHECK(ncclAllReduce(data.ptr, data.ptr, 19, ncclFloat32, ncclSum, comm, nullptr) == ncclInvalidArgument);
   CHECK(ncclCommGetAsyncError(comm, &async_error) == ncclInvalidArgument);
   CHECK(ncclCommDestroy(comm) == ncclInvalidArgument);
+}
+
+namespace {
+
+// A one-rank non-blocking communicator.
+ncclComm_t non_blocking_one_rank() {
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  REQUIRE(ncclCommInitRankConfig(&comm, 1, id, 0, &config) == ncclSuccess);
+  return comm;
+}
+
+// ncclCommFinalize, polled to its end, then ncclCommDestroy: what NCCL requires of a
+// non-blocking communicator.
+ncclResult_t finalize_and_destroy(ncclComm_t comm) {
+  ncclResult_t status = ncclCommFinalize(comm);
+  while (status == ncclInProgress)
+    if (ncclCommGetAsyncError(comm, &status) != ncclSuccess) return ncclInternalError;
+  return status == ncclSuccess ? ncclCommDestroy(comm) : status;
+}
+
+}  // namespace
+
+TEST_CASE("simt NCCL stand-in: a failed call poisons a non-blocking communicator, not a blocking one", "[nccl]") {
+  test::DeviceBuffer<float> data(8);
+  // Planted: an invalid broadcast root on a non-blocking communicator.
+  ncclComm_t comm = non_blocking_one_rank();
+  CHECK(ncclBroadcast(data.ptr, data.ptr, 8, ncclFloat32, 1, comm, nullptr) == ncclInvalidArgument);
+  ncclResult_t async_error = ncclSuccess;
+  CHECK(ncclCommGetAsyncError(comm, &async_error) == ncclSuccess);
+  CHECK(async_error == ncclInvalidArgument);
+  CHECK(ncclAllReduce(data.ptr, data.ptr, 8, ncclFloat32, ncclSum, comm, nullptr) == ncclInvalidArgument);
+  CHECK(std::string(ncclGetLastError(comm)).find("root 1") != std::string::npos);
+  CHECK(ncclCommFinalize(comm) == ncclInvalidArgument);
+  CHECK(ncclCommDestroy(comm) == ncclInvalidUsage);  // after an error only the abort remains
+  CHECK(ncclCommAbort(comm) == ncclSuccess);
+  // Correct counterpart: valid calls leave it healthy.
+  comm = non_blocking_one_rank();
+  CHECK(ncclAllReduce(data.ptr, data.ptr, 8, ncclFloat32, ncclSum, comm, nullptr) == ncclSuccess);
+  CHECK(ncclCommGetAsyncError(comm, &async_error) == ncclSuccess);
+  CHECK(async_error == ncclSuccess);
+  CHECK(finalize_and_destroy(comm) == ncclSuccess);
+  // A blocking communicator returns the error and carries on.
+  OneRank one;
+  CHECK(ncclBroadcast(data.ptr, data.ptr, 8, ncclFloat32, 1, one.comm, nullptr) == ncclInvalidArgument);
+  CHECK(ncclAllReduce(data.ptr, data.ptr, 8, ncclFloat32, ncclSum, one.comm, nullptr) == ncclSuccess);
+}
+
+TEST_CASE("simt NCCL stand-in: a non-blocking communicator is destroyed only after a polled finalize", "[nccl]") {
+  test::DeviceBuffer<float> data(8);
+  ncclComm_t comm = non_blocking_one_rank();
+  CHECK(ncclAllReduce(data.ptr, data.ptr, 8, ncclFloat32, ncclSum, comm, nullptr) == ncclSuccess);
+  // Planted: destroy without finalize.
+  CHECK(ncclCommDestroy(comm) == ncclInvalidUsage);
+  CHECK(std::string(ncclGetLastError(nullptr)).find("ncclCommFinalize") != std::string::npos);
+  ncclResult_t status = ncclCommFinalize(comm);
+  while (status == ncclInProgress) REQUIRE(ncclCommGetAsyncError(comm, &status) == ncclSuccess);
+  CHECK(status == ncclSuccess);
+  // Nothing may be issued after the finalize.
+  CHECK(ncclAllReduce(data.ptr, data.ptr, 8, ncclFloat32, ncclSum, comm, nullptr) == ncclInvalidUsage);
+  CHECK(ncclCommAbort(comm) == ncclSuccess);
+  // Correct counterpart.
+  CHECK(finalize_and_destroy(non_blocking_one_rank()) == ncclSuccess);
+}
+
+TEST_CASE("simt NCCL stand-in: buffers overlap only in NCCL's in-place layouts", "[nccl]") {
+  OneRank one;
+  test::DeviceBuffer<float> data(16);
+  const size_t n = 8;
+  // Correct: in place and disjoint.
+  CHECK(ncclAllReduce(data.ptr, data.ptr, n, ncclFloat32, ncclSum, one.comm, nullptr) == ncclSuccess);
+  CHECK(ncclAllReduce(data.ptr, data.ptr + n, n, ncclFloat32, ncclSum, one.comm, nullptr) == ncclSuccess);
+  CHECK(ncclAllGather(data.ptr, data.ptr, n, ncclFloat32, one.comm, nullptr) == ncclSuccess);  // recv + 0·n
+  CHECK(ncclReduceScatter(data.ptr, data.ptr, n, ncclFloat32, ncclSum, one.comm, nullptr) == ncclSuccess);
+  CHECK(ncclBroadcast(data.ptr + n, data.ptr, n, ncclFloat32, 0, one.comm, nullptr) == ncclSuccess);
+  // Planted: partial overlaps.
+  CHECK(ncclAllReduce(data.ptr, data.ptr + 1, n, ncclFloat32, ncclSum, one.comm, nullptr) == ncclInvalidArgument);
+  CHECK(std::string(ncclGetLastError(one.comm)).find("overlap") != std::string::npos);
+  CHECK(ncclAllGather(data.ptr + 1, data.ptr, n, ncclFloat32, one.comm, nullptr) == ncclInvalidArgument);
+  CHECK(ncclReduceScatter(data.ptr, data.ptr + 2, n, ncclFloat32, ncclSum, one.comm, nullptr) == ncclInvalidArgument);
+  CHECK(ncclBroadcast(data.ptr + 4, data.ptr, n, ncclFloat32, 0, one.comm, nullptr) == ncclInvalidArgument);
+  CHECK(ncclReduce(data.ptr, data.ptr + 3, n, ncclFloat32, ncclSum, 0, one.comm, nullptr) == ncclInvalidArgument);
+  CHECK(ncclAllReduce(nullptr, data.ptr, n, ncclFloat32, ncclSum, one.comm, nullptr) == ncclInvalidArgument);
 }
