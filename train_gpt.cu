@@ -686,6 +686,9 @@ class Trainer {
       // One rank holds each value, the others 0: the sum over ranks is exact.
       DeviceArray<double> buffer(sums.size(), "the eval's completion losses");
       cuda_check(cudaMemcpy(buffer.get(), sums.data(), buffer.bytes(), cudaMemcpyHostToDevice), "eval losses");
+      // The copy ran on the legacy stream, which the (non-blocking) communication stream does not
+      // wait for by itself; a pageable upload may still be in flight when cudaMemcpy returns.
+      comm_.wait_for(cudaStreamLegacy);
       comm_.all_reduce(buffer.get(), sums.size(), ncclSum);
       cuda_check(cudaStreamSynchronize(comm_.stream()), "eval losses");
       cuda_check(cudaMemcpy(sums.data(), buffer.get(), buffer.bytes(), cudaMemcpyDeviceToHost), "eval losses");
