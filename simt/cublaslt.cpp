@@ -32,6 +32,7 @@
 #include <cublasLt.h>
 
 #include "counters.h"
+#include "streams.h"
 #include <cblas.h>
 
 #include <algorithm>
@@ -443,7 +444,7 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t lightHandle, cublasL
                                            const void* B, cublasLtMatrixLayout_t Bdesc, const void* beta,
                                            const void* C, cublasLtMatrixLayout_t Cdesc, void* D,
                                            cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t* algo,
-                                           void* workspace, size_t workspaceSizeInBytes, cudaStream_t) {
+                                           void* workspace, size_t workspaceSizeInBytes, cudaStream_t stream) {
   Problem pr;
   const cublasStatus_t status = validate(lightHandle, computeDesc, Adesc, Bdesc, Cdesc, Ddesc, &pr);
   if (status != CUBLAS_STATUS_SUCCESS) return status;
@@ -467,6 +468,20 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t lightHandle, cublasL
     for (int i = 0; i < 4; ++i)
       if (operands[i] != nullptr && alignment_of(operands[i]) < algo->data[1 + i]) return CUBLAS_STATUS_INVALID_VALUE;
   }
+
+  // The stream ordering checker: A, B (and C when beta reads it), bias read; D, aux, workspace written.
+  auto extent = [](const Layout* l, int64_t rows, int64_t cols, int64_t ld) {
+    return static_cast<size_t>((cols - 1) * ld + rows) * (l->type == CUDA_R_32F ? 4 : 2);
+  };
+  const simt::MemoryAccess accesses[] = {
+      {A, pr.k > 0 ? extent(pr.a, pr.a->rows, pr.a->cols, pr.a->ld) : 0, false},
+      {B, pr.k > 0 ? extent(pr.b, pr.b->rows, pr.b->cols, pr.b->ld) : 0, false},
+      {C, beta_f != 0.0f ? extent(pr.c, pr.c->rows, pr.c->cols, pr.c->ld) : 0, false},
+      {desc->bias, has_bias(desc->epilogue) ? extent(pr.d, pr.m, 1, pr.m) : 0, false},
+      {D, extent(pr.d, pr.d->rows, pr.d->cols, pr.d->ld), true},
+      {desc->aux, has_aux(desc->epilogue) ? extent(pr.d, pr.m, pr.n, desc->aux_ld) : 0, true},
+      {workspace, workspace != nullptr ? workspaceSizeInBytes : 0, true}};
+  simt::stream_operation(stream, "cublasLtMatmul", accesses, sizeof accesses / sizeof accesses[0]);
 
   const int m = static_cast<int>(pr.m), n = static_cast<int>(pr.n), k = static_cast<int>(pr.k);
   std::vector<float> product(static_cast<size_t>(m) * n, 0.0f);

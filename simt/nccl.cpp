@@ -62,6 +62,8 @@
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
+#include "streams.h"
+
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -567,7 +569,7 @@ ncclResult_t ncclGroupEnd() {
 }
 
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
-                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
+                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   ncclResult_t status = check_call("ncclAllReduce", comm, datatype, count, &op);
   if (status != ncclSuccess) return status;
   const int R = comm->nranks, rank = comm->rank;
@@ -584,6 +586,7 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, n
   }
   Operation o;
   o.name = "ncclAllReduce";
+  simt::stream_operation(stream, "ncclAllReduce", {{sendbuff, count * es, false}, {recvbuff, count * es, true}});
   o.steps.push_back([=](MPI_Request* request) { return start_exchange(sendbuff, datatype, comm, x.get(), request); });
   o.steps.push_back([=](MPI_Request* request) {
     x->reduced.resize(x->counts[rank] * es);
@@ -604,7 +607,7 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, n
 }
 
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,
-                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
+                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   ncclResult_t status = check_call("ncclReduceScatter", comm, datatype, recvcount, &op);
   if (status != ncclSuccess) return status;
   const int R = comm->nranks;
@@ -619,6 +622,7 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
   for (int q = 0; q < R; ++q) x->offsets[q] = q * recvcount;
   Operation o;
   o.name = "ncclReduceScatter";
+  simt::stream_operation(stream, "ncclReduceScatter", {{sendbuff, bytes * R, false}, {recvbuff, bytes, true}});
   o.steps.push_back([=](MPI_Request* request) { return start_exchange(sendbuff, datatype, comm, x.get(), request); });
   o.steps.push_back([=](MPI_Request*) {
     reduce_in_rank_order(recvbuff, x->gathered.data(), recvcount, R, datatype, op);
@@ -628,7 +632,7 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
 }
 
 ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
-                        int root, ncclComm_t comm, cudaStream_t) {
+                        int root, ncclComm_t comm, cudaStream_t stream) {
   ncclResult_t status = check_call("ncclReduce", comm, datatype, count, &op);
   if (status != ncclSuccess) return status;
   if (root < 0 || root >= comm->nranks)
@@ -645,6 +649,8 @@ ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, nccl
   x->counts[root] = count;
   Operation o;
   o.name = "ncclReduce";
+  simt::stream_operation(stream, "ncclReduce",
+                         {{sendbuff, bytes, false}, {recvbuff, comm->rank == root ? bytes : 0, true}});
   o.steps.push_back([=](MPI_Request* request) { return start_exchange(sendbuff, datatype, comm, x.get(), request); });
   o.steps.push_back([=](MPI_Request*) {
     if (comm->rank == root) reduce_in_rank_order(recvbuff, x->gathered.data(), count, R, datatype, op);
@@ -654,7 +660,7 @@ ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, nccl
 }
 
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
-                           ncclComm_t comm, cudaStream_t) {
+                           ncclComm_t comm, cudaStream_t stream) {
   ncclResult_t status = check_call("ncclAllGather", comm, datatype, sendcount, nullptr);
   if (status != ncclSuccess) return status;
   const size_t bytes = sendcount * element_bytes(datatype);
@@ -664,6 +670,7 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
   if (status != ncclSuccess) return status;
   Operation o;
   o.name = "ncclAllGather";
+  simt::stream_operation(stream, "ncclAllGather", {{sendbuff, bytes, false}, {recvbuff, bytes * comm->nranks, true}});
   o.steps.push_back([=](MPI_Request* request) {
     if (comm->nranks == 1) {
       if (own != sendbuff && bytes > 0) std::memmove(own, sendbuff, bytes);
@@ -678,7 +685,7 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
 }
 
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
-                           ncclComm_t comm, cudaStream_t) {
+                           ncclComm_t comm, cudaStream_t stream) {
   ncclResult_t status = check_call("ncclBroadcast", comm, datatype, count, nullptr);
   if (status != ncclSuccess) return status;
   if (root < 0 || root >= comm->nranks)
@@ -690,6 +697,8 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, n
   if (status != ncclSuccess) return status;
   Operation o;
   o.name = "ncclBroadcast";
+  simt::stream_operation(stream, "ncclBroadcast",
+                         {{sendbuff, comm->rank == root ? bytes : 0, false}, {recvbuff, bytes, true}});
   o.steps.push_back([=](MPI_Request* request) {
     if (comm->rank == root && sendbuff != recvbuff && bytes > 0) std::memmove(recvbuff, sendbuff, bytes);
     if (comm->nranks == 1) return ncclSuccess;

@@ -1,8 +1,10 @@
 // runtime.cpp — the CUDA runtime API, answered on the CPU: device memory is host memory,
-// streams and events are synchronous, launches are validated as a GPU would validate them
-// and then executed by scheduler.cpp. Signatures are the toolkit's own declarations.
+// streams and events are synchronous (streams.cpp checks the order a GPU would give their work),
+// launches are validated as a GPU would validate them and then executed by scheduler.cpp.
+// Signatures are the toolkit's own declarations.
 #include "simt.h"
 #include "state.h"
+#include "streams.h"
 
 #include <atomic>
 #include <chrono>
@@ -123,6 +125,7 @@ void run_launch(const LaunchSpec& spec) {
   if (spec.dynamic_smem > allowed)
     return launch_refused(spec, cudaErrorInvalidValue,
                           "dynamic shared memory over the kernel's limit (48 KB unless raised by cudaFuncSetAttribute)");
+  kernel_operation(spec.stream, spec.kernel, spec.accesses, spec.access_count);
   execute_launch(spec);
 }
 
@@ -190,6 +193,7 @@ cudaError_t cudaGetDevice(int* device) {
 cudaError_t cudaDeviceReset(void) { return cudaSuccess; }
 cudaError_t cudaDeviceSynchronize(void) {
   ++simt::counters().host_syncs;
+  simt::host_waits_for_device();
   return sticky_or(cudaSuccess);
 }
 cudaError_t cudaDriverGetVersion(int* version) {
@@ -256,6 +260,7 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
   if (!*ptr) return fail(cudaErrorMemoryAllocation);
   std::lock_guard<std::mutex> lock(simt::device_mutex);
   simt::device_allocations[*ptr] = size;
+  simt::track_allocation(*ptr, size);
   Counters& c = simt::counters();
   c.device_bytes += static_cast<long long>(size);
   c.peak_device_bytes = std::max(c.peak_device_bytes, c.device_bytes);
@@ -269,6 +274,7 @@ cudaError_t cudaFree(void* ptr) {
     if (it != simt::device_allocations.end()) {
       simt::counters().device_bytes -= static_cast<long long>(it->second);
       simt::device_allocations.erase(it);
+      simt::untrack_allocation(ptr);
     }
   }
   ::operator delete(ptr, std::align_val_t(kAllocationAlignment));
@@ -296,40 +302,87 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   *free_bytes = available_memory();
   return cudaSuccess;
 }
+// Copies and memsets are stream operations for the ordering checker (streams.h); which of them
+// the host waits for follows the CUDA Runtime API's "API synchronization behavior" page
+// (docs.nvidia.com/cuda/cuda-runtime-api/api-sync-behavior.html). The direction comes from the
+// pointers, as with unified addressing.
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind) {
   ++simt::counters().host_syncs;
+  const bool from_device = simt::is_device_memory(src), to_device = simt::is_device_memory(dst);
+  if (count && dst && src && (from_device || to_device)) {
+    const bool from_pinned = !from_device && simt::is_pinned(src);
+    // "For transfers from pageable host memory to device memory, a stream sync is performed
+    // before the copy is initiated" — and the call returns once the data is staged, not copied.
+    if (!from_device && !from_pinned) simt::host_waits_for(nullptr);
+    simt::stream_operation(nullptr, !from_device ? "cudaMemcpy (host to device)"
+                                    : to_device  ? "cudaMemcpy (device to device)"
+                                                 : "cudaMemcpy (device to host)",
+                           {{src, count, false}, {dst, count, true}});
+    // Device to host: "returns only once the copy has completed"; pinned host to device:
+    // "synchronous with respect to the host"; device to device: "no host-side synchronization".
+    if (!to_device || from_pinned) simt::host_waits_for(nullptr);
+  }
   return simt::copy(dst, src, count);
 }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t) {
-  // Pageable host memory on either side: the copy may wait for the stream's earlier work.
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream) {
+  // Pageable host memory on either side: the copy may wait for the stream's earlier work. The
+  // documentation promises no more ("might be synchronous"), so the checker's host learns nothing.
   if ((kind == cudaMemcpyDeviceToHost && !simt::is_pinned(dst)) || (kind == cudaMemcpyHostToDevice && !simt::is_pinned(src)))
     ++simt::counters().host_syncs;
+  if (count && dst && src) simt::stream_operation(stream, "cudaMemcpyAsync", {{src, count, false}, {dst, count, true}});
   return simt::copy(dst, src, count);
 }
-cudaError_t cudaMemset(void* ptr, int value, size_t count) {
+namespace simt {
+namespace {
+// "The memset functions are asynchronous with respect to the host except when the target memory
+// is pinned host memory" (device memory here): the host learns nothing from either variant.
+cudaError_t memset_on(cudaStream_t stream, const char* what, void* ptr, int value, size_t count) {
   if (count && !ptr) return fail(cudaErrorInvalidValue);
-  if (count) std::memset(ptr, value, count);
+  if (count) {
+    stream_operation(stream, what, {{ptr, count, true}});
+    std::memset(ptr, value, count);
+  }
   return sticky_or(cudaSuccess);
 }
-cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t) { return cudaMemset(ptr, value, count); }
+}  // namespace
+}  // namespace simt
+cudaError_t cudaMemset(void* ptr, int value, size_t count) {
+  return simt::memset_on(nullptr, "cudaMemset", ptr, value, count);
+}
+cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t stream) {
+  return simt::memset_on(stream, "cudaMemsetAsync", ptr, value, count);
+}
 
-// ---- streams and events: work is done when it is issued, so they only keep order and time.
-cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, 0); }
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
+// ---- streams and events: work is done when it is issued, so they keep time and the order the
+// checker (streams.h) holds every access to.
+namespace simt {
+namespace {
+cudaError_t create_stream_for(cudaStream_t* stream, unsigned int flags, const void* caller) {
   if (!stream) return fail(cudaErrorInvalidValue);
-  *stream = reinterpret_cast<cudaStream_t>(new char);  // a distinct handle; nothing is queued on it
+  *stream = create_stream(flags, caller);
   return cudaSuccess;
+}
+}  // namespace
+}  // namespace simt
+cudaError_t cudaStreamCreate(cudaStream_t* stream) {
+  return simt::create_stream_for(stream, cudaStreamDefault, __builtin_return_address(0));
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
+  return simt::create_stream_for(stream, flags, __builtin_return_address(0));
 }
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
-  delete reinterpret_cast<char*>(stream);
+  simt::destroy_stream(stream);
   return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) {
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   ++simt::counters().host_syncs;
+  simt::host_waits_for(stream);
   return sticky_or(cudaSuccess);
 }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t event, unsigned int) {
-  return event ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
+  if (!event) return fail(cudaErrorInvalidResourceHandle);
+  simt::stream_waits_for_event(stream, event);
+  return cudaSuccess;
 }
 cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, 0); }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
@@ -338,21 +391,30 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
   return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  simt::forget_event(event);
   delete reinterpret_cast<Event*>(event);
   return cudaSuccess;
 }
-cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (!event) return fail(cudaErrorInvalidResourceHandle);
+  simt::record_event(event, stream);
   Event* e = reinterpret_cast<Event*>(event);
   e->recorded = std::chrono::steady_clock::now();
   e->has_time = true;
   return cudaSuccess;
 }
-// Work is done when it is issued: a recorded event has always completed.
-cudaError_t cudaEventQuery(cudaEvent_t event) { return event ? sticky_or(cudaSuccess) : fail(cudaErrorInvalidResourceHandle); }
+// Work is done when it is issued: a recorded event has always completed, and a host that saw it
+// complete has waited for its work.
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  if (!event) return fail(cudaErrorInvalidResourceHandle);
+  simt::host_waits_for_event(event);
+  return sticky_or(cudaSuccess);
+}
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   ++simt::counters().host_syncs;
-  return event ? sticky_or(cudaSuccess) : fail(cudaErrorInvalidResourceHandle);
+  if (!event) return fail(cudaErrorInvalidResourceHandle);
+  simt::host_waits_for_event(event);
+  return sticky_or(cudaSuccess);
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   if (!ms || !start || !end) return fail(cudaErrorInvalidValue);

@@ -32,6 +32,7 @@
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -41,6 +42,7 @@
 #include <utility>
 
 #include "counters.h"
+#include "streams.h"
 
 // Built-in variables, kept current by the scheduler at every fiber switch.
 inline thread_local uint3 threadIdx;
@@ -72,14 +74,18 @@ struct WarpState {
   alignas(16) unsigned char out[kWarpSize][kLanePayload];
 };
 
-// What one launch runs: the kernel's address (for attributes and messages) and a
-// type-erased call of the kernel with its converted arguments.
+// What one launch runs: the kernel's address (for attributes and messages), a type-erased call
+// of the kernel with its converted arguments, and for the stream ordering checker its stream and
+// the device memory its pointer arguments reach.
 struct LaunchSpec {
   const void* kernel;
   dim3 grid, block;
   size_t dynamic_smem;
   void (*invoke)(const void* bound);
   const void* bound;
+  cudaStream_t stream;
+  const MemoryAccess* accesses;
+  size_t access_count;
 };
 
 // Runs a launch: validates the configuration (an invalid one sets the error
@@ -120,6 +126,14 @@ struct BoundKernel {
   }
 };
 
+// A kernel's pointer argument reaches from where it points to the end of that allocation: a
+// pointer to const is read, any other is read and written.
+template <typename T>
+void add_pointer_access(const T& arg, MemoryAccess* accesses, size_t* count) {
+  if constexpr (std::is_pointer<T>::value)
+    accesses[(*count)++] = {static_cast<const void*>(arg), kWholeRest, !std::is_const<std::remove_pointer_t<T>>::value};
+}
+
 template <typename T>
 T shuffle(unsigned mask, const char* what, T v, int src_lane) {
   static_assert(std::is_trivially_copyable<T>::value && sizeof(T) <= kLanePayload, "shuffle type");
@@ -134,13 +148,17 @@ inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 
 
 // ---- launch and dynamic shared memory (same call syntax as the nvcc definitions)
 template <typename... Params, typename... Args>
-inline void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t,
+inline void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                    Args&&... args) {
   // Arguments are converted to the parameter types once, as cudaLaunchKernel copies them.
   using Tuple = std::tuple<std::decay_t<Params>...>;
   simt::BoundKernel<void (*)(Params...), Tuple> bound{kernel, Tuple(std::forward<Args>(args)...)};
-  simt::run_launch({reinterpret_cast<const void*>(kernel), grid, block, smem,
-                    &decltype(bound)::invoke, &bound});
+  std::array<simt::MemoryAccess, sizeof...(Params)> accesses{};
+  size_t access_count = 0;
+  std::apply([&](const auto&... arg) { (simt::add_pointer_access(arg, accesses.data(), &access_count), ...); },
+             bound.args);
+  simt::run_launch({reinterpret_cast<const void*>(kernel), grid, block, smem, &decltype(bound)::invoke, &bound,
+                    stream, accesses.data(), access_count});
 }
 
 #define DYNAMIC_SHARED(T, name) T* name = reinterpret_cast<T*>(::simt::dynamic_shared_memory())

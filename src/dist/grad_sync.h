@@ -88,7 +88,10 @@ class GradientSync {
     segments_ = buckets_.segments(owner_);
     const GradientBufferCounts counts = gradient_buffer_counts(buckets_, zero_);
     if (zero_ == 2) {
-      layer_windows_ = DeviceArray<Elem>(2 * counts.layer_window, "gradients (two layer-bucket working windows)");
+      // Two allocations, not one: each window is reused after its own event, and the CPU build's
+      // stream checker orders a kernel's pointer up to the end of the allocation it points into.
+      for (DeviceArray<Elem>& window : layer_windows_)
+        window = DeviceArray<Elem>(counts.layer_window, "gradients (one of two layer-bucket working windows)");
       model_window_ = DeviceArray<Elem>(counts.model_window, "gradients (wte, wpe, lnf working window)");
       shard_grads_ = DeviceArray<Elem>(counts.shard, "gradients (this rank's shard)");
       for (cudaEvent_t& e : window_free_)
@@ -119,7 +122,7 @@ class GradientSync {
   }
   // The loss gradient's divisor beyond the mean over tokens and micro-steps: stage 2 sums.
   float ranks_summed() const { return zero_ == 2 ? static_cast<float>(world_) : 1.0f; }
-  size_t bytes() const { return grads_.bytes() + shard_grads_.bytes() + layer_windows_.bytes() + model_window_.bytes(); }
+  size_t bytes() const { return grads_.bytes() + shard_grads_.bytes() + 2 * layer_windows_[0].bytes() + model_window_.bytes(); }
 
   // Where the backward pass accumulates tensor `tensor`'s gradient (layer `layer`'s slice of a
   // per-layer tensor; layer ignored for wte, wpe, lnf).
@@ -250,7 +253,7 @@ class GradientSync {
     const GradientBucket& bucket = buckets_.buckets()[b];
     if (zero_ != 2) return grads_.get() + bucket.offset;
     if (!bucket.holds_layers()) return model_window_.get();
-    return layer_windows_.get() + (b % 2) * buckets_.largest_layer_bucket();
+    return layer_windows_[b % 2].get();
   }
 
   // Stage 2: makes bucket b's working window ready for a backward pass to accumulate into (the
@@ -286,7 +289,7 @@ class GradientSync {
   DeviceArray<Elem> grads_;   // stages 0 and 1: every bucket
   // Stage 2 only: working windows, the gradient shard, and whether the shard holds gradients of
   // earlier micro-steps of the current optimizer step.
-  DeviceArray<Elem> layer_windows_, model_window_, shard_grads_;
+  DeviceArray<Elem> layer_windows_[2], model_window_, shard_grads_;
   cudaEvent_t window_free_[2] = {nullptr, nullptr};  // recorded on the comm stream when a layer window is sent
   bool shard_holds_gradients_ = false;
 };

@@ -24,6 +24,13 @@ Communicator& comm() {
   return instance;
 }
 
+// The communicator, its next collective ordered after the legacy stream: test buffers are filled
+// there (cudaMemcpy, cudaMemset), which the non-blocking communication stream does not wait for.
+Communicator& after_uploads() {
+  comm().wait_for(cudaStreamLegacy);
+  return comm();
+}
+
 float contribution(int rank, size_t i) {
   return static_cast<float>(((rank + 1) * 37 + static_cast<int>(i % 101) * 13) % 97) / 16.0f - 3.0f +
          0.001953125f * static_cast<float>(rank);
@@ -95,7 +102,7 @@ TEMPLATE_TEST_CASE("all_reduce sums and averages in place over the ranks", "[ncc
     for (ncclRedOp_t op : {ncclSum, ncclAvg}) {
       INFO("n " << n << " op " << op);
       test::DeviceBuffer<TestType> data(inputs_of<TestType>(comm().rank(), n));
-      comm().all_reduce(data.ptr, n, op);
+      after_uploads().all_reduce(data.ptr, n, op);
       const std::vector<TestType> got = data.download();
       check_reduced(got, 0, op);
       CHECK(same_on_all_ranks(got));
@@ -109,10 +116,10 @@ TEMPLATE_TEST_CASE("reduce_scatter leaves block r of the sum on rank r, in and o
     INFO("block " << block);
     test::DeviceBuffer<TestType> send(inputs_of<TestType>(rank, block * R));
     test::DeviceBuffer<TestType> recv(block);
-    comm().reduce_scatter(send.ptr, recv.ptr, block, ncclAvg);
+    after_uploads().reduce_scatter(send.ptr, recv.ptr, block, ncclAvg);
     check_reduced(recv.download(), rank * block, ncclAvg);
     // In place: the result lands in the rank's own block of the input.
-    comm().reduce_scatter(send.ptr, send.ptr + rank * block, block, ncclSum);
+    after_uploads().reduce_scatter(send.ptr, send.ptr + rank * block, block, ncclSum);
     const std::vector<TestType> all = send.download();
     check_reduced(std::vector<TestType>(all.begin() + rank * block, all.begin() + (rank + 1) * block), rank * block,
                   ncclSum);
@@ -129,11 +136,11 @@ TEMPLATE_TEST_CASE("all_gather concatenates the ranks' blocks, in and out of pla
       want.insert(want.end(), part.begin(), part.end());
     }
     test::DeviceBuffer<TestType> send(inputs_of<TestType>(rank, block)), recv(block * R);
-    comm().all_gather(send.ptr, recv.ptr, block);
+    after_uploads().all_gather(send.ptr, recv.ptr, block);
     CHECK(test::all_close<TestType>("out of place", test::to_floats(recv.download()), test::to_floats(want)));
     recv.poison();
     CUDA_CHECK(cudaMemcpy(recv.ptr + rank * block, send.ptr, block * sizeof(TestType), cudaMemcpyDeviceToDevice));
-    comm().all_gather(recv.ptr + rank * block, recv.ptr, block);
+    after_uploads().all_gather(recv.ptr + rank * block, recv.ptr, block);
     CHECK(test::all_close<TestType>("in place", test::to_floats(recv.download()), test::to_floats(want)));
   }
 }
@@ -143,7 +150,7 @@ TEMPLATE_TEST_CASE("broadcast copies the root's buffer to every rank", "[nccl]",
   for (int root : {0, comm().world_size() - 1}) {
     INFO("root " << root);
     test::DeviceBuffer<TestType> data(inputs_of<TestType>(comm().rank(), n));
-    comm().broadcast(data.ptr, n, root);
+    after_uploads().broadcast(data.ptr, n, root);
     CHECK(test::all_close<TestType>("broadcast", test::to_floats(data.download()),
                                     test::to_floats(inputs_of<TestType>(root, n))));
   }
