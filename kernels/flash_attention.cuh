@@ -173,11 +173,58 @@ __device__ __forceinline__ void flash_store_rows(bf16* dst, size_t row_stride, i
   }
 }
 
+// What every tile kernel derives from its block index. Blocks of one (b, h) are adjacent in
+// launch order, so a head's streamed operand (K and V, or Q and dO) stays in L2 across its
+// tiles; within a head, LAST_FIRST launches the last tile of rows first (the longest causal
+// prefixes: forward and query kernels), otherwise the first (the keys with the most queries).
+// Force-inlined and returned by value, with the head's pointers computed where they are used
+// (qkv_head, io_head) by the same expressions each kernel had before the fold, so the
+// registers are those of the unfolded code (ptxas counts in the commit that folded it).
+template <int HD>
+struct FlashBlock {
+  int row0;              // first of the block's rows (queries or keys)
+  int bh, b, h;          // bh = b * NH + h: the head's row of lse and D
+  int seq_len, C;        // T and NH * HD
+  size_t row_stride;     // 3C: qkv's row pitch
+  int warp, g, t;        // warp; the lane's fragment row (lane / 4) and column pair (lane % 4)
+  int row;               // the lane's first row, row0 + 16 warp + g (the other is row + 8)
+
+  // Row 0 of the head's q channels in a (B, T, 3C) tensor (qkv, dqkv); k is + C, v + 2C.
+  template <typename E>
+  __device__ __forceinline__ E* qkv_head(E* base) const {
+    return base + static_cast<size_t>(b) * seq_len * row_stride + h * HD;
+  }
+  // Row 0 of the head's channels in a (B, T, C) tensor (out, dout).
+  template <typename E>
+  __device__ __forceinline__ E* io_head(E* base) const {
+    return base + static_cast<size_t>(b) * seq_len * C + h * HD;
+  }
+};
+
+template <int HD, int ROWS, bool LAST_FIRST>
+__device__ __forceinline__ FlashBlock<HD> flash_block(int seq_len, int NH) {
+  FlashBlock<HD> blk;
+  const int tiles = ceil_div(seq_len, ROWS), tile = static_cast<int>(blockIdx.x) % tiles;
+  blk.row0 = (LAST_FIRST ? tiles - 1 - tile : tile) * ROWS;
+  blk.bh = static_cast<int>(blockIdx.x) / tiles;
+  blk.b = blk.bh / NH;
+  blk.h = blk.bh % NH;
+  blk.seq_len = seq_len;
+  blk.C = NH * HD;
+  blk.row_stride = 3 * static_cast<size_t>(blk.C);
+  const int lane = threadIdx.x % 32;
+  blk.warp = threadIdx.x / 32;
+  blk.g = lane / 4;
+  blk.t = lane % 4;
+  blk.row = blk.row0 + 16 * blk.warp + blk.g;
+  return blk;
+}
+
 // One block per (64 query rows, b, h), the longest causal prefixes first. Scores are kept in
 // log2 units (scaled by scale·log2 e) so the exponentials are exp2f.
 template <int HD>
 __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
-    flash_attention_forward_kernel(bf16* out, float* lse, const bf16* qkv, int B, int seq_len, int NH,
+    flash_attention_forward_kernel(bf16* out, float* lse, const bf16* qkv, int seq_len, int NH,
                                    float scale_log2) {
   using Tiles = FlashTiles<HD>;
   constexpr int BM = Tiles::kRows, BN = Tiles::kStream, S = Tiles::kStride;
@@ -186,16 +233,13 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
   bf16* k_tiles = q_tile + BM * S;
   bf16* v_tiles = k_tiles + 2 * BN * S;
 
-  const int heads = B * NH;
-  const int q0 = (ceil_div(seq_len, BM) - 1 - static_cast<int>(blockIdx.x) / heads) * BM;
-  const int bh = static_cast<int>(blockIdx.x) % heads, b = bh / NH, h = bh % NH;
-  const int C = NH * HD;
-  const size_t row_stride = 3 * static_cast<size_t>(C);
-  const bf16* q_src = qkv + static_cast<size_t>(b) * seq_len * row_stride + h * HD;
+  const FlashBlock<HD> blk = flash_block<HD, BM, true>(seq_len, NH);
+  const int q0 = blk.row0, bh = blk.bh, C = blk.C, warp = blk.warp, t = blk.t;
+  const int row = blk.row;  // this lane's rows: row and row + 8
+  const size_t row_stride = blk.row_stride;
+  const bf16* q_src = blk.qkv_head(qkv);
   const bf16* k_src = q_src + C;
   const bf16* v_src = q_src + 2 * C;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int row = q0 + 16 * warp + g;  // this lane's rows: row and row + 8
 
   const int kv_tiles = ceil_div(min(q0 + BM, seq_len), BN);  // keys up to the block's last valid row
   flash_load_tile<HD, BM>(q_tile, q_src, row_stride, q0, seq_len);
@@ -273,8 +317,7 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
     }
   }
   // The warp's own Q rows are free now: they stage its output rows.
-  flash_store_rows<HD>(out + static_cast<size_t>(b) * seq_len * C + h * HD, C, q0 + 16 * warp, seq_len,
-                       q_tile + 16 * warp * S, o);
+  flash_store_rows<HD>(blk.io_head(out), C, q0 + 16 * warp, seq_len, q_tile + 16 * warp * S, o);
 }
 
 // D_t = dO_t · O_t per (b, h, t) into delta (B, NH, T), fp32. HD / 8 consecutive lanes share a
@@ -308,7 +351,7 @@ __global__ void flash_attention_backward_delta_kernel(float* delta, const bf16* 
 template <int HD>
 __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
     flash_attention_backward_key_value_kernel(bf16* dqkv, const float* delta, const bf16* dout, const bf16* qkv,
-                                              const float* lse, int B, int seq_len, int NH, float scale,
+                                              const float* lse, int seq_len, int NH, float scale,
                                               float scale_log2) {
   using Tiles = FlashTiles<HD>;
   constexpr int BN = Tiles::kRows, BM = Tiles::kStream, S = Tiles::kStride;
@@ -319,17 +362,14 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
   bf16* do_tiles = q_tiles + 2 * BM * S;
   float* stats = reinterpret_cast<float*>(do_tiles + 2 * BM * S);  // per buffer: lse·log2 e [BM], then D [BM]
 
-  const int heads = B * NH;
-  const int k0 = static_cast<int>(blockIdx.x) / heads * BN;
-  const int bh = static_cast<int>(blockIdx.x) % heads, b = bh / NH, h = bh % NH;
-  const int C = NH * HD;
-  const size_t row_stride = 3 * static_cast<size_t>(C);
-  const bf16* q_src = qkv + static_cast<size_t>(b) * seq_len * row_stride + h * HD;
-  const bf16* do_src = dout + static_cast<size_t>(b) * seq_len * C + h * HD;
-  const float* lse_bh = lse + static_cast<size_t>(bh) * seq_len;
-  const float* delta_bh = delta + static_cast<size_t>(bh) * seq_len;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int key = k0 + 16 * warp + g;  // this lane's keys: key and key + 8
+  const FlashBlock<HD> blk = flash_block<HD, BN, false>(seq_len, NH);
+  const int k0 = blk.row0, C = blk.C, warp = blk.warp, t = blk.t;
+  const int key = blk.row;  // this lane's keys: key and key + 8
+  const size_t row_stride = blk.row_stride;
+  const bf16* q_src = blk.qkv_head(qkv);
+  const bf16* do_src = blk.io_head(dout);
+  const float* lse_bh = lse + static_cast<size_t>(blk.bh) * seq_len;
+  const float* delta_bh = delta + static_cast<size_t>(blk.bh) * seq_len;
 
   // Thread i < BM holds lse of streamed row i, BM <= i < 2 BM holds D of row i - BM.
   auto query_stat = [&](int q0) -> float {
@@ -397,7 +437,7 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
     for (int e = 0; e < 4; ++e) dk[n][e] *= scale;
   }
   // The warp's own K and V rows are free now: they stage its dK and dV rows.
-  bf16* dk_dst = dqkv + static_cast<size_t>(b) * seq_len * row_stride + C + h * HD;
+  bf16* dk_dst = blk.qkv_head(dqkv) + C;
   flash_store_rows<HD>(dk_dst, row_stride, k0 + 16 * warp, seq_len, k_tile + 16 * warp * S, dk);
   flash_store_rows<HD>(dk_dst + C, row_stride, k0 + 16 * warp, seq_len, v_tile + 16 * warp * S, dv);
 }
@@ -407,7 +447,7 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
 template <int HD>
 __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
     flash_attention_backward_query_kernel(bf16* dqkv, const float* delta, const bf16* dout, const bf16* qkv,
-                                          const float* lse, int B, int seq_len, int NH, float scale,
+                                          const float* lse, int seq_len, int NH, float scale,
                                           float scale_log2) {
   using Tiles = FlashTiles<HD>;
   constexpr int BM = Tiles::kRows, BN = Tiles::kStream, S = Tiles::kStride;
@@ -417,20 +457,17 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
   bf16* k_tiles = do_tile + BM * S;
   bf16* v_tiles = k_tiles + 2 * BN * S;
 
-  const int heads = B * NH;
-  const int q0 = (ceil_div(seq_len, BM) - 1 - static_cast<int>(blockIdx.x) / heads) * BM;
-  const int bh = static_cast<int>(blockIdx.x) % heads, b = bh / NH, h = bh % NH;
-  const int C = NH * HD;
-  const size_t row_stride = 3 * static_cast<size_t>(C);
-  const bf16* q_src = qkv + static_cast<size_t>(b) * seq_len * row_stride + h * HD;
+  const FlashBlock<HD> blk = flash_block<HD, BM, true>(seq_len, NH);
+  const int q0 = blk.row0, bh = blk.bh, C = blk.C, warp = blk.warp, t = blk.t;
+  const int row = blk.row;  // this lane's rows: row and row + 8
+  const size_t row_stride = blk.row_stride;
+  const bf16* q_src = blk.qkv_head(qkv);
   const bf16* k_src = q_src + C;
   const bf16* v_src = q_src + 2 * C;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int row = q0 + 16 * warp + g;  // this lane's rows: row and row + 8
 
   const int kv_tiles = ceil_div(min(q0 + BM, seq_len), BN);
   flash_load_tile<HD, BM>(q_tile, q_src, row_stride, q0, seq_len);
-  flash_load_tile<HD, BM>(do_tile, dout + static_cast<size_t>(b) * seq_len * C + h * HD, C, q0, seq_len);
+  flash_load_tile<HD, BM>(do_tile, blk.io_head(dout), C, q0, seq_len);
   flash_load_tile<HD, BN>(k_tiles, k_src, row_stride, 0, seq_len);
   flash_load_tile<HD, BN>(v_tiles, v_src, row_stride, 0, seq_len);
   cp_async_commit();
@@ -480,8 +517,7 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
   for (int n = 0; n < HD / 8; ++n) {
     for (int e = 0; e < 4; ++e) dq[n][e] *= scale;
   }
-  flash_store_rows<HD>(dqkv + static_cast<size_t>(b) * seq_len * row_stride + h * HD, row_stride, q0 + 16 * warp,
-                       seq_len, q_tile + 16 * warp * S, dq);
+  flash_store_rows<HD>(blk.qkv_head(dqkv), row_stride, q0 + 16 * warp, seq_len, q_tile + 16 * warp * S, dq);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -539,7 +575,7 @@ void flash_attention_forward_hd(bf16* out, float* lse, const bf16* qkv, int B, i
   const float scale = 1.0f / sqrtf(static_cast<float>(HD));
   flash_attention_allow_smem(flash_attention_forward_kernel<HD>, Tiles::forward_smem());
   launch(flash_attention_forward_kernel<HD>, flash_attention_grid<HD>(B, seq_len, NH), dim3(Tiles::kThreads),
-         Tiles::forward_smem(), stream, out, lse, qkv, B, seq_len, NH, scale * kFlashLog2e);
+         Tiles::forward_smem(), stream, out, lse, qkv, seq_len, NH, scale * kFlashLog2e);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -555,11 +591,11 @@ void flash_attention_backward_hd(bf16* dqkv, float* delta, const bf16* dout, con
   // Both kernels read D of rows other blocks computed, so they follow the delta kernel.
   flash_attention_allow_smem(flash_attention_backward_key_value_kernel<HD>, Tiles::key_value_smem());
   launch(flash_attention_backward_key_value_kernel<HD>, flash_attention_grid<HD>(B, seq_len, NH), dim3(Tiles::kThreads),
-         Tiles::key_value_smem(), stream, dqkv, delta, dout, qkv, lse, B, seq_len, NH, scale, scale * kFlashLog2e);
+         Tiles::key_value_smem(), stream, dqkv, delta, dout, qkv, lse, seq_len, NH, scale, scale * kFlashLog2e);
   CUDA_CHECK(cudaGetLastError());
   flash_attention_allow_smem(flash_attention_backward_query_kernel<HD>, Tiles::query_smem());
   launch(flash_attention_backward_query_kernel<HD>, flash_attention_grid<HD>(B, seq_len, NH), dim3(Tiles::kThreads),
-         Tiles::query_smem(), stream, dqkv, delta, dout, qkv, lse, B, seq_len, NH, scale, scale * kFlashLog2e);
+         Tiles::query_smem(), stream, dqkv, delta, dout, qkv, lse, seq_len, NH, scale, scale * kFlashLog2e);
   CUDA_CHECK(cudaGetLastError());
 }
 
