@@ -213,8 +213,10 @@ __device__ __forceinline__ void flash_store_rows(bf16* dst, size_t row_stride, i
 // tiles; within a head, LAST_FIRST launches the last tile of rows first (the longest causal
 // prefixes: forward and query kernels), otherwise the first (the keys with the most queries).
 // Force-inlined and returned by value, with the head's pointers computed where they are used
-// (qkv_head, io_head) by the same expressions each kernel had before the fold, so the
-// registers are those of the unfolded code (ptxas counts in the commit that folded it).
+// (qkv_head, io_head) by the same expressions each kernel had before the fold (a version that
+// stored the 64-bit head offsets in the struct made the forward spill on sm_80). ptxas then
+// allocates within a few registers of the unfolded code and no kernel at head dim 64 or 128
+// loses blocks per SM (counts per kernel and architecture in the commit that folded it).
 template <int HD>
 struct FlashBlock {
   int row0;              // first of the block's rows (queries or keys)
