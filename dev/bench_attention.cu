@@ -68,7 +68,7 @@ Options parse(int argc, char** argv) {
       usage(("unknown argument " + a).c_str());
     }
   }
-  if (o.shapes.empty()) o.shapes = {{8, 12, 1024, 64}, {4, 16, 2048, 64}, {2, 16, 4096, 128}};
+  if (o.shapes.empty()) o.shapes = {{8, 12, 1024, 64}, {4, 16, 2048, 64}, {2, 16, 4096, 128}, {64, 12, 1024, 64}};
   return o;
 }
 

@@ -16,7 +16,11 @@
 
 #ifdef SIMT
 #include "../simt/simt.h"
+// UNROLL before a loop with a compile-time trip count unrolls it fully (on the GPU, register
+// arrays indexed by its variable then stay in registers); g++ spells the pragma its own way.
+#define UNROLL _Pragma("GCC unroll 64")
 #else
+#define UNROLL _Pragma("unroll")
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 

@@ -9,12 +9,13 @@
 // Head dims 16, 32, 64 and 128 (a template parameter), any B, NH and T >= 1; tensors 16-byte
 // aligned.
 //
-// Tiling (docs/ATTENTION.md has the numbers): every kernel runs 4 warps; a block owns 64 rows
-// (16 per warp) and streams tiles of the other operand, 64 rows (32 at HD 128),
-// through double-buffered shared memory (cp.async). Products run on mma.m16n8k16 (bf16 in,
+// Tiling (docs/ATTENTION.md has the numbers): every kernel runs 4 warps; a block owns 128 query
+// rows (forward: 32 per warp) or 64 rows (backward: 16 per warp) of one (b, h) and streams tiles
+// of the other operand, 64 rows (32 at HD 128), through double-buffered shared memory
+// (cp.async). Blocks of one (b, h) are adjacent in launch order (L2 reuse of the streamed operand). Products run on mma.m16n8k16 (bf16 in,
 // fp32 accumulate) with fragments loaded by ldmatrix; a product's result feeds the next one as
 // an A fragment straight from registers.
-//   forward        64 query rows per block; streams K and V; online softmax in registers.
+//   forward        128 query rows per block; streams K and V; online softmax in registers.
 //   key/value      64 keys per block, dK and dV in fp32 registers; streams Q and dO from the
 //                  diagonal to the end, recomputing P from Q, K and lse.
 //   query          64 query rows per block, dQ in fp32 registers; streams K and V up to the diagonal.
@@ -36,16 +37,28 @@ struct FlashTiles {
   static_assert(HD == 16 || HD == 32 || HD == 64 || HD == 128, "flash attention head dims: 16, 32, 64, 128");
   static constexpr int kWarps = 4;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kRows = 16 * kWarps;  // rows a block owns: queries (forward, dQ) or keys (dK, dV)
-  // Rows per streamed tile. 32 at HD 128 keeps the forward's shared memory at 51 KB (two blocks
-  // per SM on sm_80 too) and leaves the backward registers for its 128 fp32 accumulators.
+  static constexpr int kRows = 16 * kWarps;  // rows a backward block owns: keys (dK, dV) or queries (dQ)
+  // The forward's warps own 16-row m-tiles kForwardMTiles each (FlashAttention-2's 4 warps x 32
+  // rows): every K and V fragment read from shared memory feeds that many products, halving
+  // shared-memory traffic per FLOP against one m-tile, for ~70 more registers (docs/ATTENTION.md).
+  static constexpr int kForwardMTiles = 2;
+  static constexpr int kForwardRows = 16 * kForwardMTiles * kWarps;  // query rows a forward block owns
+  // Blocks per SM the query kernel is built for (__launch_bounds__: ptxas keeps it at or below
+  // 65536 / (128 · 3) = 168 registers; its shared memory allows 3 on sm_90). The key/value kernel
+  // has no such bound: at HD 64 ptxas allocates 167-168 registers on its own (3 blocks on sm_90),
+  // while the bound makes it spill 4-20 bytes (CUDA 13.0); test/checks/flash_attention_gpu.sh
+  // holds it to 168. At HD 128 its 128 fp32 accumulators per thread (dK, dV) besides Pᵀ, dSᵀ
+  // and their bf16 fragments need ~250 registers: 2 blocks (docs/ATTENTION.md).
+  static constexpr int kQueryMinBlocks = 3;
+  // Rows per streamed tile. 32 at HD 128 keeps the forward's registers for its 2 x 64 fp32
+  // accumulators and the key/value kernel's for its 128.
   static constexpr int kStream = HD == 128 ? 32 : 64;
   static constexpr int kStride = HD + 8;     // shared-memory row pitch in bf16 (padding: see the top)
   static constexpr int kChunks = HD / 8;     // 16-byte chunks per row
 
   static constexpr size_t tile_bytes(int rows) { return static_cast<size_t>(rows) * kStride * sizeof(bf16); }
   // Q + two K and two V buffers.
-  static constexpr size_t forward_smem() { return tile_bytes(kRows) + 4 * tile_bytes(kStream); }
+  static constexpr size_t forward_smem() { return tile_bytes(kForwardRows) + 4 * tile_bytes(kStream); }
   // K, V + two Q and two dO buffers + two buffers of the streamed rows' lse and D.
   static constexpr size_t key_value_smem() {
     return 2 * tile_bytes(kRows) + 4 * tile_bytes(kStream) + 4 * kStream * sizeof(float);
@@ -106,36 +119,58 @@ __device__ __forceinline__ void flash_load_b(uint32_t b[4], const bf16* tile, in
   ldmatrix_x4_trans(b, tile + (k0 + lane % 8 + 8 * (m % 2)) * FlashTiles<HD>::kStride + n0 + 8 * (m / 2));
 }
 
-// acc (16 x N) += A · Bᵀ with A = 16 rows of a_tile from row0 and B = the first N rows of
-// b_tile, both HD wide: a score-like product (S = Q Kᵀ, dP = dO Vᵀ, ...).
-template <int HD, int N>
-__device__ __forceinline__ void flash_mma_rows_by_rows(float acc[N / 8][4], const bf16* a_tile, int row0,
+// acc[m] (16 x N) += A_m · Bᵀ for m < MT, A_m = 16 rows of a_tile from row0 + 16 m and B = the
+// first N rows of b_tile, both HD wide: a score-like product (S = Q Kᵀ, dP = dO Vᵀ, ...). Each B
+// fragment is loaded once for the MT products.
+template <int HD, int N, int MT>
+__device__ __forceinline__ void flash_mma_rows_by_rows(float (&acc)[MT][N / 8][4], const bf16* a_tile, int row0,
                                                        const bf16* b_tile) {
   for (int k0 = 0; k0 < HD; k0 += 16) {
-    uint32_t a[4];
-    flash_load_a<HD>(a, a_tile, row0, k0);
+    uint32_t a[MT][4];
+    UNROLL
+    for (int m = 0; m < MT; ++m) flash_load_a<HD>(a[m], a_tile, row0 + 16 * m, k0);
     for (int n = 0; n < N / 16; ++n) {
       uint32_t b[4];
       flash_load_b_transposed<HD>(b, b_tile, 16 * n, k0);
-      mma_m16n8k16_bf16(acc[2 * n], a, b, acc[2 * n]);
-      mma_m16n8k16_bf16(acc[2 * n + 1], a, b + 2, acc[2 * n + 1]);
+      UNROLL
+      for (int m = 0; m < MT; ++m) {
+        mma_m16n8k16_bf16(acc[m][2 * n], a[m], b, acc[m][2 * n]);
+        mma_m16n8k16_bf16(acc[m][2 * n + 1], a[m], b + 2, acc[m][2 * n + 1]);
+      }
     }
   }
 }
-
-// acc (16 x HD) += A · B with A (16 x N) in registers (from flash_to_a) and B = the first N
-// rows of b_tile: a value-like product (O += P V, dV += Pᵀ dO, ...).
+// One m-tile: acc (16 x N).
 template <int HD, int N>
-__device__ __forceinline__ void flash_mma_regs_by_rows(float acc[HD / 8][4], const uint32_t a[N / 16][4],
+__device__ __forceinline__ void flash_mma_rows_by_rows(float (&acc)[N / 8][4], const bf16* a_tile, int row0,
+                                                       const bf16* b_tile) {
+  flash_mma_rows_by_rows<HD, N, 1>(reinterpret_cast<float(&)[1][N / 8][4]>(acc), a_tile, row0, b_tile);
+}
+
+// acc[m] (16 x HD) += A_m · B for m < MT with A_m (16 x N) in registers (from flash_to_a) and
+// B = the first N rows of b_tile: a value-like product (O += P V, dV += Pᵀ dO, ...). Each B
+// fragment is loaded once for the MT products.
+template <int HD, int N, int MT>
+__device__ __forceinline__ void flash_mma_regs_by_rows(float (&acc)[MT][HD / 8][4], const uint32_t (&a)[MT][N / 16][4],
                                                        const bf16* b_tile) {
   for (int kk = 0; kk < N / 16; ++kk) {
     for (int n = 0; n < HD / 16; ++n) {
       uint32_t b[4];
       flash_load_b<HD>(b, b_tile, 16 * kk, 16 * n);
-      mma_m16n8k16_bf16(acc[2 * n], a[kk], b, acc[2 * n]);
-      mma_m16n8k16_bf16(acc[2 * n + 1], a[kk], b + 2, acc[2 * n + 1]);
+      UNROLL
+      for (int m = 0; m < MT; ++m) {
+        mma_m16n8k16_bf16(acc[m][2 * n], a[m][kk], b, acc[m][2 * n]);
+        mma_m16n8k16_bf16(acc[m][2 * n + 1], a[m][kk], b + 2, acc[m][2 * n + 1]);
+      }
     }
   }
+}
+// One m-tile: acc (16 x HD).
+template <int HD, int N>
+__device__ __forceinline__ void flash_mma_regs_by_rows(float (&acc)[HD / 8][4], const uint32_t (&a)[N / 16][4],
+                                                       const bf16* b_tile) {
+  flash_mma_regs_by_rows<HD, N, 1>(reinterpret_cast<float(&)[1][HD / 8][4]>(acc),
+                                   reinterpret_cast<const uint32_t(&)[1][N / 16][4]>(a), b_tile);
 }
 
 // An fp32 accumulator (16 x N, C layout) as bf16 A fragments: the C layout of n-tiles 2kk and
@@ -173,30 +208,77 @@ __device__ __forceinline__ void flash_store_rows(bf16* dst, size_t row_stride, i
   }
 }
 
-// One block per (64 query rows, b, h), the longest causal prefixes first. Scores are kept in
-// log2 units (scaled by scale·log2 e) so the exponentials are exp2f.
+// What every tile kernel derives from its block index. Blocks of one (b, h) are adjacent in
+// launch order, so a head's streamed operand (K and V, or Q and dO) stays in L2 across its
+// tiles; within a head, LAST_FIRST launches the last tile of rows first (the longest causal
+// prefixes: forward and query kernels), otherwise the first (the keys with the most queries).
+// Force-inlined and returned by value, with the head's pointers computed where they are used
+// (qkv_head, io_head) by the same expressions each kernel had before the fold (a version that
+// stored the 64-bit head offsets in the struct made the forward spill on sm_80). ptxas then
+// allocates within a few registers of the unfolded code and no kernel at head dim 64 or 128
+// loses blocks per SM (counts per kernel and architecture in the commit that folded it).
+template <int HD>
+struct FlashBlock {
+  int row0;              // first of the block's rows (queries or keys)
+  int bh, b, h;          // bh = b * NH + h: the head's row of lse and D
+  int seq_len, C;        // T and NH * HD
+  size_t row_stride;     // 3C: qkv's row pitch
+  int warp, g, t;        // warp; the lane's fragment row (lane / 4) and column pair (lane % 4)
+  int row;               // the lane's first row, row0 + ROWS / 4 · warp + g (the other is row + 8)
+
+  // Row 0 of the head's q channels in a (B, T, 3C) tensor (qkv, dqkv); k is + C, v + 2C.
+  template <typename E>
+  __device__ __forceinline__ E* qkv_head(E* base) const {
+    return base + static_cast<size_t>(b) * seq_len * row_stride + h * HD;
+  }
+  // Row 0 of the head's channels in a (B, T, C) tensor (out, dout).
+  template <typename E>
+  __device__ __forceinline__ E* io_head(E* base) const {
+    return base + static_cast<size_t>(b) * seq_len * C + h * HD;
+  }
+};
+
+template <int HD, int ROWS, bool LAST_FIRST>
+__device__ __forceinline__ FlashBlock<HD> flash_block(int seq_len, int NH) {
+  FlashBlock<HD> blk;
+  const int tiles = ceil_div(seq_len, ROWS), tile = static_cast<int>(blockIdx.x) % tiles;
+  blk.row0 = (LAST_FIRST ? tiles - 1 - tile : tile) * ROWS;
+  blk.bh = static_cast<int>(blockIdx.x) / tiles;
+  blk.b = blk.bh / NH;
+  blk.h = blk.bh % NH;
+  blk.seq_len = seq_len;
+  blk.C = NH * HD;
+  blk.row_stride = 3 * static_cast<size_t>(blk.C);
+  const int lane = threadIdx.x % 32;
+  blk.warp = threadIdx.x / 32;
+  blk.g = lane / 4;
+  blk.t = lane % 4;
+  blk.row = blk.row0 + ROWS / FlashTiles<HD>::kWarps * blk.warp + blk.g;
+  return blk;
+}
+
+// One block per (128 query rows, b, h), the longest causal prefixes first; each warp owns
+// MT = kForwardMTiles m-tiles of 16 rows. Scores are kept in log2 units (scaled by
+// scale·log2 e) so the exponentials are exp2f.
 template <int HD>
 __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
-    flash_attention_forward_kernel(bf16* out, float* lse, const bf16* qkv, int B, int seq_len, int NH,
-                                   float scale_log2) {
+    flash_attention_forward_kernel(bf16* out, float* lse, const bf16* qkv, int seq_len, int NH, float scale_log2) {
   LAUNCH_BOUNDS_GUARD(FlashTiles<HD>::kThreads);
   using Tiles = FlashTiles<HD>;
-  constexpr int BM = Tiles::kRows, BN = Tiles::kStream, S = Tiles::kStride;
+  constexpr int BM = Tiles::kForwardRows, BN = Tiles::kStream, S = Tiles::kStride, MT = Tiles::kForwardMTiles;
   DYNAMIC_SHARED(bf16, smem);
   bf16* q_tile = smem;
   bf16* k_tiles = q_tile + BM * S;
   bf16* v_tiles = k_tiles + 2 * BN * S;
 
-  const int heads = B * NH;
-  const int q0 = (ceil_div(seq_len, BM) - 1 - static_cast<int>(blockIdx.x) / heads) * BM;
-  const int bh = static_cast<int>(blockIdx.x) % heads, b = bh / NH, h = bh % NH;
-  const int C = NH * HD;
-  const size_t row_stride = 3 * static_cast<size_t>(C);
-  const bf16* q_src = qkv + static_cast<size_t>(b) * seq_len * row_stride + h * HD;
+  const FlashBlock<HD> blk = flash_block<HD, BM, true>(seq_len, NH);
+  const int q0 = blk.row0, bh = blk.bh, C = blk.C, t = blk.t;
+  const int warp_row0 = q0 + 16 * MT * blk.warp;  // the warp's rows: warp_row0 .. + 16 MT - 1
+  const int row = blk.row;                        // this lane's rows: row + 16 m and row + 16 m + 8
+  const size_t row_stride = blk.row_stride;
+  const bf16* q_src = blk.qkv_head(qkv);
   const bf16* k_src = q_src + C;
   const bf16* v_src = q_src + 2 * C;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int row = q0 + 16 * warp + g;  // this lane's rows: row and row + 8
 
   const int kv_tiles = ceil_div(min(q0 + BM, seq_len), BN);  // keys up to the block's last valid row
   flash_load_tile<HD, BM>(q_tile, q_src, row_stride, q0, seq_len);
@@ -204,8 +286,15 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
   flash_load_tile<HD, BN>(v_tiles, v_src, row_stride, 0, seq_len);
   cp_async_commit();
 
-  float o[HD / 8][4] = {};
-  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};  // row_sum: this lane's columns only
+  float o[MT][HD / 8][4] = {};
+  float row_max[MT][2], row_sum[MT][2];  // row_sum: this lane's columns only
+  UNROLL
+  for (int m = 0; m < MT; ++m) {
+    for (int r = 0; r < 2; ++r) {
+      row_max[m][r] = -INFINITY;
+      row_sum[m][r] = 0.0f;
+    }
+  }
   for (int j = 0; j < kv_tiles; ++j) {
     if (j + 1 < kv_tiles) {  // prefetch the next tile into the other buffer
       const int next = (j + 1) % 2;
@@ -220,62 +309,69 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
     const bf16* k_tile = k_tiles + (j % 2) * BN * S;
     const bf16* v_tile = v_tiles + (j % 2) * BN * S;
 
-    float s[BN / 8][4] = {};
-    flash_mma_rows_by_rows<HD, BN>(s, q_tile, 16 * warp, k_tile);
+    float s[MT][BN / 8][4] = {};
+    flash_mma_rows_by_rows<HD, BN, MT>(s, q_tile, warp_row0 - q0, k_tile);
     const int k0 = j * BN;
     const bool diagonal = k0 + BN - 1 > q0;  // some key of the tile lies after some row of the block
-    float tile_max[2] = {-INFINITY, -INFINITY};
-    for (int n = 0; n < BN / 8; ++n) {
-      for (int i = 0; i < 4; ++i) {
-        float x = s[n][i] * scale_log2;
-        if (diagonal && k0 + 8 * n + 2 * t + i % 2 > row + 8 * (i / 2)) x = -INFINITY;
-        s[n][i] = x;
-        tile_max[i / 2] = fmaxf(tile_max[i / 2], x);
+    uint32_t p[MT][BN / 16][4];
+    UNROLL
+    for (int m = 0; m < MT; ++m) {
+      float tile_max[2] = {-INFINITY, -INFINITY};
+      for (int n = 0; n < BN / 8; ++n) {
+        for (int i = 0; i < 4; ++i) {
+          float x = s[m][n][i] * scale_log2;
+          if (diagonal && k0 + 8 * n + 2 * t + i % 2 > row + 16 * m + 8 * (i / 2)) x = -INFINITY;
+          s[m][n][i] = x;
+          tile_max[i / 2] = fmaxf(tile_max[i / 2], x);
+        }
       }
-    }
-    // Every row sees key 0 in the first tile, so the running max is finite from then on.
-    float correction[2];
-    for (int r = 0; r < 2; ++r) {
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-      const float new_max = fmaxf(row_max[r], tile_max[r]);
-      correction[r] = exp2f(row_max[r] - new_max);  // 0 on the first tile (row_max = -inf)
-      row_max[r] = new_max;
-      row_sum[r] *= correction[r];
-    }
-    for (int n = 0; n < BN / 8; ++n) {
-      for (int i = 0; i < 4; ++i) {
-        s[n][i] = exp2f(s[n][i] - row_max[i / 2]);
-        row_sum[i / 2] += s[n][i];
+      // Every row sees key 0 in the first tile, so the running max is finite from then on.
+      float correction[2];
+      for (int r = 0; r < 2; ++r) {
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+        const float new_max = fmaxf(row_max[m][r], tile_max[r]);
+        correction[r] = exp2f(row_max[m][r] - new_max);  // 0 on the first tile (row_max = -inf)
+        row_max[m][r] = new_max;
+        row_sum[m][r] *= correction[r];
       }
+      for (int n = 0; n < BN / 8; ++n) {
+        for (int i = 0; i < 4; ++i) {
+          s[m][n][i] = exp2f(s[m][n][i] - row_max[m][i / 2]);
+          row_sum[m][i / 2] += s[m][n][i];
+        }
+      }
+      for (int n = 0; n < HD / 8; ++n) {
+        for (int i = 0; i < 4; ++i) o[m][n][i] *= correction[i / 2];
+      }
+      flash_to_a<BN>(p[m], s[m]);
     }
-    for (int n = 0; n < HD / 8; ++n) {
-      for (int i = 0; i < 4; ++i) o[n][i] *= correction[i / 2];
-    }
-    uint32_t p[BN / 16][4];
-    flash_to_a<BN>(p, s);
-    flash_mma_regs_by_rows<HD, BN>(o, p, v_tile);
+    flash_mma_regs_by_rows<HD, BN, MT>(o, p, v_tile);
     __syncthreads();  // the next iteration's prefetch overwrites this tile's buffers
   }
 
-  for (int r = 0; r < 2; ++r) {
-    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
-    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
-  }
-  const float inv_sum[2] = {1.0f / row_sum[0], 1.0f / row_sum[1]};
-  for (int n = 0; n < HD / 8; ++n) {
-    for (int i = 0; i < 4; ++i) o[n][i] *= inv_sum[i / 2];
-  }
-  if (t == 0) {
+  UNROLL
+  for (int m = 0; m < MT; ++m) {
     for (int r = 0; r < 2; ++r) {
-      if (row + 8 * r < seq_len) {
-        lse[static_cast<size_t>(bh) * seq_len + row + 8 * r] = (row_max[r] + log2f(row_sum[r])) * kFlashLn2;
+      row_sum[m][r] += __shfl_xor_sync(0xffffffffu, row_sum[m][r], 1);
+      row_sum[m][r] += __shfl_xor_sync(0xffffffffu, row_sum[m][r], 2);
+    }
+    const float inv_sum[2] = {1.0f / row_sum[m][0], 1.0f / row_sum[m][1]};
+    for (int n = 0; n < HD / 8; ++n) {
+      for (int i = 0; i < 4; ++i) o[m][n][i] *= inv_sum[i / 2];
+    }
+    if (t == 0) {
+      for (int r = 0; r < 2; ++r) {
+        const int lse_row = row + 16 * m + 8 * r;
+        if (lse_row < seq_len) {
+          lse[static_cast<size_t>(bh) * seq_len + lse_row] = (row_max[m][r] + log2f(row_sum[m][r])) * kFlashLn2;
+        }
       }
     }
+    // The warp's own Q rows are free now: they stage its output rows.
+    flash_store_rows<HD>(blk.io_head(out), C, warp_row0 + 16 * m, seq_len, q_tile + (warp_row0 - q0 + 16 * m) * S,
+                         o[m]);
   }
-  // The warp's own Q rows are free now: they stage its output rows.
-  flash_store_rows<HD>(out + static_cast<size_t>(b) * seq_len * C + h * HD, C, q0 + 16 * warp, seq_len,
-                       q_tile + 16 * warp * S, o);
 }
 
 // D_t = dO_t · O_t per (b, h, t) into delta (B, NH, T), fp32. HD / 8 consecutive lanes share a
@@ -309,7 +405,7 @@ __global__ void flash_attention_backward_delta_kernel(float* delta, const bf16* 
 template <int HD>
 __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
     flash_attention_backward_key_value_kernel(bf16* dqkv, const float* delta, const bf16* dout, const bf16* qkv,
-                                              const float* lse, int B, int seq_len, int NH, float scale,
+                                              const float* lse, int seq_len, int NH, float scale,
                                               float scale_log2) {
   LAUNCH_BOUNDS_GUARD(FlashTiles<HD>::kThreads);
   using Tiles = FlashTiles<HD>;
@@ -321,17 +417,14 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
   bf16* do_tiles = q_tiles + 2 * BM * S;
   float* stats = reinterpret_cast<float*>(do_tiles + 2 * BM * S);  // per buffer: lse·log2 e [BM], then D [BM]
 
-  const int heads = B * NH;
-  const int k0 = static_cast<int>(blockIdx.x) / heads * BN;
-  const int bh = static_cast<int>(blockIdx.x) % heads, b = bh / NH, h = bh % NH;
-  const int C = NH * HD;
-  const size_t row_stride = 3 * static_cast<size_t>(C);
-  const bf16* q_src = qkv + static_cast<size_t>(b) * seq_len * row_stride + h * HD;
-  const bf16* do_src = dout + static_cast<size_t>(b) * seq_len * C + h * HD;
-  const float* lse_bh = lse + static_cast<size_t>(bh) * seq_len;
-  const float* delta_bh = delta + static_cast<size_t>(bh) * seq_len;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int key = k0 + 16 * warp + g;  // this lane's keys: key and key + 8
+  const FlashBlock<HD> blk = flash_block<HD, BN, false>(seq_len, NH);
+  const int k0 = blk.row0, C = blk.C, warp = blk.warp, t = blk.t;
+  const int key = blk.row;  // this lane's keys: key and key + 8
+  const size_t row_stride = blk.row_stride;
+  const bf16* q_src = blk.qkv_head(qkv);
+  const bf16* do_src = blk.io_head(dout);
+  const float* lse_bh = lse + static_cast<size_t>(blk.bh) * seq_len;
+  const float* delta_bh = delta + static_cast<size_t>(blk.bh) * seq_len;
 
   // Thread i < BM holds lse of streamed row i, BM <= i < 2 BM holds D of row i - BM.
   auto query_stat = [&](int q0) -> float {
@@ -399,7 +492,7 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
     for (int e = 0; e < 4; ++e) dk[n][e] *= scale;
   }
   // The warp's own K and V rows are free now: they stage its dK and dV rows.
-  bf16* dk_dst = dqkv + static_cast<size_t>(b) * seq_len * row_stride + C + h * HD;
+  bf16* dk_dst = blk.qkv_head(dqkv) + C;
   flash_store_rows<HD>(dk_dst, row_stride, k0 + 16 * warp, seq_len, k_tile + 16 * warp * S, dk);
   flash_store_rows<HD>(dk_dst + C, row_stride, k0 + 16 * warp, seq_len, v_tile + 16 * warp * S, dv);
 }
@@ -407,9 +500,9 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
 // One block per (64 query rows, b, h), the longest causal prefixes first:
 // dQ = scale · dS K over the key tiles up to the diagonal.
 template <int HD>
-__global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
+__global__ void __launch_bounds__(FlashTiles<HD>::kThreads, FlashTiles<HD>::kQueryMinBlocks)
     flash_attention_backward_query_kernel(bf16* dqkv, const float* delta, const bf16* dout, const bf16* qkv,
-                                          const float* lse, int B, int seq_len, int NH, float scale,
+                                          const float* lse, int seq_len, int NH, float scale,
                                           float scale_log2) {
   LAUNCH_BOUNDS_GUARD(FlashTiles<HD>::kThreads);
   using Tiles = FlashTiles<HD>;
@@ -420,20 +513,17 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
   bf16* k_tiles = do_tile + BM * S;
   bf16* v_tiles = k_tiles + 2 * BN * S;
 
-  const int heads = B * NH;
-  const int q0 = (ceil_div(seq_len, BM) - 1 - static_cast<int>(blockIdx.x) / heads) * BM;
-  const int bh = static_cast<int>(blockIdx.x) % heads, b = bh / NH, h = bh % NH;
-  const int C = NH * HD;
-  const size_t row_stride = 3 * static_cast<size_t>(C);
-  const bf16* q_src = qkv + static_cast<size_t>(b) * seq_len * row_stride + h * HD;
+  const FlashBlock<HD> blk = flash_block<HD, BM, true>(seq_len, NH);
+  const int q0 = blk.row0, bh = blk.bh, C = blk.C, warp = blk.warp, t = blk.t;
+  const int row = blk.row;  // this lane's rows: row and row + 8
+  const size_t row_stride = blk.row_stride;
+  const bf16* q_src = blk.qkv_head(qkv);
   const bf16* k_src = q_src + C;
   const bf16* v_src = q_src + 2 * C;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int row = q0 + 16 * warp + g;  // this lane's rows: row and row + 8
 
   const int kv_tiles = ceil_div(min(q0 + BM, seq_len), BN);
   flash_load_tile<HD, BM>(q_tile, q_src, row_stride, q0, seq_len);
-  flash_load_tile<HD, BM>(do_tile, dout + static_cast<size_t>(b) * seq_len * C + h * HD, C, q0, seq_len);
+  flash_load_tile<HD, BM>(do_tile, blk.io_head(dout), C, q0, seq_len);
   flash_load_tile<HD, BN>(k_tiles, k_src, row_stride, 0, seq_len);
   flash_load_tile<HD, BN>(v_tiles, v_src, row_stride, 0, seq_len);
   cp_async_commit();
@@ -483,8 +573,7 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
   for (int n = 0; n < HD / 8; ++n) {
     for (int e = 0; e < 4; ++e) dq[n][e] *= scale;
   }
-  flash_store_rows<HD>(dqkv + static_cast<size_t>(b) * seq_len * row_stride + h * HD, row_stride, q0 + 16 * warp,
-                       seq_len, q_tile + 16 * warp * S, dq);
+  flash_store_rows<HD>(blk.qkv_head(dqkv), row_stride, q0 + 16 * warp, seq_len, q_tile + 16 * warp * S, dq);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -526,10 +615,10 @@ void flash_attention_allow_smem(void (*kernel)(Params...), size_t bytes) {
   }
 }
 
-// One block per tile of FlashTiles::kRows rows (queries or keys) of every (b, h).
-template <int HD>
-dim3 flash_attention_grid(int B, int seq_len, int NH) {
-  return dim3(static_cast<unsigned>(ceil_div(seq_len, FlashTiles<HD>::kRows) * B * NH));
+// One block per tile of `rows` rows (queries or keys) of every (b, h); a head's tiles are
+// adjacent (flash_block).
+inline dim3 flash_attention_grid(int B, int seq_len, int NH, int rows) {
+  return dim3(static_cast<unsigned>(ceil_div(seq_len, rows) * B * NH));
 }
 
 template <int HD>
@@ -538,8 +627,8 @@ void flash_attention_forward_hd(bf16* out, float* lse, const bf16* qkv, int B, i
   using Tiles = FlashTiles<HD>;
   const float scale = 1.0f / sqrtf(static_cast<float>(HD));
   flash_attention_allow_smem(flash_attention_forward_kernel<HD>, Tiles::forward_smem());
-  launch(flash_attention_forward_kernel<HD>, flash_attention_grid<HD>(B, seq_len, NH), dim3(Tiles::kThreads),
-         Tiles::forward_smem(), stream, out, lse, qkv, B, seq_len, NH, scale * kFlashLog2e);
+  launch(flash_attention_forward_kernel<HD>, flash_attention_grid(B, seq_len, NH, Tiles::kForwardRows),
+         dim3(Tiles::kThreads), Tiles::forward_smem(), stream, out, lse, qkv, seq_len, NH, scale * kFlashLog2e);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -554,12 +643,12 @@ void flash_attention_backward_hd(bf16* dqkv, float* delta, const bf16* dout, con
   CUDA_CHECK(cudaGetLastError());
   // Both kernels read D of rows other blocks computed, so they follow the delta kernel.
   flash_attention_allow_smem(flash_attention_backward_key_value_kernel<HD>, Tiles::key_value_smem());
-  launch(flash_attention_backward_key_value_kernel<HD>, flash_attention_grid<HD>(B, seq_len, NH), dim3(Tiles::kThreads),
-         Tiles::key_value_smem(), stream, dqkv, delta, dout, qkv, lse, B, seq_len, NH, scale, scale * kFlashLog2e);
+  launch(flash_attention_backward_key_value_kernel<HD>, flash_attention_grid(B, seq_len, NH, Tiles::kRows), dim3(Tiles::kThreads),
+         Tiles::key_value_smem(), stream, dqkv, delta, dout, qkv, lse, seq_len, NH, scale, scale * kFlashLog2e);
   CUDA_CHECK(cudaGetLastError());
   flash_attention_allow_smem(flash_attention_backward_query_kernel<HD>, Tiles::query_smem());
-  launch(flash_attention_backward_query_kernel<HD>, flash_attention_grid<HD>(B, seq_len, NH), dim3(Tiles::kThreads),
-         Tiles::query_smem(), stream, dqkv, delta, dout, qkv, lse, B, seq_len, NH, scale, scale * kFlashLog2e);
+  launch(flash_attention_backward_query_kernel<HD>, flash_attention_grid(B, seq_len, NH, Tiles::kRows), dim3(Tiles::kThreads),
+         Tiles::query_smem(), stream, dqkv, delta, dout, qkv, lse, seq_len, NH, scale, scale * kFlashLog2e);
   CUDA_CHECK(cudaGetLastError());
 }
 

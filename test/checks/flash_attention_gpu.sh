@@ -30,6 +30,23 @@ while IFS=$'\t' read -r kernel arch regs spill_st spill_ld _ stack; do
   fi
 done < <(grep '^void flash_attention_' "$report.tsv")
 
+# Occupancy the tiling relies on (docs/ATTENTION.md): at most 168 registers (3 blocks of 128
+# threads per SM) for the query kernel, and for the key/value kernel at head dims up to 64 on
+# sm_90a, where it has no __launch_bounds__ minimum (the bound makes CUDA 13.0 spill; ptxas's
+# own allocation fits). If this fails, the remedy is a 32-row streamed tile for that kernel.
+while IFS=$'\t' read -r kernel arch regs _; do
+  case "$kernel" in
+    "void flash_attention_backward_query_kernel<"*) limit=168 ;;
+    "void flash_attention_backward_key_value_kernel<128>"*) continue ;;
+    "void flash_attention_backward_key_value_kernel<"*) [ "$arch" = sm_90a ] || continue; limit=168 ;;
+    *) continue ;;
+  esac
+  if [ "$regs" -gt "$limit" ]; then
+    echo "FAIL: $kernel ($arch): $regs registers, more than $limit (3 blocks per SM)"
+    failures=$((failures + 1))
+  fi
+done < <(grep '^void flash_attention_' "$report.tsv")
+
 # Lines matching pattern $3 in the body of the PTX ($1) entries whose demangled name starts with $2.
 count_in() {
   awk -v pat="$3" '
