@@ -123,7 +123,7 @@ test: $(CPU_TEST_BINS) $(CHECK_DEPS)
 test-one:
 	@test -n "$(T)" || { echo "usage: make test-one T=NAME (a file under test/kernels, host, model or simt)"; exit 2; }
 	@bin="$(filter %/$(T),$(CPU_TEST_BINS))"; test -n "$$bin" || { echo "no test named $(T): $(notdir $(CPU_TEST_BINS))"; exit 2; }; \
-	  $(MAKE) --no-print-directory $$bin && bash test/run_tests.sh --only cpu $$bin
+	  $(MAKE) --no-print-directory $$bin $(REFERENCES) && bash test/run_tests.sh --only cpu $$bin
 
 # One check script: make check C=cli_train (test/checks or test/lint).
 check:
