@@ -23,8 +23,8 @@
 # usage: gpu_acceptance.sh                  run STAGES on GPU 0; exit 1 if a stage fails
 #        ACCEPTANCE_DRY_RUN=1 gpu_acceptance.sh   rehearsal without a GPU: the checks above that
 #                          need none, the staged packages unpacked into a fresh prefix, the build
-#                          stage against that prefix alone (the system's copies of the staged
-#                          packages hidden by scripts/hide_system_copies.sh; sm_90a only), then
+#                          stage against that prefix alone (scripts/hide_system_copies.sh leaves
+#                          only the C/C++ base's headers and link names; sm_90a only), then
 #                          stop before the first stage that needs a GPU (results in
 #                          build/acceptance-dry-run/; test/checks/gpu_dry_run.sh runs it)
 #        gpu_acceptance.sh --list-stages    print the stages STAGES selects
@@ -235,9 +235,10 @@ setup() {
   mapfile -t mpi_binaries < <(for f in test/mpi_*.cu; do [ -e "$f" ] && echo "build/gpu/test/$(basename "$f" .cu)"; done)
 }
 
-# make targets, output to the log $1. A dry run builds where the system's copies of the staged
-# packages are hidden, so only the prefix can serve them, and for sm_90a alone: it proves what the
-# build reads, not the code generation of every architecture (make test's gpu_build does that).
+# make targets, output to the log $1. A dry run builds where only the C/C++ base's headers and
+# link names are left (scripts/hide_system_copies.sh), so that the prefix and the toolkit must
+# serve everything else, and for sm_90a alone: it proves what the build reads, not the code
+# generation of every architecture (make test's gpu_build does that).
 build() {
   local log=$1; shift
   if [ "$dry_run" = 1 ]; then

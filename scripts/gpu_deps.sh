@@ -8,6 +8,7 @@
 #        gpu_deps.sh --check DIR   verify a staged directory (manifest, files, size, architecture,
 #                                  the vocabulary's sha256)
 #        gpu_deps.sh --list     print the staged package names, one a line
+#        gpu_deps.sh --base     print the C/C++ base's package names (shell patterns), one a line
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
@@ -43,6 +44,13 @@ packages=(
   libpcre2-dev          # pcre2.h and the libpcre2-8.so link name
   libpcre2-8-0          # libpcre2-8.so.0 itself
 )
+# The C/C++ base that every machine building C++ has and that is never staged: the C library,
+# libstdc++, gcc's headers and run-time libraries, and the libraries every Debian/Ubuntu image has.
+# test/checks/gpu_deps_closure.sh accepts their files; the dry run (scripts/hide_system_copies.sh)
+# leaves only their headers and link names visible.
+base=(libc6 libc6-dev linux-libc-dev libcrypt1 libcrypt-dev 'libstdc++6' 'libstdc++-*-dev' libgcc-s1 'libgcc-*-dev'
+      'gcc-*-base' zlib1g libudev1 libuuid1)
+
 # Dependencies that apt names but that are not staged, with why.
 not_staged=(
   libc6 libgcc-s1 gcc-12-base libstdc++6 zlib1g libudev1 libuuid1   # in every Debian/Ubuntu base image
@@ -140,8 +148,9 @@ check_closure() {
 case ${1:-} in
   --check) [ $# -eq 2 ] || die "usage: gpu_deps.sh --check DIR"; check_staged "$2"; exit 0 ;;
   --list) [ $# -eq 1 ] || die "--list takes no argument"; printf '%s\n' "${packages[@]}"; exit 0 ;;
+  --base) [ $# -eq 1 ] || die "--base takes no argument"; printf '%s\n' "${base[@]}"; exit 0 ;;
   '') ;;
-  *) die "unknown argument '$1' (usage: gpu_deps.sh [--check DIR | --list])" ;;
+  *) die "unknown argument '$1' (usage: gpu_deps.sh [--check DIR | --list | --base])" ;;
 esac
 
 command -v apt-get >/dev/null 2>&1 || die "apt-get not found: run make gpu-deps on a networked Debian machine"

@@ -26,6 +26,7 @@ read -r -a cu_sources <<< "train_gpt.cu $(make_var KERNEL_TESTS) $(make_var MPI_
 read -r -a cpp_sources <<< "$(make_var BPE_SRCS) $(make_var TOKENIZE_OBJS | tr ' ' '\n' |
                               sed 's|^build/tokenize/|data/tokenize/|; s|\.o$|.cpp|' | sort -u | paste -sd ' ') test/catch_main.cpp"
 mapfile -t staged < <(bash scripts/gpu_deps.sh --list)
+base=$(bash scripts/gpu_deps.sh --base | paste -sd ' ')
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
@@ -61,15 +62,12 @@ else
 fi
 
 # Each file outside the toolkit and the tree, by the packages that own it (dpkg -S of the path, of
-# the file a link name leads to and of their /usr-merged twins, /lib/x and /usr/lib/x): the C/C++ base every
-# machine that builds C++ has (the C library, libstdc++, gcc's own headers and run-time libraries,
-# and what scripts/gpu_deps.sh leaves out as in every Debian/Ubuntu image), or a staged package.
+# the file a link name leads to and of their /usr-merged twins, /lib/x and /usr/lib/x): the C/C++
+# base (scripts/gpu_deps.sh --base) or a staged package.
 cat > "$tmp/classify.py" <<'EOF'
 import collections, fnmatch, os, subprocess, sys
 
-needed_file, toolkit, tree, staged = sys.argv[1], sys.argv[2], sys.argv[3], set(sys.argv[4:])
-BASE = ["libc6", "libc6-dev", "linux-libc-dev", "libcrypt1", "libcrypt-dev", "libstdc++6", "libstdc++-*-dev",
-        "libgcc-s1", "libgcc-*-dev", "gcc-*-base", "zlib1g", "libudev1", "libuuid1"]
+needed_file, toolkit, tree, base, staged = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].split(), set(sys.argv[5:])
 needed_by = collections.defaultdict(set)
 for line in open(needed_file):
     path, _, why = line.rstrip("\n").partition("\t")
@@ -103,7 +101,7 @@ for path, cs in sorted(outside.items()):
     path = os.path.normpath(path)
     if not packages:
         problems.append(f"{path} ({why}) belongs to no package (dpkg -S finds none): stage it or stop needing it")
-    missing = [p for p in packages if p not in staged and not any(fnmatch.fnmatch(p, b) for b in BASE)]
+    missing = [p for p in packages if p not in staged and not any(fnmatch.fnmatch(p, b) for b in base)]
     for package in missing:
         problems.append(f"{path} ({why}) comes from package {package}, which scripts/gpu_deps.sh does not stage: "
                         f"add {package} to its packages (it checks their dependencies with apt)")
@@ -114,7 +112,7 @@ for problem in problems:
 print(f"{len(needed_by)} files needed: " + ", ".join(f"{n} {k}" for k, n in counts.items()))
 sys.exit(1 if problems else 0)
 EOF
-python3 "$tmp/classify.py" "$tmp/needed" "$(realpath "$cuda")" "$PWD" "${staged[@]}" || failures=$((failures + 1))
+python3 "$tmp/classify.py" "$tmp/needed" "$(realpath "$cuda")" "$PWD" "$base" "${staged[@]}" || failures=$((failures + 1))
 
 echo "${#cu_sources[@]} CUDA and ${#cpp_sources[@]} C++ sources; -l flags: ${gpu_libs[*]}"
 [ "$failures" -eq 0 ] && echo "ok: every header and library the GPU build needs is in the toolkit, the C/C++ base or scripts/gpu_deps.sh's packages"
