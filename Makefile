@@ -5,8 +5,8 @@
 #   make test-gpu   the same suite built with nvcc, run on a GPU
 #   make run        train: GPU binary when a GPU is present, else the CPU build on a small model
 #   make ptx-report ptxas registers / spills / shared memory per kernel → build/ptx-report.txt
-#   make gpu-deps   on a networked Debian machine: the OpenMPI, Catch2, nlohmann-json .debs a bare
-#                   GPU machine needs → build/gpu-deps/ (scripts/gpu_deps.sh)
+#   make gpu-deps   on a networked Debian machine: the OpenMPI, Catch2, nlohmann-json, PCRE2 .debs and
+#                   the GPT-2 vocabulary a bare GPU machine needs → build/gpu-deps/ (scripts/gpu_deps.sh)
 #   make gpu-acceptance  on a GPU machine: build, test-gpu, sanitizers, PyTorch parity, determinism,
 #                   ceilings, throughput → build/acceptance/summary.md (scripts/gpu_acceptance.sh)
 #   make bench      build/bench_attention (nvcc): attention timings, flash vs simple vs PyTorch, run on a GPU
@@ -161,7 +161,9 @@ gpu-acceptance:
 clean:
 	rm -rf $(BUILD) train_gpt train_gpt_cpu tokenize
 
--include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+# Dependency files of the objects only (build/ also holds other trees, e.g. make gpu-acceptance's
+# unpacked packages, whose etc/libibverbs.d is a directory).
+-include $(shell find $(BUILD)/cpu $(BUILD)/gpu $(BUILD)/host -name '*.d' -type f 2>/dev/null)
 
 # ---- tokenize: GPT-2 BPE text → token shards (host-only tool; sources in data/tokenize/, the
 # tokenizer library in src/tokenizer/)

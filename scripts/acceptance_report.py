@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Figures and reports of make gpu-acceptance (scripts/gpu_acceptance.sh): stage result files,
-summary.md, step statistics and MFU from a run's metrics.jsonl, run-to-run and PyTorch
-comparisons, and the table of peak bf16 rates. Standard library only, so any python3 runs it.
+summary.md, the sanitizer stage's verdict, step statistics and MFU from a run's metrics.jsonl,
+run-to-run and PyTorch comparisons, and the table of peak bf16 rates. Standard library only, so
+any python3 runs it.
 
 usage: acceptance_report.py record DIR STAGE ORDER STATUS SECONDS TEXT [KEY=VALUE ...]
        acceptance_report.py summary DIR
+       acceptance_report.py sanitizer DIR LIMIT_S EXPECTED_RUNS
        acceptance_report.py throughput LOG METRICS B T WARMUP DEVICE_NAME
        acceptance_report.py same-run METRICS_A METRICS_B
        acceptance_report.py parity REFERENCE_JSON METRICS TOLERANCE
@@ -140,6 +142,50 @@ def summary(directory):
           f"{counts['FAIL']} FAIL, {counts['SKIP']} SKIP")
 
 
+SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
+# A run's outcome (scripts/gpu_acceptance.sh's sanitize_one) and how the verdict words it; every
+# outcome but clean fails the stage: a run cut by the time limit checked only part of its program.
+SANITIZER_OUTCOMES = (("clean", "clean"), ("errors", "with errors"), ("failed", "failed"),
+                      ("timeout", "cut by the {limit} s limit"))
+
+
+def sanitizer(directory, limit, expected):
+    """The sanitizer stage's verdict from the runs' DIR/*.result files ("tool target outcome errors
+    seconds"): prints the status, then one line of text (per tool, the runs of each outcome, naming
+    all but the clean ones), then the figures as KEY=VALUE lines."""
+    runs = []
+    for name in sorted(os.listdir(directory)):
+        if name.endswith(".result"):
+            with open(os.path.join(directory, name)) as f:
+                fields = f.read().split()
+            if len(fields) != 5 or fields[2] not in dict(SANITIZER_OUTCOMES):
+                fail(f"{directory}/{name}: expected 'tool target outcome errors seconds', found {' '.join(fields)!r}")
+            runs.append((fields[0], fields[1], fields[2], float(fields[4])))
+    status, parts, figures = "PASS", [], [f"timeout_s={limit}", f"runs={len(runs)}"]
+    if len(runs) != int(expected):
+        status = "FAIL"
+        parts.append(f"only {len(runs)} of {expected} runs reported")
+    for tool in SANITIZER_TOOLS:
+        pieces = []
+        for outcome, words in SANITIZER_OUTCOMES:
+            names = [target for t, target, o, _ in runs if t == tool and o == outcome]
+            if not names:
+                continue
+            piece = f"{len(names)} {words.format(limit=limit)}"
+            if outcome != "clean":
+                status = "FAIL"
+                piece += f" ({' '.join(names)})"
+            pieces.append(piece)
+        parts.append(f"{tool}: {', '.join(pieces) or 'no runs'}")
+        figures.append(f"{tool}={json.dumps(', '.join(pieces))}")
+    if runs:
+        tool, target, _, seconds = max(runs, key=lambda r: r[3])
+        figures.append(f"slowest={json.dumps(f'{tool} {target} {seconds:.1f} s')}")
+    print(status)
+    print("; ".join(parts))
+    print("\n".join(figures))
+
+
 def train_records(path):
     try:
         with open(path) as f:
@@ -233,6 +279,8 @@ def main(argv):
         record(args[0], args[1], args[2], args[3], args[4], args[5], args[6:])
     elif command == "summary" and len(args) == 1:
         summary(args[0])
+    elif command == "sanitizer" and len(args) == 3:
+        sanitizer(*args)
     elif command == "throughput" and len(args) == 6:
         throughput(args[0], args[1], int(args[2]), int(args[3]), int(args[4]), args[5])
     elif command == "same-run" and len(args) == 2:

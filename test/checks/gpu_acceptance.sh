@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The parts of make gpu-acceptance (scripts/gpu_acceptance.sh) and make gpu-deps
 # (scripts/gpu_deps.sh) that need no GPU, so they cannot rot where no GPU runs them: the one-line
-# refusal without a GPU, STAGES and argument parsing, the staging check of build/gpu-deps (on
-# directories made here; nothing is downloaded), the stage result files, summary.md, and the
-# figures computed from a run's log and metrics.jsonl (MFU, run-to-run and PyTorch comparisons).
+# refusal without a GPU, STAGES and argument parsing, the checks before any stage (a driver too
+# old for the CUDA runtime, a Python without CUDA torch or matplotlib: with a stand-in nvidia-smi
+# and python), the staging check of build/gpu-deps (on directories made here; nothing is
+# downloaded), the stage result files, summary.md, the sanitizer stage's verdict (a run cut by the
+# time limit fails), and the figures computed from a run's log and metrics.jsonl (MFU, run-to-run
+# and PyTorch comparisons). The dry run is test/checks/gpu_dry_run.sh.
 # usage: gpu_acceptance.sh cpu|gpu   (both modes; on a machine with a GPU the refusal is not checked)
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
@@ -47,6 +50,44 @@ expect "empty STAGES" 2 '^gpu_acceptance: STAGES is empty' env STAGES=" , " bash
 expect "unknown argument" 2 "^gpu_acceptance: unknown argument '--fast'" acceptance --fast
 expect "--summary without DIR" 2 'usage: gpu_acceptance.sh --summary DIR' acceptance --summary
 
+# ---- (b2) before any stage: the driver and the Python modules, one line each (a stand-in
+# nvidia-smi that reports a GPU and a driver; a stand-in python that lacks what each case says).
+# The script runs from a copy of scripts/ with STAGES=device and no staged packages, so that if a
+# check let it through it could only write the device stage's file into that copy.
+mkdir -p "$tmp/bin" "$tmp/copy"
+cp -r scripts "$tmp/copy/"
+guarded() { env PATH="$tmp/bin:$PATH" STAGES=device GPU_DEPS="$tmp/none" "$@" bash "$tmp/copy/scripts/gpu_acceptance.sh"; }
+# fake_gpu DRIVER: nvidia-smi in $tmp/bin reporting an H100 with that driver.
+fake_gpu() {
+  printf '#!/bin/sh\ncase "$*" in\n  -L) echo "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)" ;;\n  *driver_version*) echo "%s" ;;\n  *) echo "NVIDIA H100 80GB HBM3" ;;\nesac\n' "$1" > "$tmp/bin/nvidia-smi"
+  chmod +x "$tmp/bin/nvidia-smi"
+}
+# fake_python LACKS: a python that is /usr/bin/python3 except that LACKS fails (cuda: torch sees no GPU).
+fake_python() {
+  printf '#!/bin/sh\ncase "$*" in\n  *is_available*) [ "%s" = cuda ] && exit 1; exit 0 ;;\n  *"import %s"*) exit 1 ;;\nesac\nexec /usr/bin/python3 "$@"\n' "$1" "$1" > "$tmp/python"
+  chmod +x "$tmp/python"
+}
+if /usr/bin/python3 -c 'import torch, numpy, matplotlib' 2>/dev/null; then
+  fake_gpu 570.86.15
+  expect "preflight: old driver" 1 '^gpu_acceptance: preflight: driver 570.86.15 is older than CUDA [0-9.]+ needs \(580.65.06 or later\): update the driver' \
+    guarded PYTHON=/usr/bin/python3
+  fake_gpu 580.159.04
+  for lacks in cuda matplotlib; do
+    fake_python "$lacks"
+    out=$(guarded PYTHON="$tmp/python" 2>&1); rc=$?
+    want='^gpu_acceptance: preflight: torch .* sees no GPU \(torch.cuda.is_available\(\) is False\): set PYTHON to a CUDA PyTorch$'
+    [ "$lacks" = matplotlib ] && want="^gpu_acceptance: preflight: $tmp/python cannot import matplotlib: install it there or set PYTHON\$"
+    if [ "$rc" -eq 1 ] && grep -qE '^preflight: driver 580.159.04 \(CUDA [0-9.]+ needs 580.65.06 or later\): ok$' <<< "$out" &&
+       tail -n 1 <<< "$out" | grep -qE -- "$want"; then
+      ok "preflight: python without $lacks: $(tail -n 1 <<< "$out")"
+    else
+      fail "preflight: python without $lacks: exit $rc, output: $out"
+    fi
+  done
+else
+  echo "skipped: the preflight cases (/usr/bin/python3 lacks torch, numpy or matplotlib)"
+fi
+
 # ---- (c) the staging check of build/gpu-deps
 staged=$tmp/gpu-deps
 # stage NAME ARCH BYTES: one fake package file listed in the MANIFEST.
@@ -61,9 +102,22 @@ expect "staging: no MANIFEST" 1 "^gpu-deps: $staged/MANIFEST is missing" bash sc
 echo "# package version architecture file bytes" > "$staged/MANIFEST"
 stage catch2 all 300000
 stage libopenmpi3 "$(dpkg --print-architecture 2>/dev/null || echo all)" 2500000
-expect "staging: complete" 0 "^gpu-deps: $staged: 2 packages, 2.7 MiB \(limit 48 MiB\)$" bash scripts/gpu_deps.sh --check "$staged"
+expect "staging: a package of the list missing" 1 "^gpu-deps: $staged/MANIFEST lacks libopenmpi-dev, which scripts/gpu_deps.sh stages" \
+  bash scripts/gpu_deps.sh --check "$staged"
+for name in $(bash scripts/gpu_deps.sh --list); do
+  grep -q "^$name " "$staged/MANIFEST" || stage "$name" all 1000
+done
+expect "staging: no vocabulary" 1 "^gpu-deps: $staged/gpt2_bpe/encoder.json \(the GPT-2 vocabulary\) is missing: rerun make gpu-deps$" \
+  bash scripts/gpu_deps.sh --check "$staged"
+mkdir -p "$staged/gpt2_bpe"
+cp data/gpt2_bpe/encoder.json data/gpt2_bpe/vocab.bpe "$staged/gpt2_bpe/"
+echo " " >> "$staged/gpt2_bpe/vocab.bpe"
+expect "staging: altered vocabulary" 1 "^gpu-deps: $staged/gpt2_bpe/vocab.bpe is not the GPT-2 vocabulary \(sha256 differs" \
+  bash scripts/gpu_deps.sh --check "$staged"
+cp data/gpt2_bpe/vocab.bpe "$staged/gpt2_bpe/"
+expect "staging: complete" 0 "^gpu-deps: $staged: $(bash scripts/gpu_deps.sh --list | wc -l) packages and the GPT-2 vocabulary, 4.1 MiB \(limit 48 MiB\)$" bash scripts/gpu_deps.sh --check "$staged"
 stage big all $((49 * 1048576))
-expect "staging: over the limit" 1 "^gpu-deps: $staged holds 51.7 MiB of packages, over the 48 MiB limit$" \
+expect "staging: over the limit" 1 "^gpu-deps: $staged holds 53.1 MiB of packages, over the 48 MiB limit$" \
   bash scripts/gpu_deps.sh --check "$staged"
 rm "$staged/big.deb"
 expect "staging: listed file missing" 1 "^gpu-deps: $staged/big.deb \(listed in $staged/MANIFEST\) is missing" \
@@ -126,6 +180,28 @@ expect "summary: incomplete stage file" 1 "^acceptance_report: $results/parity.j
   acceptance --summary "$results"
 mkdir -p "$tmp/empty"
 expect "summary: no stage files" 1 "holds no stage results" acceptance --summary "$tmp/empty"
+
+# ---- the sanitizer stage's verdict from its runs' result files
+runs=$tmp/sanitizer
+mkdir -p "$runs"
+for tool in memcheck racecheck synccheck initcheck; do
+  for target in test_gelu train; do echo "$tool $target clean 0 4.5" > "$runs/$tool.$target.result"; done
+done
+verdict=$(report sanitizer "$runs" 120 8 2>&1)
+same "sanitizer: every run clean" "$(head -n 2 <<< "$verdict" | paste -sd '|')" \
+  "PASS|memcheck: 2 clean; racecheck: 2 clean; synccheck: 2 clean; initcheck: 2 clean"
+echo "racecheck test_gelu timeout 0 120.2" > "$runs/racecheck.test_gelu.result"
+verdict=$(report sanitizer "$runs" 120 8 2>&1)
+same "sanitizer: a run cut by the limit fails, named with its tool" "$(head -n 2 <<< "$verdict" | paste -sd '|')" \
+  "FAIL|memcheck: 2 clean; racecheck: 1 clean, 1 cut by the 120 s limit (test_gelu); synccheck: 2 clean; initcheck: 2 clean"
+if grep -qxF 'slowest="racecheck test_gelu 120.2 s"' <<< "$verdict"; then ok "sanitizer: the slowest run is a figure"
+else fail "sanitizer: no slowest figure in: $verdict"; fi
+rm "$runs/racecheck.test_gelu.result"
+same "sanitizer: a missing run fails" "$(report sanitizer "$runs" 120 8 2>&1 | head -n 2 | paste -sd '|')" \
+  "FAIL|only 7 of 8 runs reported; memcheck: 2 clean; racecheck: 1 clean; synccheck: 2 clean; initcheck: 2 clean"
+echo "memcheck train finished" > "$runs/memcheck.train.result"
+expect "sanitizer: a malformed result file" 1 "^acceptance_report: $runs/memcheck.train.result: expected 'tool target outcome errors seconds'" \
+  report sanitizer "$runs" 120 8
 
 # ---- figures from a run: ms/step after the warm-up, tokens/s, MFU; run-to-run; PyTorch parity
 run=$tmp/run

@@ -346,6 +346,18 @@ TEST_CASE("learning-rate schedules follow the documented formulas") {
     CHECK(s.at(99) == Approx(1.0 - 0.9 * 11 / 22).margin(tol));
     CHECK(s.at(110) == Approx(0.1).margin(tol));
   }
+  SECTION("wsd whose warmup reaches into the last 20% decays from the end of the warmup") {
+    s.kind = LrScheduleKind::wsd;
+    s.warmup_steps = 17;
+    s.total_steps = 20;
+    // D = 4 would start the decay after step 16, inside the warmup: S = max(17, 16) = 17, so
+    // the warmup reaches the peak at step 17 and the decay spans the remaining 3 steps.
+    CHECK(s.at(16) == Approx(16.0 / 17).margin(tol));
+    CHECK(s.at(17) == 1.0);
+    CHECK(s.at(18) == Approx(1.0 - 0.9 / 3).margin(tol));
+    CHECK(s.at(19) == Approx(1.0 - 0.9 * 2 / 3).margin(tol));
+    CHECK(s.at(20) == Approx(0.1).margin(tol));
+  }
   SECTION("no warmup: step 1 is already past the peak") {
     s.warmup_steps = 0;
     s.total_steps = 4;

@@ -2,9 +2,12 @@
 // correction, gradient scaling and weight decay, with and without fp32 master weights;
 // pointers at misaligned and mutually misaligned offsets (vector and scalar paths must give
 // the same bits); and the stochastic rounding to bf16 (always a neighbouring bf16 value,
-// unbiased on average, same seed → same bits, another seed → other bits).
+// unbiased on average, same seed → same bits, another seed → other bits); and the optimizer's
+// (src/model/optimizer.h) seed for that rounding: bit for bit the documented per-step, per-tensor seed,
+// fresh every step, so a parameter held between two bf16 values averages to its master value.
 #include "test/test_util.h"
 #include "kernels/adamw.cuh"
+#include "src/model/optimizer.h"
 
 #include <cstdint>
 #include <iterator>
@@ -252,4 +255,138 @@ TEMPLATE_TEST_CASE("adamw_update in pieces with index_offset matches one call ov
   CHECK(test::same_bits(std::get<3>(pieces), std::get<3>(whole)));
   if constexpr (std::is_same<TestType, bf16>::value)
     CHECK_FALSE(test::same_bits(std::get<0>(run({0, 3, 500, 501, 777, n}, false)), std::get<0>(whole)));
+}
+
+// ---- the optimizer's choice of rounding seed (src/optimizer.h's adamw_step over a whole model)
+
+namespace {
+
+// The stochastic rounding to bf16 as kernels/adamw.cuh documents it, written out here: 16 random
+// bits from (seed, index) — x = seed·0x9E3779B97F4A7C15 + index, MurmurHash3's 64-bit finalizer,
+// bits 32..47 — added below the bf16 mantissa of x's fp32 bits, then truncated.
+uint16_t documented_bf16_rounding(float x, unsigned seed, size_t index) {
+  uint64_t h = static_cast<uint64_t>(seed) * 0x9E3779B97F4A7C15ull + index;
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  h *= 0xc4ceb9fe1a85ec53ull;
+  h ^= h >> 33;
+  return static_cast<uint16_t>((float_bits(x) + ((h >> 32) & 0xFFFFu)) >> 16);
+}
+
+// The seed src/rng.h documents for one AdamW call: SplitMix64's output mix of
+// run_seed·0x9E3779B97F4A7C15 + (step << 5 | tensor), upper 32 bits.
+unsigned documented_seed(uint64_t run_seed, int step, int tensor) {
+  uint64_t z = run_seed * 0x9E3779B97F4A7C15ull + ((static_cast<uint64_t>(step) << 5) | static_cast<uint64_t>(tensor));
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return static_cast<unsigned>((z ^ (z >> 31)) >> 32);
+}
+
+uint16_t bf16_bits(bf16 x) {
+  uint16_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+}
+
+// A one-rank model (L = 1, C = 8, Vp = maxT = 16: wte and wpe have the same shape) whose
+// parameters, gradients (llm.c order) and optimizer state adamw_step updates.
+struct ModelOptimizer {
+  ParameterLayout layout{GPT2Config{16, 16, 16, 1, 1, 8}};
+  GradientBuckets buckets{layout, 1, 1};
+  std::vector<OptimizerSegment> segments = buckets.segments(0);
+  test::DeviceBuffer<bf16> params{layout.total}, grads{layout.total};
+  test::DeviceBuffer<float> master{buckets.shard_elements()};
+  test::DeviceBuffer<float> m{std::vector<float>(buckets.shard_elements(), 0.0f)};
+  test::DeviceBuffer<float> v{std::vector<float>(buckets.shard_elements(), 0.0f)};
+
+  // Parameters and master weights set to `values` (llm.c order; bf16 copy rounded to nearest).
+  void set(const std::vector<float>& values) {
+    params.upload(test::from_floats<bf16>(values));
+    std::vector<float> state(buckets.shard_elements(), 0.0f);
+    for (const OptimizerSegment& s : segments)
+      std::copy_n(values.begin() + static_cast<std::ptrdiff_t>(s.param), s.count,
+                  state.begin() + static_cast<std::ptrdiff_t>(s.state));
+    master.upload(state);
+  }
+  void step(const OptimizerSettings& opt, float lr, int step) {
+    adamw_step(opt, lr, step, 0.0f, layout, segments, params.ptr, master.ptr, grads.ptr,
+               [](const OptimizerSegment& s) { return s.param; }, m.ptr, v.ptr, nullptr);
+    test::require_no_cuda_error();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("the optimizer stores master weights rounded with its documented per-step, per-tensor seed",
+          "[adamw][optimizer]") {
+  // Reference: the documented seed and rounding written out above, applied to the master
+  // weights the step produced. A seed that ignores the step or the tensor (the run's seed, say)
+  // rounds hundreds of these elements differently.
+  ModelOptimizer model;
+  model.set(test::round_to<bf16>(test::random_floats(model.layout.total, 21, 0.5f)));
+  OptimizerSettings opt;
+  opt.seed = 1234;
+  opt.weight_decay = 0.1f;
+  opt.grad_clip = 0.0f;
+  for (int step = 1; step <= 3; ++step) {
+    model.grads.upload(test::from_floats<bf16>(test::random_floats(model.layout.total, 30 + step, 1.0f)));
+    model.step(opt, 1e-2f, step);
+    const std::vector<bf16> params = model.params.download();
+    const std::vector<float> master = model.master.download();
+    size_t mismatches = 0;
+    for (const OptimizerSegment& s : model.segments) {
+      const unsigned seed = documented_seed(opt.seed, step, s.tensor);
+      for (size_t k = 0; k < s.count; ++k) {
+        const size_t index = s.param - model.layout[s.tensor].offset + k;  // within the tensor
+        const uint16_t want = documented_bf16_rounding(master[s.state + k], seed, index);
+        if (bf16_bits(params[s.param + k]) != want && mismatches++ == 0)
+          UNSCOPED_INFO("step " << step << ", " << model.layout[s.tensor].name << "[" << index << "]: bf16 bits "
+                                << bf16_bits(params[s.param + k]) << ", documented rounding gives " << want);
+      }
+    }
+    INFO("step " << step << ": " << mismatches << " of " << model.layout.total << " parameters differ");
+    CHECK(mismatches == 0);
+  }
+}
+
+TEST_CASE("a bf16 parameter held halfway between two bf16 values averages to its master value",
+          "[adamw][optimizer]") {
+  // lr = 0 keeps every master weight at 1 + 2^-8, halfway between the bf16 values 1 and
+  // 1 + 2^-7; each step draws fresh rounding bits, so the stored values differ from step to step
+  // and between tensors holding the same values (wte and wpe), and over 200 steps each element
+  // is rounded up about half the time. A seed constant over steps rounds an element the same
+  // way every step: its mean sits half a bf16 ulp off.
+  ModelOptimizer model;
+  const float halfway = 1.0f + 0x1.0p-8f;
+  model.set(std::vector<float>(model.layout.total, halfway));
+  model.grads.upload(std::vector<bf16>(model.layout.total, bf16(0.0f)));
+  OptimizerSettings opt;
+  opt.seed = 7;
+  const int steps = 200;
+  std::vector<double> sum(model.layout.total, 0.0);
+  std::vector<bf16> first;
+  for (int step = 1; step <= steps; ++step) {
+    model.step(opt, 0.0f, step);
+    const std::vector<bf16> params = model.params.download();
+    for (size_t i = 0; i < params.size(); ++i) sum[i] += static_cast<float>(params[i]);
+    if (step == 1) {
+      first = params;
+      const auto wte = params.begin() + static_cast<std::ptrdiff_t>(model.layout[kWte].offset);
+      const auto wpe = params.begin() + static_cast<std::ptrdiff_t>(model.layout[kWpe].offset);
+      CHECK_FALSE(std::equal(wte, wte + static_cast<std::ptrdiff_t>(model.layout[kWte].count), wpe,
+                             [](bf16 a, bf16 b) { return bf16_bits(a) == bf16_bits(b); }));
+    }
+    if (step == 2) CHECK_FALSE(test::same_bits(params, first));
+  }
+  REQUIRE(model.master.download() == std::vector<float>(model.buckets.shard_elements(), halfway));
+  // Rounded up k of 200 times: the mean is 1 + (k / 200) · 2^-7, k ~ Binomial(200, 1/2) with
+  // standard deviation 7; a quarter ulp allows 50 (7 standard deviations).
+  size_t off = 0;
+  for (size_t i = 0; i < sum.size(); ++i) {
+    const double mean = sum[i] / steps;
+    if (std::fabs(mean - halfway) > 0x1.0p-9 && off++ == 0)
+      UNSCOPED_INFO("parameter " << i << ": mean " << mean << " over " << steps << " steps, master " << halfway);
+  }
+  CHECK(off == 0);
 }

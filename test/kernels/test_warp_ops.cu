@@ -9,7 +9,13 @@
 #include <cstdint>
 
 // ---- shuffles: every lane records what each shuffle kind returns for a few deltas/widths.
-constexpr int kShuffleCases = 8;
+// Cases 8 and 9 are xor shuffles below warp width whose partner lies outside the caller's
+// segment. The CUDA C++ Programming Guide (warp shuffle functions, __shfl_xor_sync): "If width
+// is less than warpSize then each group of width consecutive threads are able to access elements
+// from earlier groups of threads, however if they attempt to access elements from later groups
+// of threads their own value of var will be returned." (PTX shfl.sync.bfly: j = lane ^ b, taken
+// when j <= the segment's last lane, else the caller's own lane.)
+constexpr int kShuffleCases = 10;
 
 __global__ void shuffle_kernel(int* out, int n) {
   const int tid = threadIdx.x;
@@ -24,6 +30,8 @@ __global__ void shuffle_kernel(int* out, int n) {
   r[5] = __shfl_down_sync(0xffffffffu, value, 2, 8);
   r[6] = __shfl_up_sync(0xffffffffu, value, 4);
   r[7] = __shfl_up_sync(0xffffffffu, value, 1, 4);
+  r[8] = __shfl_xor_sync(0xffffffffu, value, 6, 4);    // bit 2 leaves the 4-lane segment
+  r[9] = __shfl_xor_sync(0xffffffffu, value, 20, 16);  // bit 4 leaves the 16-lane segment
   if (tid < n)
     for (int i = 0; i < kShuffleCases; ++i) out[tid * kShuffleCases + i] = r[i];
 }
@@ -40,7 +48,10 @@ static int expected_shuffle(int tid, int which) {
     case 4: return lane + 3 < 32 ? value(lane + 3) : value(lane);
     case 5: return (lane & 7) + 2 < 8 ? value(lane + 2) : value(lane);
     case 6: return lane >= 4 ? value(lane - 4) : value(lane);
-    default: return (lane & 3) >= 1 ? value(lane - 1) : value(lane);
+    case 7: return (lane & 3) >= 1 ? value(lane - 1) : value(lane);
+    // Partner in a later segment: the caller's own value; in an earlier one: the partner's.
+    case 8: return (lane & 4) == 0 ? value(lane) : value(lane ^ 6);
+    default: return (lane & 16) == 0 ? value(lane) : value(lane ^ 20);
   }
 }
 
