@@ -53,11 +53,13 @@
 #include "src/run/run_setup.h"
 #include "src/run/trainer.h"
 
+#include <chrono>
 #include <cstdio>
 #include <exception>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 namespace {
 
@@ -142,6 +144,9 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "%serror: %s\n", error_prefix.c_str(), e.what());
+    // The rank that failed ends the job with its own message: give it the time to (an abort from
+    // here could end it before it has printed why).
+    if (dynamic_cast<const FailedOnAnotherRank*>(&e) != nullptr) std::this_thread::sleep_for(std::chrono::seconds(30));
     // Peers may be blocked in a collective with this rank: end the whole MPI job now.
     int initialized = 0, finalized = 0;
     MPI_Initialized(&initialized);

@@ -79,7 +79,9 @@ class CollectiveAttempt {
   void agree() {
     if (all_ranks_ok(comm_, error_.empty())) return;
     if (lead_) remove_checkpoint_dir(dir_);
-    throw std::runtime_error("writing checkpoint " + dir_ + ": " + (error_.empty() ? "another rank failed" : error_));
+    const std::string what = "writing checkpoint " + dir_ + ": ";
+    if (error_.empty()) throw FailedOnAnotherRank(what + "another rank failed");
+    throw std::runtime_error(what + error_);
   }
 
  private:

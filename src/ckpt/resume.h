@@ -50,7 +50,7 @@ inline std::optional<Checkpoint> resolve_resume(const TrainConfig& cfg, Communic
   const double lead_choice = !error.empty() ? -2.0 : found ? static_cast<double>(found->step) : -1.0;
   const double choice = world_size > 1 ? comm.sum(lead ? lead_choice : 0.0) : lead_choice;
   if (!error.empty()) throw std::runtime_error(error);
-  if (choice == -2.0) throw std::runtime_error("--resume " + cfg.resume + ": rank 0 refused the checkpoint (see its error)");
+  if (choice == -2.0) throw FailedOnAnotherRank("--resume " + cfg.resume + ": rank 0 refused the checkpoint (see its error)");
   if (choice == -1.0) {
     if (cfg.generate) throw std::runtime_error("--resume auto: no complete checkpoint in " + cfg.out_dir + " to generate from");
     std::printf("--resume auto: no complete checkpoint in %s; starting from scratch\n", cfg.out_dir.c_str());

@@ -79,6 +79,12 @@ struct CommArgumentError : std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+// This rank stops because another rank failed and reports it: that rank's own error ends the job
+// (main waits for it), so its message is not lost to this rank's abort.
+struct FailedOnAnotherRank : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 // Collectives issued through a Communicator, by kind (tests check how gradients travel).
 struct CollectiveCounts {
   long long all_reduce = 0, reduce_scatter = 0, all_gather = 0, broadcast = 0;
