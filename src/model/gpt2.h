@@ -66,6 +66,8 @@ class GPT2 {
     wte_grad_fp32_ = DeviceArray<float>(layout_[kWte].count, "the lm head's fp32 wte gradient");
     cuda_check(cudaMemset(params_.get(), 0, params_.bytes()), "zeroing parameters");
     if (master_.get() != nullptr) cuda_check(cudaMemset(master_.get(), 0, master_.bytes()), "zeroing master weights");
+    adamw_.emplace(layout_, grads_.segments(), [this](const OptimizerSegment& s) { return grads_.gradient_offset(s); },
+                   params_.get(), master_.get(), grads_.owned_gradients(), adam_m_.get(), adam_v_.get());
     reset_training_state();
     const ActivationCounts counts = gpt2_activation_counts(cfg_, B_, seq_len_, recompute_);
     acts_ = Activations<Elem>(counts);
@@ -197,9 +199,7 @@ class GPT2 {
   // gradient communication; with sharded optimizer state each rank updates its shard, then the
   // parameters are all-gathered.
   void apply_update(const OptimizerSettings& opt, float lr, int step, float norm) {
-    adamw_step(opt, lr, step, norm, layout_, grads_.segments(), params_.get(), master_.get(), grads_.owned_gradients(),
-               [this](const OptimizerSegment& s) { return grads_.gradient_offset(s); }, adam_m_.get(), adam_v_.get(),
-               stream_.get());
+    adamw_->step(opt, lr, step, norm, stream_.get());
     grads_.gather_parameters(params_.get());
   }
 
@@ -465,6 +465,7 @@ class GPT2 {
   GradientSync<Elem> grads_;
   DeviceArray<Elem> params_;
   DeviceArray<float> adam_m_, adam_v_, master_, wte_grad_fp32_;  // wte's: the lm head's share, (Vp, C)
+  std::optional<AdamWUpdate<Elem>> adamw_;  // emplaced once the buffers it updates exist
   int logits_chunk_rows_ = static_cast<int>(kLogitsChunkRows);
   Activations<Elem> acts_;
   std::optional<UploadStaging> staging_;  // emplaced once the activation counts are known

@@ -6,6 +6,7 @@
 #pragma once
 #include "kernels/matmul.cuh"
 #include "src/model/activations.h"
+#include "src/model/optimizer.h"
 #include "src/gen/generate.h"
 #include "src/config/gpt2_config.h"
 #include "src/base/units.h"
@@ -57,6 +58,7 @@ inline MemoryPlan plan_memory(const GPT2Config& cfg, int B, int T, int recompute
       {"lm head wte gradient (fp32)", sizeof(float) * layout[kWte].count},
       {"master weights (fp32)", dtype == DType::bf16 ? sizeof(float) * state : 0},
       {"AdamW moments (fp32)", 2 * sizeof(float) * state},
+      {"AdamW segment table", AdamWUpdate<bf16>::table_bytes(buckets.segments(0).size())},
       {"activations: blocks", activations.blocks},
       {"activations: logits chunk", logits},
       {"activations: other buffers", activations.other - logits},
