@@ -178,15 +178,20 @@ inline AdamWHyper adamw_hyper(float lr, float beta1, float beta2, float eps, flo
   return h;
 }
 
+// The launch of a planned table: its blocks, and the elements it updates.
+struct AdamWPlan {
+  size_t blocks = 0, elements = 0;
+};
+
 // Fills the launch fields (head, vectors, first_block) of `segments` (param, grad, state, count,
 // index, tensor, decayed set by the caller, tensor < kAdamWMaxTensors) for these arrays; returns
-// the launch's blocks. A segment moves its body with 128-bit accesses when all its arrays reach
+// the launch's plan. A segment moves its body with 128-bit accesses when all its arrays reach
 // a 16-byte boundary at the same element, else every element is scalar; results are identical.
 template <typename T>
-size_t adamw_plan_segments(std::vector<AdamWSegment>& segments, const T* params, const float* master, const T* grads,
-                           const float* m, const float* v) {
+AdamWPlan adamw_plan_segments(std::vector<AdamWSegment>& segments, const T* params, const float* master,
+                              const T* grads, const float* m, const float* v) {
   constexpr size_t W = Vec128<T>::size;
-  size_t blocks = 0;
+  size_t blocks = 0, elements = 0;
   for (AdamWSegment& s : segments) {
     if (s.tensor < 0 || s.tensor >= kAdamWMaxTensors)
       throw std::runtime_error("adamw: tensor index " + std::to_string(s.tensor) + " outside 0.." +
@@ -202,13 +207,14 @@ size_t adamw_plan_segments(std::vector<AdamWSegment>& segments, const T* params,
     s.vectors = (s.count - s.head) / W;
     s.first_block = blocks;
     blocks += ceil_div(s.count - s.vectors * (W - 1), static_cast<size_t>(kAdamWThreads));
+    elements += s.count;
   }
   if (blocks > 0x7FFFFFFFu) throw std::runtime_error("adamw: " + std::to_string(blocks) + " blocks exceed the grid");
-  return blocks;
+  return AdamWPlan{blocks, elements};
 }
 
 // One AdamW step over every segment of a planned table (device_segments: num_segments rows,
-// `blocks` from adamw_plan_segments), one launch. For element i of a segment:
+// `plan` from adamw_plan_segments), one launch. For element i of a segment:
 //   g = grads[i] * grad_scale
 //   m[i] = beta1 m[i] + (1 - beta1) g;   v[i] = beta2 v[i] + (1 - beta2) g^2
 //   p -= lr * (m[i] / (1 - beta1^step) / (sqrtf(v[i] / (1 - beta2^step)) + eps) + wd * p)
@@ -219,11 +225,14 @@ size_t adamw_plan_segments(std::vector<AdamWSegment>& segments, const T* params,
 // segment over the whole tensor would. With master == nullptr, p is params[i] itself (fp32 mode;
 // for bf16 the write-back is the same stochastic rounding).
 template <typename T>
-void adamw_launch(const AdamWSegment* device_segments, int num_segments, size_t blocks, T* params, float* master,
-                  const T* grads, float* m, float* v, const AdamWHyper& h, const AdamWSeeds& seeds,
+void adamw_launch(const AdamWSegment* device_segments, int num_segments, const AdamWPlan& plan, T* params,
+                  float* master, const T* grads, float* m, float* v, const AdamWHyper& h, const AdamWSeeds& seeds,
                   cudaStream_t stream) {
-  if (blocks == 0) return;
-  launch(adamw_kernel<T>, dim3(static_cast<unsigned>(blocks)), dim3(kAdamWThreads), 0, stream, device_segments,
+  if (plan.blocks == 0) return;
+  // --profile: per element, the gradient read, the parameter written (and read without master
+  // weights), m and v read and written, the master weight read and written.
+  profile_declare(static_cast<double>(plan.elements) * (sizeof(T) * (master ? 2 : 3) + 4.0 * (master ? 6 : 4)));
+  launch(adamw_kernel<T>, dim3(static_cast<unsigned>(plan.blocks)), dim3(kAdamWThreads), 0, stream, device_segments,
          num_segments, params, master, grads, m, v, h, seeds);
   CUDA_CHECK(cudaGetLastError());
 }
@@ -239,13 +248,13 @@ void adamw_update(T* params, float* master, const T* grads, float* m, float* v, 
   if (n == 0) return;
   std::vector<AdamWSegment> table(1);
   table[0] = AdamWSegment{0, 0, 0, n, index_offset, 0, 0, 0, 0, 1};
-  const size_t blocks = adamw_plan_segments(table, params, master, grads, m, v);
+  const AdamWPlan plan = adamw_plan_segments(table, params, master, grads, m, v);
   AdamWSeeds seeds{};
   seeds.of_tensor[0] = seed;
   AdamWSegment* device_table = nullptr;
   CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&device_table), sizeof(AdamWSegment)));
   CUDA_CHECK(cudaMemcpy(device_table, table.data(), sizeof(AdamWSegment), cudaMemcpyHostToDevice));
-  adamw_launch(device_table, 1, blocks, params, master, grads, m, v, h, seeds, stream);
+  adamw_launch(device_table, 1, plan, params, master, grads, m, v, h, seeds, stream);
   CUDA_CHECK(cudaStreamSynchronize(stream));
   CUDA_CHECK(cudaFree(device_table));
 }

@@ -49,7 +49,7 @@ class AdamWUpdate {
       row.decayed = t.decayed ? 1 : 0;
       table.push_back(row);
     }
-    blocks_ = adamw_plan_segments(table, params, master, grads, adam_m, adam_v);
+    plan_ = adamw_plan_segments(table, params, master, grads, adam_m, adam_v);
     table_ = DeviceArray<AdamWSegment>(table.size(), "the AdamW segment table");
     if (!table.empty())
       cuda_check(cudaMemcpy(table_.get(), table.data(), table_.bytes(), cudaMemcpyHostToDevice),
@@ -68,7 +68,7 @@ class AdamWUpdate {
     const AdamWHyper h = adamw_hyper(lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay, grad_scale, step);
     AdamWSeeds seeds{};
     for (int t = 0; t < kNumParameterTensors; ++t) seeds.of_tensor[t] = adamw_rounding_seed(opt.seed, step, t);
-    adamw_launch(table_.get(), static_cast<int>(table_.count()), blocks_, params_, master_, grads_, m_, v_, h, seeds,
+    adamw_launch(table_.get(), static_cast<int>(table_.count()), plan_, params_, master_, grads_, m_, v_, h, seeds,
                  stream);
   }
 
@@ -77,6 +77,6 @@ class AdamWUpdate {
   float* master_;
   const Elem* grads_;
   float *m_, *v_;
-  size_t blocks_ = 0;
+  AdamWPlan plan_;
   DeviceArray<AdamWSegment> table_;
 };

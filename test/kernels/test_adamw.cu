@@ -316,7 +316,7 @@ TEMPLATE_TEST_CASE("adamw over a table of segments updates each element as its s
       table.push_back(AdamWSegment{segs[k].param, segs[k].grad, state[k], segs[k].count, segs[k].index, 0, 0, 0,
                                    segs[k].tensor, segs[k].decayed ? 1 : 0});
     float* master_ptr = use_master ? master.ptr : nullptr;
-    const size_t blocks = adamw_plan_segments(table, params.ptr, master_ptr, grads.ptr, m.ptr, v.ptr);
+    const AdamWPlan plan = adamw_plan_segments(table, params.ptr, master_ptr, grads.ptr, m.ptr, v.ptr);
     REQUIRE(table[2].vectors > 0);   // the aligned segment has a 128-bit body
     REQUIRE(table[3].head == table[3].count);  // the mutually misaligned one is all scalar
     test::DeviceBuffer<AdamWSegment> device_table(table);
@@ -328,7 +328,7 @@ TEMPLATE_TEST_CASE("adamw over a table of segments updates each element as its s
       AdamWSeeds seeds{};
       for (int t = 0; t < 3; ++t) seeds.of_tensor[t] = tensor_seeds[t] + 100u * step;
       const AdamWHyper hyper = adamw_hyper(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.grad_scale, step);
-      adamw_launch(device_table.ptr, static_cast<int>(table.size()), blocks, params.ptr, master_ptr, grads.ptr, m.ptr,
+      adamw_launch(device_table.ptr, static_cast<int>(table.size()), plan, params.ptr, master_ptr, grads.ptr, m.ptr,
                    v.ptr, hyper, seeds, nullptr);
       test::require_no_cuda_error();
 
