@@ -22,7 +22,6 @@
 #include "src/model/model_file.h"
 #include "src/model/optimizer.h"
 #include "src/base/rng.h"
-#include "src/data/dataloader.h"
 #include "src/data/upload_staging.h"
 
 #include <algorithm>
@@ -161,14 +160,9 @@ class GPT2 {
     micro_step(batch.inputs.data(), batch.targets.data(), &batch, grad_accum_steps, last_micro_step);
   }
 
-  // The host work a micro-batch needs before its upload, for DataLoader::set_prepare: the encoder-
-  // backward buckets of its inputs. Captures the shapes by value (the loader may outlive the model).
+  // The host work a micro-batch needs before its upload, for DataLoader::set_prepare.
   std::function<void(TokenBatch&)> batch_preparer() const {
-    const int B = B_, T = seq_len_, V = cfg_.vocab_size;
-    return [B, T, V](TokenBatch& batch) {
-      batch.buckets.resize(encoder_backward_scratch_bytes(B, T) / sizeof(int));
-      batch.num_buckets = encoder_backward_build_buckets(batch.buckets.data(), batch.inputs.data(), B, T, V);
-    };
+    return encoder_buckets_preparer(B_, seq_len_, cfg_.vocab_size);
   }
 
   // Starts an optimizer step: gradients and the step's loss sum to zero.
@@ -309,28 +303,13 @@ class GPT2 {
   }
 
   // Checks the micro-batch's tokens and queues their upload (with `buckets`, also the encoder-
-  // backward buckets built from them) from page-locked staging: the host does not wait. What the
-  // loader thread did already (`prepared`: ids checked against a vocabulary no larger than the
-  // model's, buckets built) is not done again.
+  // backward buckets) from page-locked staging: the host does not wait. What the loader thread did
+  // already (`prepared`) is not done again (upload_staging.h).
   void upload_tokens(const int* inputs, const int* targets, bool buckets, const TokenBatch* prepared = nullptr) {
-    const bool checked = prepared != nullptr && prepared->ids_below > 0 && prepared->ids_below <= cfg_.vocab_size;
-    if (!checked) {
-      check_token_ids(inputs, B_, seq_len_, cfg_.vocab_size, "input");
-      if (targets != nullptr) check_token_ids(targets, B_, seq_len_, cfg_.vocab_size, "target");
-    }
-    const UploadStaging::Slot slot = staging_->next();
-    cudaStream_t s = stream_.get();
-    staging_->upload(acts_.inputs.get(), slot.inputs, inputs, rows(), s, "uploading input tokens");
-    if (targets != nullptr)
-      staging_->upload(acts_.targets.get(), slot.targets, targets, rows(), s, "uploading target tokens");
-    if (buckets) {
-      const bool built = prepared != nullptr && prepared->num_buckets > 0;
-      num_buckets_ = built ? prepared->num_buckets
-                           : encoder_backward_build_buckets(slot.buckets, inputs, B_, seq_len_, cfg_.vocab_size);
-      staging_->upload(acts_.buckets.get(), slot.buckets, built ? prepared->buckets.data() : nullptr,
-                       acts_.buckets.count(), s, "uploading encoder-gradient buckets");
-    }
-    staging_->queued(s);
+    const int n = staging_->upload_micro_batch(inputs, targets, prepared, B_, seq_len_, cfg_.vocab_size,
+                                               acts_.inputs.get(), acts_.targets.get(),
+                                               buckets ? acts_.buckets.get() : nullptr, stream_.get());
+    if (buckets) num_buckets_ = n;
   }
 
   // The squared global norm of the accumulated gradients into acts_.norm_squared, on the device,

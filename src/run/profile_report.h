@@ -1,8 +1,9 @@
 // profile_report.h — --profile's report: the device work of the profiled training steps per kernel
 // and cuBLASLt call site (kernels/profile.cuh's record), as a table on stdout and DIR/profile.json,
 // next to the code's own plan of launch counts (what test/checks/profile.sh holds the record to).
+// (kernels/profile.cuh comes with common.cuh, which it needs.)
 #pragma once
-#include "kernels/profile.cuh"
+#include "kernels/common.cuh"
 #include "src/base/durable_file.h"
 #include "src/run/throughput.h"
 
