@@ -24,11 +24,11 @@
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 
-// Launches kernel<<<grid, block, smem, stream>>>(args...). Every launch goes through here
-// so the CPU build can answer the same call with its own scheduler.
+// kernel<<<grid, block, smem, stream>>>(args...), for launch() below; the CPU build's simt.h
+// answers the same call with its own scheduler.
 template <typename... Params, typename... Args>
-inline void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                   cudaStream_t stream, Args&&... args) {
+inline void launch_on_device(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                             cudaStream_t stream, Args&&... args) {
   kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
 }
 
@@ -132,6 +132,17 @@ inline void cuda_check(cudaError_t err, const char* what) {
 #define CUDA_CHECK_STRINGIFY_(x) #x
 #define CUDA_CHECK_LINE_(x) CUDA_CHECK_STRINGIFY_(x)
 #define CUDA_CHECK(call) cuda_check((call), __FILE__ ":" CUDA_CHECK_LINE_(__LINE__) ": " #call)
+
+#include "profile.cuh"
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...). Every launch goes through here, so the
+// CPU build answers it with its own scheduler and --profile (profile.cuh) sees every kernel.
+template <typename... Params, typename... Args>
+inline void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                   Args&&... args) {
+  profiled_kernel(reinterpret_cast<const void*>(kernel), stream,
+                  [&] { launch_on_device(kernel, grid, block, smem, stream, std::forward<Args>(args)...); });
+}
 
 template <typename T>
 __host__ __device__ constexpr T ceil_div(T a, T b) { return (a + b - 1) / b; }

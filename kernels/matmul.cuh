@@ -253,9 +253,22 @@ void matmul_cublaslt(TD* d, const T* a, bool transpose_a, const T* b, bool trans
   if (bias != nullptr)
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   const float alpha = 1.0f;
-  CUBLAS_CHECK(cublasLtMatmul(matmul_context.handle, plan.desc, &alpha, a, plan.layout_a, b, plan.layout_b, &beta, d,
-                              plan.layout_d, d, plan.layout_d, &plan.algo, matmul_context.workspace,
-                              plan.workspace_bytes, stream));
+  auto product = [&] {
+    CUBLAS_CHECK(cublasLtMatmul(matmul_context.handle, plan.desc, &alpha, a, plan.layout_a, b, plan.layout_b, &beta,
+                                d, plan.layout_d, d, plan.layout_d, &plan.algo, matmul_context.workspace,
+                                plan.workspace_bytes, stream));
+  };
+  if (!DeviceProfiler::get().on()) return product();
+  // --profile's site: the product's shape (each of the model's products has its own).
+  const double M = m, N = n, K = k;
+  profile_declare(sizeof(T) * (M * K + K * N) + sizeof(TD) * M * N * (beta != 0.0f ? 2 : 1) +
+                      (bias != nullptr ? sizeof(TD) * M : 0),
+                  2 * M * N * K);
+  profiled(std::string("cublasLt ") + (transpose_a ? "T" : "N") + (transpose_b ? "T" : "N") + " m=" +
+               std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
+               (bias != nullptr ? " +bias" : "") + (beta != 0.0f ? " +=" : "") +
+               (std::is_same<TD, float>::value && !std::is_same<T, float>::value ? " fp32-out" : ""),
+           stream, product);
 }
 
 // out (rows × OC) = inp (rows × C) @ weight (OC × C)^T + bias (OC; nullptr: none). Written, not

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <dlfcn.h>
 #include <unistd.h>
 
 namespace simt {
@@ -250,6 +251,17 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
   if (value < 0 || static_cast<size_t>(value) > kMaxDynamicSmem) return fail(cudaErrorInvalidValue);
   std::lock_guard<std::mutex> lock(attribute_mutex);
   max_dynamic_smem[func] = value;
+  return cudaSuccess;
+}
+
+// The kernel's symbol, mangled for C++ functions as the GPU runtime may return it: from the
+// executable's dynamic symbol table (the binaries link with -rdynamic).
+cudaError_t cudaFuncGetName(const char** name, const void* func) {
+  if (!name || !func) return fail(cudaErrorInvalidValue);
+  Dl_info info;
+  if (dladdr(func, &info) == 0 || info.dli_sname == nullptr || info.dli_saddr != func)
+    return fail(cudaErrorInvalidDeviceFunction);
+  *name = info.dli_sname;
   return cudaSuccess;
 }
 

@@ -146,10 +146,11 @@ inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 
 
 }  // namespace simt
 
-// ---- launch and dynamic shared memory (same call syntax as the nvcc definitions)
+// ---- launch and dynamic shared memory (same call syntax as the nvcc definitions; common.cuh's
+// launch() calls launch_on_device)
 template <typename... Params, typename... Args>
-inline void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                   Args&&... args) {
+inline void launch_on_device(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                             Args&&... args) {
   // Arguments are converted to the parameter types once, as cudaLaunchKernel copies them.
   using Tuple = std::tuple<std::decay_t<Params>...>;
   simt::BoundKernel<void (*)(Params...), Tuple> bound{kernel, Tuple(std::forward<Args>(args)...)};

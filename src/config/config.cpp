@@ -107,6 +107,9 @@ const std::vector<Flag>& flag_table() {
        &TrainConfig::eval_losses, {}, {}, "none"},
       {"peak-tflops", "X", "the GPU's dense bf16 peak (TFLOP/s) that MFU is measured against (0 = the table of known "
        "GPUs, matched on the device name)", &TrainConfig::peak_tflops, {0, HUGE_VAL}, {}, "0 (the table)"},
+      {"profile", "N", "train N steps (in place of --max-steps), then print the device work of steps 2..N per kernel "
+       "and cuBLASLt call site (launches, time, bytes, FLOPs) and write it to DIR/profile.json (0 = off)",
+       &TrainConfig::profile, {0, INT_MAX}, {}, "0 (off)"},
       {"plan", "0|1", "print each rank's device memory by term and whether it fits, then exit without training (no "
        "GPU needed; '--plan' alone means 1)", &TrainConfig::plan},
       {"gpu-memory", "GiB", "device memory a rank may use: --plan's budget, and a run stops before allocating if its "

@@ -72,6 +72,7 @@ struct TrainConfig {
   bool eval = false;           // evaluate --eval-data on the model and exit, writing nothing
   std::string eval_losses;     // with --eval: each example's completion losses (JSON lines)
   double peak_tflops = 0.0;    // 0: from the device name (src/run/throughput.h's table)
+  long long profile = 0;  // --profile N: train N steps, then the device work per call site (src/run/profile_report.h)
   // Memory planner (src/run/memory_plan.h)
   bool plan = false;           // print the per-rank device memory plan and exit
   double gpu_memory = 0.0;     // GiB; 0: the device's (free memory before a run, total for --plan)

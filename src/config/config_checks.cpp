@@ -22,6 +22,11 @@ int validate_config(TrainConfig& cfg, int world_size) {
   if (cfg.generate && (cfg.eval || cfg.plan))
     throw std::invalid_argument(std::string("--generate and ") + (cfg.eval ? "--eval" : "--plan") +
                                 " are different runs: give one of them");
+  if (cfg.profile > 0) {
+    if (cfg.was_set("max-steps"))
+      throw std::invalid_argument("--profile N trains N steps: drop --max-steps");
+    cfg.max_steps = cfg.profile;
+  }
   if (!cfg.eval_losses.empty() && !cfg.eval)
     throw std::invalid_argument("--eval-losses is written by --eval runs only (add --eval)");
   const long long micro_tokens = static_cast<long long>(cfg.batch_size) * cfg.seq_len * world_size;

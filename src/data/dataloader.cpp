@@ -147,7 +147,7 @@ DataLoader::~DataLoader() {
   if (open_fd_ >= 0) ::close(open_fd_);
 }
 
-void DataLoader::next_batch(int* inputs, int* targets) {
+void DataLoader::wait_for_batch() {
   if (prefetch_) {
     std::unique_lock<std::mutex> lock(mutex_);
     done_.wait(lock, [this] { return ready_; });
@@ -155,12 +155,32 @@ void DataLoader::next_batch(int* inputs, int* targets) {
   } else {
     read(request_);
   }
-  const size_t n = staging_.size() - 1;
-  for (size_t i = 0; i < n; ++i) {
-    inputs[i] = staging_[i];
-    targets[i] = staging_[i + 1];
-  }
+}
+
+void DataLoader::next_batch(int* inputs, int* targets) {
+  wait_for_batch();
+  std::copy(batch_.inputs.begin(), batch_.inputs.end(), inputs);
+  std::copy(batch_.targets.begin(), batch_.targets.end(), targets);
   advance();
+  request_read();
+}
+
+void DataLoader::next_batch(TokenBatch& batch) {
+  wait_for_batch();
+  std::swap(batch, batch_);
+  advance();
+  request_read();
+}
+
+void DataLoader::set_prepare(std::function<void(TokenBatch&)> prepare) {
+  if (prefetch_) {
+    // The worker reads prepare_ only while busy_, which it sets under the mutex.
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_.wait(lock, [this] { return !busy_; });
+    prepare_ = std::move(prepare);
+  } else {
+    prepare_ = std::move(prepare);
+  }
   request_read();
 }
 
@@ -283,6 +303,16 @@ void DataLoader::read(const ReadRequest& r) {
     ids_checked_[r.file] = true;
   }
   read_tokens(shard, r.offset, staging_.data(), staging_.size());
+  const size_t n = staging_.size() - 1;
+  batch_.inputs.resize(n);
+  batch_.targets.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    batch_.inputs[i] = staging_[i];
+    batch_.targets[i] = staging_[i + 1];
+  }
+  batch_.ids_below = vocab_size_;
+  batch_.num_buckets = 0;
+  if (prepare_) prepare_(batch_);
 }
 
 void DataLoader::read_tokens(const dataloader_detail::ShardInfo& shard, uint64_t offset, uint16_t* out, size_t count) {

@@ -17,8 +17,10 @@
 // unshuffled epoch's data. Permutations are a pure function of (seed, epoch, shard), so a
 // position restores without replaying anything.
 //
-// Prefetch: a background thread reads the next batch while the caller uses the current one.
-// The position is advanced by the caller's thread only, so results never depend on timing.
+// Prefetch: a background thread reads the next batch while the caller uses the current one, and
+// runs the consumer's own preparation of it (set_prepare: the model's encoder buckets), so the
+// trainer's step boundary holds no per-batch host work. The position is advanced by the caller's
+// thread only, and preparation is a function of the tokens alone, so results never depend on timing.
 //
 // Validation: construct a second loader with shuffle = false and call reset() before each
 // evaluation; it then yields the first batches of the validation shards in order.
@@ -37,6 +39,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <new>
 #include <stdexcept>
@@ -95,6 +98,15 @@ class ShardDataError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// One micro-batch as a consumer takes it: B·T input and target ids, the bound they were checked
+// against, and what the consumer's preparation (DataLoader::set_prepare) added on the loader thread.
+struct TokenBatch {
+  std::vector<int> inputs, targets;
+  int ids_below = 0;            // every id is in [0, ids_below) (0: not checked)
+  std::vector<int> buckets;     // prepared encoder-backward buckets (kernels/encoder.cuh's layout)
+  int num_buckets = 0;          // 0: none prepared
+};
+
 class DataLoader {
  public:
   // Reads micro-batches of B×T for `rank` of `world_size`; token ids must be < vocab_size.
@@ -110,6 +122,14 @@ class DataLoader {
   // Throws ShardDataError "PATH: token id ... " when the batch's shard holds an id >= vocab_size
   // anywhere; the position then stays put.
   void next_batch(int* inputs, int* targets);
+  // The same batch as a TokenBatch, swapped out of the loader (no copy): ids checked against
+  // vocab_size (ids_below), prepared by set_prepare's function when one is set.
+  void next_batch(TokenBatch& batch);
+
+  // `prepare` runs on each batch after it is read (on the prefetch thread), before next_batch hands
+  // it out; it must depend on the batch's tokens only. Set once, before the first next_batch that
+  // needs it (the batch already read is read and prepared again).
+  void set_prepare(std::function<void(TokenBatch&)> prepare);
 
   // Back to epoch 0, first shard, first sample.
   void reset();
@@ -145,8 +165,11 @@ class DataLoader {
 
   void prefetch_loop();
 
-  // Reads B*T+1 tokens into staging_, after checking every token id of their shard the first time
-  // it is read from. Runs on one thread at a time.
+  // Waits for the batch at pos_ (reads it without prefetch); rethrows its read's error.
+  void wait_for_batch();
+
+  // Reads B*T+1 tokens into batch_ (via staging_), after checking every token id of their shard the
+  // first time it is read from, then prepares it. Runs on one thread at a time.
   void read(const ReadRequest& r);
 
   // Reads `count` tokens from token position `offset` of the open shard.
@@ -169,6 +192,8 @@ class DataLoader {
 
   // Reader state: touched by whichever thread runs read(), never two at once.
   std::vector<uint16_t> staging_;
+  TokenBatch batch_;
+  std::function<void(TokenBatch&)> prepare_;
   int open_fd_ = -1;
   size_t open_file_ = 0;
   std::vector<bool> ids_checked_;  // per shard: every token id was found < vocab_size

@@ -1,14 +1,18 @@
 // upload_staging.h — the host side of each micro-batch's uploads (input and target tokens, the
-// encoder-backward buckets): the token ids checked against the vocabulary, and page-locked
+// encoder-backward buckets, built here or prepared on the loader thread): the token ids checked
+// against the vocabulary, and page-locked
 // buffers, two sets used in turn, so the copies are truly asynchronous (a copy from pageable
 // memory may wait for the stream's earlier work) and the host can prepare the next micro-batch
 // while the device still reads the previous one.
 #pragma once
 #include "kernels/common.cuh"
+#include "kernels/encoder.cuh"
 #include "src/base/device.h"
+#include "src/data/dataloader.h"
 
 #include <algorithm>
 #include <cstddef>
+#include <functional>
 #include <stdexcept>
 #include <string>
 
@@ -23,6 +27,15 @@ inline void check_token_ids(const int* tokens, int B, int seq_len, int vocab_siz
                                ": expected an id in [0, " + std::to_string(vocab_size) +
                                ") (the model's vocabulary); data and model disagree on the vocabulary");
   }
+}
+
+// The host work a B×T micro-batch needs before its upload, for DataLoader::set_prepare (on the
+// loader thread, a step ahead): the encoder-backward buckets of its inputs. Shapes captured by value.
+inline std::function<void(TokenBatch&)> encoder_buckets_preparer(int B, int seq_len, int vocab_size) {
+  return [B, seq_len, vocab_size](TokenBatch& batch) {
+    batch.buckets.resize(encoder_backward_scratch_bytes(B, seq_len) / sizeof(int));
+    batch.num_buckets = encoder_backward_build_buckets(batch.buckets.data(), batch.inputs.data(), B, seq_len, vocab_size);
+  };
 }
 
 class UploadStaging {
@@ -63,6 +76,33 @@ class UploadStaging {
     if (src != nullptr) std::copy(src, src + n, staged);
     cuda_check(cudaMemcpyAsync(dst, staged, n * sizeof(int), cudaMemcpyHostToDevice, stream), what);
   }
+  // One B×T micro-batch: its ids checked (unless `prepared`, the loader's batch they come from,
+  // was checked against a vocabulary no larger than vocab_size), then its uploads queued from the
+  // next set: inputs, targets (nullptr: none) and, with device_buckets, the encoder-backward
+  // buckets (prepared's when it has them, else built here). Returns the bucket count (0: none).
+  int upload_micro_batch(const int* inputs, const int* targets, const TokenBatch* prepared, int B, int seq_len,
+                         int vocab_size, int* device_inputs, int* device_targets, int* device_buckets,
+                         cudaStream_t stream) {
+    if (prepared == nullptr || prepared->ids_below <= 0 || prepared->ids_below > vocab_size) {
+      check_token_ids(inputs, B, seq_len, vocab_size, "input");
+      if (targets != nullptr) check_token_ids(targets, B, seq_len, vocab_size, "target");
+    }
+    const Slot slot = next();
+    const size_t n = static_cast<size_t>(B) * seq_len;
+    upload(device_inputs, slot.inputs, inputs, n, stream, "uploading input tokens");
+    if (targets != nullptr) upload(device_targets, slot.targets, targets, n, stream, "uploading target tokens");
+    int buckets = 0;
+    if (device_buckets != nullptr) {
+      const bool built = prepared != nullptr && prepared->num_buckets > 0 && prepared->buckets.size() == buckets_;
+      buckets = built ? prepared->num_buckets
+                      : encoder_backward_build_buckets(slot.buckets, inputs, B, seq_len, vocab_size);
+      upload(device_buckets, slot.buckets, built ? prepared->buckets.data() : nullptr, buckets_, stream,
+             "uploading encoder-gradient buckets");
+    }
+    queued(stream);
+    return buckets;
+  }
+
   // After the copies from next()'s set were queued on `stream`.
   void queued(cudaStream_t stream) {
     cuda_check(cudaEventRecord(copied_[current_], stream), "recording an upload event");

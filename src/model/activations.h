@@ -85,11 +85,19 @@ inline bool block_keeps(BlockTensor tensor, int recompute) {
   return true;
 }
 
-// The lm head and the classifier run over chunks of at most this many rows of the micro-batch,
-// so the logits (Vp wide: the largest activation per row) need a (chunk, Vp) buffer, not (N, Vp).
-constexpr size_t kLogitsChunkRows = 1024;
+// The lm head and the classifier run over chunks of rows of the micro-batch, so the logits (Vp
+// wide: the largest activation per row) need a (chunk, Vp) buffer, not (N, Vp). Every chunk's
+// forward product re-reads wte and its weight-gradient product reads and writes the fp32 wte
+// gradient, so larger chunks move less: at kLogitsChunkRows (the default; 8 chunks of a d12
+// micro-batch at B = 64) those re-reads are a few per cent of the head's time, and more rows would
+// only take memory from the batch. The memory plan picks fewer (lm_head_chunk_rows, at least
+// kLogitsChunkRowsMin) where that many do not fit.
+constexpr size_t kLogitsChunkRows = 8192;
+constexpr size_t kLogitsChunkRowsMin = 1024;
 
-inline ActivationCounts gpt2_activation_counts(const GPT2Config& cfg, int B, int seq_len, int recompute) {
+// logits_rows: the lm head's chunk rows (the logits buffer holds min(B·seq_len, logits_rows) rows).
+inline ActivationCounts gpt2_activation_counts(const GPT2Config& cfg, int B, int seq_len, int recompute,
+                                               size_t logits_rows = kLogitsChunkRows) {
   gpt2_check_recompute(recompute);
   const size_t L = cfg.num_layers, C = cfg.channels, N = static_cast<size_t>(B) * seq_len;
   auto slices = [&](BlockTensor t) { return block_keeps(t, recompute) ? L : 1; };
@@ -102,7 +110,7 @@ inline ActivationCounts gpt2_activation_counts(const GPT2Config& cfg, int B, int
   n.fch = slices(BlockTensor::other) * N * 4 * C;
   n.fch_gelu = slices(BlockTensor::fch_gelu) * N * 4 * C;
   n.lnf = n.branch = n.dresidual = N * C;
-  n.logits = std::min(N, kLogitsChunkRows) * cfg.padded_vocab_size;
+  n.logits = std::min(N, logits_rows) * cfg.padded_vocab_size;
   n.dwide = N * 4 * C;
   n.ln_stat = slices(BlockTensor::other) * N;
   n.lse = slices(BlockTensor::other) * N * cfg.num_heads;
@@ -121,15 +129,16 @@ inline ActivationCounts gpt2_activation_counts(const GPT2Config& cfg, int B, int
 //   blocks: the transformer blocks' activations: the residual stream and what the blocks keep for
 //           the backward pass, including the one-layer slices the recomputation refills. This is
 //           what --recompute shrinks.
-//   other:  final LayerNorm, logits (min(N, kLogitsChunkRows)·Vp), losses, activation-gradient
+//   other:  final LayerNorm, logits (min(N, logits_rows)·Vp), losses, activation-gradient
 //           buffers, scratch, tokens. The same at every setting.
 struct ActivationBytes {
   size_t blocks = 0, other = 0;
   size_t total() const { return blocks + other; }
 };
 
-inline ActivationBytes gpt2_activation_bytes(const GPT2Config& cfg, int B, int seq_len, int recompute, DType dtype) {
-  const ActivationCounts n = gpt2_activation_counts(cfg, B, seq_len, recompute);
+inline ActivationBytes gpt2_activation_bytes(const GPT2Config& cfg, int B, int seq_len, int recompute, DType dtype,
+                                             size_t logits_rows = kLogitsChunkRows) {
+  const ActivationCounts n = gpt2_activation_counts(cfg, B, seq_len, recompute, logits_rows);
   const size_t t = dtype == DType::fp32 ? sizeof(float) : sizeof(bf16), f = sizeof(float);
   ActivationBytes bytes;
   bytes.blocks = t * (n.encoded + n.residual3 + n.ln1 + n.atty + n.residual2 + n.ln2 + n.qkv + n.fch + n.fch_gelu) +

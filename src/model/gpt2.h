@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <optional>
@@ -46,9 +47,11 @@ class GPT2 {
   // micro-batch (the sequence length is fixed for the model's lifetime) at activation
   // recomputation setting `recompute` (0..3, see kRecomputeMax). Parameters, gradients and
   // optimizer state start at zero: call init_random() or load(). With a communicator of several
-  // ranks, gradients are synchronized at `zero_stage` in buckets of ~bucket_mib (grad_sync.h).
+  // ranks, gradients are synchronized at `zero_stage` in buckets of ~bucket_mib (grad_sync.h). The
+  // lm head runs in chunks of logits_rows rows (the memory plan's lm_head_chunk_rows).
   GPT2(const GPT2Config& cfg, int B, int seq_len, int recompute = kRecomputeDefault, Communicator* comm = nullptr,
-       int zero_stage = 0, const std::string& attention = "auto", double bucket_mib = kDefaultBucketMiB)
+       int zero_stage = 0, const std::string& attention = "auto", double bucket_mib = kDefaultBucketMiB,
+       size_t logits_rows = kLogitsChunkRows)
       : cfg_(gpt2_check_micro_batch(cfg, B, seq_len, recompute)),
         layout_(cfg),
         B_(B),
@@ -66,9 +69,12 @@ class GPT2 {
     wte_grad_fp32_ = DeviceArray<float>(layout_[kWte].count, "the lm head's fp32 wte gradient");
     cuda_check(cudaMemset(params_.get(), 0, params_.bytes()), "zeroing parameters");
     if (master_.get() != nullptr) cuda_check(cudaMemset(master_.get(), 0, master_.bytes()), "zeroing master weights");
+    adamw_.emplace(layout_, grads_.segments(), [this](const OptimizerSegment& s) { return grads_.gradient_offset(s); },
+                   params_.get(), master_.get(), grads_.owned_gradients(), adam_m_.get(), adam_v_.get());
     reset_training_state();
-    const ActivationCounts counts = gpt2_activation_counts(cfg_, B_, seq_len_, recompute_);
+    const ActivationCounts counts = gpt2_activation_counts(cfg_, B_, seq_len_, recompute_, logits_rows);
     acts_ = Activations<Elem>(counts);
+    logits_chunk_rows_ = static_cast<int>(counts.logits / cfg_.padded_vocab_size);
     staging_.emplace(counts.tokens, counts.buckets);
   }
   GPT2(const GPT2&) = delete;
@@ -142,19 +148,21 @@ class GPT2 {
   // (onto their owners at ZeRO stage 1), overlapped with its backward pass; earlier micro-steps
   // only accumulate locally (grad_sync.h).
   void forward_backward(const int* inputs, const int* targets, int grad_accum_steps, bool last_micro_step = true) {
-    if (grad_accum_steps < 1)
-      throw std::runtime_error("gradient accumulation: expected at least 1 micro-step, found " +
-                               std::to_string(grad_accum_steps));
     if (targets == nullptr) throw std::runtime_error("forward_backward: targets are required");
-    upload_tokens(inputs, targets, true);
-    run_forward();
-    const float dloss = 1.0f / (static_cast<float>(rows()) * static_cast<float>(grad_accum_steps) * grads_.ranks_summed());
-    grads_.begin_micro_step(last_micro_step);
-    run_head(true, dloss, true);
-    classifier_loss_sum(step_scalars_.get(), acts_.losses.get(), rows(), stream_.get());
-    ++micro_steps_;
-    run_backward();
-    grads_.end_micro_step();
+    micro_step(inputs, targets, nullptr, grad_accum_steps, last_micro_step);
+  }
+  // The same from a loader's batch: ids checked against this model's vocabulary and encoder
+  // buckets built by batch_preparer() on the loader thread are not checked or built again.
+  void forward_backward(const TokenBatch& batch, int grad_accum_steps, bool last_micro_step = true) {
+    if (batch.inputs.size() != static_cast<size_t>(rows()) || batch.targets.size() != static_cast<size_t>(rows()))
+      throw std::runtime_error("forward_backward: a batch of " + std::to_string(batch.inputs.size()) + " tokens, expected B*T = " +
+                               std::to_string(rows()));
+    micro_step(batch.inputs.data(), batch.targets.data(), &batch, grad_accum_steps, last_micro_step);
+  }
+
+  // The host work a micro-batch needs before its upload, for DataLoader::set_prepare.
+  std::function<void(TokenBatch&)> batch_preparer() const {
+    return encoder_buckets_preparer(B_, seq_len_, cfg_.vocab_size);
   }
 
   // Starts an optimizer step: gradients and the step's loss sum to zero.
@@ -197,9 +205,7 @@ class GPT2 {
   // gradient communication; with sharded optimizer state each rank updates its shard, then the
   // parameters are all-gathered.
   void apply_update(const OptimizerSettings& opt, float lr, int step, float norm) {
-    adamw_step(opt, lr, step, norm, layout_, grads_.segments(), params_.get(), master_.get(), grads_.owned_gradients(),
-               [this](const OptimizerSegment& s) { return grads_.gradient_offset(s); }, adam_m_.get(), adam_v_.get(),
-               stream_.get());
+    adamw_->step(opt, lr, step, norm, stream_.get());
     grads_.gather_parameters(params_.get());
   }
 
@@ -244,14 +250,18 @@ class GPT2 {
   // Device memory of the activations: gpt2_activation_bytes(...).total(). (All of it: memory_plan.h.)
   size_t activation_bytes() const { return acts_.bytes(); }
 
-  // Rows per lm-head chunk (run_head): kLogitsChunkRows, the logits buffer's height, or fewer:
-  // more chunks, the same results (tested).
+  // Rows per lm-head chunk (run_head): the logits buffer's height (min(B·T, the constructor's
+  // logits_rows)), or fewer: more chunks, the same results (tested).
   void set_logits_chunk_rows(int rows) {
-    if (rows < 1 || static_cast<size_t>(rows) > kLogitsChunkRows)
+    const size_t capacity = acts_.logits.count() / cfg_.padded_vocab_size;
+    if (rows < 1 || static_cast<size_t>(rows) > capacity)
       throw std::runtime_error("set_logits_chunk_rows: " + std::to_string(rows) + " rows, expected 1.." +
-                               std::to_string(kLogitsChunkRows));
+                               std::to_string(capacity));
     logits_chunk_rows_ = rows;
   }
+  int logits_chunk_rows() const { return logits_chunk_rows_; }
+  // The lm head's chunks per micro-step: its products and classifier launches each run this often.
+  int lm_head_chunks() const { return ceil_div(rows(), logits_chunk_rows_); }
 
  private:
   int rows() const { return B_ * seq_len_; }
@@ -275,22 +285,31 @@ class GPT2 {
                    (std::string("uploading master weights of ") + t.name).c_str());
   }
 
+  // One micro-step of forward_backward; `prepared`: the loader's batch the tokens come from, or nullptr.
+  void micro_step(const int* inputs, const int* targets, const TokenBatch* prepared, int grad_accum_steps,
+                  bool last_micro_step) {
+    if (grad_accum_steps < 1)
+      throw std::runtime_error("gradient accumulation: expected at least 1 micro-step, found " +
+                               std::to_string(grad_accum_steps));
+    upload_tokens(inputs, targets, true, prepared);
+    run_forward();
+    const float dloss = 1.0f / (static_cast<float>(rows()) * static_cast<float>(grad_accum_steps) * grads_.ranks_summed());
+    grads_.begin_micro_step(last_micro_step);
+    run_head(true, dloss, true);
+    classifier_loss_sum(step_scalars_.get(), acts_.losses.get(), rows(), stream_.get());
+    ++micro_steps_;
+    run_backward();
+    grads_.end_micro_step();
+  }
+
   // Checks the micro-batch's tokens and queues their upload (with `buckets`, also the encoder-
-  // backward buckets built from them) from page-locked staging: the host does not wait.
-  void upload_tokens(const int* inputs, const int* targets, bool buckets) {
-    check_token_ids(inputs, B_, seq_len_, cfg_.vocab_size, "input");
-    if (targets != nullptr) check_token_ids(targets, B_, seq_len_, cfg_.vocab_size, "target");
-    const UploadStaging::Slot slot = staging_->next();
-    cudaStream_t s = stream_.get();
-    staging_->upload(acts_.inputs.get(), slot.inputs, inputs, rows(), s, "uploading input tokens");
-    if (targets != nullptr)
-      staging_->upload(acts_.targets.get(), slot.targets, targets, rows(), s, "uploading target tokens");
-    if (buckets) {
-      num_buckets_ = encoder_backward_build_buckets(slot.buckets, inputs, B_, seq_len_, cfg_.vocab_size);
-      staging_->upload(acts_.buckets.get(), slot.buckets, nullptr, acts_.buckets.count(), s,
-                       "uploading encoder-gradient buckets");
-    }
-    staging_->queued(s);
+  // backward buckets) from page-locked staging: the host does not wait. What the loader thread did
+  // already (`prepared`) is not done again (upload_staging.h).
+  void upload_tokens(const int* inputs, const int* targets, bool buckets, const TokenBatch* prepared = nullptr) {
+    const int n = staging_->upload_micro_batch(inputs, targets, prepared, B_, seq_len_, cfg_.vocab_size,
+                                               acts_.inputs.get(), acts_.targets.get(),
+                                               buckets ? acts_.buckets.get() : nullptr, stream_.get());
+    if (buckets) num_buckets_ = n;
   }
 
   // The squared global norm of the accumulated gradients into acts_.norm_squared, on the device,
@@ -465,7 +484,8 @@ class GPT2 {
   GradientSync<Elem> grads_;
   DeviceArray<Elem> params_;
   DeviceArray<float> adam_m_, adam_v_, master_, wte_grad_fp32_;  // wte's: the lm head's share, (Vp, C)
-  int logits_chunk_rows_ = static_cast<int>(kLogitsChunkRows);
+  std::optional<AdamWUpdate<Elem>> adamw_;  // emplaced once the buffers it updates exist
+  int logits_chunk_rows_ = 0;  // set once the logits buffer is allocated
   Activations<Elem> acts_;
   std::optional<UploadStaging> staging_;  // emplaced once the activation counts are known
   int num_buckets_ = 0;

@@ -4,6 +4,7 @@
 #include "kernels/adamw.cuh"
 #include "src/config/gpt2_config.h"
 #include "src/dist/grad_buckets.h"
+#include "src/base/device.h"
 #include "src/base/rng.h"
 
 #include <algorithm>
@@ -17,26 +18,65 @@ struct OptimizerSettings {
   uint64_t seed = 0;  // stochastic rounding of bf16 parameters
 };
 
-// One AdamW step (step is 1-based) of the parameters of `segments` (grad_buckets.h) in `params`
-// (llm.c order), from their gradients (at grads + gradient_offset(segment)) and this rank's
-// optimizer state (adam_m, adam_v, and for bf16 the fp32 master weights, at segment.state; nullptr
-// for fp32 parameters, which are updated themselves). When grad_clip > 0 and grad_norm exceeds
-// it, the gradients enter scaled by grad_clip / grad_norm. Weight decay applies to the 2-D weights
-// only (ParameterInfo::decayed); bf16 parameters are stored stochastically rounded with the seed
-// adamw_rounding_seed(opt.seed, step, tensor) and the element's index within its tensor, so a
-// sharded update gives the bits of an unsharded one.
-template <typename Elem, typename GradientOffset>
-void adamw_step(const OptimizerSettings& opt, float lr, int step, float grad_norm, const ParameterLayout& layout,
-                const std::vector<OptimizerSegment>& segments, Elem* params, float* master, const Elem* grads,
-                GradientOffset gradient_offset, float* adam_m, float* adam_v, cudaStream_t stream) {
-  if (step < 1) throw std::runtime_error("optimizer step: expected step >= 1, found " + std::to_string(step));
-  const float grad_scale =
-      (opt.grad_clip > 0.0f && grad_norm > opt.grad_clip) ? opt.grad_clip / grad_norm : 1.0f;
-  for (const OptimizerSegment& s : segments) {
-    const ParameterInfo& t = layout[s.tensor];
-    adamw_update(params + s.param, master != nullptr ? master + s.state : nullptr, grads + gradient_offset(s),
-                 adam_m + s.state, adam_v + s.state, s.count, lr, opt.beta1, opt.beta2, opt.eps,
-                 t.decayed ? opt.weight_decay : 0.0f, grad_scale, step, adamw_rounding_seed(opt.seed, step, s.tensor),
-                 s.param - t.offset, stream);
+// The AdamW update of the parameters one rank owns: its `segments` (grad_buckets.h) of `params`
+// (llm.c order) as one table (kernels/adamw.cuh), built and uploaded once for the model's
+// buffers, so each optimizer step is one launch. Gradients are at grads + gradient_offset(segment),
+// this rank's optimizer state (m, v, and for bf16 the fp32 master weights; nullptr for fp32
+// parameters, which are updated themselves) at segment.state.
+template <typename Elem>
+class AdamWUpdate {
+  static_assert(kNumParameterTensors <= kAdamWMaxTensors, "AdamWSeeds holds one seed per parameter tensor");
+
+ public:
+  // Device bytes of the table of `segments` rows (memory_plan.h).
+  static size_t table_bytes(size_t segments) { return segments * sizeof(AdamWSegment); }
+
+  template <typename GradientOffset>
+  AdamWUpdate(const ParameterLayout& layout, const std::vector<OptimizerSegment>& segments,
+              GradientOffset gradient_offset, Elem* params, float* master, const Elem* grads, float* adam_m,
+              float* adam_v)
+      : params_(params), master_(master), grads_(grads), m_(adam_m), v_(adam_v) {
+    std::vector<AdamWSegment> table;
+    for (const OptimizerSegment& s : segments) {
+      const ParameterInfo& t = layout[s.tensor];
+      AdamWSegment row{};
+      row.param = s.param;
+      row.grad = gradient_offset(s);
+      row.state = s.state;
+      row.count = s.count;
+      row.index = s.param - t.offset;
+      row.tensor = s.tensor;
+      row.decayed = t.decayed ? 1 : 0;
+      table.push_back(row);
+    }
+    plan_ = adamw_plan_segments(table, params, master, grads, adam_m, adam_v);
+    table_ = DeviceArray<AdamWSegment>(table.size(), "the AdamW segment table");
+    if (!table.empty())
+      cuda_check(cudaMemcpy(table_.get(), table.data(), table_.bytes(), cudaMemcpyHostToDevice),
+                 "uploading the AdamW segment table");
   }
-}
+
+  // One AdamW step (step is 1-based). When grad_clip > 0 and grad_norm exceeds it, the gradients
+  // enter scaled by grad_clip / grad_norm. Weight decay applies to the 2-D weights only
+  // (ParameterInfo::decayed); bf16 parameters are stored stochastically rounded with the seed
+  // adamw_rounding_seed(opt.seed, step, tensor) and the element's index within its tensor, so a
+  // sharded update gives the bits of an unsharded one.
+  void step(const OptimizerSettings& opt, float lr, int step, float grad_norm, cudaStream_t stream) const {
+    if (step < 1) throw std::runtime_error("optimizer step: expected step >= 1, found " + std::to_string(step));
+    const float grad_scale =
+        (opt.grad_clip > 0.0f && grad_norm > opt.grad_clip) ? opt.grad_clip / grad_norm : 1.0f;
+    const AdamWHyper h = adamw_hyper(lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay, grad_scale, step);
+    AdamWSeeds seeds{};
+    for (int t = 0; t < kNumParameterTensors; ++t) seeds.of_tensor[t] = adamw_rounding_seed(opt.seed, step, t);
+    adamw_launch(table_.get(), static_cast<int>(table_.count()), plan_, params_, master_, grads_, m_, v_, h, seeds,
+                 stream);
+  }
+
+ private:
+  Elem* params_;
+  float* master_;
+  const Elem* grads_;
+  float *m_, *v_;
+  AdamWPlan plan_;
+  DeviceArray<AdamWSegment> table_;
+};

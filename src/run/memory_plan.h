@@ -6,11 +6,13 @@
 #pragma once
 #include "kernels/matmul.cuh"
 #include "src/model/activations.h"
+#include "src/model/optimizer.h"
 #include "src/gen/generate.h"
 #include "src/config/gpt2_config.h"
 #include "src/base/units.h"
 #include "src/dist/grad_sync.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -39,16 +41,17 @@ inline size_t term_bytes(const MemoryPlan& plan, const std::string& name) {
 // One rank's device allocations (rank 0's: no other rank holds more) for a model of `cfg` trained
 // with micro-batch B×T at `recompute`, `dtype`, ZeRO stage `zero_stage` over `world_size` ranks,
 // gradients in buckets of ~bucket_mib; sample_positions > 0: rank 0's --sample-every decoder of
-// that many positions.
+// that many positions; the lm head in chunks of logits_rows rows.
 inline MemoryPlan plan_memory(const GPT2Config& cfg, int B, int T, int recompute, DType dtype, int zero_stage,
-                              int world_size, double bucket_mib = kDefaultBucketMiB, int sample_positions = 0) {
+                              int world_size, double bucket_mib = kDefaultBucketMiB, int sample_positions = 0,
+                              size_t logits_rows = kLogitsChunkRows) {
   const ParameterLayout layout(cfg);
   const size_t elem = dtype == DType::fp32 ? sizeof(float) : sizeof(bf16);
   const GradientBuckets buckets =
       gradient_buckets(layout, world_size, zero_stage, layers_per_bucket(layout, bucket_mib, elem));
   const size_t state = buckets.state_count(0);
-  const ActivationCounts counts = gpt2_activation_counts(cfg, B, T, recompute);
-  const ActivationBytes activations = gpt2_activation_bytes(cfg, B, T, recompute, dtype);
+  const ActivationCounts counts = gpt2_activation_counts(cfg, B, T, recompute, logits_rows);
+  const ActivationBytes activations = gpt2_activation_bytes(cfg, B, T, recompute, dtype, logits_rows);
   const size_t logits = elem * counts.logits;
   MemoryPlan plan;
   plan.terms = {
@@ -57,6 +60,7 @@ inline MemoryPlan plan_memory(const GPT2Config& cfg, int B, int T, int recompute
       {"lm head wte gradient (fp32)", sizeof(float) * layout[kWte].count},
       {"master weights (fp32)", dtype == DType::bf16 ? sizeof(float) * state : 0},
       {"AdamW moments (fp32)", 2 * sizeof(float) * state},
+      {"AdamW segment table", AdamWUpdate<bf16>::table_bytes(buckets.segments(0).size())},
       {"activations: blocks", activations.blocks},
       {"activations: logits chunk", logits},
       {"activations: other buffers", activations.other - logits},
@@ -65,6 +69,21 @@ inline MemoryPlan plan_memory(const GPT2Config& cfg, int B, int T, int recompute
       {"text sampling (--sample-every)", sample_positions > 0 ? kv_decoder_counts(cfg, sample_positions).bytes(elem) : 0},
   };
   return plan;
+}
+
+// The lm head's chunk rows for a run: min(B·T, kLogitsChunkRows), halved while the plan exceeds
+// `budget` (0: no limit), down to kLogitsChunkRowsMin (or B·T when smaller). The budget is a
+// property of the device, not of the moment (the caller passes its total memory, not the free),
+// so a run's chunking, and with it the rounding of its fp32 wte gradient, is reproducible.
+inline size_t lm_head_chunk_rows(const GPT2Config& cfg, int B, int T, int recompute, DType dtype, int zero_stage,
+                                 int world_size, double bucket_mib, int sample_positions, size_t budget) {
+  const size_t N = static_cast<size_t>(B) * T;
+  size_t rows = std::min(N, kLogitsChunkRows);
+  while (budget > 0 && rows > kLogitsChunkRowsMin &&
+         plan_memory(cfg, B, T, recompute, dtype, zero_stage, world_size, bucket_mib, sample_positions, rows).total() >
+             budget)
+    rows = std::max(rows / 2, kLogitsChunkRowsMin);
+  return rows;
 }
 
 // The largest micro-batch size (≤ limit) whose plan fits in `budget` bytes; 0 if not even B = 1.

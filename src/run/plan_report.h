@@ -22,10 +22,28 @@ inline int sampling_positions(const TrainConfig& cfg, const GPT2Config& model, c
   return sampler != nullptr ? sampler->cache_positions() : model.max_seq_len;
 }
 
+// The budget the lm head's chunk is chosen against: --gpu-memory, else the device's total memory
+// (0 without a device: the largest chunk).
+inline size_t chunk_budget(const TrainConfig& cfg) {
+  size_t budget = static_cast<size_t>(cfg.gpu_memory * kBytesPerGiB);
+  int devices = 0;
+  if (budget == 0 && cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0)
+    budget = device_properties().totalGlobalMem;
+  return budget;
+}
+
+// A run's lm-head chunk rows (memory_plan.h's lm_head_chunk_rows against chunk_budget).
+inline size_t run_logits_rows(const TrainConfig& cfg, const GPT2Config& model, int batch_size, int recompute,
+                              int world, int sample_positions) {
+  return lm_head_chunk_rows(model, batch_size, cfg.seq_len, recompute, dtype_named(cfg.dtype), cfg.zero, world,
+                            cfg.bucket_mib, sample_positions, chunk_budget(cfg));
+}
+
 inline MemoryPlan run_memory_plan(const TrainConfig& cfg, const GPT2Config& model, int batch_size, int recompute,
                                   int world, int sample_positions) {
   return plan_memory(model, batch_size, cfg.seq_len, recompute, dtype_named(cfg.dtype), cfg.zero, world,
-                     cfg.bucket_mib, sample_positions);
+                     cfg.bucket_mib, sample_positions,
+                     run_logits_rows(cfg, model, batch_size, recompute, world, sample_positions));
 }
 
 // "largest --batch-size that fits: --recompute 0: 3, 1: 5, 2: 6, 3: 9" (0: not even 1).
@@ -51,10 +69,7 @@ inline int print_memory_plan(TrainConfig cfg) {
   const GPT2Config model = resolve_model(cfg, std::nullopt, &source);
   validate_against_model(cfg, model.max_seq_len, source);
   gpt2_check_micro_batch(model, cfg.batch_size, cfg.seq_len, cfg.recompute);
-  size_t budget = static_cast<size_t>(cfg.gpu_memory * kBytesPerGiB);
-  int devices = 0;
-  if (budget == 0 && cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0)
-    budget = device_properties().totalGlobalMem;
+  const size_t budget = chunk_budget(cfg);
   const int sampling = sampling_positions(cfg, model, nullptr);
   const MemoryPlan plan = run_memory_plan(cfg, model, cfg.batch_size, cfg.recompute, world, sampling);
   std::printf("memory plan per rank: %s (%s parameters) from %s, --batch-size %d --seq-len %d, %s, --recompute %d, "

@@ -30,22 +30,23 @@ struct PeakEntry {
   const char* gpu;
   std::vector<std::string> words, not_words;
   double tflops;  // dense bf16 tensor-core TFLOP/s with fp32 accumulation, without sparsity
+  double memory_gbs;  // device memory bandwidth, GB/s (--profile's bandwidth peak)
 };
 
 // Datasheet figures; the first matching row wins, so the more specific rows come first.
 inline const std::vector<PeakEntry>& peak_table() {
   static const std::vector<PeakEntry> table = {
-      {"H100 NVL", {"H100", "NVL"}, {}, 835.5},
-      {"H100 PCIe", {"H100", "PCIE"}, {}, 756.5},
-      {"H100 SXM", {"H100"}, {}, 989.5},
-      {"H200 NVL", {"H200", "NVL"}, {}, 835.5},
-      {"H200", {"H200"}, {}, 989.5},
-      {"A100", {"A100"}, {}, 312.0},
-      {"A10", {"A10"}, {}, 125.0},
-      {"L40S", {"L40S"}, {}, 362.05},
-      {"L4", {"L4"}, {}, 121.0},
-      {"RTX 4090", {"RTX", "4090"}, {"D"}, 165.2},
-      {"B200", {"B200"}, {}, 2250.0},
+      {"H100 NVL", {"H100", "NVL"}, {}, 835.5, 3900},
+      {"H100 PCIe", {"H100", "PCIE"}, {}, 756.5, 2000},
+      {"H100 SXM", {"H100"}, {}, 989.5, 3350},
+      {"H200 NVL", {"H200", "NVL"}, {}, 835.5, 4800},
+      {"H200", {"H200"}, {}, 989.5, 4800},
+      {"A100", {"A100"}, {}, 312.0, 2039},
+      {"A10", {"A10"}, {}, 125.0, 600},
+      {"L40S", {"L40S"}, {}, 362.05, 864},
+      {"L4", {"L4"}, {}, 121.0, 300},
+      {"RTX 4090", {"RTX", "4090"}, {"D"}, 165.2, 1008},
+      {"B200", {"B200"}, {}, 2250.0, 8000},
   };
   return table;
 }
@@ -68,12 +69,13 @@ inline std::vector<std::string> device_name_words(const std::string& name) {
 struct Peak {
   std::string gpu;  // the table's name, or "--peak-tflops"
   double tflops = 0;
+  double memory_gbs = 0;  // 0: not known (--peak-tflops)
 };
 
 // The peak of the GPU named `device_name` (cudaDeviceProp::name); `override_tflops` > 0
 // (--peak-tflops) takes precedence. Nothing for a device the table does not know.
 inline std::optional<Peak> device_peak(const std::string& device_name, double override_tflops = 0) {
-  if (override_tflops > 0) return Peak{"--peak-tflops", override_tflops};
+  if (override_tflops > 0) return Peak{"--peak-tflops", override_tflops, 0};
   const std::vector<std::string> words = device_name_words(device_name);
   const auto has = [&](const std::string& w) {
     for (const std::string& x : words)
@@ -84,7 +86,7 @@ inline std::optional<Peak> device_peak(const std::string& device_name, double ov
     bool match = true;
     for (const std::string& w : e.words) match = match && has(w);
     for (const std::string& w : e.not_words) match = match && !has(w);
-    if (match) return Peak{e.gpu, e.tflops};
+    if (match) return Peak{e.gpu, e.tflops, e.memory_gbs};
   }
   return std::nullopt;
 }

@@ -14,6 +14,8 @@
 #include "src/run/eval_report.h"
 #include "src/run/metrics.h"
 #include "src/run/out_dir.h"
+#include "src/run/plan_report.h"
+#include "src/run/profile_report.h"
 #include "src/run/run_setup.h"
 #include "src/run/startup_report.h"
 #include "src/run/stop_signals.h"
@@ -35,14 +37,18 @@
 template <typename Elem>
 GPT2<Elem> allocate_model(const RunSetup& setup, Communicator& comm) {
   const TrainConfig& cfg = setup.cfg;
+  const size_t logits_rows = run_logits_rows(cfg, setup.model, cfg.batch_size, cfg.recompute, comm.world_size(),
+                                             sampling_positions(cfg, setup.model, setup.sampler.get()));
   return with_context(model_sizing(setup), [&] {
     try {
       return GPT2<Elem>(setup.model, cfg.batch_size, cfg.seq_len, cfg.recompute, &comm, cfg.zero, cfg.attention,
-                        cfg.bucket_mib);
+                        cfg.bucket_mib, logits_rows);
     } catch (const std::bad_alloc&) {
       throw std::runtime_error(
           "out of host memory allocating the model (its activations alone take " +
-          thousands(gpt2_activation_bytes(setup.model, cfg.batch_size, cfg.seq_len, cfg.recompute, GPT2<Elem>::dtype).total()) +
+          thousands(gpt2_activation_bytes(setup.model, cfg.batch_size, cfg.seq_len, cfg.recompute, GPT2<Elem>::dtype,
+                                          logits_rows)
+                        .total()) +
           " bytes)");
     }
   });
@@ -68,6 +74,8 @@ class Trainer {
         model_path_(cfg_.out_dir + "/model.bin"),
         save_dtype_(cfg_.save_dtype.empty() ? GPT2<Elem>::dtype
                                             : dtype_named(cfg_.save_dtype)) {
+    // The next batch's host work (id checks, encoder buckets) on the loader thread, ahead of its step.
+    if (data_.train) data_.train->set_prepare(model_.batch_preparer());
     initialize_model();
     last_checkpoint_step_ = state_.step;
     if (setup_.resume_from) last_checkpoint_dir_ = setup_.resume_from->path;
@@ -100,13 +108,22 @@ class Trainer {
       }
     }
     install_stop_handlers();
-    for (long long step = state_.step + 1; step <= cfg_.max_steps; ++step) {
+    const long long first_step = state_.step + 1;
+    for (long long step = first_step; step <= cfg_.max_steps; ++step) {
       maybe_hang_for_test(comm_.rank(), step);
+      // --profile: every step but the first, which makes the cuBLASLt plans (unless it is the only one).
+      const bool profiled = cfg_.profile > 0 && (step > first_step || step == cfg_.max_steps);
+      if (profiled) DeviceProfiler::get().start();
       StepRecord record;
       try {
         record = train_step(step);
       } catch (const ShardDataError& e) {
         stop_on_bad_shard("--train-data", e);
+      }
+      if (profiled) {
+        DeviceProfiler::get().stop();
+        profiled_ms_ += record.ms;
+        ++profiled_steps_;
       }
       log_step(record);
       maybe_die_for_test(comm_.rank(), step);
@@ -133,7 +150,23 @@ class Trainer {
     }
     print_skipped_updates();
     print_throughput();
+    if (cfg_.profile > 0) report_profile();
     finish();
+  }
+
+  // --profile: rank 0's record of the profiled steps, printed and written to DIR/profile.json.
+  void report_profile() const {
+    if (!lead_ || profiled_steps_ == 0) return;
+    ProfilePlan plan;
+    plan.grad_accum_steps = setup_.grad_accum_steps;
+    plan.lm_head_chunks = model_.lm_head_chunks();
+    plan.lm_head_chunk_rows = model_.logits_chunk_rows();
+    const nlohmann::json p = profile_json(DeviceProfiler::get().sites(), profiled_steps_,
+                                          profiled_ms_ / static_cast<double>(profiled_steps_), plan,
+                                          device_properties().name, peak_);
+    print_profile(p);
+    write_profile(cfg_.out_dir + "/profile.json", p);
+    std::printf("profile written to %s/profile.json\n", cfg_.out_dir.c_str());
   }
 
   // --max-steps 0: the model as given (--init-from, --resume's checkpoint or the random init),
@@ -216,8 +249,8 @@ class Trainer {
     comm_.set_purpose("gradients", at_step);
     model_.zero_grad();
     for (int micro = 0; micro < setup_.grad_accum_steps; ++micro) {
-      data_.train->next_batch(inputs_.data(), targets_.data());  // a ShardDataError goes to run()
-      model_.forward_backward(inputs_.data(), targets_.data(), setup_.grad_accum_steps,
+      data_.train->next_batch(batch_);  // a ShardDataError goes to run()
+      model_.forward_backward(batch_, setup_.grad_accum_steps,
                               micro + 1 == setup_.grad_accum_steps);
     }
     // The step's one host synchronisation. The same loss, norm and stop votes on every rank, so
@@ -393,7 +426,10 @@ class Trainer {
   const double flops_per_token_;
   const std::optional<Peak> peak_ = device_peak(device_properties().name, cfg_.peak_tflops);  // none: unknown GPU
   ThroughputMeter throughput_;
-  std::vector<int> inputs_, targets_;
+  long long profiled_steps_ = 0;  // --profile: steps recorded, and their wall time
+  double profiled_ms_ = 0;
+  std::vector<int> inputs_, targets_;  // validation's batches
+  TokenBatch batch_;                   // the training micro-batch, swapped with the loader's
   TrainingData data_;
   GPT2<Elem> model_;
   const std::string model_path_;

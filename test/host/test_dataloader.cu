@@ -364,6 +364,38 @@ TEST_CASE("dataloader prefetch does not change results; reset starts over", "[da
   }
 }
 
+TEST_CASE("dataloader hands out prepared TokenBatches: the same tokens, prepared once each", "[dataloader]") {
+  // The trainer's path: next_batch(TokenBatch&) with a preparation set after the first read (the
+  // model exists only after the loader). Every batch is the one next_batch(int*, int*) gives, its
+  // ids marked checked against the loader's vocabulary, and prepared from its own tokens.
+  Corpus c;
+  const int B = 2, T = 7, R = 2, rank = 0;
+  const size_t n = 2 * reference_epoch(c, B, T, rank, R, 0).size() + 3;
+  for (bool prefetch : {false, true}) {
+    INFO("prefetch=" << prefetch);
+    DataLoader plain(c.pattern(), B, T, rank, R, true, 5, kVocab, prefetch);
+    const std::vector<Batch> want = take(plain, B, T, n);
+    DataLoader loader(c.pattern(), B, T, rank, R, true, 5, kVocab, prefetch);
+    loader.set_prepare([](TokenBatch& b) {
+      b.buckets.assign(1, 0);
+      for (int id : b.inputs) b.buckets[0] += id;  // a function of the tokens alone
+      b.num_buckets = 1;
+    });
+    TokenBatch batch;
+    for (size_t k = 0; k < n; ++k) {
+      loader.next_batch(batch);
+      INFO("batch " << k);
+      CHECK(batch.inputs == want[k].inputs);
+      CHECK(batch.targets == want[k].targets);
+      CHECK(batch.ids_below == kVocab);
+      CHECK(batch.num_buckets == 1);
+      int sum = 0;
+      for (int id : want[k].inputs) sum += id;
+      CHECK(batch.buckets == std::vector<int>{sum});
+    }
+  }
+}
+
 TEST_CASE("dataloader file errors name the file and what was expected", "[dataloader]") {
   TempDir dir;
   const std::vector<uint16_t> good = pattern_tokens(0, 100);

@@ -31,7 +31,7 @@ TEST_CASE("memory plan of GPT-2 124M by hand", "[memory_plan]") {
   CHECK(term(one, "master weights (fp32)") == 4 * P);
   CHECK(term(one, "AdamW moments (fp32)") == 8 * P);
   CHECK(term(one, "cuBLASLt workspace") == (32u << 20) + (16u << 20));
-  CHECK(term(one, "activations: logits chunk") == 2 * 1024 * Vp);  // 1024 rows of the padded vocab, bf16
+  CHECK(term(one, "activations: logits chunk") == 2 * 8192 * Vp);  // 8,192 rows of the padded vocab, bf16
   // Every block activation at --recompute 1 (kept per layer: residual3, ln1, ln2, atty, residual2,
   // qkv, fch; one slice of fch_gelu) plus the embeddings, bf16; LayerNorm statistics and the
   // attention log-sum-exp in fp32.
@@ -72,4 +72,21 @@ TEST_CASE("largest_fitting_batch: the largest B whose plan fits", "[memory_plan]
   CHECK(largest_fitting_batch(tiny, 64, 2, DType::bf16, 0, 1, 1000) == 0);  // not even B = 1
   // More recomputation, less memory per sequence: at least as many fit.
   CHECK(largest_fitting_batch(tiny, 64, 3, DType::bf16, 0, 1, budget) >= B);
+}
+
+TEST_CASE("the lm head's chunk is the largest of the plan's ladder that fits the device", "[memory_plan]") {
+  // d12 at B = 64, T = 1024 (N = 65,536 rows): 8,192 rows where memory allows, fewer (halving, at
+  // least 1,024) where the plan with 8,192 would not fit; never more rows than the micro-batch.
+  const GPT2Config d12{1024, 50257, 50304, 12, 12, 768};
+  auto rows = [&](int B, size_t budget) {
+    return lm_head_chunk_rows(d12, B, 1024, 1, DType::bf16, 0, 1, kDefaultBucketMiB, 0, budget);
+  };
+  CHECK(rows(64, 0) == 8192);
+  const size_t at_8192 = plan_memory(d12, 64, 1024, 1, DType::bf16, 0, 1).total();
+  CHECK(rows(64, at_8192) == 8192);
+  const size_t at_2048 = plan_memory(d12, 64, 1024, 1, DType::bf16, 0, 1, kDefaultBucketMiB, 0, 2048).total();
+  CHECK(rows(64, at_2048) == 2048);
+  CHECK(rows(64, at_2048 - 1) == 1024);
+  CHECK(rows(64, 1) == 1024);  // the floor: the fit check then reports what does not fit
+  CHECK(rows(2, 0) == 2048);   // B·T = 2,048 rows: one chunk
 }

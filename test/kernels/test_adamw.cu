@@ -309,9 +309,10 @@ struct ModelOptimizer {
                   state.begin() + static_cast<std::ptrdiff_t>(s.state));
     master.upload(state);
   }
+  AdamWUpdate<bf16> update{layout, segments, [](const OptimizerSegment& s) { return s.param; }, params.ptr,
+                           master.ptr, grads.ptr, m.ptr, v.ptr};
   void step(const OptimizerSettings& opt, float lr, int step) {
-    adamw_step(opt, lr, step, 0.0f, layout, segments, params.ptr, master.ptr, grads.ptr,
-               [](const OptimizerSegment& s) { return s.param; }, m.ptr, v.ptr, nullptr);
+    update.step(opt, lr, step, 0.0f, nullptr);
     test::require_no_cuda_error();
   }
 };
@@ -389,4 +390,121 @@ TEST_CASE("a bf16 parameter held halfway between two bf16 values averages to its
       UNSCOPED_INFO("parameter " << i << ": mean " << mean << " over " << steps << " steps, master " << halfway);
   }
   CHECK(off == 0);
+}
+
+// ---- the optimizer's table of segments (kernels/adamw.cuh's one launch per step)
+
+namespace {
+
+// The stochastic rounding as adamw.cuh specifies it, on the host: 16 bits from the counter-based
+// hash of (seed, index) added below the bf16 mantissa of x, then truncated (x finite here).
+float segment_test_rounded(float x, unsigned seed, size_t index) {
+  uint64_t h = static_cast<uint64_t>(seed) * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(index);
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  h *= 0xc4ceb9fe1a85ec53ull;
+  h ^= h >> 33;
+  return float_from_bits((float_bits(x) + (static_cast<uint32_t>(h >> 32) & 0xFFFFu)) & 0xFFFF0000u);
+}
+
+// A segment of the table test: where its parameters and gradients start (its state is packed
+// after the previous segment's, as a rank's state is), its element count, its first element's
+// index within its tensor, the tensor (its seed) and whether weight decay applies.
+struct TableSegment {
+  size_t param, grad, count, index;
+  int tensor;
+  bool decayed;
+};
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("adamw over a table of segments updates each element as its segment says", "[adamw][segments]",
+                   float, bf16) {
+  // One launch over segments as a ZeRO shard cuts them: odd counts (scalar heads and tails, one
+  // block and several), parameters and gradients in other orders with gaps between them, one
+  // segment whose arrays are mutually aligned (128-bit body) and others not, tensors sharing a
+  // seed or not, decayed or not, index bases anywhere in their tensor. Checked per element
+  // against a plain double loop; the stored bf16 bits against the rounding recomputed here from
+  // the segment's seed and the element's index; everything outside the segments untouched.
+  using T = TestType;
+  const std::vector<TableSegment> segs = {{5, 3000, 1, 0, 0, true},        {6, 2000, 7, 40, 0, true},
+                                          {904, 0, 1000, 3, 1, false},     {13, 1005, 2 * 256 + 9, 100000, 2, true},
+                                          {2000, 1700, 33, 7, 1, false}};
+  const size_t P = 2040, G = 3001;
+  size_t S = 0;
+  std::vector<size_t> state;
+  for (const TableSegment& s : segs) {
+    state.push_back(S);
+    S += s.count;
+  }
+  const Hyper h;
+  const unsigned tensor_seeds[3] = {11u, 22u, 33u};
+  for (const bool use_master : {true, false}) {
+    if (std::is_same<T, bf16>::value && !use_master) continue;  // bf16 parameters always have master weights
+    INFO("master " << use_master);
+    const std::vector<float> init = test::round_to<T>(test::random_floats(P, 5, 1.0f));
+    std::vector<double> p_ref(init.begin(), init.end()), m_ref(S, 0.0), v_ref(S, 0.0);
+    std::vector<float> master_init(S);
+    for (size_t k = 0; k < segs.size(); ++k)
+      for (size_t i = 0; i < segs[k].count; ++i) master_init[state[k] + i] = init[segs[k].param + i];
+    test::DeviceBuffer<T> params(test::from_floats<T>(init)), grads(G);
+    test::DeviceBuffer<float> master(master_init), m(std::vector<float>(S, 0.0f)), v(std::vector<float>(S, 0.0f));
+
+    std::vector<AdamWSegment> table;
+    for (size_t k = 0; k < segs.size(); ++k)
+      table.push_back(AdamWSegment{segs[k].param, segs[k].grad, state[k], segs[k].count, segs[k].index, 0, 0, 0,
+                                   segs[k].tensor, segs[k].decayed ? 1 : 0});
+    float* master_ptr = use_master ? master.ptr : nullptr;
+    const AdamWPlan plan = adamw_plan_segments(table, params.ptr, master_ptr, grads.ptr, m.ptr, v.ptr);
+    REQUIRE(table[2].vectors > 0);   // the aligned segment has a 128-bit body
+    REQUIRE(table[3].head == table[3].count);  // the mutually misaligned one is all scalar
+    test::DeviceBuffer<AdamWSegment> device_table(table);
+
+    for (int step = 1; step <= 3; ++step) {
+      INFO("step " << step);
+      const std::vector<float> g = test::round_to<T>(test::random_floats(G, 50 + step, 2.0f));
+      grads.upload(test::from_floats<T>(g));
+      AdamWSeeds seeds{};
+      for (int t = 0; t < 3; ++t) seeds.of_tensor[t] = tensor_seeds[t] + 100u * step;
+      const AdamWHyper hyper = adamw_hyper(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.grad_scale, step);
+      adamw_launch(device_table.ptr, static_cast<int>(table.size()), plan, params.ptr, master_ptr, grads.ptr, m.ptr,
+                   v.ptr, hyper, seeds, nullptr);
+      test::require_no_cuda_error();
+
+      const std::vector<float> got_p = test::to_floats(params.download()), got_master = master.download(),
+                               got_m = m.download(), got_v = v.download();
+      std::vector<bool> in_segment(P, false);
+      for (size_t k = 0; k < segs.size(); ++k) {
+        const TableSegment& s = segs[k];
+        INFO("segment " << k);
+        Hyper hk = h;
+        hk.weight_decay = s.decayed ? h.weight_decay : 0.0f;
+        std::vector<double> p(p_ref.begin() + s.param, p_ref.begin() + s.param + s.count),
+            mr(m_ref.begin() + state[k], m_ref.begin() + state[k] + s.count),
+            vr(v_ref.begin() + state[k], v_ref.begin() + state[k] + s.count);
+        reference_step(p, mr, vr, std::vector<float>(g.begin() + s.grad, g.begin() + s.grad + s.count), hk, step);
+        std::copy(p.begin(), p.end(), p_ref.begin() + s.param);
+        std::copy(mr.begin(), mr.end(), m_ref.begin() + state[k]);
+        std::copy(vr.begin(), vr.end(), v_ref.begin() + state[k]);
+        const auto slice = [&](const std::vector<float>& x, size_t at) {
+          return std::vector<float>(x.begin() + at, x.begin() + at + s.count);
+        };
+        CHECK(test::all_close("m", slice(got_m, state[k]), mr, 1e-5, 1e-7));
+        CHECK(test::all_close("v", slice(got_v, state[k]), vr, 1e-5, 1e-8));
+        const std::vector<float> updated = use_master ? slice(got_master, state[k]) : slice(got_p, s.param);
+        CHECK(test::all_close("parameters", updated, p, 1e-5, 1e-6));
+        std::vector<float> stored(s.count);
+        for (size_t i = 0; i < s.count; ++i) {
+          stored[i] = std::is_same<T, bf16>::value ? segment_test_rounded(updated[i], seeds.of_tensor[s.tensor], s.index + i)
+                                                   : updated[i];
+          in_segment[s.param + i] = true;
+        }
+        CHECK(test::same_bits(slice(got_p, s.param), stored));
+      }
+      size_t touched = 0;
+      for (size_t i = 0; i < P; ++i) touched += !in_segment[i] && float_bits(got_p[i]) != float_bits(init[i]);
+      CHECK(touched == 0);
+    }
+  }
 }
