@@ -38,7 +38,7 @@ expect_refused() {
     fail "$name: exited 0"
     return
   fi
-  [ "$(wc -l <"$tmp/refused.err")" -eq 1 ] && grep -qE "$pattern" "$tmp/refused.err" ||
+  { [ "$(wc -l <"$tmp/refused.err")" -eq 1 ] && grep -qE "$pattern" "$tmp/refused.err"; } ||
     fail "$name: expected one line matching '$pattern', got: $(cat "$tmp/refused.err")"
   ! grep -q '^step ' "$tmp/refused.log" || fail "$name: it trained"
 }
@@ -109,7 +109,7 @@ if "$bin" "${flags[@]}" --max-steps 3 --checkpoint-every 2 --resume "$tmp/rewind
   [ "$(cd "$run" && echo checkpoint_*)" = "checkpoint_00000002 checkpoint_00000003" ] ||
     fail "after the rewind: $(cd "$run" && echo checkpoint_*)"
   aside=("$run"/abandoned_*/checkpoint_00000006)
-  [ -d "${aside[0]}" ] && [ "$(tree_digest "${aside[0]}")" = "$digest6" ] ||
+  { [ -d "${aside[0]}" ] && [ "$(tree_digest "${aside[0]}")" = "$digest6" ]; } ||
     fail "the abandoned checkpoint_00000006 was not moved aside whole: $(ls "$run")"
   grep -q "abandoned" "$run.rewind.log" || fail "the rewind did not say where the later checkpoints went"
   [ "$(train_steps "$run")" = "1 2 3" ] || fail "after the rewind: metrics.jsonl steps $(train_steps "$run")"

@@ -26,7 +26,7 @@ expect_refused() {
   shift 2
   "$bin" "$@" >"$tmp/refused.log" 2>"$tmp/refused.err" || status=$?
   [ "$status" -eq 1 ] || fail "$name: exit status $status, expected 1"
-  [ "$(wc -l <"$tmp/refused.err")" -eq 1 ] && grep -qE "$pattern" "$tmp/refused.err" ||
+  { [ "$(wc -l <"$tmp/refused.err")" -eq 1 ] && grep -qE "$pattern" "$tmp/refused.err"; } ||
     fail "$name: expected one line matching '$pattern', got: $(head -c 600 "$tmp/refused.err")"
   ! grep -qE '^step |acc_norm|val loss' "$tmp/refused.log" || fail "$name: it trained or evaluated"
 }
