@@ -49,6 +49,7 @@
 #include "src/gen/generate_text.h"
 #include "src/model/activations.h"
 #include "src/model/attention.h"
+#include "src/run/eval_report.h"
 #include "src/run/plan_report.h"
 #include "src/run/run_setup.h"
 #include "src/run/trainer.h"
@@ -114,7 +115,7 @@ int run_command(int argc, char** argv) {
   setup.grad_accum_steps = validate_config(setup.cfg, comm->world_size());
   setup.schedule = make_lr_schedule(setup.cfg);
 
-  setup.resume_from = resolve_resume(setup.cfg, *comm);
+  setup.resume_from = resolve_resume(setup.cfg, *comm, &setup.out_dir_plan);
   setup.model = resolve_model(setup.cfg, setup.resume_from, &setup.model_source);
   if (setup.cfg.generate || setup.cfg.sample_every > 0)
     setup.sampler = std::make_unique<TextSampler>(setup.cfg, setup.model, setup.model_source);
@@ -122,6 +123,10 @@ int run_command(int argc, char** argv) {
     generate(setup);
     return 0;
   }
+  if (setup.cfg.eval)
+    setup.eval_losses = open_eval_losses(
+        setup.cfg, setup.resume_from ? setup.resume_from->path + "/" + kModelFileName : setup.cfg.init_from,
+        comm->rank() == 0);
   validate_against_model(setup.cfg, setup.model.max_seq_len, setup.model_source);
   with_context("model " + setup.model_source,
                [&] { choose_attention(setup.cfg.attention, dtype_named(setup.cfg.dtype), setup.model); });

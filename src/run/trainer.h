@@ -157,8 +157,8 @@ class Trainer {
     std::printf("%s | %s, %s (%.1f s); --eval: nothing else written\n", format_hellaswag(result).c_str(),
                 cfg_.eval_data.c_str(), setup_.model_source.c_str(), seconds);
     std::fflush(stdout);
-    if (lead_ && !cfg_.eval_losses.empty())
-      with_context("--eval-losses", [&] { write_eval_losses(cfg_.eval_losses, *data_.eval, sums); });
+    if (setup_.eval_losses)
+      with_context("--eval-losses", [&] { write_eval_losses(*setup_.eval_losses, *data_.eval, sums); });
     comm_.barrier();
   }
 
@@ -205,7 +205,7 @@ class Trainer {
     const uint64_t checkpoint = checkpoint_bytes(model_.num_parameters(), sizeof(Elem),
                                                  model_.gradient_sync().state_count(), comm_.world_size());
     const uint64_t model_file = kHeaderBytes + model_.num_parameters() * (save_dtype_ == DType::fp32 ? 4 : 2);
-    out_dir_ = open_out_dir(cfg_, state_.step, setup_.resume_from.has_value(), checkpoint, model_file);
+    out_dir_ = open_out_dir(cfg_, state_.step, setup_.out_dir_plan, checkpoint, model_file);
   }
 
   // Step k (1-based): grad_accum micro-batches of forward+backward, then one AdamW update at lr(k)

@@ -130,7 +130,7 @@ fi
 before=$(tree_digest "$tmp/other")
 expect_refused "--resume of a foreign checkpoint into a run's --out-dir" \
   "^error: --out-dir $tmp/other holds checkpoints .*of another run: .*--overwrite" \
-  "${common[@]}" --max-steps 4 --checkpoint-every 2 --resume "$run/checkpoint_00000002" \
+  "${common[@]}" --max-steps 4 --checkpoint-every 2 --resume "$run/checkpoint_00000004" \
   --out-dir "$tmp/other"
 [ "$(tree_digest "$tmp/other")" = "$before" ] || fail "the refused resume changed $tmp/other"
 
