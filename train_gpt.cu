@@ -52,6 +52,7 @@
 #include "src/run/eval_report.h"
 #include "src/run/plan_report.h"
 #include "src/run/run_setup.h"
+#include "src/run/stop_signals.h"
 #include "src/run/trainer.h"
 
 #include <cstdio>
@@ -65,8 +66,11 @@ namespace {
 // "rank N: " once there is more than one rank, for error messages.
 std::string error_prefix;
 
-// --generate: the training flags (--seq-len, --batch-size) do not apply.
+// --generate: the training flags (--seq-len, --batch-size) do not apply. A stop signal during
+// start-up ends it before it prints; one while it generates ends the process (default actions).
 void generate(const RunSetup& setup) {
+  restore_default_stop_handlers();
+  if (pending_stop_signal() != 0) throw StopDuringStartUp(pending_stop_signal(), "generating");
   const bool resumed = setup.resume_from.has_value();
   const std::string path = resumed ? setup.resume_from->path + "/" + kModelFileName : setup.cfg.init_from;
   const char* flag = resumed ? "--resume" : "--init-from";
@@ -142,8 +146,12 @@ int run_command(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  install_stop_handlers();  // first: a signal during start-up stops the command cleanly (exit 0)
   try {
     return run_command(argc, argv);
+  } catch (const StopDuringStartUp& stop) {
+    std::printf("%s\n", stop.what());
+    return 0;
   } catch (const std::exception& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "%serror: %s\n", error_prefix.c_str(), e.what());

@@ -75,6 +75,7 @@ class Trainer {
       for (const std::string& w : config_warnings(cfg_, setup_.grad_accum_steps, data_.val ? data_.val->batches_per_epoch() : 0))
         std::fprintf(stderr, "warning: %s\n", w.c_str());
     print_startup_report(setup_, model_, data_, comm_, flops_per_token_, peak_);
+    stop_if_signalled_during_start_up();
     if (lead_ && !eval_only_ && !cfg_.eval) prepare_out_dir();
     if (lead_ && !eval_only_ && !cfg_.eval && cfg_.sample_every > 0)
       decoder_ = std::make_unique<KvCacheDecoder<Elem>>(model_.config(), model_.params_device(),
@@ -99,9 +100,9 @@ class Trainer {
         return;
       }
     }
-    install_stop_handlers();
     for (long long step = state_.step + 1; step <= cfg_.max_steps; ++step) {
       maybe_hang_for_test(comm_.rank(), step);
+      maybe_signal_for_test(comm_.rank(), step);
       StepRecord record;
       try {
         record = train_step(step);
@@ -198,6 +199,19 @@ class Trainer {
         (written % (ranks * row) == 0 ? "with " + std::to_string(ranks) + " rank(s) use --batch-size " +
                                             std::to_string(written / (ranks * row))
                                       : "no --batch-size gives it with " + std::to_string(ranks) + " rank(s)"));
+  }
+
+  // A stop signal that came during start-up (main installs the handlers first; reading the data
+  // and loading the model take the time) ends the command here, before anything is written, on
+  // every rank alike: the ranks' votes are summed. A command that only evaluates then goes back to
+  // the default actions (a signal ends it, as it would any program that writes nothing).
+  void stop_if_signalled_during_start_up() {
+    const bool trains = !eval_only_ && !cfg_.eval;
+    if (!trains) restore_default_stop_handlers();
+    comm_.set_purpose("the start-up's stop votes", after_step());
+    const int signal = pending_stop_signal();
+    const double votes = comm_.world_size() > 1 ? comm_.sum(signal != 0 ? 1.0 : 0.0) : (signal != 0 ? 1.0 : 0.0);
+    if (votes > 0) throw StopDuringStartUp(signal != 0 ? signal : SIGTERM, trains ? "training" : "evaluating");
   }
 
   // Rank 0: --out-dir claimed for this run, with room for its checkpoints (src/run/out_dir.h).
