@@ -1,17 +1,19 @@
 // train_gpt — pretrains GPT-2 family models: flags → config → model/optimizer/data → loop.
 //
 // Order of a run (nothing on disk is created or truncated before every input is checked):
-//   1. flags and --config (src/config/config.h); cross-flag checks
+//   1. flags and --config (src/config/config.h; every value UTF-8 text); cross-flag checks
 //   2. the device (without one: a one-line pointer to the CPU build)
 //   3. the model architecture (--init-from's header or the --model preset), --seq-len against it
 //   4. the data: every shard's header and size; the token ids of the first training shard and of
 //      the validation shards the validation reads, against the vocab
 //   5. the model: allocation, then --init-from's weights or a seeded random init
-//   6. --out-dir: its lock (one run at a time), free space for the checkpoints kept at once,
-//      DIR/metrics.jsonl (truncated); the training loop; DIR/model.bin
+//   6. --out-dir: its lock (one run at a time), other or abandoned histories' files set aside,
+//      free space for the checkpoints kept at once, DIR/metrics.jsonl; the training loop;
+//      DIR/model.bin
 // With --resume, the checkpoint is chosen and checked right after step 1 and replaces --init-from
-// and --model in steps 3 and 5; metrics.jsonl keeps its records up to the checkpoint's step.
-// A fresh run refuses an --out-dir that holds checkpoints (it would mix two runs' checkpoints).
+// and --model in steps 3 and 5; metrics.jsonl keeps its records up to the checkpoint's step. What
+// a run may do to --out-dir's files is decided then too (src/ckpt/out_dir_history.h): a fresh run
+// refuses another run's files unless --overwrite; a rewind moves the later checkpoints aside.
 // --max-steps 0 stops after step 5: it validates the model and writes nothing. --eval stops there
 // too: it scores --eval-data (src/data/hellaswag.h) on the model, reading no token shards. --generate
 // stops after step 3: it loads the model's parameters alone and prints --prompt continued
@@ -19,7 +21,8 @@
 //
 // Checkpoints (src/ckpt/checkpoint.h): after every --checkpoint-every-th step, after the last step, after
 // the step during which SIGTERM, SIGUSR1 or SIGINT arrived (before its figures were read; later:
-// after the next step; the run then exits 0; a second SIGINT ends it at once), and before a run
+// after the next step; the run then exits 0; a second SIGINT ends it at once; one during start-up
+// ends the command before anything is written, status 0), and before a run
 // stops on a shard found bad mid-run (a token id outside the vocabulary: the loader checks each
 // shard as it opens it, before its first batch is used).
 //

@@ -92,7 +92,7 @@ const std::vector<Flag>& flag_table() {
        {0, (double)LLONG_MAX}},
       {"resume", "auto|DIR",
        "continue from the newest complete checkpoint in --out-dir (auto) or from checkpoint directory DIR",
-       &TrainConfig::resume, {}, {}, "none (start fresh; refused if --out-dir holds checkpoints)"},
+       &TrainConfig::resume, {}, {}, "none (start fresh; refused if --out-dir holds another run's files)"},
       {"overwrite", "0|1",
        "a run that starts a new history in --out-dir may delete the checkpoints and replace the metrics.jsonl and "
        "model.bin another or an earlier run left there (without it: refused; '--overwrite' alone means 1)",
@@ -202,7 +202,6 @@ bool parse_real(const std::string& text, double* out) {
   return true;
 }
 
-// A value in its textual form plus the JSON it came from (null for command-line text).
 // The offset of the first byte that is not part of well-formed UTF-8 (RFC 3629: no overlong forms,
 // no surrogates, nothing above U+10FFFF), or npos: every value reaches a JSON file (the checkpoint
 // manifest's configuration, metrics.jsonl's samples), and JSON holds Unicode text only.
@@ -210,13 +209,21 @@ size_t invalid_utf8_offset(const std::string& text) {
   const auto byte = [&](size_t i) { return static_cast<unsigned char>(text[i]); };
   for (size_t i = 0; i < text.size();) {
     const unsigned char c = byte(i);
-    size_t length = 0;
+    size_t length = 1;
     unsigned char lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
-    if (c < 0x80) length = 1;
-    else if (c >= 0xC2 && c <= 0xDF) length = 2;
-    else if (c >= 0xE0 && c <= 0xEF) length = 3, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
-    else if (c >= 0xF0 && c <= 0xF4) length = 4, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
-    else return i;
+    if (c >= 0xC2 && c <= 0xDF) {
+      length = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      length = 3;
+      if (c == 0xE0) lo = 0xA0;  // no overlong forms
+      if (c == 0xED) hi = 0x9F;  // no surrogates
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      length = 4;
+      if (c == 0xF0) lo = 0x90;  // no overlong forms
+      if (c == 0xF4) hi = 0x8F;  // nothing above U+10FFFF
+    } else if (c >= 0x80) {
+      return i;  // a continuation byte, an overlong lead (0xC0, 0xC1) or 0xF5..0xFF
+    }
     if (i + length > text.size()) return i;
     for (size_t k = 1; k < length; ++k) {
       const unsigned char next = byte(i + k);
@@ -237,6 +244,7 @@ void check_utf8(const std::string& value, const std::string& where) {
                               "); every value is recorded in JSON files (metrics.jsonl, checkpoint manifests)");
 }
 
+// A value in its textual form plus the JSON it came from (null for command-line text).
 struct RawValue {
   std::string text;
   const nlohmann::json* json = nullptr;

@@ -6,8 +6,9 @@
 #     (--overwrite: replaces them); --init-from the --out-dir's own model.bin refuses even with
 #     --overwrite, however the path is spelled (resolved path and inode);
 #   - --resume auto with checkpoints present but none usable stops naming each and why, and leaves
-#     the directory as it was; with no checkpoint at all it starts afresh and moves the earlier
-#     attempt's metrics.jsonl aside, unchanged;
+#     the directory as it was; one that passes over a damaged newer checkpoint moves it aside whole
+#     (not replaced); with no checkpoint at all it starts afresh and moves the earlier attempt's
+#     metrics.jsonl aside, unchanged;
 #   - a rewind (--resume DIR/checkpoint_S with later checkpoints, here through a symlinked path)
 #     moves the later checkpoints aside into DIR/abandoned_*/, so --resume auto never continues
 #     the abandoned branch, and metrics.jsonl shows one history;
@@ -85,6 +86,19 @@ expect_refused "--resume auto, no usable checkpoint" \
   "^error: --resume auto: $tmp/broken holds checkpoints but none is complete: $tmp/broken/checkpoint_00000004: state_r00000.bin has [0-9]+ bytes.*; $tmp/broken/checkpoint_00000002: manifest.json is not a valid manifest \(version 2, expected 1\)" \
   "${init[@]}" "${common[@]}" --max-steps 6 --checkpoint-every 2 --resume auto --out-dir "$tmp/broken"
 [ "$(tree_digest "$tmp/broken")" = "$before" ] || fail "--resume auto without a usable checkpoint changed $tmp/broken"
+# With checkpoint_00000002 usable again, --resume auto continues from it; the damaged (newer)
+# checkpoint_00000004 is moved aside whole, not replaced by the new run's checkpoint of step 4.
+sed -i 's/"version": 2/"version": 1/' "$tmp/broken/checkpoint_00000002/manifest.json"
+damaged=$(tree_digest "$tmp/broken/checkpoint_00000004")
+if "$bin" "${init[@]}" "${common[@]}" --max-steps 4 --checkpoint-every 2 --resume auto --out-dir "$tmp/broken" \
+    >"$tmp/broken.again.log" 2>&1; then
+  aside=("$tmp"/broken/abandoned_*/checkpoint_00000004)
+  { [ -d "${aside[0]}" ] && [ "$(tree_digest "${aside[0]}")" = "$damaged" ]; } ||
+    fail "the damaged checkpoint_00000004 was not moved aside whole: $(ls "$tmp/broken")"
+  [ "$(train_steps "$tmp/broken")" = "1 2 3 4" ] || fail "after passing over the damaged checkpoint: metrics steps $(train_steps "$tmp/broken")"
+else
+  fail "--resume auto past a damaged checkpoint failed"; tail -n 3 "$tmp/broken.again.log"
+fi
 
 # ---- --resume auto without any checkpoint: a fresh start; the earlier attempt's metrics moved aside
 mkdir -p "$tmp/attempt"
