@@ -18,7 +18,8 @@
 #               srun-pmix (srun --mpi=pmix; MPI carries the id) | none (one process);
 #               default: srun inside a SLURM job, else mpirun, none when NPROC=1
 #   MPIRUN_ARGS, SRUN_ARGS   extra launcher options (split on spaces)
-#   PLAN=1      print train_gpt's memory plan for NPROC ranks against GPU_MEMORY GiB (80) instead of
+#   PLAN=1      print train_gpt's memory plan for NPROC ranks against GPU_MEMORY GiB (80; exit status 2
+#               when it does not fit) instead of
 #               training: needs no GPU and no data
 # Arguments are train_gpt flags; each replaces the recipe's flag of the same name or is added
 # (--init-from replaces --model).

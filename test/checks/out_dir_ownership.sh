@@ -12,7 +12,8 @@
 #   - a rewind (--resume DIR/checkpoint_S with later checkpoints, here through a symlinked path)
 #     moves the later checkpoints aside into DIR/abandoned_*/, so --resume auto never continues
 #     the abandoned branch, and metrics.jsonl shows one history;
-#   - --resume of another --out-dir's checkpoint into an --out-dir holding a run of its own refuses.
+#   - --resume of another --out-dir's checkpoint into an --out-dir holding a run of its own refuses
+#     (--overwrite: that run's checkpoints are deleted).
 # usage: out_dir_ownership.sh cpu|gpu
 set -u
 # shellcheck source=test/checks/lib/trainer.sh
@@ -147,6 +148,15 @@ expect_refused "--resume of a foreign checkpoint into a run's --out-dir" \
   "${common[@]}" --max-steps 4 --checkpoint-every 2 --resume "$run/checkpoint_00000004" \
   --out-dir "$tmp/other"
 [ "$(tree_digest "$tmp/other")" = "$before" ] || fail "the refused resume changed $tmp/other"
+# --overwrite: the other run's checkpoints are deleted, its metrics.jsonl started anew.
+if "$bin" "${common[@]}" --max-steps 5 --resume "$run/checkpoint_00000004" --out-dir "$tmp/other" --overwrite \
+    >"$tmp/other.over.log" 2>&1; then
+  [ "$(cd "$tmp/other" && echo checkpoint_*)" = checkpoint_00000005 ] ||
+    fail "--overwrite left $(cd "$tmp/other" && echo checkpoint_*)"
+  [ "$(train_steps "$tmp/other")" = "5" ] || fail "--overwrite: metrics.jsonl steps $(train_steps "$tmp/other")"
+else
+  fail "--resume of a foreign checkpoint with --overwrite failed"; tail -n 3 "$tmp/other.over.log"
+fi
 
 [ "$failures" -eq 0 ] && echo "out_dir_ownership: all checks passed"
 [ "$failures" -eq 0 ]
