@@ -128,7 +128,7 @@ inline std::string run_identity(const std::string& seed, const uint64_t* config_
 inline void check_same_run(const Checkpoint& c, const std::vector<std::unique_ptr<StateSource>>& sources) {
   const nlohmann::json config = c.manifest.value("config", nlohmann::json::object());
   const uint64_t manifest_hash = configuration_hash(config);
-  const nlohmann::json seed = config.value("seed", nlohmann::json("?"));
+  const nlohmann::json seed = config.is_object() ? config.value("seed", nlohmann::json("?")) : nlohmann::json("?");
   const std::string manifest_identity =
       run_identity(seed.is_string() ? seed.get<std::string>() : seed.dump(), &manifest_hash);
   const StateSource& first = *sources.front();
