@@ -1,17 +1,19 @@
 // train_gpt — pretrains GPT-2 family models: flags → config → model/optimizer/data → loop.
 //
 // Order of a run (nothing on disk is created or truncated before every input is checked):
-//   1. flags and --config (src/config/config.h); cross-flag checks
+//   1. flags and --config (src/config/config.h; every value UTF-8 text); cross-flag checks
 //   2. the device (without one: a one-line pointer to the CPU build)
 //   3. the model architecture (--init-from's header or the --model preset), --seq-len against it
 //   4. the data: every shard's header and size; the token ids of the first training shard and of
 //      the validation shards the validation reads, against the vocab
 //   5. the model: allocation, then --init-from's weights or a seeded random init
-//   6. --out-dir: its lock (one run at a time), free space for the checkpoints kept at once,
-//      DIR/metrics.jsonl (truncated); the training loop; DIR/model.bin
+//   6. --out-dir: its lock (one run at a time), other or abandoned histories' files set aside,
+//      free space for the checkpoints kept at once, DIR/metrics.jsonl; the training loop;
+//      DIR/model.bin
 // With --resume, the checkpoint is chosen and checked right after step 1 and replaces --init-from
-// and --model in steps 3 and 5; metrics.jsonl keeps its records up to the checkpoint's step.
-// A fresh run refuses an --out-dir that holds checkpoints (it would mix two runs' checkpoints).
+// and --model in steps 3 and 5; metrics.jsonl keeps its records up to the checkpoint's step. What
+// a run may do to --out-dir's files is decided then too (src/ckpt/out_dir_history.h): a fresh run
+// refuses another run's files unless --overwrite; a rewind moves the later checkpoints aside.
 // --max-steps 0 stops after step 5: it validates the model and writes nothing. --eval stops there
 // too: it scores --eval-data (src/data/hellaswag.h) on the model, reading no token shards. --generate
 // stops after step 3: it loads the model's parameters alone and prints --prompt continued
@@ -19,7 +21,8 @@
 //
 // Checkpoints (src/ckpt/checkpoint.h): after every --checkpoint-every-th step, after the last step, after
 // the step during which SIGTERM, SIGUSR1 or SIGINT arrived (before its figures were read; later:
-// after the next step; the run then exits 0; a second SIGINT ends it at once), and before a run
+// after the next step; the run then exits 0; a second SIGINT ends it at once; one during start-up
+// ends the command before anything is written, status 0), and before a run
 // stops on a shard found bad mid-run (a token id outside the vocabulary: the loader checks each
 // shard as it opens it, before its first batch is used).
 //
@@ -49,8 +52,10 @@
 #include "src/gen/generate_text.h"
 #include "src/model/activations.h"
 #include "src/model/attention.h"
+#include "src/run/eval_report.h"
 #include "src/run/plan_report.h"
 #include "src/run/run_setup.h"
+#include "src/run/stop_signals.h"
 #include "src/run/trainer.h"
 
 #include <chrono>
@@ -66,8 +71,11 @@ namespace {
 // "rank N: " once there is more than one rank, for error messages.
 std::string error_prefix;
 
-// --generate: the training flags (--seq-len, --batch-size) do not apply.
+// --generate: the training flags (--seq-len, --batch-size) do not apply. A stop signal during
+// start-up ends it before it prints; one while it generates ends the process (default actions).
 void generate(const RunSetup& setup) {
+  restore_default_stop_handlers();
+  if (pending_stop_signal() != 0) throw StopDuringStartUp(pending_stop_signal(), "generating");
   const bool resumed = setup.resume_from.has_value();
   const std::string path = resumed ? setup.resume_from->path + "/" + kModelFileName : setup.cfg.init_from;
   const char* flag = resumed ? "--resume" : "--init-from";
@@ -116,7 +124,7 @@ int run_command(int argc, char** argv) {
   setup.grad_accum_steps = validate_config(setup.cfg, comm->world_size());
   setup.schedule = make_lr_schedule(setup.cfg);
 
-  setup.resume_from = resolve_resume(setup.cfg, *comm);
+  setup.resume_from = resolve_resume(setup.cfg, *comm, &setup.out_dir_plan);
   setup.model = resolve_model(setup.cfg, setup.resume_from, &setup.model_source);
   if (setup.cfg.generate || setup.cfg.sample_every > 0)
     setup.sampler = std::make_unique<TextSampler>(setup.cfg, setup.model, setup.model_source);
@@ -124,6 +132,10 @@ int run_command(int argc, char** argv) {
     generate(setup);
     return 0;
   }
+  if (setup.cfg.eval)
+    setup.eval_losses = open_eval_losses(
+        setup.cfg, setup.resume_from ? setup.resume_from->path + "/" + kModelFileName : setup.cfg.init_from,
+        comm->rank() == 0);
   validate_against_model(setup.cfg, setup.model.max_seq_len, setup.model_source);
   with_context("model " + setup.model_source,
                [&] { choose_attention(setup.cfg.attention, dtype_named(setup.cfg.dtype), setup.model); });
@@ -139,8 +151,12 @@ int run_command(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  install_stop_handlers();  // first: a signal during start-up stops the command cleanly (exit 0)
   try {
     return run_command(argc, argv);
+  } catch (const StopDuringStartUp& stop) {
+    std::printf("%s\n", stop.what());
+    return 0;
   } catch (const std::exception& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "%serror: %s\n", error_prefix.c_str(), e.what());

@@ -32,9 +32,7 @@ def run(argv):
     for name, write in (("model.safetensors",
                          lambda p: hf_gpt2.write_safetensors(p, hf_gpt2.to_hf(cfg, tensors), dtype, metadata)),
                         ("config.json", lambda p: hf_gpt2.write_json(p, hf_gpt2.hf_config(cfg, dtype)))):
-        path = os.path.join(args.out_dir, name)
-        write(path + ".tmp")
-        os.replace(path + ".tmp", path)
+        hf_gpt2.write_replacing(os.path.join(args.out_dir, name), write)
     parameters = sum(v.size for _, v in hf_gpt2.to_hf(cfg, tensors))
     print(f"{args.out_dir}: GPT-2 L={cfg['L']} NH={cfg['NH']} C={cfg['C']} V={cfg['V']} maxT={cfg['maxT']}, "
           f"{parameters:,} parameters ({dtype})")

@@ -14,6 +14,8 @@ prefix; both are read), linear weights in Conv1D layout (in, out) — the transp
 wte unpadded (V rows), the lm head tied to wte and so not stored.
 """
 import json
+import math
+import os
 import struct
 import sys
 
@@ -113,6 +115,21 @@ def write_safetensors(path, named, dtype, metadata):
             f.write(np.ascontiguousarray(array, element).tobytes())
 
 
+def write_replacing(path, write):
+    """Calls write(path + ".tmp"), then renames it over path; on any failure (a full disk, an
+    interrupt) the temporary file is removed and path is left as it was."""
+    temporary = path + ".tmp"
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    except BaseException:
+        try:
+            os.remove(temporary)
+        except OSError:
+            pass
+        raise
+
+
 def write_json(path, value):
     with open(path, "w") as f:
         json.dump(value, f, indent=2)
@@ -135,16 +152,30 @@ def read_safetensors(path):
         header = json.loads(data[8:8 + n])
     except ValueError as e:
         raise FormatError(f"{path}: header is not JSON: {e}")
+    if not isinstance(header, dict):
+        raise FormatError(f"{path}: header is a JSON {type(header).__name__}, expected an object of tensors")
     by_tag = {tag: (name, element) for name, (tag, element) in SAFETENSORS_DTYPES.items()}
     tensors, dtypes, body = {}, set(), 8 + n
+
+    def whole_numbers(value, length=None):
+        return (isinstance(value, list) and (length is None or len(value) == length) and
+                all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value))
+
     for name, info in header.items():
         if name == "__metadata__":
             continue
+        if not isinstance(info, dict):
+            raise FormatError(f"{path}: tensor {name}: {info!r} is not an object with dtype, shape, data_offsets")
         if info.get("dtype") not in by_tag:
             raise FormatError(f"{path}: tensor {name} has dtype {info.get('dtype')}, expected F32 or BF16")
+        if not whole_numbers(info.get("shape")):
+            raise FormatError(f"{path}: tensor {name}: shape {info.get('shape')!r}, expected a list of whole numbers")
+        if not whole_numbers(info.get("data_offsets"), 2):
+            raise FormatError(f"{path}: tensor {name}: data_offsets {info.get('data_offsets')!r}, "
+                              "expected [begin, end] in bytes")
         dtype_name, element = by_tag[info["dtype"]]
         begin, end = info["data_offsets"]
-        count = int(np.prod(info["shape"], dtype=np.int64))
+        count = math.prod(info["shape"])
         if end - begin != count * element.itemsize or body + end > len(data):
             raise FormatError(f"{path}: tensor {name}: offsets {begin}..{end} do not fit its shape or the file")
         tensors[name] = np.frombuffer(data, element, count, body + begin).reshape(info["shape"])
@@ -187,19 +218,13 @@ def from_hf(directory, padded_vocab=None):
         raise FormatError(f"{config_path}: cannot read: {e.strerror}")
     except ValueError as e:
         raise FormatError(f"{config_path}: not JSON: {e}")
-    if hf.get("model_type") != "gpt2":
-        raise FormatError(f"{config_path}: model_type {hf.get('model_type')!r}, expected 'gpt2'")
-    if hf.get("n_inner") not in (None, 4 * hf.get("n_embd", 0)):
-        raise FormatError(f"{config_path}: n_inner {hf['n_inner']}, expected 4·n_embd (train_gpt's MLP)")
-    if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
-        raise FormatError(f"{config_path}: activation_function {hf['activation_function']!r}, expected the tanh GELU")
-    V = hf["vocab_size"]
-    cfg = {"maxT": hf["n_positions"], "V": V, "L": hf["n_layer"], "NH": hf["n_head"], "C": hf["n_embd"],
-           "Vp": padded_vocab or (V + 127) // 128 * 128}
-    if cfg["Vp"] < V:
-        raise FormatError(f"--padded-vocab {cfg['Vp']} is smaller than the vocabulary ({V})")
+    cfg = trainable_config(hf, config_path, padded_vocab)
+    V = cfg["V"]
     raw, dtype = read_safetensors(weights_path)
     named = {(k[len("transformer."):] if k.startswith("transformer.") else k): v for k, v in raw.items()}
+    if hf.get("tie_word_embeddings", True) is not True and "lm_head.weight" not in named:
+        raise FormatError(f"{config_path}: tie_word_embeddings {hf['tie_word_embeddings']!r} and no lm_head.weight "
+                          f"in {weights_path}; train_gpt ties the head to wte")
     if "lm_head.weight" in named:
         lm_head = named.pop("lm_head.weight")
         if not np.array_equal(lm_head, named.get("wte.weight")):
@@ -211,6 +236,10 @@ def from_hf(directory, padded_vocab=None):
         value = named.pop(name)
         if tuple(value.shape) != tuple(shape):
             raise FormatError(f"{weights_path}: tensor {name} has shape {list(value.shape)}, expected {list(shape)}")
+        finite = np.isfinite(value) if dtype == "fp32" else (value & 0x7F80) != 0x7F80  # bf16: exponent all ones
+        if not finite.all():
+            raise FormatError(f"{weights_path}: tensor {name}: {int((~finite).sum())} non-finite value(s) "
+                              "(NaN or infinity); train_gpt refuses such a model")
         return value
 
     want = shapes(cfg)
@@ -232,6 +261,46 @@ def from_hf(directory, padded_vocab=None):
     return cfg, tensors, dtype
 
 
+def trainable_config(hf, config_path, padded_vocab):
+    """The model file's configuration from config.json, or FormatError for anything train_gpt cannot
+    run as GPT-2 (its checks: src/gpt2_config.h): sizes that are not positive int32 numbers, a head
+    size C/NH that is not a multiple of 8 up to 128, another MLP width, activation, layernorm epsilon
+    or attention scaling, cross-attention."""
+    if not isinstance(hf, dict):
+        raise FormatError(f"{config_path}: a JSON {type(hf).__name__}, expected an object")
+    if hf.get("model_type") != "gpt2":
+        raise FormatError(f"{config_path}: model_type {hf.get('model_type')!r}, expected 'gpt2'")
+    sizes = {}
+    for key in ("n_positions", "vocab_size", "n_layer", "n_head", "n_embd"):
+        value = hf.get(key)
+        if key not in hf:
+            raise FormatError(f"{config_path}: no {key}")
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value < 2**31:
+            raise FormatError(f"{config_path}: {key} {value!r}, expected a whole number from 1 to {2**31 - 1}")
+        sizes[key] = value
+    C, NH, V = sizes["n_embd"], sizes["n_head"], sizes["vocab_size"]
+    if C % NH != 0 or (C // NH) % 8 != 0 or C // NH > 128:
+        raise FormatError(f"{config_path}: n_embd {C} / n_head {NH}: train_gpt needs a head size n_embd/n_head "
+                          "that is a whole multiple of 8 and at most 128")
+    if hf.get("n_inner") not in (None, 4 * C):
+        raise FormatError(f"{config_path}: n_inner {hf['n_inner']!r}, expected 4·n_embd (train_gpt's MLP)")
+    if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
+        raise FormatError(f"{config_path}: activation_function {hf['activation_function']!r}, expected the tanh GELU")
+    # The settings whose other values change what the model computes; train_gpt implements GPT-2's.
+    expected = {"layer_norm_epsilon": 1e-5, "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
+                "add_cross_attention": False}
+    for key, value in expected.items():
+        given = hf.get(key, value)
+        same = (isinstance(given, (int, float)) and not isinstance(given, bool) and math.isclose(given, value)
+                if isinstance(value, float) else given is value)
+        if not same:
+            raise FormatError(f"{config_path}: {key} {given!r}: train_gpt implements only {json.dumps(value)}")
+    Vp = (V + 127) // 128 * 128 if padded_vocab is None else padded_vocab
+    if Vp < V or Vp % 8 != 0 or Vp >= 2**31:
+        raise FormatError(f"--padded-vocab {Vp}: expected a multiple of 8, at least the vocabulary ({V})")
+    return {"maxT": sizes["n_positions"], "V": V, "L": sizes["n_layer"], "NH": NH, "C": C, "Vp": Vp}
+
+
 def main(run, argv):
     """Runs a command-line tool: one line on stderr and exit status 1 for a bad input."""
     try:
@@ -239,6 +308,6 @@ def main(run, argv):
     except FormatError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
-    except OSError as e:  # writing: a full disk, a missing permission
-        print(f"error: {e.filename}: {e.strerror}", file=sys.stderr)
+    except OSError as e:  # writing: a full disk, a missing permission; a rename names its destination
+        print(f"error: {e.filename2 or e.filename}: {e.strerror}", file=sys.stderr)
         sys.exit(1)

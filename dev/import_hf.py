@@ -9,7 +9,6 @@ safetensors dtype unless --dtype says otherwise (fp32 → bf16 rounds to nearest
 Formats and names: dev/hf_gpt2.py.
 """
 import argparse
-import os
 
 import numpy as np
 
@@ -38,8 +37,7 @@ def run(argv):
         else:
             tensors = {k: (v.astype(np.uint32) << 16).view(np.float32) for k, v in tensors.items()}
         dtype = args.dtype
-    hf_gpt2.write_model(args.model + ".tmp", cfg, tensors, dtype)
-    os.replace(args.model + ".tmp", args.model)
+    hf_gpt2.write_replacing(args.model, lambda path: hf_gpt2.write_model(path, cfg, tensors, dtype))
     print(f"{args.model}: GPT-2 L={cfg['L']} NH={cfg['NH']} C={cfg['C']} V={cfg['V']} Vp={cfg['Vp']} "
           f"maxT={cfg['maxT']} ({dtype})")
 

@@ -18,7 +18,8 @@
 #               srun-pmix (srun --mpi=pmix; MPI carries the id) | none (one process);
 #               default: srun inside a SLURM job, else mpirun, none when NPROC=1
 #   MPIRUN_ARGS, SRUN_ARGS   extra launcher options (split on spaces)
-#   PLAN=1      print train_gpt's memory plan for NPROC ranks against GPU_MEMORY GiB (80) instead of
+#   PLAN=1      print train_gpt's memory plan for NPROC ranks against GPU_MEMORY GiB (80; exit status 2
+#               when it does not fit) instead of
 #               training: needs no GPU and no data
 # Arguments are train_gpt flags; each replaces the recipe's flag of the same name or is added
 # (--init-from replaces --model).
@@ -31,6 +32,12 @@ source "$recipe_root/scripts/lib/flags.sh"
 recipe_fail() {
   echo "$recipe_name: $*" >&2
   exit 1
+}
+
+# positive_number FLAG VALUE: exits with one line unless VALUE is a whole number from 1 to
+# 999999999 (so that no product bash computes from it and NPROC overflows).
+positive_number() {
+  [[ $2 =~ ^[1-9][0-9]{0,8}$ ]] || recipe_fail "$1 '$2': expected a whole number from 1 to 999999999"
 }
 
 # The words, each quoted where the shell needs it, so the printed command can be pasted.
@@ -46,7 +53,7 @@ run_recipe() {
   local bin=${TRAIN_GPT:-./train_gpt} nproc=${NPROC:-${SLURM_NTASKS:-8}} plan=${PLAN:-0}
   local data=${DATA_DIR:-$recipe_data} eval_data=${EVAL_DATA:-data/hellaswag/hellaswag_val.bin}
   local out=${OUT_DIR:-runs/$recipe_name} launcher=${LAUNCHER:-}
-  [[ $nproc =~ ^[1-9][0-9]*$ ]] || recipe_fail "NPROC='$nproc': expected a positive number of ranks"
+  [[ $nproc =~ ^[1-9][0-9]{0,5}$ ]] || recipe_fail "NPROC='$nproc': expected a positive number of ranks"
   if [ -z "$launcher" ]; then
     if [ -n "${SLURM_JOB_ID:-}" ]; then launcher=srun
     elif [ "$nproc" -gt 1 ]; then launcher=mpirun
@@ -71,6 +78,9 @@ run_recipe() {
   if [ -z "$(flag_value flags --batch-size)" ]; then
     local total seq rows b
     total=$(flag_value flags --total-batch-tokens) seq=$(flag_value flags --seq-len)
+    # Checked as numbers before any arithmetic: bash would evaluate a value like 'a[$(cmd)0]'.
+    positive_number --total-batch-tokens "$total"
+    positive_number --seq-len "$seq"
     [ $((total % (seq * nproc))) -eq 0 ] ||
       recipe_fail "--total-batch-tokens $total is not a multiple of --seq-len $seq x $nproc ranks: choose NPROC or --total-batch-tokens"
     rows=$((total / (seq * nproc)))

@@ -16,7 +16,11 @@
 run_job() {
   local recipe=${RECIPE:-scripts/run_gpt2_124M.sh}
   [ -x "$recipe" ] || { echo "slurm job: RECIPE '$recipe' is not an executable recipe under $PWD" >&2; exit 1; }
-  echo "slurm job ${SLURM_JOB_ID:-?}: start $((${SLURM_RESTART_COUNT:-0} + 1)) (SLURM_RESTART_COUNT=${SLURM_RESTART_COUNT:-0})," \
+  local restarts=${SLURM_RESTART_COUNT:-0}
+  # A number before bash computes with it (arithmetic would evaluate a value like 'a[$(cmd)0]').
+  [[ $restarts =~ ^[0-9]{1,9}$ ]] ||
+    { echo "slurm job: SLURM_RESTART_COUNT='$restarts': expected a whole number" >&2; exit 1; }
+  echo "slurm job ${SLURM_JOB_ID:-?}: start $((restarts + 1)) (SLURM_RESTART_COUNT=$restarts)," \
        "${SLURM_NTASKS:-?} tasks on ${SLURM_JOB_NODELIST:-?}, $(date '+%F %T'), $recipe"
   job_stop='' job_pid=''
   trap 'job_stop=USR1; [ -z "$job_pid" ] || kill -USR1 "$job_pid" 2>/dev/null || true' USR1

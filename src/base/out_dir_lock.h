@@ -22,13 +22,14 @@ class OutDirLock {
  public:
   // Takes the lock on out_dir (an existing directory) or throws one line naming the holder.
   explicit OutDirLock(const std::string& out_dir);
+  // Throws the same line if another run holds out_dir's lock now; creates nothing (no lock file,
+  // no directory), so a command can refuse what it finds in out_dir without touching it.
+  static void check_free(const std::string& out_dir);
   OutDirLock(const OutDirLock&) = delete;
   OutDirLock& operator=(const OutDirLock&) = delete;
   ~OutDirLock() { ::close(fd_); }  // releases the lock
 
  private:
-  // "pid N on HOST" as the holder wrote it (it may not have written it yet).
-  std::string read_holder() const;
 
   std::string path_;
   int fd_ = -1;

@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -59,7 +60,9 @@ struct TrainingState {
   BadStepGuards guards;
 };
 
-constexpr uint32_t kStateVersion = 2;
+// Version 3 added config_hash; version 2 files (their header ends before it, at 168 bytes) still load.
+constexpr uint32_t kStateVersion = 3;
+constexpr uint32_t kStateVersionWithoutConfigHash = 2;
 constexpr char kStateMagic[8] = {'T', 'G', 'P', 'T', 'S', 'T', 'A', 'T'};
 
 // Fixed-size header of a state file (docs/CHECKPOINTS.md lists every field with its offset).
@@ -78,10 +81,21 @@ struct StateHeader {
   LoaderPosition train_data;
   uint64_t skipped_nonfinite, skipped_loss_z, skipped_norm_z;
   uint64_t loss_window_count, norm_window_count;  // float64 values in the window sections
+  uint64_t config_hash;  // configuration_hash of the manifest's "config": which run wrote the file
 };
 static_assert(std::is_trivially_copyable<StateHeader>::value, "StateHeader is written as raw bytes");
 static_assert(sizeof(LoaderPosition) == 56, "docs/CHECKPOINTS.md documents a 56-byte LoaderPosition");
-static_assert(sizeof(StateHeader) == 168, "docs/CHECKPOINTS.md documents a 168-byte state header");
+static_assert(sizeof(StateHeader) == 176, "docs/CHECKPOINTS.md documents a 176-byte state header");
+constexpr size_t kStateHeaderBytesWithoutConfigHash = offsetof(StateHeader, config_hash);
+static_assert(kStateHeaderBytesWithoutConfigHash == 168, "a version 2 state header is 168 bytes");
+
+// FNV-1a (64-bit) of a configuration's JSON text (keys sorted, every value a string:
+// config_json()), as a state file records it and a resume recomputes it from the manifest.
+inline uint64_t configuration_hash(const nlohmann::json& config) {
+  uint64_t h = 14695981039346656037ull;
+  for (const char c : config.dump()) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  return h;
+}
 
 inline std::string state_file_name(int rank) {
   char buf[32];

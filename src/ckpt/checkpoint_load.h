@@ -48,12 +48,16 @@ void open_state_source(const Checkpoint& c, int rank, int world_size, const GPT2
   src->file = std::fopen(path.c_str(), "rb");
   if (src->file == nullptr) throw file_error(path, "cannot open", errno);
   StateHeader& h = src->header;
-  read_exact(src->file, &h, sizeof h, path, "the header");
+  read_exact(src->file, &h, kStateHeaderBytesWithoutConfigHash, path, "the header");
   auto mismatch = [&](const std::string& what) { return std::runtime_error(path + ": " + what); };
   if (std::memcmp(h.magic, kStateMagic, sizeof h.magic) != 0) throw mismatch("not a train_gpt state file");
-  if (h.version != kStateVersion || h.header_bytes != sizeof(StateHeader))
-    throw mismatch("state format version " + std::to_string(h.version) + ", this build reads version " +
-                   std::to_string(kStateVersion));
+  const bool without_hash = h.version == kStateVersionWithoutConfigHash;
+  if ((h.version != kStateVersion && !without_hash) ||
+      h.header_bytes != (without_hash ? kStateHeaderBytesWithoutConfigHash : sizeof(StateHeader)))
+    throw mismatch("state format version " + std::to_string(h.version) + " with a " + std::to_string(h.header_bytes) +
+                   "-byte header, this build reads versions " + std::to_string(kStateVersionWithoutConfigHash) +
+                   " and " + std::to_string(kStateVersion));
+  if (!without_hash) read_exact(src->file, &h.config_hash, sizeof h.config_hash, path, "the header");
   if (h.rank != static_cast<uint32_t>(rank) || h.world_size != static_cast<uint32_t>(world_size))
     throw mismatch("belongs to rank " + std::to_string(h.rank) + " of " + std::to_string(h.world_size) +
                    ", the manifest lists it as rank " + std::to_string(rank) + " of " + std::to_string(world_size));
@@ -73,7 +77,7 @@ void open_state_source(const Checkpoint& c, int rank, int world_size, const GPT2
   if (h.state_count != buckets.state_count(owner))
     throw mismatch("holds " + std::to_string(h.state_count) + " optimizer-state elements, rank " +
                    std::to_string(rank) + "'s share is " + std::to_string(buckets.state_count(owner)));
-  const uint64_t expected = sizeof h + 3 * h.state_count * sizeof(float) +
+  const uint64_t expected = h.header_bytes + 3 * h.state_count * sizeof(float) +
                             (h.loss_window_count + h.norm_window_count) * sizeof(double);
   struct stat st {};
   if (::fstat(::fileno(src->file), &st) != 0 || static_cast<uint64_t>(st.st_size) != expected)
@@ -102,11 +106,50 @@ inline void read_state_range(const std::vector<std::unique_ptr<StateSource>>& so
     }
     if (from == nullptr) throw std::runtime_error("checkpoint: no state file holds parameter " + std::to_string(p));
     const size_t n = std::min(count - done, run->param + run->count - p);
-    const long offset = static_cast<long>(sizeof(StateHeader) +
+    const long offset = static_cast<long>(from->header.header_bytes +
                                           (section * from->header.state_count + run->state + (p - run->param)) * 4);
     if (std::fseek(from->file, offset, SEEK_SET) != 0) throw file_error(from->path, "cannot seek", errno);
     read_exact(from->file, out + done, n * sizeof(float), from->path, "the optimizer state");
     done += n;
+  }
+}
+
+// "seed 1337, configuration 0123456789abcdef": which run a state file (or a manifest) is from; a
+// version 2 file recorded no configuration hash.
+inline std::string run_identity(const std::string& seed, const uint64_t* config_hash) {
+  char hash[24] = "unrecorded";
+  if (config_hash != nullptr) std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(*config_hash));
+  return "seed " + seed + ", configuration " + hash;
+}
+
+// The state files of one checkpoint come from one run: each (version 3) was written with the
+// manifest's configuration, and all agree on what every rank shares (seed, data position, guard
+// counts). Files of two runs put together under a rebuilt manifest are refused, naming the file.
+inline void check_same_run(const Checkpoint& c, const std::vector<std::unique_ptr<StateSource>>& sources) {
+  const nlohmann::json config = c.manifest.value("config", nlohmann::json::object());
+  const uint64_t manifest_hash = configuration_hash(config);
+  const nlohmann::json seed = config.is_object() ? config.value("seed", nlohmann::json("?")) : nlohmann::json("?");
+  const std::string manifest_identity =
+      run_identity(seed.is_string() ? seed.get<std::string>() : seed.dump(), &manifest_hash);
+  const StateSource& first = *sources.front();
+  const auto identity = [](const StateSource& s) {
+    const StateHeader& h = s.header;
+    return run_identity(std::to_string(h.seed), h.version == kStateVersionWithoutConfigHash ? nullptr : &h.config_hash);
+  };
+  for (const auto& src : sources) {
+    const StateHeader& h = src->header;
+    if (h.version != kStateVersionWithoutConfigHash && h.config_hash != manifest_hash)
+      throw std::runtime_error(src->path + ": from another run than the manifest's: " + identity(*src) +
+                               "; the manifest's: " + manifest_identity);
+    const StateHeader& f = first.header;
+    const bool shared_state_equal =
+        h.seed == f.seed && std::memcmp(&h.train_data, &f.train_data, sizeof h.train_data) == 0 &&
+        h.skipped_nonfinite == f.skipped_nonfinite && h.skipped_loss_z == f.skipped_loss_z &&
+        h.skipped_norm_z == f.skipped_norm_z && h.loss_window_count == f.loss_window_count &&
+        h.norm_window_count == f.norm_window_count;
+    if (!shared_state_equal)
+      throw std::runtime_error(src->path + ": from another run than " + first.path + " (" + identity(*src) + "; " +
+                               identity(first) + "): their seed, data position or guard counts differ");
   }
 }
 
@@ -123,10 +166,10 @@ void load_checkpoint(const Checkpoint& c, GPT2<Elem>& model, TrainingState* stat
   model.load(c.path + "/" + kModelFileName);
   const int old_world = c.manifest.value("world_size", 1);
   const int old_zero = c.manifest.value("zero_stage", 0);
-  // At stage 0 every rank holds all of the state: rank 0's file is enough.
-  const int sources_needed = effective_zero_stage(old_zero, old_world) == 0 ? 1 : old_world;
+  // Every state file is opened and checked against the others (at stage 0, where every rank holds
+  // all of the state, rank 0's is read: the first source that holds a parameter).
   std::vector<std::unique_ptr<checkpoint_detail::StateSource>> sources;
-  for (int r = 0; r < sources_needed; ++r) {
+  for (int r = 0; r < old_world; ++r) {
     sources.push_back(std::make_unique<checkpoint_detail::StateSource>());
     checkpoint_detail::open_state_source(c, r, old_world, model, sources.back().get());
   }
@@ -134,6 +177,7 @@ void load_checkpoint(const Checkpoint& c, GPT2<Elem>& model, TrainingState* stat
     if (src->header.zero_stage != static_cast<uint32_t>(old_zero))
       throw std::runtime_error(src->path + ": ZeRO stage " + std::to_string(src->header.zero_stage) +
                                ", the manifest says " + std::to_string(old_zero));
+  checkpoint_detail::check_same_run(c, sources);
 
   float* sections[3] = {model.master_device(), model.adam_m_device(), model.adam_v_device()};
   const char* names[3] = {"the fp32 weights", "the AdamW first moments", "the AdamW second moments"};
@@ -152,7 +196,7 @@ void load_checkpoint(const Checkpoint& c, GPT2<Elem>& model, TrainingState* stat
 
   const checkpoint_detail::StateSource& first = *sources.front();
   const StateHeader& h = first.header;
-  if (std::fseek(first.file, static_cast<long>(sizeof h + 3 * h.state_count * sizeof(float)), SEEK_SET) != 0)
+  if (std::fseek(first.file, static_cast<long>(h.header_bytes + 3 * h.state_count * sizeof(float)), SEEK_SET) != 0)
     throw file_error(first.path, "cannot seek", errno);
   std::vector<double> loss_values(h.loss_window_count), norm_values(h.norm_window_count);
   checkpoint_detail::read_exact(first.file, loss_values.data(), loss_values.size() * sizeof(double), first.path,

@@ -138,6 +138,7 @@ WrittenFile write_state_file(const std::string& dir, const GPT2<Elem>& model, co
   h.skipped_norm_z = state.guards.skipped_norm_z;
   h.loss_window_count = state.guards.loss_window.values().size();
   h.norm_window_count = state.guards.norm_window.values().size();
+  h.config_hash = configuration_hash(info.config);
 
   AtomicFileWriter out(dir + "/" + state_file_name(info.rank));
   out.write(&h, sizeof h);

@@ -1,7 +1,10 @@
 // resume.h — --resume: choosing the checkpoint a run continues from (rank 0 chooses and verifies
 // it, every rank follows) and checking it against this run's ranks, ZeRO stage, dtype and flags.
 #pragma once
+#include "src/base/error_context.h"
+#include "src/base/out_dir_lock.h"
 #include "src/ckpt/checkpoint_dirs.h"
+#include "src/ckpt/out_dir_history.h"
 #include "src/dist/comm.h"
 #include "src/config/config.h"
 #include "src/dist/grad_sync.h"
@@ -9,51 +12,60 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <exception>
 #include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-// --resume: the checkpoint to continue from (nothing: start fresh), checked against this run. The
-// checkpoint directory is on a filesystem every rank sees: rank 0 chooses the checkpoint and
-// verifies every file's size and CRC-32C, the other ranks learn its choice (the step) through the
-// communicator and read that checkpoint's manifest, so every rank resumes from the same one.
-inline std::optional<Checkpoint> resolve_resume(const TrainConfig& cfg, Communicator& comm) {
+// --resume: the checkpoint to continue from (nothing: start fresh), checked against this run, and
+// for a run that trains the plan for --out-dir's files (src/ckpt/out_dir_history.h; rank 0's). The
+// checkpoint directory is on a filesystem every rank sees: rank 0 checks that no other run holds
+// --out-dir, chooses the checkpoint and verifies every file's size and CRC-32C, the other ranks
+// learn its choice (the step) through the communicator and read that checkpoint's manifest, so
+// every rank resumes from the same one, or all start fresh, or all stop.
+inline std::optional<Checkpoint> resolve_resume(const TrainConfig& cfg, Communicator& comm, OutDirPlan* out_dir_plan) {
   const int world_size = comm.world_size(), zero = effective_zero_stage(cfg.zero, world_size);
   const bool lead = comm.rank() == 0;
-  const std::vector<CheckpointDir> existing = list_checkpoint_dirs(cfg.out_dir);
-  if (cfg.resume.empty()) {
-    // Evaluation only (--max-steps 0, --eval) and --generate write nothing.
-    if (!existing.empty() && cfg.max_steps > 0 && !cfg.eval && !cfg.generate)
-      throw std::runtime_error("--out-dir " + cfg.out_dir + " already holds checkpoints (newest: " +
-                               existing.front().path +
-                               "): continue that run with --resume auto, or choose another --out-dir");
-    return std::nullopt;
-  }
   std::string dir = cfg.resume;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   std::optional<Checkpoint> found;
   std::string error;  // rank 0's reason to stop
   if (lead) {
-    if (cfg.resume == "auto") {
-      std::vector<std::string> skipped;
-      found = find_latest_checkpoint(cfg.out_dir, &skipped);
-      for (const std::string& s : skipped) std::fprintf(stderr, "warning: --resume auto: skipping %s\n", s.c_str());
-    } else {
-      std::string problem;
-      found = verify_checkpoint(dir, &problem);
-      if (!found) error = "--resume " + cfg.resume + ": not a complete checkpoint: " + problem;
+    try {
+      if (writes_out_dir(cfg)) with_context("--out-dir", [&] { OutDirLock::check_free(cfg.out_dir); });
+      if (cfg.resume == "auto") {
+        std::vector<std::string> skipped;
+        found = find_latest_checkpoint(cfg.out_dir, &skipped);
+        // Checkpoints but none usable: a fresh start would bury them (and retention delete them).
+        if (!found && !skipped.empty() && !(cfg.overwrite && writes_out_dir(cfg))) {
+          std::string all;
+          for (const std::string& s : skipped) all += (all.empty() ? "" : "; ") + s;
+          throw std::runtime_error("--resume auto: " + cfg.out_dir + " holds checkpoints but none is complete: " +
+                                   all + " (nothing was changed; --overwrite starts afresh and deletes them)");
+        }
+        if (found)
+          for (const std::string& s : skipped) std::fprintf(stderr, "warning: --resume auto: skipping %s\n", s.c_str());
+      } else if (!cfg.resume.empty()) {
+        std::string problem;
+        found = verify_checkpoint(dir, &problem);
+        if (!found) throw std::runtime_error("--resume " + cfg.resume + ": not a complete checkpoint: " + problem);
+      }
+      if (writes_out_dir(cfg)) *out_dir_plan = plan_out_dir(cfg, found);
+    } catch (const std::exception& e) {
+      error = e.what();
     }
   }
   // Rank 0's decision: the checkpoint's step, -1 for none, -2 for an error.
   const double lead_choice = !error.empty() ? -2.0 : found ? static_cast<double>(found->step) : -1.0;
   const double choice = world_size > 1 ? comm.sum(lead ? lead_choice : 0.0) : lead_choice;
   if (!error.empty()) throw std::runtime_error(error);
-  if (choice == -2.0) throw FailedOnAnotherRank("--resume " + cfg.resume + ": rank 0 refused the checkpoint (see its error)");
+  if (choice == -2.0) throw FailedOnAnotherRank("rank 0 stopped the start-up (see its error)");
   if (choice == -1.0) {
+    if (cfg.resume.empty()) return std::nullopt;
     if (cfg.generate) throw std::runtime_error("--resume auto: no complete checkpoint in " + cfg.out_dir + " to generate from");
-    std::printf("--resume auto: no complete checkpoint in %s; starting from scratch\n", cfg.out_dir.c_str());
+    std::printf("--resume auto: no checkpoint in %s; starting from scratch\n", cfg.out_dir.c_str());
     return std::nullopt;
   }
   if (!lead) {
@@ -78,7 +90,7 @@ inline std::optional<Checkpoint> resolve_resume(const TrainConfig& cfg, Communic
   // Other flags may change on resume (e.g. a longer --max-steps); each change to what is trained
   // is reported (flags about files and checkpointing are not).
   const std::set<std::string> unreported = {"config", "resume", "out-dir", "checkpoint-every", "keep-checkpoints",
-                                            "keep-every", "save-dtype"};
+                                            "keep-every", "save-dtype", "overwrite"};
   const nlohmann::json now = config_json(cfg), then = m.value("config", nlohmann::json::object());
   for (const auto& item : now.items()) {
     if (!lead) break;  // reported once

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <climits>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -67,7 +68,8 @@ const std::vector<Flag>& flag_table() {
        {0, (double)LLONG_MAX}},
       {"val-steps", "N", "validation batches (B x T each) averaged per validation", &TrainConfig::val_steps,
        {1, (double)LLONG_MAX}},
-      {"out-dir", "DIR", "where metrics.jsonl (truncated at start) and the final model.bin go", &TrainConfig::out_dir},
+      {"out-dir", "DIR", "where metrics.jsonl, the checkpoints and the final model.bin go; a run adds to the history "
+       "it continues and never replaces another run's files unless --overwrite", &TrainConfig::out_dir},
       {"save-dtype", "bf16|fp32", "storage type of the final model file DIR/model.bin (checkpoints keep the run's)",
        &TrainConfig::save_dtype, {}, {"bf16", "fp32"}, "the run's --dtype"},
       {"zero", "0|1|2", "ZeRO stage with several ranks: 0 all-reduces gradients; 1 shards the AdamW state (moments, "
@@ -90,7 +92,11 @@ const std::vector<Flag>& flag_table() {
        {0, (double)LLONG_MAX}},
       {"resume", "auto|DIR",
        "continue from the newest complete checkpoint in --out-dir (auto) or from checkpoint directory DIR",
-       &TrainConfig::resume, {}, {}, "none (start fresh; refused if --out-dir holds checkpoints)"},
+       &TrainConfig::resume, {}, {}, "none (start fresh; refused if --out-dir holds another run's files)"},
+      {"overwrite", "0|1",
+       "a run that starts a new history in --out-dir may delete the checkpoints and replace the metrics.jsonl and "
+       "model.bin another or an earlier run left there (without it: refused; '--overwrite' alone means 1)",
+       &TrainConfig::overwrite},
       {"skip-loss-z", "X", "skip the update of a step whose loss is > X std above the recent mean (0 = off)",
        &TrainConfig::skip_loss_z, {0, HUGE_VAL}},
       {"skip-norm-z", "X", "skip the update of a step whose gradient norm is > X std above the recent mean (0 = off)",
@@ -114,7 +120,7 @@ const std::vector<Flag>& flag_table() {
        "GPU needed; '--plan' alone means 1)", &TrainConfig::plan},
       {"gpu-memory", "GiB", "device memory a rank may use: --plan's budget, and a run stops before allocating if its "
        "plan exceeds it (0 = the device's: free memory for a run, total for --plan)", &TrainConfig::gpu_memory,
-       {0, HUGE_VAL}, {}, "0 (the device's)"},
+       {0, kMaxGpuMemoryGiB}, {}, "0 (the device's)"},
       {"world-size", "N", "with --plan: plan for N ranks (ZeRO shards, batch per rank) (0 = the run's)",
        &TrainConfig::world_size, {0, 1 << 20}, {}, "0 (the run's)"},
       {"generate", "0|1", "print --prompt and its continuation by the model (--init-from or --resume), then exit "
@@ -199,6 +205,48 @@ bool parse_real(const std::string& text, double* out) {
   return true;
 }
 
+// The offset of the first byte that is not part of well-formed UTF-8 (RFC 3629: no overlong forms,
+// no surrogates, nothing above U+10FFFF), or npos: every value reaches a JSON file (the checkpoint
+// manifest's configuration, metrics.jsonl's samples), and JSON holds Unicode text only.
+size_t invalid_utf8_offset(const std::string& text) {
+  const auto byte = [&](size_t i) { return static_cast<unsigned char>(text[i]); };
+  for (size_t i = 0; i < text.size();) {
+    const unsigned char c = byte(i);
+    size_t length = 1;
+    unsigned char lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
+    if (c >= 0xC2 && c <= 0xDF) {
+      length = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      length = 3;
+      if (c == 0xE0) lo = 0xA0;  // no overlong forms
+      if (c == 0xED) hi = 0x9F;  // no surrogates
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      length = 4;
+      if (c == 0xF0) lo = 0x90;  // no overlong forms
+      if (c == 0xF4) hi = 0x8F;  // nothing above U+10FFFF
+    } else if (c >= 0x80) {
+      return i;  // a continuation byte, an overlong lead (0xC0, 0xC1) or 0xF5..0xFF
+    }
+    if (i + length > text.size()) return i;
+    for (size_t k = 1; k < length; ++k) {
+      const unsigned char next = byte(i + k);
+      if (k == 1 ? next < lo || next > hi : next < 0x80 || next > 0xBF) return i;
+    }
+    i += length;
+  }
+  return std::string::npos;
+}
+
+// Throws unless a command-line value is UTF-8 text (see invalid_utf8_offset), naming the flag.
+void check_utf8(const std::string& value, const std::string& where) {
+  const size_t at = invalid_utf8_offset(value);
+  if (at == std::string::npos) return;
+  char byte[8];
+  std::snprintf(byte, sizeof byte, "0x%02x", static_cast<unsigned char>(value[at]));
+  throw std::invalid_argument(where + ": not valid UTF-8 text (byte " + byte + " at offset " + std::to_string(at) +
+                              "); every value is recorded in JSON files (metrics.jsonl, checkpoint manifests)");
+}
+
 // A value in its textual form plus the JSON it came from (null for command-line text).
 struct RawValue {
   std::string text;
@@ -214,6 +262,7 @@ void assign(TrainConfig& cfg, const Flag& flag, const RawValue& raw, const std::
         using V = std::remove_cv_t<std::remove_reference_t<decltype(cfg.*member)>>;
         if constexpr (std::is_same_v<V, std::string>) {
           if (raw.json && !raw.json->is_string()) throw bad();
+          if (!raw.json) check_utf8(raw.text, where);  // a JSON file's strings are UTF-8 already
           std::string v = raw.json ? raw.json->template get<std::string>() : raw.text;
           if (v.empty() && !flag.command_line_only && std::string(flag.name) != "init-from") throw bad();
           if (!flag.choices.empty()) {
@@ -369,6 +418,7 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
   for (const auto& [flag, value] : given)
     if (std::string(flag->name) == "config") {
       if (value.empty()) throw std::invalid_argument("--config: expected a file name");
+      config_detail::check_utf8(value, "--config");
       result.config.config_file = value;
     }
   if (!result.config.config_file.empty()) apply_config_file(result.config, result.config.config_file);

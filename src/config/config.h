@@ -21,6 +21,9 @@
 #include <variant>
 #include <vector>
 
+// The largest --gpu-memory (GiB): 1 PiB, far above any device, and its bytes fit a size_t.
+constexpr double kMaxGpuMemoryGiB = 1048576.0;
+
 struct TrainConfig {
   // data
   std::string train_data = "data/default/*_train_*.bin";
@@ -64,6 +67,7 @@ struct TrainConfig {
   long long keep_checkpoints = 3;  // 0: keep all
   long long keep_every = 0;        // 0: none kept for good
   std::string resume;              // "", "auto" or a checkpoint directory
+  bool overwrite = false;          // a new history may replace what --out-dir holds (src/ckpt/out_dir_history.h)
   double skip_loss_z = 0.0;        // 0: off
   double skip_norm_z = 0.0;        // 0: off
   // HellaSwag evaluation (src/data/hellaswag.h) and MFU (src/run/throughput.h)

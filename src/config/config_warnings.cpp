@@ -25,6 +25,9 @@ std::vector<std::string> config_warnings(const TrainConfig& cfg, int grad_accum_
   if (!cfg.eval_data.empty() && cfg.eval_every == 0 && !cfg.eval && cfg.max_steps > 0)
     warnings.push_back("--eval-data " + cfg.eval_data + " is never evaluated (--eval-every is 0; --eval evaluates a "
                        "model alone)");
+  if (cfg.sample_every > cfg.max_steps && cfg.max_steps > 0 && !cfg.generate)
+    warnings.push_back("--sample-every " + std::to_string(cfg.sample_every) + " > --max-steps " +
+                       std::to_string(cfg.max_steps) + ": no sample is drawn");
   if (cfg.sample_every == 0 && !cfg.generate && cfg.was_set("prompt"))
     warnings.push_back("--prompt is never used (--sample-every is 0; --generate generates from a model alone)");
   return warnings;

@@ -39,6 +39,14 @@ ChoiceEvalSet read_choice_eval_file(const std::string& path, int vocab_size, int
   if (header[2] <= 0) throw fail("header says " + std::to_string(header[2]) + " examples, expected at least 1");
   const long long count = header[2], longest = header[3];
   const size_t end = bytes.size();
+  // The smallest example: start marker, byte length, index, label, completion count, a one-token
+  // context and two one-token completions, each a uint16. A count the file cannot hold is refused
+  // before anything is allocated for it.
+  constexpr size_t kSmallestExampleBytes = 2 * (5 + 2 + 2 * 2);
+  const size_t most = (end - kHeaderBytes) / kSmallestExampleBytes;
+  if (static_cast<size_t>(count) > most)
+    throw fail("the header says " + std::to_string(count) + " examples, the file's " + std::to_string(end) +
+               " bytes hold at most " + std::to_string(most) + " (a damaged header, or a file cut short)");
   ChoiceEvalSet set;
   set.path = path;
   set.examples.reserve(static_cast<size_t>(count));

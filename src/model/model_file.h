@@ -11,6 +11,7 @@
 
 #include <array>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -106,6 +107,20 @@ inline ModelFileInfo read_model_file_info(const std::string& path) {
 
 inline GPT2Config read_model_header(const std::string& path) { return read_model_file_info(path).config; }
 
+// A NaN or infinite weight makes every loss and sample of the model NaN: a model file holding one
+// (a run that diverged, a damaged file) is refused, naming the tensor and where in it.
+inline void check_finite_tensor(const std::string& path, const ParameterLayout& layout, int i,
+                                const std::vector<float>& values) {
+  size_t bad = 0, first = 0;
+  for (size_t k = values.size(); k-- > 0;)
+    if (!std::isfinite(values[k])) ++bad, first = k;
+  if (bad == 0) return;
+  const std::string where = is_layer_tensor(i) ? " (layer " + std::to_string(first / layout.slice_count(i)) + ")" : "";
+  throw std::runtime_error(path + ": tensor " + layout[i].name + " holds " + std::to_string(bad) +
+                           " non-finite value(s) (NaN or infinity), the first at element " + std::to_string(first) +
+                           where);
+}
+
 // Reads the body of a model file that read_model_file_info checked, one tensor at a time in
 // llm.c order, as float values (bf16 values widen exactly): tensor(i, values) for each.
 inline void read_model_tensors(const std::string& path, const ModelFileInfo& info,
@@ -127,6 +142,7 @@ inline void read_model_tensors(const std::string& path, const ModelFileInfo& inf
         for (size_t k = 0; k < n; ++k) values[k] = host_to_float(raw[k]);
       }
       if (!complete) throw std::runtime_error(path + ": file ended inside tensor " + layout[i].name);
+      check_finite_tensor(path, layout, i, values);
       tensor(i, values);
     }
   } catch (...) {

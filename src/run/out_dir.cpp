@@ -1,10 +1,11 @@
-// out_dir.cpp — claiming --out-dir for a run
+// out_dir.cpp — claiming --out-dir for a run: lock, files of other histories set aside, room, metrics.jsonl
 #include "src/run/out_dir.h"
 
 #include "src/base/error_context.h"
 #include "src/base/out_dir_lock.h"
 #include "src/base/units.h"
 #include "src/ckpt/checkpoint_dirs.h"
+#include "src/ckpt/out_dir_history.h"
 #include "src/config/config.h"
 #include "src/run/metrics.h"
 
@@ -17,14 +18,15 @@
 #include <system_error>
 #include <vector>
 
-OpenOutDir open_out_dir(const TrainConfig& cfg, long long step, bool resumed, uint64_t checkpoint_bytes,
-                               uint64_t model_file_bytes) {
+OpenOutDir open_out_dir(const TrainConfig& cfg, long long step, const OutDirPlan& plan, uint64_t checkpoint_bytes,
+                        uint64_t model_file_bytes) {
   std::error_code ec;
   std::filesystem::create_directories(cfg.out_dir, ec);
   if (ec) throw std::runtime_error("--out-dir " + cfg.out_dir + ": cannot create the directory: " + ec.message());
   OpenOutDir out;
   with_context("--out-dir", [&] {
     out.lock = std::make_unique<OutDirLock>(cfg.out_dir);
+    for (const std::string& line : carry_out(cfg.out_dir, plan)) std::printf("%s\n", line.c_str());
     std::vector<long long> existing;
     for (const CheckpointDir& d : list_checkpoint_dirs(cfg.out_dir))
       if (d.step <= step) existing.push_back(d.step);
@@ -44,10 +46,10 @@ OpenOutDir open_out_dir(const TrainConfig& cfg, long long step, bool resumed, ui
     std::fflush(stdout);
     check_output_directory(cfg.out_dir, needed, what);
   });
-  const std::string metrics_path = cfg.out_dir + "/metrics.jsonl";
-  if (resumed)
+  const std::string metrics_path = cfg.out_dir + "/" + kMetricsFileName;
+  if (plan.continue_metrics)
     for (const std::string& damaged : keep_metrics_through_step(metrics_path, step))
       std::fprintf(stderr, "warning: --resume: %s\n", damaged.c_str());
-  out.metrics = std::make_unique<MetricsLog>(metrics_path, resumed);
+  out.metrics = std::make_unique<MetricsLog>(metrics_path, plan.continue_metrics);
   return out;
 }

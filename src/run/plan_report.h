@@ -57,9 +57,12 @@ inline std::string fitting_batch_sizes(const TrainConfig& cfg, const GPT2Config&
   return out;
 }
 
+// --plan's exit status when the plan exceeds the budget (scripts can test it; 1 is a bad input).
+constexpr int kPlanDoesNotFitStatus = 2;
+
 // --plan: each rank's device memory for --world-size ranks, against --gpu-memory or the device's
 // total memory (none without a device). Reads only the model's architecture: no data, no GPU
-// needed, nothing written.
+// needed, nothing written. Returns the exit status: 0, or kPlanDoesNotFitStatus.
 inline int print_memory_plan(TrainConfig cfg) {
   if (!cfg.resume.empty())
     throw std::invalid_argument("--plan takes the architecture from --model or --init-from, not --resume");
@@ -80,7 +83,7 @@ inline int print_memory_plan(TrainConfig cfg) {
   if (budget > 0) std::printf("%s\n", fitting_batch_sizes(cfg, model, world, budget, sampling).c_str());
   else std::printf("no device and no --gpu-memory: pass --gpu-memory GiB to see what fits\n");
   std::printf("not counted: the CUDA context and NCCL's buffers (leave ~1 GiB per GPU)\n");
-  return 0;
+  return budget > 0 && plan.total() > budget ? kPlanDoesNotFitStatus : 0;
 }
 
 // Before a run allocates: its plan against --gpu-memory or the device's free memory. A run that

@@ -2,9 +2,11 @@
 // flags, the model's architecture and where it comes from, the schedule, --resume's checkpoint,
 // the text sampler), and the data it reads (TrainingData), opened before the model is allocated.
 #pragma once
+#include "src/base/durable_file.h"
 #include "src/base/error_context.h"
 #include "src/base/units.h"
 #include "src/ckpt/checkpoint_dirs.h"
+#include "src/ckpt/out_dir_history.h"
 #include "src/config/config.h"
 #include "src/config/lr_schedule.h"
 #include "src/data/dataloader.h"
@@ -28,7 +30,9 @@ struct RunSetup {
   std::string model_source;  // "preset d12" or the --init-from path
   LrSchedule schedule;
   std::optional<Checkpoint> resume_from;  // --resume's checkpoint
+  OutDirPlan out_dir_plan;                // rank 0 of a run that trains: what happens to --out-dir's files
   std::unique_ptr<TextSampler> sampler;   // --generate, --sample-every
+  std::unique_ptr<AtomicFileWriter> eval_losses;  // rank 0 of --eval with --eval-losses, open from start-up
 };
 
 // The architecture: --resume's model file, --init-from's header or the --model preset; *source

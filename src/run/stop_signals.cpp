@@ -1,37 +1,48 @@
-// stop_signals.cpp — the stop-signal handlers and the flag they set (async-signal-safe only).
+// stop_signals.cpp — the stop-signal handlers and the flags they set (async-signal-safe only).
 #include "src/run/stop_signals.h"
 
 #include <unistd.h>
 
 #include <csignal>
+#include <cstdio>
 
 namespace {
 
-volatile std::sig_atomic_t g_stop_signal = 0;
+volatile std::sig_atomic_t g_stop_signal = 0;  // the signal that asked for the stop
+volatile std::sig_atomic_t g_interrupted = 0;  // a Ctrl-C came
 
-// Ctrl-C asks for a stop like SIGTERM; a second one, for a user who will not wait for the step,
-// ends the process at once the way Ctrl-C does by default (killed by SIGINT: status 130). Only
-// async-signal-safe calls here.
+void write_note(const char* note, size_t bytes) {
+  if (write(STDERR_FILENO, note, bytes) < 0) return;
+}
+
+// Ctrl-C asks for a stop like SIGTERM; a second Ctrl-C, for a user who will not wait for the step,
+// ends the process at once the way Ctrl-C does by default (killed by SIGINT: status 130). A Ctrl-C
+// after SIGTERM or SIGUSR1 is the first Ctrl-C, not the second. Only async-signal-safe calls here.
 void request_stop(int signal) {
-  if (signal == SIGINT && g_stop_signal != 0) {
+  if (signal != SIGINT) {
+    g_stop_signal = signal;
+    return;
+  }
+  if (g_interrupted != 0) {
     struct sigaction default_action {};
     default_action.sa_handler = SIG_DFL;
     sigaction(SIGINT, &default_action, nullptr);
     raise(SIGINT);  // delivered when this handler returns
     return;
   }
-  g_stop_signal = signal;
-  if (signal == SIGINT) {
-    static const char note[] = "\nSIGINT: stopping after this step with a checkpoint (Ctrl-C again: stop at once)\n";
-    if (write(STDERR_FILENO, note, sizeof note - 1) < 0) return;
-  }
+  g_interrupted = 1;
+  static const char stopping[] = "\nSIGINT: stopping after this step with a checkpoint (Ctrl-C again: stop at once)\n";
+  static const char after_term[] = "\nSIGINT: already stopping after this step (SIGTERM); Ctrl-C again: stop at once\n";
+  static const char after_usr1[] = "\nSIGINT: already stopping after this step (SIGUSR1); Ctrl-C again: stop at once\n";
+  if (g_stop_signal == SIGTERM) write_note(after_term, sizeof after_term - 1);
+  else if (g_stop_signal == SIGUSR1) write_note(after_usr1, sizeof after_usr1 - 1);
+  else write_note(stopping, sizeof stopping - 1);
+  if (g_stop_signal == 0) g_stop_signal = SIGINT;
 }
 
-}  // namespace
-
-void install_stop_handlers() {
+void set_stop_handlers(void (*handler)(int)) {
   struct sigaction action {};
-  action.sa_handler = request_stop;
+  action.sa_handler = handler;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;  // reads and writes in flight continue; the loop checks the flag
   sigaction(SIGTERM, &action, nullptr);
@@ -39,8 +50,19 @@ void install_stop_handlers() {
   sigaction(SIGINT, &action, nullptr);
 }
 
+}  // namespace
+
+void install_stop_handlers() { set_stop_handlers(request_stop); }
+
+void restore_default_stop_handlers() { set_stop_handlers(SIG_DFL); }
+
 int pending_stop_signal() { return static_cast<int>(g_stop_signal); }
 
 const char* signal_name(int signal) {
   return signal == SIGTERM ? "SIGTERM" : signal == SIGUSR1 ? "SIGUSR1" : "SIGINT";
+}
+
+StopDuringStartUp::StopDuringStartUp(int signal, const char* stage) {
+  std::snprintf(message_, sizeof message_, "received %s during start-up: stopped before %s, nothing written",
+                signal_name(signal), stage);
 }

@@ -83,6 +83,7 @@ class Trainer {
       for (const std::string& w : config_warnings(cfg_, setup_.grad_accum_steps, data_.val ? data_.val->batches_per_epoch() : 0))
         std::fprintf(stderr, "warning: %s\n", w.c_str());
     print_startup_report(setup_, model_, data_, comm_, flops_per_token_, peak_);
+    stop_if_signalled_during_start_up();
     if (lead_ && !eval_only_ && !cfg_.eval) prepare_out_dir();
     if (lead_ && !eval_only_ && !cfg_.eval && cfg_.sample_every > 0)
       decoder_ = std::make_unique<KvCacheDecoder<Elem>>(model_.config(), model_.params_device(),
@@ -107,10 +108,10 @@ class Trainer {
         return;
       }
     }
-    install_stop_handlers();
     const long long first_step = state_.step + 1;
     for (long long step = first_step; step <= cfg_.max_steps; ++step) {
       maybe_hang_for_test(comm_.rank(), step);
+      maybe_signal_for_test(comm_.rank(), step);
       // --profile: every step but the first, which makes the cuBLASLt plans (unless it is the only one).
       const bool profiled = cfg_.profile > 0 && (step > first_step || step == cfg_.max_steps);
       if (profiled) DeviceProfiler::get().start();
@@ -190,8 +191,8 @@ class Trainer {
     std::printf("%s | %s, %s (%.1f s); --eval: nothing else written\n", format_hellaswag(result).c_str(),
                 cfg_.eval_data.c_str(), setup_.model_source.c_str(), seconds);
     std::fflush(stdout);
-    if (lead_ && !cfg_.eval_losses.empty())
-      with_context("--eval-losses", [&] { write_eval_losses(cfg_.eval_losses, *data_.eval, sums); });
+    if (setup_.eval_losses)
+      with_context("--eval-losses", [&] { write_eval_losses(*setup_.eval_losses, *data_.eval, sums); });
     comm_.barrier();
   }
 
@@ -233,12 +234,25 @@ class Trainer {
                                       : "no --batch-size gives it with " + std::to_string(ranks) + " rank(s)"));
   }
 
+  // A stop signal that came during start-up (main installs the handlers first; reading the data
+  // and loading the model take the time) ends the command here, before anything is written, on
+  // every rank alike: the ranks' votes are summed. A command that only evaluates then goes back to
+  // the default actions (a signal ends it, as it would any program that writes nothing).
+  void stop_if_signalled_during_start_up() {
+    const bool trains = !eval_only_ && !cfg_.eval;
+    if (!trains) restore_default_stop_handlers();
+    comm_.set_purpose("the start-up's stop votes", after_step());
+    const int signal = pending_stop_signal();
+    const double votes = comm_.world_size() > 1 ? comm_.sum(signal != 0 ? 1.0 : 0.0) : (signal != 0 ? 1.0 : 0.0);
+    if (votes > 0) throw StopDuringStartUp(signal != 0 ? signal : SIGTERM, trains ? "training" : "evaluating");
+  }
+
   // Rank 0: --out-dir claimed for this run, with room for its checkpoints (src/run/out_dir.h).
   void prepare_out_dir() {
     const uint64_t checkpoint = checkpoint_bytes(model_.num_parameters(), sizeof(Elem),
                                                  model_.gradient_sync().state_count(), comm_.world_size());
     const uint64_t model_file = kHeaderBytes + model_.num_parameters() * (save_dtype_ == DType::fp32 ? 4 : 2);
-    out_dir_ = open_out_dir(cfg_, state_.step, setup_.resume_from.has_value(), checkpoint, model_file);
+    out_dir_ = open_out_dir(cfg_, state_.step, setup_.out_dir_plan, checkpoint, model_file);
   }
 
   // Step k (1-based): grad_accum micro-batches of forward+backward, then one AdamW update at lr(k)

@@ -156,7 +156,8 @@ before=$(cat "$tmp/fp32-straight/metrics.jsonl")
 if "$bin" "${common[@]}" --dtype fp32 --out-dir "$tmp/fp32-straight" >"$tmp/refuse.log" 2>&1; then
   fail "a fresh run into an --out-dir with checkpoints was not refused"
 else
-  grep -q 'already holds checkpoints .*--resume auto' "$tmp/refuse.log" || fail "refusal message: $(cat "$tmp/refuse.log")"
+  grep -q 'holds checkpoints .*of another run: continue it with --resume auto' "$tmp/refuse.log" ||
+    fail "refusal message: $(cat "$tmp/refuse.log")"
   [ "$before" = "$(cat "$tmp/fp32-straight/metrics.jsonl")" ] || fail "the refused run changed metrics.jsonl"
 fi
 

@@ -17,9 +17,10 @@ echo 'previous model' >"$out/model.bin"
 snapshot() { (cd "$out" && ls -l --time-style=full-iso && cat metrics.jsonl model.bin) | md5sum; }
 before=$(snapshot)
 
-# Flags of a run that would succeed on the tiny reference.
+# Flags of a run that would succeed on the tiny reference (with --overwrite, which may replace the
+# previous run's files only once every input has been checked).
 good=(--init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$ref/train.bin"
-      --batch-size 2 --seq-len 32 --max-steps 1 --warmup-steps 0 --val-steps 1 --out-dir "$out")
+      --batch-size 2 --seq-len 32 --max-steps 1 --warmup-steps 0 --val-steps 1 --out-dir "$out" --overwrite 1)
 
 # expect_error "description" "text the message must contain"... -- ARGS...
 # ARGS "+ FLAGS...": the good flags with FLAGS in place of theirs (with_flags).
@@ -95,10 +96,10 @@ expect_error "bad dtype" "--dtype" "bf16 fp32" -- + --dtype fp16
 expect_error "bad schedule" "--lr-schedule" "cosine linear constant wsd" -- + --lr-schedule step
 expect_error "bad switch" "--shuffle" "0 or 1" -- + --shuffle maybe
 expect_error "T above the model's maximum" "--seq-len 128" "64" "$ref/model.bin" -- + --seq-len 128
-expect_error "T above the preset's maximum" "--seq-len 256" "128" "nano" -- --model nano --seq-len 256 --out-dir "$out"
+expect_error "T above the preset's maximum" "--seq-len 256" "128" "nano" -- --model nano --seq-len 256 --out-dir "$out" --overwrite
 expect_error "total batch not divisible" "--total-batch-tokens 100" "2 x 32 x 1 = 64" -- + --total-batch-tokens 100
 expect_error "--init-from with --model" "--init-from and --model" -- + --model d12
-expect_error "unknown preset" "--model" "unknown model preset 'd13'" -- --model d13 --out-dir "$out"
+expect_error "unknown preset" "--model" "unknown model preset 'd13'" -- --model d13 --out-dir "$out" --overwrite
 
 # ---- config files
 expect_error "missing config file" "--config $tmp/none.json" "cannot open" -- --config "$tmp/none.json"
@@ -135,7 +136,7 @@ expect_error "negative --skip-loss-z" "--skip-loss-z" "expected a number >= 0" -
 # A batch far beyond the device: refused by the memory plan before anything is allocated, naming
 # the bytes and the --batch-size that would fit.
 cases=$((cases + 1))
-if "$bin" --model nano --batch-size 4000000 --seq-len 64 --out-dir "$out" >"$tmp/stdout" 2>"$tmp/stderr"; then
+if "$bin" --model nano --batch-size 4000000 --seq-len 64 --out-dir "$out" --overwrite >"$tmp/stdout" 2>"$tmp/stderr"; then
   fail "a batch that cannot be allocated: exit status 0"
 elif ! grep -qE "^error: the run needs [0-9.]+ GiB of device memory per rank and free device memory is .*largest --batch-size that fits" "$tmp/stderr" ||
     [ "$(wc -l < "$tmp/stderr")" -ne 1 ]; then

@@ -96,12 +96,12 @@ else
   fail "evaluation only (--max-steps 0) failed"; cat "$tmp/eval.log"
 fi
 
-# 2. A second run into the same directory truncates metrics.jsonl; validation at the last step.
-# (Without its checkpoints: a fresh run refuses a directory holding some, see checkpoint_resume.sh.)
-rm -r "$run1"/checkpoint_*
+# 2. A second run into the same directory with --overwrite (without it: refused, see
+# out_dir_ownership.sh) deletes the first run's checkpoints and starts metrics.jsonl anew;
+# validation at the last step.
 if "$bin" --init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$ref/train.bin" \
     --batch-size 2 --seq-len 32 --max-steps 2 --lr-schedule wsd --warmup-steps 0 --val-every 5 --val-steps 1 \
-    --out-dir "$run1" >"$tmp/run2.log" 2>&1; then
+    --out-dir "$run1" --overwrite >"$tmp/run2.log" 2>&1; then
   check_metrics "$run1" 2 5 6e-4 0 0.1 wsd || fail "rerun: metrics.jsonl was not truncated or is wrong"
 else
   fail "rerun exited non-zero"; cat "$tmp/run2.log"

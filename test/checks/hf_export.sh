@@ -3,7 +3,9 @@
 # is byte-identical (fp32 from the PyTorch reference, bf16 from a short run of the binary); the
 # exported safetensors, read by an independent loader here and run as Hugging Face's GPT-2 would
 # (Conv1D weights: x @ W + b, unpadded tied head), gives the binary's validation loss; a model
-# imported from Hugging Face trains; bad inputs fail with one line and a non-zero exit.
+# imported from Hugging Face trains; bad inputs fail with one line and a non-zero exit — among them
+# every configuration the trainer cannot run (head size, layernorm epsilon, attention scaling, an
+# untied head, non-finite weights) and malformed safetensors headers — leaving no file behind.
 # usage: hf_export.sh cpu|gpu
 set -u
 # shellcheck source=test/checks/lib/trainer.sh
@@ -119,5 +121,69 @@ expect_error "import without model.safetensors" "model.safetensors: cannot read"
   "$python" dev/import_hf.py "$tmp/no_weights" "$tmp/x.bin"
 expect_error "import with shapes that contradict config.json" "has shape" \
   "$python" dev/import_hf.py "$tmp/wrong_shape" "$tmp/x.bin"
+# Configurations and files the trainer could not run are refused, each in one line.
+# bad_import NAME PYTHON-STATEMENTS: $tmp/NAME, a copy of hf_ref whose config (cfg, a dict) and
+# safetensors (header, a dict; body, bytes) the statements change.
+bad_import() {
+  mkdir -p "$tmp/$1"
+  "$python" - "$tmp/hf_ref" "$tmp/$1" "$2" <<'PY'
+import json, struct, sys
+src, dst, change = sys.argv[1:]
+cfg = json.load(open(f"{src}/config.json"))
+data = open(f"{src}/model.safetensors", "rb").read()
+(n,) = struct.unpack_from("<Q", data)
+header, body = json.loads(data[8:8 + n]), data[8 + n:]
+exec(change)
+json.dump(cfg, open(f"{dst}/config.json", "w"))
+text = json.dumps(header).encode()
+open(f"{dst}/model.safetensors", "wb").write(struct.pack("<Q", len(text)) + text + body)
+PY
+}
+bad_import no_heads 'del cfg["n_head"]'
+bad_import text_heads 'cfg["n_head"] = "2"'
+bad_import odd_heads 'cfg["n_head"] = 5'
+bad_import small_heads 'cfg["n_head"] = 12'
+bad_import list_config 'cfg = []'
+bad_import epsilon 'cfg["layer_norm_epsilon"] = 1e-6'
+bad_import layer_scaling 'cfg["scale_attn_by_inverse_layer_idx"] = True'
+bad_import unscaled 'cfg["scale_attn_weights"] = False'
+bad_import untied 'cfg["tie_word_embeddings"] = False'
+bad_import no_offsets 'del header["transformer.wpe.weight"]["data_offsets"]'
+bad_import text_shape 'header["transformer.wpe.weight"]["shape"] = "32x48"'
+bad_import list_header 'header = [header]'
+bad_import nan_weight 'import numpy as np
+info = header["transformer.h.1.ln_2.bias"]
+begin = info["data_offsets"][0]
+body = body[:begin] + np.float32("nan").tobytes() + body[begin + 4:]'
+expect_error "import without n_head" "config.json: no n_head$" "$python" dev/import_hf.py "$tmp/no_heads" "$tmp/x.bin"
+expect_error "import with n_head a string" "config.json: n_head '2', expected a whole number" \
+  "$python" dev/import_hf.py "$tmp/text_heads" "$tmp/x.bin"
+expect_error "import with heads not dividing n_embd" "config.json: n_embd 48 / n_head 5: train_gpt needs a head size" \
+  "$python" dev/import_hf.py "$tmp/odd_heads" "$tmp/x.bin"
+expect_error "import with a head size of 4" "config.json: n_embd 48 / n_head 12: train_gpt needs a head size" \
+  "$python" dev/import_hf.py "$tmp/small_heads" "$tmp/x.bin"
+expect_error "import of a config that is a list" "config.json: a JSON list, expected an object" \
+  "$python" dev/import_hf.py "$tmp/list_config" "$tmp/x.bin"
+expect_error "import with another layernorm epsilon" "config.json: layer_norm_epsilon 1e-06: train_gpt implements only 1e-05" \
+  "$python" dev/import_hf.py "$tmp/epsilon" "$tmp/x.bin"
+expect_error "import with scale_attn_by_inverse_layer_idx" \
+  "config.json: scale_attn_by_inverse_layer_idx True: train_gpt implements only false" \
+  "$python" dev/import_hf.py "$tmp/layer_scaling" "$tmp/x.bin"
+expect_error "import without attention scaling" "config.json: scale_attn_weights False: train_gpt implements only true" \
+  "$python" dev/import_hf.py "$tmp/unscaled" "$tmp/x.bin"
+expect_error "import of an untied head that is not stored" "tie_word_embeddings False and no lm_head.weight" \
+  "$python" dev/import_hf.py "$tmp/untied" "$tmp/x.bin"
+expect_error "import without data_offsets" "tensor transformer.wpe.weight: data_offsets None, expected" \
+  "$python" dev/import_hf.py "$tmp/no_offsets" "$tmp/x.bin"
+expect_error "import with a shape that is text" "tensor transformer.wpe.weight: shape '32x48', expected a list" \
+  "$python" dev/import_hf.py "$tmp/text_shape" "$tmp/x.bin"
+expect_error "import of a safetensors header that is a list" "header is a JSON list, expected an object" \
+  "$python" dev/import_hf.py "$tmp/list_header" "$tmp/x.bin"
+expect_error "import of a NaN weight" "tensor h.1.ln_2.bias: 1 non-finite value(s)" \
+  "$python" dev/import_hf.py "$tmp/nan_weight" "$tmp/x.bin"
 [ ! -e "$tmp/x.bin" ] || fail "a failed import left $tmp/x.bin behind"
+# A write that fails at the rename (the destination is a folder) leaves no temporary file.
+mkdir -p "$tmp/folder.bin/inside"
+expect_error "import onto a folder" "folder.bin: Is a directory" "$python" dev/import_hf.py "$tmp/hf_ref" "$tmp/folder.bin"
+[ ! -e "$tmp/folder.bin.tmp" ] || fail "a failed import left $tmp/folder.bin.tmp behind"
 [ "$failures" -eq 0 ]

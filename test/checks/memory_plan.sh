@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # --plan (src/run/memory_plan.h) end to end: the table without a GPU run or data, ZeRO and
-# --world-size in it, the batch sizes that fit; a run whose plan exceeds --gpu-memory stops
-# before allocating, with the table and one line naming the flag, and leaves --out-dir alone;
+# --world-size in it, the batch sizes that fit (a plan that does not fit exits 2); a run whose plan
+# exceeds --gpu-memory stops before allocating, with the table and one line naming the flag, and
+# leaves --out-dir alone;
 # impossible settings give one line and a non-zero exit.
 # usage: memory_plan.sh cpu|gpu
 set -u
@@ -19,9 +20,12 @@ if out=$("${plan[@]}" --model d12 --batch-size 64 --seq-len 1024 --gpu-memory 80
 else
   fail "--plan for GPT-2 124M:"; echo "$out"
 fi
-if out=$("${plan[@]}" --model d12 --batch-size 64 --zero 1 --world-size 8 --gpu-memory 10 2>&1) &&
-   grep -q "ZeRO stage 1 over 8 rank(s)" <<<"$out" && grep -q "of 10.00 GiB: does NOT fit" <<<"$out"; then
-  echo "ok: --plan --zero 1 --world-size 8 --gpu-memory 10: does not fit, and says which batch sizes do"
+# A plan that does not fit: exit status 2 (scripts can test it).
+status=0
+out=$("${plan[@]}" --model d12 --batch-size 64 --zero 1 --world-size 8 --gpu-memory 10 2>&1) || status=$?
+if [ "$status" -eq 2 ] && grep -q "ZeRO stage 1 over 8 rank(s)" <<<"$out" &&
+   grep -q "of 10.00 GiB: does NOT fit" <<<"$out"; then
+  echo "ok: --plan --zero 1 --world-size 8 --gpu-memory 10: does not fit (status 2), and says which batch sizes do"
 else
   fail "--plan with ZeRO-1 over 8 ranks:"; echo "$out"
 fi

@@ -33,8 +33,9 @@ import json, sys
 steps = [json.loads(l)["step"] for l in open(sys.argv[1]) if "train_loss" in l]
 sys.exit(0 if steps == list(range(1, len(steps) + 1)) else 1)
 EOF
-# The killed run's lock file stays and locks nothing.
-if "$bin" "${common[@]}" --max-steps 2 --out-dir "$out" >"$tmp/third.log" 2>&1; then
+# The killed run's lock file stays and locks nothing: a requeued start (--resume auto; the killed
+# run wrote no checkpoint, so it starts afresh) takes the directory.
+if "$bin" "${common[@]}" --max-steps 2 --resume auto --out-dir "$out" >"$tmp/third.log" 2>&1; then
   [ "$(grep -c train_loss "$out/metrics.jsonl")" -eq 2 ] || fail "the run after the killed one: metrics.jsonl"
 else
   fail "the lock of a killed run stopped the next run"; tail -n 1 "$tmp/third.log"

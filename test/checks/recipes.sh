@@ -5,7 +5,8 @@
 #     the total batch against 8 ranks, and the plan fits an 80 GiB GPU;
 #   - the command is printed, then run as printed (a stand-in binary, mpirun and srun on PATH echo
 #     their arguments): each launcher's form, flags given to the recipe replace its own
-#     (--init-from replaces --model), --resume auto, and the micro-batch follows the rank count.
+#     (--init-from replaces --model), --resume auto, and the micro-batch follows the rank count;
+#   - numeric flag values (and SLURM_RESTART_COUNT) are checked as numbers before any arithmetic.
 # usage: recipes.sh cpu|gpu   (gpu: skipped; the scripts are the same for both builds)
 set -u
 # shellcheck source=test/checks/lib/trainer.sh
@@ -92,6 +93,19 @@ expect_one_line "12 ranks" "^gpt2_124M: --total-batch-tokens 524288 is not a mul
   "${stub_env[@]}" NPROC=12 "$recipe"
 expect_one_line "bad launcher" "^gpt2_124M: LAUNCHER='ssh': expected mpirun, srun, srun-pmix or none" \
   "${stub_env[@]}" LAUNCHER=ssh "$recipe"
+# Numeric flags are numbers before the recipe computes with them: 0 does not divide by zero, a word
+# does not trip set -u, and an array subscript holding a command substitution never runs it.
+for value in 0 abc "a[\$(touch $tmp/ran)0]" 99999999999999999999; do
+  for flag in --seq-len --total-batch-tokens; do
+    expect_one_line "$flag $value" "^gpt2_124M: $flag '.*': expected a whole number from 1 to 999999999$" \
+      "${stub_env[@]}" "$recipe" "$flag" "$value"
+  done
+done
+[ ! -e "$tmp/ran" ] || fail "a flag value's command substitution ran"
+# The sbatch body computes the start number from SLURM_RESTART_COUNT the same way.
+expect_one_line "SLURM_RESTART_COUNT" "^slurm job: SLURM_RESTART_COUNT='.*': expected a whole number$" \
+  env SLURM_RESTART_COUNT="a[\$(touch $tmp/ran)0]" RECIPE="$recipe" bash -c 'source scripts/lib/slurm_job.sh; run_job'
+[ ! -e "$tmp/ran" ] || fail "SLURM_RESTART_COUNT's command substitution ran"
 # EVAL_DATA=none trains without HellaSwag: neither --eval-data nor --eval-every.
 "${stub_env[@]}" EVAL_DATA=none "$recipe" >"$tmp/noeval.log" 2>&1
 grep -q -- "--eval-" "$tmp/noeval.log" && fail "EVAL_DATA=none: HellaSwag flags still passed"

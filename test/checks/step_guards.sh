@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Bad-step guards in a real run (docs/CHECKPOINTS.md, "Bad-step guards"): a model file with an
-# infinite weight makes every loss non-finite, so every update is skipped, logged and counted,
+# Bad-step guards in a real run (docs/CHECKPOINTS.md, "Bad-step guards"): a model file whose huge
+# (finite) weights make every loss non-finite, so every update is skipped, logged and counted,
 # and the fp32 run's final model.bin is the input file byte for byte (nothing was applied).
 # Then a z-score guard that trips: skipped steps are logged with their z-score.
 # usage: step_guards.sh cpu|gpu
@@ -9,33 +9,35 @@ set -u
 source "$(dirname "$0")/lib/trainer.sh" "$@"
 require_files "$bin" "$ref/model.bin" "$ref/train.bin"
 
-# The tiny fp32 model with its final LayerNorm's first weight set to +inf.
-"$python" - "$ref/model.bin" "$tmp/inf.bin" <<'EOF'
+# The tiny fp32 model with its final LayerNorm's weights set to 3e38: finite (a model file holding
+# a NaN or infinity is refused at start-up), but the normalized activations times 3e38 overflow, so
+# every loss is non-finite.
+"$python" - "$ref/model.bin" "$tmp/huge.bin" <<'EOF'
 import struct, sys
 data = bytearray(open(sys.argv[1], "rb").read())
 magic, version, maxT, V, L, NH, C, Vp = struct.unpack("<8i", data[:32])
 assert version == 3, "expected the fp32 reference model"
 P = Vp * C + maxT * C + L * (C + C + 3 * C * C + 3 * C + C * C + C + C + C + 4 * C * C + 4 * C + 4 * C * C + C) + 2 * C
 lnfw = 1024 + 4 * (P - 2 * C)
-data[lnfw:lnfw + 4] = struct.pack("<f", float("inf"))
+data[lnfw:lnfw + 4 * C] = struct.pack(f"<{C}f", *[3e38] * C)
 open(sys.argv[2], "wb").write(data)
 EOF
 
 run=(--train-data "$ref/train.bin" --val-data "$ref/train.bin" --batch-size 2 --seq-len 32 --val-every 0)
-if "$bin" "${run[@]}" --init-from "$tmp/inf.bin" --dtype fp32 --max-steps 3 --lr 1e-3 --out-dir "$tmp/inf" >"$tmp/inf.log" 2>&1; then
-  "$python" - "$tmp/inf/metrics.jsonl" <<'EOF' || fail "non-finite steps: metrics.jsonl"
+if "$bin" "${run[@]}" --init-from "$tmp/huge.bin" --dtype fp32 --max-steps 3 --lr 1e-3 --out-dir "$tmp/huge" >"$tmp/huge.log" 2>&1; then
+  "$python" - "$tmp/huge/metrics.jsonl" <<'EOF' || fail "non-finite steps: metrics.jsonl"
 import json, sys
 records = [json.loads(l) for l in open(sys.argv[1])]
 ok = len(records) == 3 and all(r.get("skipped") in ("non-finite loss", "non-finite gradient norm") for r in records)
 if not ok: print(records)
 sys.exit(0 if ok else 1)
 EOF
-  [ "$(grep -c '| update skipped: non-finite' "$tmp/inf.log")" -eq 3 ] || fail "non-finite steps: expected 3 log lines"
-  grep -q '^updates skipped: 3 (non-finite 3, loss z-score 0, gradient-norm z-score 0)' "$tmp/inf.log" ||
+  [ "$(grep -c '| update skipped: non-finite' "$tmp/huge.log")" -eq 3 ] || fail "non-finite steps: expected 3 log lines"
+  grep -q '^updates skipped: 3 (non-finite 3, loss z-score 0, gradient-norm z-score 0)' "$tmp/huge.log" ||
     fail "non-finite steps: no count at the end"
-  cmp -s "$tmp/inf.bin" "$tmp/inf/model.bin" || fail "non-finite steps changed the parameters"
+  cmp -s "$tmp/huge.bin" "$tmp/huge/model.bin" || fail "non-finite steps changed the parameters"
 else
-  fail "run with an infinite weight failed"; cat "$tmp/inf.log"
+  fail "run with overflowing weights failed"; cat "$tmp/huge.log"
 fi
 
 # A tight gradient-norm guard skips a step of this run, never one of the first 8 (the guard waits
