@@ -138,6 +138,8 @@ first_stop=$(grep -o 'received SIGUSR1: stopped after step [0-9]*' "$tmp/stopped
 if [ -z "$first_stop" ] || [ "$first_stop" -ge "$steps" ]; then
   fail "preempted job: no stop before step $steps"; show_log "$tmp/stopped.out"
 else
+  # RUNNING comes before the requeued batch script's first line: wait up to 30 s for it.
+  for _ in $(seq 150); do grep -q "start 2 (SLURM_RESTART_COUNT=1)" "$tmp/stopped.out" && break; sleep 0.2; done
   grep -q "start 2 (SLURM_RESTART_COUNT=1)" "$tmp/stopped.out" || fail "requeued job: no second start with SLURM_RESTART_COUNT=1"
   # Both ranks wrote their state at the stop step.
   for r in 0 1; do
