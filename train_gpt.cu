@@ -93,7 +93,7 @@ void train_or_evaluate(const RunSetup& setup, Communicator& comm) {
 }
 
 // Everything after parsing; returns the exit code.
-int run_command(int argc, char** argv) {
+int dispatch_command(int argc, char** argv) {
   ParsedArgs args = parse_args(argc, argv);
   if (args.help) {
     std::printf("%s", help_text(argv[0]).c_str());
@@ -153,7 +153,7 @@ int run_command(int argc, char** argv) {
 int main(int argc, char** argv) {
   install_stop_handlers();  // first: a signal during start-up stops the command cleanly (exit 0)
   try {
-    return run_command(argc, argv);
+    return dispatch_command(argc, argv);
   } catch (const StopDuringStartUp& stop) {
     std::printf("%s\n", stop.what());
     return 0;

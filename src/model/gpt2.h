@@ -131,8 +131,8 @@ class GPT2 {
   // (logits()). targets may be nullptr (no loss: returns NaN).
   float forward(const int* inputs, const int* targets) {
     upload_tokens(inputs, targets, false);
-    run_forward();
-    run_head(targets != nullptr, 0.0f, false);
+    queue_forward();
+    queue_head(targets != nullptr, 0.0f, false);
     if (targets == nullptr) {
       cuda_check(cudaStreamSynchronize(stream_.get()), "forward pass");
       return std::numeric_limits<float>::quiet_NaN();
@@ -250,7 +250,7 @@ class GPT2 {
   // Device memory of the activations: gpt2_activation_bytes(...).total(). (All of it: memory_plan.h.)
   size_t activation_bytes() const { return acts_.bytes(); }
 
-  // Rows per lm-head chunk (run_head): the logits buffer's height (min(B·T, the constructor's
+  // Rows per lm-head chunk (queue_head): the logits buffer's height (min(B·T, the constructor's
   // logits_rows)), or fewer: more chunks, the same results (tested).
   void set_logits_chunk_rows(int rows) {
     const size_t capacity = acts_.logits.count() / cfg_.padded_vocab_size;
@@ -292,13 +292,13 @@ class GPT2 {
       throw std::runtime_error("gradient accumulation: expected at least 1 micro-step, found " +
                                std::to_string(grad_accum_steps));
     upload_tokens(inputs, targets, true, prepared);
-    run_forward();
+    queue_forward();
     const float dloss = 1.0f / (static_cast<float>(rows()) * static_cast<float>(grad_accum_steps) * grads_.ranks_summed());
     grads_.begin_micro_step(last_micro_step);
-    run_head(true, dloss, true);
+    queue_head(true, dloss, true);
     classifier_loss_sum(step_scalars_.get(), acts_.losses.get(), rows(), stream_.get());
     ++micro_steps_;
-    run_backward();
+    queue_backward();
     grads_.end_micro_step();
   }
 
@@ -357,7 +357,7 @@ class GPT2 {
     gelu_forward(layer_slice(a.fch_gelu, l, 4 * NC), fch, 4 * NC, s);
   }
 
-  void run_forward() {
+  void queue_forward() {
     const int N = rows(), C = cfg_.channels, L = cfg_.num_layers;
     const size_t NC = static_cast<size_t>(N) * C;
     Activations<Elem>& a = acts_;
@@ -387,10 +387,10 @@ class GPT2 {
   // The tied lm head (over all Vp columns; the zero padding rows of wte give zero padding logits)
   // and the classifier, chunk by chunk of rows. With `losses`, each row's loss; with `train`, the
   // classifier leaves dloss·dlogits in the chunk, and the chunk's share of the lm-head backward
-  // runs at once: its rows of d lnf (written into a.branch, which run_backward reads) and its
+  // runs at once: its rows of d lnf (written into a.branch, which queue_backward reads) and its
   // product summed in fp32 over the chunks, then added to the wte gradient with one rounding
   // (so the gradient's precision does not depend on the number of chunks).
-  void run_head(bool losses, float dloss, bool train) {
+  void queue_head(bool losses, float dloss, bool train) {
     const int N = rows(), C = cfg_.channels, Vp = cfg_.padded_vocab_size;
     const int chunk = logits_chunk_rows_;
     Activations<Elem>& a = acts_;
@@ -410,12 +410,12 @@ class GPT2 {
     if (train) matmul_add_weight_gradient(grad(kWte), wte_grad_fp32_.get(), wte_grad_fp32_.count(), stream_.get());
   }
 
-  // Backward from d lnf, which run_head left in a.branch. Parameter gradients accumulate;
+  // Backward from d lnf, which queue_head left in a.branch. Parameter gradients accumulate;
   // dresidual holds d loss / d (residual stream) at the current depth: the skip connections pass
   // it through unchanged and each LayerNorm backward adds its branch's share. Activations the
   // recompute setting did not keep are recomputed into their layer slice right before they are
   // read (a.branch, a.dwide and the scratch are free at the start of each layer).
-  void run_backward() {
+  void queue_backward() {
     const int N = rows(), C = cfg_.channels, NH = cfg_.num_heads, L = cfg_.num_layers;
     const size_t NC = static_cast<size_t>(N) * C;
     Activations<Elem>& a = acts_;
