@@ -257,7 +257,7 @@ TEMPLATE_TEST_CASE("adamw_update in pieces with index_offset matches one call ov
     CHECK_FALSE(test::same_bits(std::get<0>(run({0, 3, 500, 501, 777, n}, false)), std::get<0>(whole)));
 }
 
-// ---- the optimizer's choice of rounding seed (src/optimizer.h's adamw_step over a whole model)
+// ---- the optimizer's choice of rounding seed (src/model/optimizer.h's AdamWUpdate over a whole model)
 
 namespace {
 
@@ -274,7 +274,7 @@ uint16_t documented_bf16_rounding(float x, unsigned seed, size_t index) {
   return static_cast<uint16_t>((float_bits(x) + ((h >> 32) & 0xFFFFu)) >> 16);
 }
 
-// The seed src/rng.h documents for one AdamW call: SplitMix64's output mix of
+// The seed src/base/rng.h documents for one AdamW call: SplitMix64's output mix of
 // run_seed·0x9E3779B97F4A7C15 + (step << 5 | tensor), upper 32 bits.
 unsigned documented_seed(uint64_t run_seed, int step, int tensor) {
   uint64_t z = run_seed * 0x9E3779B97F4A7C15ull + ((static_cast<uint64_t>(step) << 5) | static_cast<uint64_t>(tensor));

@@ -2,7 +2,7 @@
 // needs no MPI, its collectives are the identity (bf16 averages round once, so they too return
 // the input), and everything the stand-in does not implement fails with an error status and a
 // message instead of computing something else. The real library implements these types and
-// ops, so this test exists only in the CPU build; multi-rank semantics are test/mpi_nccl.cu.
+// ops, so this test exists only in the CPU build; multi-rank semantics are test/mpi/mpi_nccl.cu.
 // NCCL's own rules hold too: a non-blocking communicator's first error is sticky, it is finalized
 // (and that polled) before it is destroyed, and buffers overlap only in the in-place layouts.
 #include "test/test_util.h"
