@@ -29,7 +29,9 @@ import json, struct, sys
 import numpy as np
 import torch
 sys.path.insert(0, "dev")
+sys.path.insert(0, "test/checks/lib")
 import gpt2_reference as ref
+from eval_file import write_eval_file
 
 model_path, eval_path, expected_path, T = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 raw = open(model_path, "rb").read()
@@ -54,18 +56,7 @@ for i in range(13):
     comps = [rng.integers(0, cfg.vocab, int(rng.integers(1, 7))).tolist() for _ in range(n_comp)]
     examples.append((int(rng.integers(0, n_comp)), ctx, comps))
 
-stream, longest = [], 0
-for i, (label, ctx, comps) in enumerate(examples):
-    ex = [65535, 0, i, label, len(comps), len(ctx)] + ctx
-    for c in comps:
-        ex += [len(c)] + c
-    ex[1] = 2 * len(ex)
-    longest = max(longest, ex[1])
-    stream += ex
-header = [20240522, 1, len(examples), longest] + [0] * 252
-with open(eval_path, "wb") as f:
-    f.write(struct.pack("<256i", *header))
-    f.write(np.array(stream, dtype="<u2").tobytes())
+write_eval_file(eval_path, examples)
 
 sums, correct_norm, correct_sum, cut = [], 0, 0, 0
 with torch.no_grad():

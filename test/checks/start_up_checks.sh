@@ -43,19 +43,10 @@ expect_refused "--train-data not UTF-8" "^error: --train-data: not valid UTF-8 t
 
 # ---- --eval-losses never replaces an input
 "$python" - "$tmp/eval.bin" <<'PY' || fail "writing the eval file"
-import struct, sys
-examples = [(0, [1, 2, 3], [[4, 5], [6]]), (1, [7], [[8], [9, 10], [11]])]
-stream, longest = [], 0
-for i, (label, ctx, comps) in enumerate(examples):
-    ex = [65535, 0, i, label, len(comps), len(ctx)] + ctx
-    for c in comps:
-        ex += [len(c)] + c
-    ex[1] = 2 * len(ex)
-    longest = max(longest, ex[1])
-    stream += ex
-with open(sys.argv[1], "wb") as f:
-    f.write(struct.pack("<256i", 20240522, 1, len(examples), longest, *[0] * 252))
-    f.write(struct.pack(f"<{len(stream)}H", *stream))
+import sys
+sys.path.insert(0, "test/checks/lib")
+from eval_file import write_eval_file
+write_eval_file(sys.argv[1], [(0, [1, 2, 3], [[4, 5], [6]]), (1, [7], [[8], [9, 10], [11]])])
 PY
 cp "$model" "$tmp/model.bin"
 ln -s "$tmp/model.bin" "$tmp/model_link.bin"
