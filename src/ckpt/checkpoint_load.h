@@ -186,14 +186,15 @@ void load_checkpoint(const Checkpoint& c, GPT2<Elem>& model, TrainingState* stat
     host.resize(g.count);
     for (int section = 0; section < 3; ++section) {
       checkpoint_detail::read_state_range(sources, section, g.param, g.count, host.data());
-      // fp32 weights in fp32 mode are the parameters themselves, in llm.c order.
+      // fp32 weights in fp32 mode are the parameters themselves.
       float* dst = sections[section] != nullptr ? sections[section] + g.state
-                                                : reinterpret_cast<float*>(model.params_device()) + g.param;
+                                                : reinterpret_cast<float*>(model.owned_parameters(g));
       cuda_check(cudaMemcpy(dst, host.data(), g.count * sizeof(float), cudaMemcpyHostToDevice),
                  (std::string("uploading ") + names[section]).c_str());
     }
   }
 
+  model.parameters_written();
   const checkpoint_detail::StateSource& first = *sources.front();
   const StateHeader& h = first.header;
   if (std::fseek(first.file, static_cast<long>(h.header_bytes + 3 * h.state_count * sizeof(float)), SEEK_SET) != 0)

@@ -104,12 +104,14 @@ inline void prepare_checkpoint_dir(const std::string& out_dir, const std::string
   }
 }
 
-// Rank 0: DIR/model.bin, read back for its size and CRC.
+// Rank 0 (`lead`): DIR/model.bin, read back for its size and CRC. At ZeRO 3 every rank calls it
+// (the parameters are gathered).
 template <typename Elem>
-WrittenFile write_checkpoint_model(const std::string& dir, const GPT2<Elem>& model) {
+WrittenFile write_checkpoint_model(const std::string& dir, const GPT2<Elem>& model, bool lead) {
   const std::string path = dir + "/" + kModelFileName;
-  model.save(path);
+  model.save(path, GPT2<Elem>::dtype, lead);
   WrittenFile f;
+  if (!lead) return f;
   if (!file_size_and_crc(path, &f.bytes, &f.crc)) throw file_error(path, "cannot read back", errno);
   return f;
 }
@@ -143,12 +145,12 @@ WrittenFile write_state_file(const std::string& dir, const GPT2<Elem>& model, co
   AtomicFileWriter out(dir + "/" + state_file_name(info.rank));
   out.write(&h, sizeof h);
   // The optimizer buffers hold the owned parameters' state in state order; fp32 parameters (the
-  // fp32 weights in fp32 mode) are in llm.c order on every rank: written segment by segment.
+  // fp32 weights in fp32 mode) are written segment by segment from wherever the model keeps them.
   if (model.master_device() != nullptr) {
     write_device_floats(out, model.master_device(), h.state_count);
   } else {
     for (const OptimizerSegment& g : owned.segments())
-      write_device_floats(out, reinterpret_cast<const float*>(model.params_device()) + g.param, g.count);
+      write_device_floats(out, reinterpret_cast<const float*>(model.owned_parameters(g)), g.count);
   }
   write_device_floats(out, model.adam_m_device(), h.state_count);
   write_device_floats(out, model.adam_v_device(), h.state_count);
@@ -205,8 +207,9 @@ void write_manifest(const std::string& dir, const GPT2<Elem>& model, const Train
 
 // Writes OUT/checkpoint_<state.step>, collectively over the ranks of `comm` (nullptr: a single
 // process; every rank must call it), in three phases, each ending with the ranks agreeing that
-// it succeeded: rank 0 prepares the directory; rank 0 writes model.bin and every rank its own
-// state file (its optimizer shard and data position); rank 0 writes the manifest last. OUT must
+// it succeeded: rank 0 prepares the directory; rank 0 writes model.bin (at ZeRO 3 from the
+// parameters every rank helps gather) and every rank its own state file (its optimizer shard and
+// data position); rank 0 writes the manifest last. OUT must
 // be one shared directory for all ranks. If any rank fails, rank 0 removes the partial directory
 // and every rank throws; other checkpoints are never touched. Returns the directory.
 template <typename Elem>
@@ -223,7 +226,7 @@ std::string write_checkpoint(const std::string& out_dir, const GPT2<Elem>& model
   attempt.agree();
 
   WrittenFile model_file, state_file;
-  if (lead) attempt.run([&] { model_file = write_checkpoint_model(dir, model); });
+  attempt.run([&] { model_file = write_checkpoint_model(dir, model, lead); });
   attempt.run([&] { state_file = write_state_file(dir, model, state, info); });
   attempt.agree();
 

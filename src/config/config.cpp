@@ -72,8 +72,11 @@ const std::vector<Flag>& flag_table() {
        "it continues and never replaces another run's files unless --overwrite", &TrainConfig::out_dir},
       {"save-dtype", "bf16|fp32", "storage type of the final model file DIR/model.bin (checkpoints keep the run's)",
        &TrainConfig::save_dtype, {}, {"bf16", "fp32"}, "the run's --dtype"},
-      {"zero", "0|1|2", "ZeRO stage with several ranks: 0 all-reduces gradients; 1 shards the AdamW state (moments, "
-       "fp32 master weights) over the ranks; 2 also shards the gradients", &TrainConfig::zero, {0, 2}},
+      {"zero", "0|1|2|3", "ZeRO stage with several ranks: 0 all-reduces gradients; 1 shards the AdamW state (moments, "
+       "fp32 master weights) over the ranks; 2 also shards the gradients; 3 also shards the parameters, each bucket "
+       "gathered just ahead of its layers", &TrainConfig::zero, {0, 3}},
+      {"zero3-prefetch", "N", "at --zero 3: buckets of parameters gathered ahead of the one computing (N + 1 gather "
+       "windows)", &TrainConfig::zero3_prefetch, {1, kMaxZero3Prefetch}},
       {"bucket-mib", "MIB", "gradients travel between ranks in buckets of about MIB MiB (whole layers, at least one), "
        "each sent as soon as its layers' backward is done", &TrainConfig::bucket_mib, {0, HUGE_VAL, true, false}},
       {"rendezvous", "file:PATH|tcp:HOST:PORT",

@@ -59,6 +59,7 @@ struct TrainConfig {
   std::string config_file;
   // data parallel
   int zero = 0;
+  int zero3_prefetch = kDefaultZero3Prefetch;
   double bucket_mib = kDefaultBucketMiB;
   std::string rendezvous;
   double comm_timeout = 600.0;  // every wait for the other ranks (start-up, each collective)

@@ -14,11 +14,13 @@
 #include <string>
 #include <vector>
 
-// Storage type of parameters, activations and gradients. The values are the state file's dtype
-// code (docs/CHECKPOINTS.md).
 // --bucket-mib's default: large enough for NCCL's bandwidth, small enough to overlap the backward.
 constexpr double kDefaultBucketMiB = 32.0;
+// ZeRO 3: buckets of parameters gathered ahead of the one computing (--zero3-prefetch), and its limit.
+constexpr int kDefaultZero3Prefetch = 1, kMaxZero3Prefetch = 8;
 
+// Storage type of parameters, activations and gradients. The values are the state file's dtype
+// code (docs/CHECKPOINTS.md).
 enum class DType : uint32_t { fp32 = 0, bf16 = 1 };
 
 inline const char* dtype_name(DType d) { return d == DType::bf16 ? "bf16" : "fp32"; }

@@ -70,11 +70,20 @@ std::vector<double> completion_loss_sums(const ChoiceEvalSet& set, int rank, int
   for (size_t i = static_cast<size_t>(rank); i < set.examples.size(); i += static_cast<size_t>(world_size))
     for (size_t k = 0; k < set.examples[i].completions.size(); ++k)
       rows.push_back({&set.examples[i].context, &set.examples[i].completions[k], offsets[i] + k});
+  // Every rank runs as many forward passes as the rank with the most rows (padding rows score
+  // nothing): at ZeRO 3 a forward pass is a collective.
+  size_t most_rows = 0;
+  for (size_t r = 0; r < static_cast<size_t>(world_size); ++r) {
+    size_t n = 0;
+    for (size_t i = r; i < set.examples.size(); i += static_cast<size_t>(world_size))
+      n += set.examples[i].completions.size();
+    most_rows = std::max(most_rows, n);
+  }
   std::vector<int> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
-  for (size_t first = 0; first < rows.size(); first += static_cast<size_t>(B)) {
+  for (size_t first = 0; first < most_rows; first += static_cast<size_t>(B)) {
     std::fill(inputs.begin(), inputs.end(), 0);
     std::fill(targets.begin(), targets.end(), 0);
-    const size_t n = std::min(rows.size() - first, static_cast<size_t>(B));
+    const size_t n = first < rows.size() ? std::min(rows.size() - first, static_cast<size_t>(B)) : 0;
     for (size_t r = 0; r < n; ++r) {
       std::vector<int> sequence = *rows[first + r].context;
       sequence.insert(sequence.end(), rows[first + r].completion->begin(), rows[first + r].completion->end());

@@ -20,6 +20,8 @@
 //     again, the owner copies its accumulated chunk into its own part of the window, so the
 //     backward pass adds this micro-step's gradient to it and the next sum over ranks yields the
 //     running total.
+//   stage 3: gradients as at stage 2; the parameters are sharded too (param_shards.h), so the
+//     update needs no all-gather here.
 // Communication overlaps the backward pass: a bucket is sent on the communicator's stream as soon
 // as its lowest layer's backward is queued (wte, wpe and lnf after the embeddings' backward), and
 // (stages 0 and 1) only on the last micro-step of an optimizer step. One rank (or no
@@ -50,7 +52,7 @@ inline GradientBuckets gradient_buckets(const ParameterLayout& layout, int world
 }
 
 // Elements of the gradient buffers GradientSync allocates on one rank: stages 0 and 1 keep every
-// bucket (chunked, padded); stage 2 two layer-bucket working windows, the wte/wpe/lnf window and
+// bucket (chunked, padded); stages 2 and 3 two layer-bucket working windows, the wte/wpe/lnf window and
 // the rank's chunks (its shard). Also sizes the memory plan (memory_plan.h).
 struct GradientBufferCounts {
   size_t full = 0, layer_window = 0, model_window = 0, shard = 0;
@@ -58,7 +60,7 @@ struct GradientBufferCounts {
 };
 inline GradientBufferCounts gradient_buffer_counts(const GradientBuckets& buckets, int zero_stage) {
   GradientBufferCounts n;
-  if (zero_stage != 2) {
+  if (zero_stage < 2) {
     n.full = buckets.full_elements();
     return n;
   }
@@ -76,8 +78,8 @@ class GradientSync {
   GradientSync(const ParameterLayout& layout, Communicator* comm, int zero_stage, int bucket_layers,
                cudaStream_t stream)
       : layout_(layout), comm_(comm), stream_(stream) {
-    if (zero_stage < 0 || zero_stage > 2)
-      throw std::runtime_error("ZeRO stage: expected 0, 1 or 2, found " + std::to_string(zero_stage));
+    if (zero_stage < 0 || zero_stage > 3)
+      throw std::runtime_error("ZeRO stage: expected 0, 1, 2 or 3, found " + std::to_string(zero_stage));
     if (comm != nullptr) {
       world_ = comm->world_size();
       rank_ = comm->rank();
@@ -87,7 +89,7 @@ class GradientSync {
     owner_ = zero_ == 0 ? 0 : rank_;
     segments_ = buckets_.segments(owner_);
     const GradientBufferCounts counts = gradient_buffer_counts(buckets_, zero_);
-    if (zero_ == 2) {
+    if (shards_gradients()) {
       // Two allocations, not one: each window is reused after its own event, and the CPU build's
       // stream checker orders a kernel's pointer up to the end of the allocation it points into.
       for (DeviceArray<Elem>& window : layer_windows_)
@@ -115,13 +117,13 @@ class GradientSync {
   // owned_gradients() + gradient_offset(segment).
   const std::vector<OptimizerSegment>& segments() const { return segments_; }
   size_t state_count() const { return buckets_.state_count(owner_); }
-  const Elem* owned_gradients() const { return zero_ == 2 ? shard_grads_.get() : grads_.get(); }
+  const Elem* owned_gradients() const { return shards_gradients() ? shard_grads_.get() : grads_.get(); }
   size_t gradient_offset(const OptimizerSegment& s) const {
     const GradientBucket& b = buckets_.buckets()[s.bucket];
-    return zero_ == 2 ? b.shard_offset + (s.at - owner_ * b.chunk) : b.offset + s.at;
+    return shards_gradients() ? b.shard_offset + (s.at - owner_ * b.chunk) : b.offset + s.at;
   }
-  // The loss gradient's divisor beyond the mean over tokens and micro-steps: stage 2 sums.
-  float ranks_summed() const { return zero_ == 2 ? static_cast<float>(world_) : 1.0f; }
+  // The loss gradient's divisor beyond the mean over tokens and micro-steps: stages 2 and 3 sum.
+  float ranks_summed() const { return shards_gradients() ? static_cast<float>(world_) : 1.0f; }
   size_t bytes() const { return grads_.bytes() + shard_grads_.bytes() + 2 * layer_windows_[0].bytes() + model_window_.bytes(); }
 
   // Where the backward pass accumulates tensor `tensor`'s gradient (layer `layer`'s slice of a
@@ -132,16 +134,16 @@ class GradientSync {
   }
   // The ranges [offset, offset + count) of owned_gradients() that hold this rank's gradients.
   std::vector<std::pair<size_t, size_t>> owned_gradient_ranges() const {
-    if (zero_ != 1) return {{0, zero_ == 2 ? shard_grads_.count() : grads_.count()}};
+    if (zero_ != 1) return {{0, shards_gradients() ? shard_grads_.count() : grads_.count()}};
     std::vector<std::pair<size_t, size_t>> ranges;
     for (const GradientBucket& b : buckets_.buckets()) ranges.push_back({b.offset + owner_ * b.chunk, b.chunk});
     return ranges;
   }
 
-  // Host copies as float of all accumulated gradients, llm.c order (at stage 2 no rank holds them
-  // all: throws).
+  // Host copies as float of all accumulated gradients, llm.c order (at stages 2 and 3 no rank holds
+  // them all: throws).
   std::vector<float> llmc_order(cudaStream_t stream) const {
-    if (zero_ == 2) throw std::runtime_error("gradients(): at ZeRO stage 2 each rank holds only its gradient shard");
+    if (shards_gradients()) throw std::runtime_error("gradients(): at ZeRO stages 2 and 3 each rank holds only its gradient shard");
     std::vector<float> all(layout_.total);
     for (const GradientBucket& b : buckets_.buckets())
       for (const GradientPiece& p : b.pieces) {
@@ -152,7 +154,7 @@ class GradientSync {
   }
 
   void zero() {
-    if (zero_ == 2) {
+    if (shards_gradients()) {
       cuda_check(cudaMemsetAsync(shard_grads_.get(), 0, shard_grads_.bytes(), stream_), "zeroing gradients");
       shard_holds_gradients_ = false;
       return;
@@ -165,15 +167,15 @@ class GradientSync {
   // around layer l's backward (l = L-1 .. 0), end_micro_step (which sends the embeddings' bucket)
   // after the embeddings' backward.
   void begin_micro_step(bool last_micro_step) {
-    communicate_ = communicating() && (last_micro_step || zero_ == 2);
-    if (zero_ != 2) return;
+    communicate_ = communicating() && (last_micro_step || shards_gradients());
+    if (!shards_gradients()) return;
     comm_->order_before(stream_);  // the previous micro-step's sums into the shard are complete
     prepare_window(buckets_.buckets().size() - 1);
   }
   // ZeRO 2: the window of l's bucket, free again, before its top layer writes gradients into it.
   void open_layer_gradients(int l) {
     const size_t b = buckets_.bucket_of_layer(l);
-    if (zero_ != 2 || buckets_.buckets()[b].top_layer != l) return;
+    if (!shards_gradients() || buckets_.buckets()[b].top_layer != l) return;
     cuda_check(cudaStreamWaitEvent(stream_, window_free_[b % 2], 0), "waiting for a gradient window");
     prepare_window(b);
   }
@@ -184,7 +186,7 @@ class GradientSync {
     if (!communicate_ || buckets_.buckets()[b].bottom_layer != l) return;
     comm_->wait_for(stream_);
     send(b);
-    if (zero_ == 2)
+    if (shards_gradients())
       cuda_check(cudaEventRecord(window_free_[b % 2], comm_->stream()), "recording a gradient-window event");
   }
   // wte (lm head and embedding), wpe and lnf are complete after the encoder backward.
@@ -194,7 +196,7 @@ class GradientSync {
       send(buckets_.buckets().size() - 1);
     }
     communicate_ = false;
-    shard_holds_gradients_ = zero_ == 2;
+    shard_holds_gradients_ = shards_gradients();
   }
 
   // Blocks until this rank's gradient and parameter communication has finished.
@@ -223,7 +225,7 @@ class GradientSync {
   // bucket through a gradient window the optimizer step no longer needs: this rank's segments
   // are packed into its chunk, the chunks all-gathered in place, and the bucket unpacked.
   void gather_parameters(Elem* params) {
-    if (!communicating() || zero_ == 0) return;
+    if (!communicating() || zero_ == 0 || zero_ == 3) return;
     comm_->wait_for(stream_);
     cudaStream_t s = comm_->stream();
     size_t next = 0;  // segments_ are in bucket order
@@ -243,15 +245,17 @@ class GradientSync {
 
  private:
   bool communicating() const { return comm_ != nullptr && world_ > 1; }
+  // Stages 2 and 3 keep a gradient shard and working windows.
+  bool shards_gradients() const { return zero_ >= 2; }
 
   static void copy(Elem* dst, const Elem* src, size_t n, cudaStream_t s, const char* what) {
     cuda_check(cudaMemcpyAsync(dst, src, n * sizeof(Elem), cudaMemcpyDeviceToDevice, s), what);
   }
 
-  // Bucket b's elements: its place in the full buffer, or (stage 2) its working window.
+  // Bucket b's elements: its place in the full buffer, or (stages 2 and 3) its working window.
   Elem* bucket_data(size_t b) const {
     const GradientBucket& bucket = buckets_.buckets()[b];
-    if (zero_ != 2) return grads_.get() + bucket.offset;
+    if (!shards_gradients()) return grads_.get() + bucket.offset;
     if (!bucket.holds_layers()) return model_window_.get();
     return layer_windows_[b % 2].get();
   }
@@ -269,7 +273,7 @@ class GradientSync {
   }
 
   // Communicates bucket b: stage 0 averages it everywhere (in place); stage 1 averages each chunk
-  // onto its owner (in place); stage 2 sums each chunk into its owner's gradient shard.
+  // onto its owner (in place); stages 2 and 3 sum each chunk into its owner's gradient shard.
   void send(size_t b) {
     const GradientBucket& bucket = buckets_.buckets()[b];
     Elem* data = bucket_data(b);

@@ -20,6 +20,7 @@
 #include "src/config/gpt2_config.h"
 #include "src/dist/grad_sync.h"
 #include "src/model/model_file.h"
+#include "src/model/model_parameters.h"
 #include "src/model/optimizer.h"
 #include "src/base/rng.h"
 #include "src/data/upload_staging.h"
@@ -47,11 +48,13 @@ class GPT2 {
   // micro-batch (the sequence length is fixed for the model's lifetime) at activation
   // recomputation setting `recompute` (0..3, see kRecomputeMax). Parameters, gradients and
   // optimizer state start at zero: call init_random() or load(). With a communicator of several
-  // ranks, gradients are synchronized at `zero_stage` in buckets of ~bucket_mib (grad_sync.h). The
-  // lm head runs in chunks of logits_rows rows (the memory plan's lm_head_chunk_rows).
+  // ranks, gradients are synchronized at `zero_stage` in buckets of ~bucket_mib (grad_sync.h); at
+  // stage 3 the parameters are sharded too, `zero3_prefetch` buckets gathered ahead of use
+  // (model_parameters.h). The lm head runs in chunks of logits_rows rows (the memory plan's
+  // lm_head_chunk_rows).
   GPT2(const GPT2Config& cfg, int B, int seq_len, int recompute = kRecomputeDefault, Communicator* comm = nullptr,
        int zero_stage = 0, const std::string& attention = "auto", double bucket_mib = kDefaultBucketMiB,
-       size_t logits_rows = kLogitsChunkRows)
+       size_t logits_rows = kLogitsChunkRows, int zero3_prefetch = kDefaultZero3Prefetch)
       : cfg_(gpt2_check_micro_batch(cfg, B, seq_len, recompute)),
         layout_(cfg),
         B_(B),
@@ -59,18 +62,16 @@ class GPT2 {
         recompute_(recompute),
         attention_(choose_attention(attention, dtype, cfg)),
         stream_("creating the model's CUDA stream"),
-        grads_(layout_, comm, zero_stage, layers_per_bucket(layout_, bucket_mib, sizeof(Elem)), stream_.get()) {
+        grads_(layout_, comm, zero_stage, layers_per_bucket(layout_, bucket_mib, sizeof(Elem)), stream_.get()),
+        params_(layout_, grads_, comm, zero3_prefetch, dtype == DType::bf16, stream_.get()) {
     matmul_init();
     const size_t state = grads_.state_count();
-    params_ = DeviceArray<Elem>(layout_.total, "parameters");
     adam_m_ = DeviceArray<float>(state, "AdamW first moments");
     adam_v_ = DeviceArray<float>(state, "AdamW second moments");
-    if (dtype == DType::bf16) master_ = DeviceArray<float>(state, "fp32 master weights");
     wte_grad_fp32_ = DeviceArray<float>(layout_[kWte].count, "the lm head's fp32 wte gradient");
-    cuda_check(cudaMemset(params_.get(), 0, params_.bytes()), "zeroing parameters");
-    if (master_.get() != nullptr) cuda_check(cudaMemset(master_.get(), 0, master_.bytes()), "zeroing master weights");
-    adamw_.emplace(layout_, grads_.segments(), [this](const OptimizerSegment& s) { return grads_.gradient_offset(s); },
-                   params_.get(), master_.get(), grads_.owned_gradients(), adam_m_.get(), adam_v_.get());
+    adamw_.emplace(layout_, grads_.segments(), [this](const OptimizerSegment& s) { return params_.owned_offset(s); },
+                   [this](const OptimizerSegment& s) { return grads_.gradient_offset(s); }, params_.owned_base(),
+                   params_.master(), grads_.owned_gradients(), adam_m_.get(), adam_v_.get());
     reset_training_state();
     const ActivationCounts counts = gpt2_activation_counts(cfg_, B_, seq_len_, recompute_, logits_rows);
     acts_ = Activations<Elem>(counts);
@@ -95,17 +96,22 @@ class GPT2 {
   // The parameters whose optimizer state this rank holds (at ZeRO 0: all), in state order.
   const GradientSync<Elem>& gradient_sync() const { return grads_; }
 
-  // Device buffers (llm.c order) for checkpoints; master weights: nullptr for Elem = float.
-  Elem* params_device() const { return params_.get(); }
+  // Device buffers for checkpoints: the parameters in llm.c order (nullptr at ZeRO 3, where no rank
+  // holds them all), the parameters of an optimizer segment, the state (master weights: nullptr
+  // for Elem = float).
+  Elem* params_device() const { return params_.full(); }
+  Elem* owned_parameters(const OptimizerSegment& s) const { return params_.owned(s); }
+  // Parameters written through owned_parameters() are in place: ZeRO 3's gathers read them from now on.
+  void parameters_written() { params_.changed(); }
   float* adam_m_device() const { return adam_m_.get(); }
   float* adam_v_device() const { return adam_v_.get(); }
-  float* master_device() const { return master_.get(); }
+  float* master_device() const { return params_.master(); }
 
   // GPT-2's initialization from `seed` (gpt2_initial_values); bf16 parameters are the values
   // rounded to nearest, the master weights the fp32 values. Gradients and optimizer state are reset.
   void init_random(uint64_t seed) {
     NormalSampler normal(seed);
-    for (int i = 0; i < kNumParameterTensors; ++i) upload_tensor(i, gpt2_initial_values(layout_, i, normal));
+    for (int i = 0; i < kNumParameterTensors; ++i) params_.upload_tensor(i, gpt2_initial_values(layout_, i, normal));
     reset_training_state();
   }
 
@@ -118,13 +124,19 @@ class GPT2 {
     if (info.config != cfg_)
       throw std::runtime_error(path + ": model file has " + describe(info.config) + ", expected " + describe(cfg_) +
                                " (the configuration this model was built with)");
-    read_model_tensors(path, info, [&](int i, const std::vector<float>& values) { upload_tensor(i, values); });
+    read_model_tensors(path, info, [&](int i, const std::vector<float>& values) { params_.upload_tensor(i, values); });
     reset_training_state();
   }
 
-  // Writes an llm.c model file: version 3 (fp32 values) for Elem = float, 5 (raw bf16) for bf16,
-  // atomically (durable_file.h).
-  void save(const std::string& path) const { write_model_file(path, cfg_, params_.get(), dtype, stream_.get()); }
+  // Writes an llm.c model file of `file_dtype` values (version 3 fp32, 5 bf16) atomically
+  // (durable_file.h), on the ranks that are `writer`s. At ZeRO 3 every rank calls it (the
+  // parameters are gathered bucket by bucket).
+  void save(const std::string& path, DType file_dtype = dtype, bool writer = true) const {
+    params_.save(path, cfg_, file_dtype, writer);
+  }
+  // Every parameter in llm.c order into device memory `dst` (nullptr: take part only; at ZeRO 3
+  // a collective).
+  void gather_parameters(Elem* dst) const { params_.copy_all(dst, cudaMemcpyDeviceToDevice); }
 
   // Forward pass over one micro-batch of host tokens (B·T each, row-major [B][T]). Returns the
   // mean cross-entropy over the B·T positions and keeps the logits of the last chunk of rows
@@ -206,7 +218,8 @@ class GPT2 {
   // parameters are all-gathered.
   void apply_update(const OptimizerSettings& opt, float lr, int step, float norm) {
     adamw_->step(opt, lr, step, norm, stream_.get());
-    grads_.gather_parameters(params_.get());
+    if (params_.sharded()) params_.changed();
+    else grads_.gather_parameters(params_.full());
   }
 
   // The mean loss of the last forward() or forward_backward() micro-batch: its per-position losses
@@ -221,9 +234,11 @@ class GPT2 {
   std::vector<float> position_losses() const { return copy_floats_to_host(acts_.losses.get(), rows(), stream_.get()); }
 
   size_t num_parameters() const { return layout_.total; }
+  // Device bytes of the parameters (at ZeRO 3: the shard and the gather windows) and master weights.
+  size_t parameter_bytes() const { return params_.bytes(); }
 
-  // Host copies as float, llm.c order.
-  std::vector<float> parameters() const { return copy_floats_to_host(params_.get(), layout_.total, stream_.get()); }
+  // Host copies as float, llm.c order (at ZeRO 3 a collective).
+  std::vector<float> parameters() const { return params_.host_floats(); }
   // (At ZeRO stage 2 no rank holds them all: throws.)
   std::vector<float> gradients() const { return grads_.llmc_order(stream_.get()); }
   // The logits of the last forward(): rows [N - r, N) of the micro-batch, r = N mod the lm head's
@@ -237,15 +252,7 @@ class GPT2 {
 
   // Replaces all parameters (llm.c order, as float; rounded to nearest for bf16, master weights get
   // the float values). Gradients and optimizer state are kept.
-  void set_parameters(const std::vector<float>& values) {
-    if (values.size() != layout_.total)
-      throw std::runtime_error("set_parameters: expected " + std::to_string(layout_.total) + " values, found " +
-                               std::to_string(values.size()));
-    for (int i = 0; i < kNumParameterTensors; ++i) {
-      const auto begin = values.begin() + static_cast<std::ptrdiff_t>(layout_[i].offset);
-      upload_tensor(i, std::vector<float>(begin, begin + static_cast<std::ptrdiff_t>(layout_[i].count)));
-    }
-  }
+  void set_parameters(const std::vector<float>& values) { params_.upload_all(values); }
 
   // Device memory of the activations: gpt2_activation_bytes(...).total(). (All of it: memory_plan.h.)
   size_t activation_bytes() const { return acts_.bytes(); }
@@ -271,18 +278,6 @@ class GPT2 {
     cuda_check(cudaMemsetAsync(adam_m_.get(), 0, adam_m_.bytes(), stream_.get()), "zeroing AdamW moments");
     cuda_check(cudaMemsetAsync(adam_v_.get(), 0, adam_v_.bytes(), stream_.get()), "zeroing AdamW moments");
     cuda_check(cudaStreamSynchronize(stream_.get()), "resetting training state");
-  }
-
-  // Parameter tensor i as float values → Elem parameters (and the fp32 master copy for bf16).
-  void upload_tensor(int i, const std::vector<float>& values) {
-    const ParameterInfo& t = layout_[i];
-    upload_floats(params_.get() + t.offset, values, std::string("parameter tensor ") + t.name);
-    // The master weights of the parameters this rank updates only.
-    for (const OptimizerSegment& s : grads_.segments())
-      if (master_.get() != nullptr && s.tensor == i)
-        cuda_check(cudaMemcpy(master_.get() + s.state, values.data() + (s.param - t.offset), s.count * sizeof(float),
-                              cudaMemcpyHostToDevice),
-                   (std::string("uploading master weights of ") + t.name).c_str());
   }
 
   // One micro-step of forward_backward; `prepared`: the loader's batch the tokens come from, or nullptr.
@@ -324,9 +319,7 @@ class GPT2 {
   }
 
   // Tensor `tensor`'s parameters (layer `layer`'s slice of a per-layer tensor) and its gradient.
-  const Elem* param(int tensor, int layer = 0) const {
-    return params_.get() + layout_.slice_offset(tensor, layer);
-  }
+  const Elem* param(int tensor, int layer = 0) const { return params_.at(tensor, layer); }
   Elem* grad(int tensor, int layer = 0) const { return grads_.at(tensor, layer); }
 
   // Layer l's input: the embeddings for layer 0, else the previous layer's output.
@@ -362,6 +355,9 @@ class GPT2 {
     const size_t NC = static_cast<size_t>(N) * C;
     Activations<Elem>& a = acts_;
     cudaStream_t s = stream_.get();
+    params_.use_model_bucket();
+    params_.begin_pass(true);
+    params_.enter_layer(0);
     encoder_forward(a.encoded.get(), a.inputs.get(), param(kWte), param(kWpe), B_, seq_len_, C, s);
     // Layer 0 normalizes the embeddings; every later ln1 (and lnf) comes out of the previous
     // layer's fused residual add + LayerNorm.
@@ -373,6 +369,7 @@ class GPT2 {
                      4 * C, C, s);
       Elem* residual3 = a.residual3.get() + l * NC;
       if (l + 1 < L) {
+        params_.enter_layer(l + 1);
         residual_layernorm_forward(residual3, layer_slice(a.ln1, l + 1, NC), layer_slice(a.ln1_mean, l + 1, N),
                                    layer_slice(a.ln1_rstd, l + 1, N), layer_slice(a.residual2, l, NC), a.branch.get(),
                                    param(kLn1w, l + 1), param(kLn1b, l + 1), N, C, s);
@@ -381,6 +378,7 @@ class GPT2 {
                                    layer_slice(a.residual2, l, NC), a.branch.get(), param(kLnfw), param(kLnfb), N, C,
                                    s);
       }
+      params_.leave_layer(l);
     }
   }
 
@@ -431,8 +429,10 @@ class GPT2 {
     const bool rerun_block = !block_keeps(BlockTensor::other, recompute_);
     const bool recompute_gelu = !rerun_block && !block_keeps(BlockTensor::fch_gelu, recompute_);
     const bool recompute_ln = !rerun_block && !block_keeps(BlockTensor::ln_output, recompute_);
+    params_.begin_pass(false);
     for (int l = L - 1; l >= 0; --l) {
       grads_.open_layer_gradients(l);  // gradient communication: grad_sync.h
+      params_.enter_layer(l);          // ZeRO 3's gathered parameters: model_parameters.h
       const Elem* residual = block_input(l);
       Elem* ln1 = layer_slice(a.ln1, l, NC);
       float* ln1_mean = layer_slice(a.ln1_mean, l, N);
@@ -471,6 +471,7 @@ class GPT2 {
                       3 * C, s);
       layernorm_backward(dresidual, grad(kLn1w, l), grad(kLn1b, l), scratch, dbranch, residual, param(kLn1w, l),
                          ln1_mean, ln1_rstd, N, C, s);
+      params_.leave_layer(l);
       grads_.send_finished_bucket(l);  // all-reduce / reduce-scatter once its bucket is done
     }
     encoder_backward(grad(kWte), grad(kWpe), a.buckets.get(), num_buckets_, dresidual, B_, seq_len_, C, s);
@@ -482,8 +483,8 @@ class GPT2 {
   const AttentionKernel attention_;
   CudaStream stream_;
   GradientSync<Elem> grads_;
-  DeviceArray<Elem> params_;
-  DeviceArray<float> adam_m_, adam_v_, master_, wte_grad_fp32_;  // wte's: the lm head's share, (Vp, C)
+  ModelParameters<Elem> params_;
+  DeviceArray<float> adam_m_, adam_v_, wte_grad_fp32_;  // wte's: the lm head's share, (Vp, C)
   std::optional<AdamWUpdate<Elem>> adamw_;  // emplaced once the buffers it updates exist
   int logits_chunk_rows_ = 0;  // set once the logits buffer is allocated
   Activations<Elem> acts_;

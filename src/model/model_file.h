@@ -9,6 +9,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cmath>
@@ -40,20 +41,19 @@ inline std::array<int32_t, kHeaderInts> model_file_header(const GPT2Config& c, D
   return header;
 }
 
-// Writes the model file of `config` with `dtype` values from its parameters on the device
-// (`params`, llm.c order, laid out as ParameterLayout says), atomically: version 3 for fp32, 5 for
+// Writes the model file of `config` with `dtype` values, tensor by tensor from `tensor_values(i,
+// values)` (which fills tensor i's Elem values, llm.c order), atomically: version 3 for fp32, 5 for
 // bf16. Values widen to fp32 exactly and narrow to bf16 by rounding to nearest even; with the
 // parameters' own dtype the body is their bytes.
-template <typename Elem>
-void write_model_file(const std::string& path, const GPT2Config& config, const Elem* params, DType dtype,
-                      cudaStream_t stream) {
+template <typename Elem, typename TensorValues>
+void write_model_file_of(const std::string& path, const GPT2Config& config, DType dtype, TensorValues&& tensor_values) {
   const ParameterLayout layout(config);
   AtomicFileWriter out(path);
   const auto header = model_file_header(config, dtype);
   out.write(header.data(), sizeof header);
   for (int i = 0; i < kNumParameterTensors; ++i) {
     std::vector<Elem> values(layout[i].count);
-    copy_to_host(values.data(), params + layout[i].offset, values.size() * sizeof(Elem), stream);
+    tensor_values(i, values);
     if (dtype == (std::is_same<Elem, float>::value ? DType::fp32 : DType::bf16)) {
       out.write(values.data(), values.size() * sizeof(Elem));
     } else if (dtype == DType::fp32) {
@@ -67,6 +67,26 @@ void write_model_file(const std::string& path, const GPT2Config& config, const E
     }
   }
   out.commit();
+}
+
+// The model file from parameters on the device (`params`, llm.c order).
+template <typename Elem>
+void write_model_file(const std::string& path, const GPT2Config& config, const Elem* params, DType dtype,
+                      cudaStream_t stream) {
+  const ParameterLayout layout(config);
+  write_model_file_of<Elem>(path, config, dtype, [&](int i, std::vector<Elem>& values) {
+    copy_to_host(values.data(), params + layout[i].offset, values.size() * sizeof(Elem), stream);
+  });
+}
+
+// The model file from parameters in host memory (`params`, llm.c order).
+template <typename Elem>
+void write_model_file(const std::string& path, const GPT2Config& config, const std::vector<Elem>& params,
+                      DType dtype) {
+  const ParameterLayout layout(config);
+  write_model_file_of<Elem>(path, config, dtype, [&](int i, std::vector<Elem>& values) {
+    std::copy_n(params.begin() + static_cast<std::ptrdiff_t>(layout[i].offset), values.size(), values.begin());
+  });
 }
 
 // Opens an llm.c model file and checks everything but the tensor values: header magic and

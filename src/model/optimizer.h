@@ -18,9 +18,10 @@ struct OptimizerSettings {
   uint64_t seed = 0;  // stochastic rounding of bf16 parameters
 };
 
-// The AdamW update of the parameters one rank owns: its `segments` (grad_buckets.h) of `params`
-// (llm.c order) as one table (kernels/adamw.cuh), built and uploaded once for the model's
-// buffers, so each optimizer step is one launch. Gradients are at grads + gradient_offset(segment),
+// The AdamW update of the parameters one rank owns: its `segments` (grad_buckets.h) as one table
+// (kernels/adamw.cuh), built and uploaded once for the model's buffers, so each optimizer step is
+// one launch. Parameters are at params + param_offset(segment) (llm.c order, or ZeRO 3's shard),
+// gradients at grads + gradient_offset(segment),
 // this rank's optimizer state (m, v, and for bf16 the fp32 master weights; nullptr for fp32
 // parameters, which are updated themselves) at segment.state.
 template <typename Elem>
@@ -31,8 +32,8 @@ class AdamWUpdate {
   // Device bytes of the table of `segments` rows (memory_plan.h).
   static size_t table_bytes(size_t segments) { return segments * sizeof(AdamWSegment); }
 
-  template <typename GradientOffset>
-  AdamWUpdate(const ParameterLayout& layout, const std::vector<OptimizerSegment>& segments,
+  template <typename ParamOffset, typename GradientOffset>
+  AdamWUpdate(const ParameterLayout& layout, const std::vector<OptimizerSegment>& segments, ParamOffset param_offset,
               GradientOffset gradient_offset, Elem* params, float* master, const Elem* grads, float* adam_m,
               float* adam_v)
       : params_(params), master_(master), grads_(grads), m_(adam_m), v_(adam_v) {
@@ -40,7 +41,7 @@ class AdamWUpdate {
     for (const OptimizerSegment& s : segments) {
       const ParameterInfo& t = layout[s.tensor];
       AdamWSegment row{};
-      row.param = s.param;
+      row.param = param_offset(s);
       row.grad = gradient_offset(s);
       row.state = s.state;
       row.count = s.count;

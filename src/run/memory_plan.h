@@ -11,6 +11,7 @@
 #include "src/config/gpt2_config.h"
 #include "src/base/units.h"
 #include "src/dist/grad_sync.h"
+#include "src/dist/param_shards.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -41,10 +42,11 @@ inline size_t term_bytes(const MemoryPlan& plan, const std::string& name) {
 // One rank's device allocations (rank 0's: no other rank holds more) for a model of `cfg` trained
 // with micro-batch B×T at `recompute`, `dtype`, ZeRO stage `zero_stage` over `world_size` ranks,
 // gradients in buckets of ~bucket_mib; sample_positions > 0: rank 0's --sample-every decoder of
-// that many positions; the lm head in chunks of logits_rows rows.
+// that many positions (at ZeRO 3 with every parameter gathered for it); the lm head in chunks of
+// logits_rows rows; at ZeRO 3, zero3_prefetch buckets gathered ahead.
 inline MemoryPlan plan_memory(const GPT2Config& cfg, int B, int T, int recompute, DType dtype, int zero_stage,
                               int world_size, double bucket_mib = kDefaultBucketMiB, int sample_positions = 0,
-                              size_t logits_rows = kLogitsChunkRows) {
+                              size_t logits_rows = kLogitsChunkRows, int zero3_prefetch = kDefaultZero3Prefetch) {
   const ParameterLayout layout(cfg);
   const size_t elem = dtype == DType::fp32 ? sizeof(float) : sizeof(bf16);
   const GradientBuckets buckets =
@@ -53,10 +55,13 @@ inline MemoryPlan plan_memory(const GPT2Config& cfg, int B, int T, int recompute
   const ActivationCounts counts = gpt2_activation_counts(cfg, B, T, recompute, logits_rows);
   const ActivationBytes activations = gpt2_activation_bytes(cfg, B, T, recompute, dtype, logits_rows);
   const size_t logits = elem * counts.logits;
+  const int stage = effective_zero_stage(zero_stage, world_size);
+  const ParameterShardCounts shards = parameter_shard_counts(buckets, zero3_prefetch);
   MemoryPlan plan;
   plan.terms = {
-      {"parameters", elem * layout.total},
-      {"gradients", elem * gradient_buffer_counts(buckets, effective_zero_stage(zero_stage, world_size)).total()},
+      {"parameters", elem * (stage == 3 ? shards.shard : layout.total)},
+      {"parameter gather windows", stage == 3 ? elem * (shards.total() - shards.shard) : 0},
+      {"gradients", elem * gradient_buffer_counts(buckets, stage).total()},
       {"lm head wte gradient (fp32)", sizeof(float) * layout[kWte].count},
       {"master weights (fp32)", dtype == DType::bf16 ? sizeof(float) * state : 0},
       {"AdamW moments (fp32)", 2 * sizeof(float) * state},
@@ -67,6 +72,7 @@ inline MemoryPlan plan_memory(const GPT2Config& cfg, int B, int T, int recompute
       {"cuBLASLt workspace", kMatmulWorkspaceBytes + kBiasPartialFloats * sizeof(float)},
       {"step and communication scalars", (kStepScalars + 1) * sizeof(double)},
       {"text sampling (--sample-every)", sample_positions > 0 ? kv_decoder_counts(cfg, sample_positions).bytes(elem) : 0},
+      {"parameters gathered for sampling", sample_positions > 0 && stage == 3 ? elem * layout.total : 0},
   };
   return plan;
 }
@@ -76,12 +82,14 @@ inline MemoryPlan plan_memory(const GPT2Config& cfg, int B, int T, int recompute
 // property of the device, not of the moment (the caller passes its total memory, not the free),
 // so a run's chunking, and with it the rounding of its fp32 wte gradient, is reproducible.
 inline size_t lm_head_chunk_rows(const GPT2Config& cfg, int B, int T, int recompute, DType dtype, int zero_stage,
-                                 int world_size, double bucket_mib, int sample_positions, size_t budget) {
+                                 int world_size, double bucket_mib, int sample_positions, size_t budget,
+                                 int zero3_prefetch = kDefaultZero3Prefetch) {
   const size_t N = static_cast<size_t>(B) * T;
   size_t rows = std::min(N, kLogitsChunkRows);
   while (budget > 0 && rows > kLogitsChunkRowsMin &&
-         plan_memory(cfg, B, T, recompute, dtype, zero_stage, world_size, bucket_mib, sample_positions, rows).total() >
-             budget)
+         plan_memory(cfg, B, T, recompute, dtype, zero_stage, world_size, bucket_mib, sample_positions, rows,
+                     zero3_prefetch)
+                 .total() > budget)
     rows = std::max(rows / 2, kLogitsChunkRowsMin);
   return rows;
 }
@@ -89,10 +97,12 @@ inline size_t lm_head_chunk_rows(const GPT2Config& cfg, int B, int T, int recomp
 // The largest micro-batch size (≤ limit) whose plan fits in `budget` bytes; 0 if not even B = 1.
 inline int largest_fitting_batch(const GPT2Config& cfg, int T, int recompute, DType dtype, int zero_stage,
                                  int world_size, size_t budget, double bucket_mib = kDefaultBucketMiB,
-                                 int sample_positions = 0, int limit = 1 << 16) {
+                                 int sample_positions = 0, int zero3_prefetch = kDefaultZero3Prefetch,
+                                 int limit = 1 << 16) {
   auto fits = [&](int B) {
-    return plan_memory(cfg, B, T, recompute, dtype, zero_stage, world_size, bucket_mib, sample_positions).total() <=
-           budget;
+    return plan_memory(cfg, B, T, recompute, dtype, zero_stage, world_size, bucket_mib, sample_positions,
+                       kLogitsChunkRows, zero3_prefetch)
+               .total() <= budget;
   };
   if (!fits(1)) return 0;
   int lo = 1, hi = limit;  // fits(lo); the answer is in [lo, hi]

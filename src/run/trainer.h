@@ -42,7 +42,7 @@ GPT2<Elem> allocate_model(const RunSetup& setup, Communicator& comm) {
   return with_context(model_sizing(setup), [&] {
     try {
       return GPT2<Elem>(setup.model, cfg.batch_size, cfg.seq_len, cfg.recompute, &comm, cfg.zero, cfg.attention,
-                        cfg.bucket_mib, logits_rows);
+                        cfg.bucket_mib, logits_rows, cfg.zero3_prefetch);
     } catch (const std::bad_alloc&) {
       throw std::runtime_error(
           "out of host memory allocating the model (its activations alone take " +
@@ -85,10 +85,14 @@ class Trainer {
     print_startup_report(setup_, model_, data_, comm_, flops_per_token_, peak_);
     stop_if_signalled_during_start_up();
     if (lead_ && !eval_only_ && !cfg_.eval) prepare_out_dir();
-    if (lead_ && !eval_only_ && !cfg_.eval && cfg_.sample_every > 0)
-      decoder_ = std::make_unique<KvCacheDecoder<Elem>>(model_.config(), model_.params_device(),
-                                                        setup_.sampler->cache_positions(), model_.attention(),
-                                                        model_.stream());
+    if (lead_ && !eval_only_ && !cfg_.eval && cfg_.sample_every > 0) {
+      // At ZeRO 3 no rank holds every parameter: rank 0 gathers them for each sample.
+      if (model_.params_device() == nullptr)
+        sample_params_ = DeviceArray<Elem>(model_.num_parameters(), "parameters gathered for sampling");
+      decoder_ = std::make_unique<KvCacheDecoder<Elem>>(
+          model_.config(), sample_params_.get() != nullptr ? sample_params_.get() : model_.params_device(),
+          setup_.sampler->cache_positions(), model_.attention(), model_.stream());
+    }
     opt_.beta1 = static_cast<float>(cfg_.beta1);
     opt_.beta2 = static_cast<float>(cfg_.beta2);
     opt_.eps = static_cast<float>(cfg_.adam_eps);
@@ -136,7 +140,7 @@ class Trainer {
         }
       }
       if (data_.eval && (step % cfg_.eval_every == 0 || step == cfg_.max_steps)) evaluate_choices(step);
-      if (decoder_ && step % cfg_.sample_every == 0) log_sample(step);
+      if (samples() && step % cfg_.sample_every == 0) log_sample(step);
       const int stop_signal = agreed_stop_signal();
       if (stop_signal != 0 || step == cfg_.max_steps || (cfg_.checkpoint_every > 0 && step % cfg_.checkpoint_every == 0))
         save_checkpoint();
@@ -320,9 +324,18 @@ class Trainer {
     if (lead_) out_dir_.metrics->validation(step, val_loss);
   }
 
+  // A run that trains with --sample-every (rank 0 samples; at ZeRO 3 every rank takes part).
+  bool samples() const { return !eval_only_ && !cfg_.eval && cfg_.sample_every > 0; }
+
   // Rank 0's sample after `step` (--sample-every): --prompt continued by the current weights, with
   // draws seeded by --seed and the step (a resumed run draws the same ones); its log line and record.
+  // At ZeRO 3 every rank calls it: the parameters are gathered into rank 0's sample_params_ first.
   void log_sample(long long step) {
+    if (model_.params_device() == nullptr) {
+      comm_.set_purpose("the sample's parameters", after_step());
+      model_.gather_parameters(sample_params_.get());
+    }
+    if (!decoder_) return;
     const TextSampler& sampler = *setup_.sampler;
     const std::vector<int> tokens = generate_tokens(*decoder_, sampler.prompt(), sampler.max_new_tokens(),
                                                     sampler.settings(static_cast<uint64_t>(step)));
@@ -427,10 +440,8 @@ class Trainer {
     comm_.barrier();
   }
 
-  // DIR/model.bin (rank 0), in --save-dtype.
-  void save_final_model() const {
-    if (lead_) write_model_file(model_path_, model_.config(), model_.params_device(), save_dtype_, model_.stream());
-  }
+  // DIR/model.bin (rank 0; at ZeRO 3 every rank takes part), in --save-dtype.
+  void save_final_model() const { model_.save(model_path_, save_dtype_, lead_); }
 
   const RunSetup& setup_;
   const TrainConfig& cfg_;
@@ -454,6 +465,7 @@ class Trainer {
   OptimizerSettings opt_;
   OpenOutDir out_dir_;  // rank 0 of a run that trains
   std::unique_ptr<KvCacheDecoder<Elem>> decoder_;  // rank 0 of a run with --sample-every
+  DeviceArray<Elem> sample_params_;                // its parameters at ZeRO 3 (else the model's own)
   int stop_votes_ = 0;  // ranks that had a stop signal at the last step's figures
   StepClock clock_;
 };

@@ -309,7 +309,8 @@ struct ModelOptimizer {
                   state.begin() + static_cast<std::ptrdiff_t>(s.state));
     master.upload(state);
   }
-  AdamWUpdate<bf16> update{layout, segments, [](const OptimizerSegment& s) { return s.param; }, params.ptr,
+  AdamWUpdate<bf16> update{layout, segments, [](const OptimizerSegment& s) { return s.param; },
+                           [](const OptimizerSegment& s) { return s.param; }, params.ptr,
                            master.ptr, grads.ptr, m.ptr, v.ptr};
   void step(const OptimizerSettings& opt, float lr, int step) {
     update.step(opt, lr, step, 0.0f, nullptr);

@@ -1,11 +1,14 @@
-// How gradients travel between ranks (src/dist/grad_sync.h) under mpirun (test/checks/distributed_nccl.sh):
-// one collective per bucket per step — all-reduce at ZeRO 0, reduce-scatter at 1 and 2 (every
-// micro-step at 2), parameters all-gathered per bucket at 1 and 2 — and the update each stage
-// makes equals the single-rank update on the whole global batch (a plain host computation of the
-// same model on every rank's tokens is not needed: one process with B·R rows is the reference).
+// How gradients and parameters travel between ranks (src/dist/grad_sync.h, param_shards.h) under
+// mpirun (test/checks/distributed_nccl.sh): one collective per bucket per step — all-reduce at ZeRO
+// 0, reduce-scatter at 1, 2 and 3 (every micro-step at 2 and 3), parameters all-gathered per
+// bucket after the update at 1 and 2, and at 3 per bucket and pass where the gather windows do not
+// still hold it — and the update each stage makes equals the single-rank update on the whole
+// global batch (a plain host computation of the same model on every rank's tokens is not needed:
+// one process with B·R rows is the reference).
 #include "test/test_util.h"
 #include "src/dist/comm.h"
 #include "src/model/gpt2.h"
+#include "src/run/memory_plan.h"
 
 #include <vector>
 
@@ -36,7 +39,16 @@ std::vector<int> global_tokens(int micro, int salt) {
 
 }  // namespace
 
-TEST_CASE("each bucket travels in one collective: all-reduce at ZeRO 0, reduce-scatter and all-gather at 1 and 2",
+// ZeRO 3's parameter all-gathers in an optimizer step of `micro_steps` micro-steps right after an
+// update, with `layer_buckets` layer buckets and `windows` gather windows: the wte/wpe/lnf bucket
+// once; every layer bucket in the first forward; in each later pass (the backward, then the next
+// micro-step's forward, walking the buckets the other way) all but the `windows` buckets the
+// previous pass left in the windows.
+long long zero3_gathers(long long layer_buckets, long long windows, long long micro_steps) {
+  return 1 + layer_buckets + (2 * micro_steps - 1) * std::max(0LL, layer_buckets - windows);
+}
+
+TEST_CASE("each bucket travels in one collective: all-reduce at ZeRO 0, reduce-scatter and all-gather at 1 to 3",
           "[grad_sync]") {
   const int R = comm().world_size(), rank = comm().rank();
   OptimizerSettings opt;
@@ -54,9 +66,10 @@ TEST_CASE("each bucket travels in one collective: all-reduce at ZeRO 0, reduce-s
   test::optimizer_step(single, opt, 1e-2f, 1);
   const std::vector<float> expected = single.parameters();
 
-  for (int zero : {0, 1, 2}) {
-    INFO("ZeRO " << zero << ", " << R << " ranks");
-    GPT2<float> model(kModel, kB, kT, kRecomputeDefault, &comm(), zero, "auto", kLayerBucketMiB);
+  for (const auto& [zero, prefetch] : {std::pair{0, 1}, {1, 1}, {2, 1}, {3, 1}, {3, 2}}) {
+    INFO("ZeRO " << zero << ", " << R << " ranks, --zero3-prefetch " << prefetch);
+    GPT2<float> model(kModel, kB, kT, kRecomputeDefault, &comm(), zero, "auto", kLayerBucketMiB, kLogitsChunkRows,
+                      prefetch);
     const size_t buckets = model.gradient_sync().buckets().buckets().size();
     REQUIRE(buckets == 4);
     model.init_random(11);
@@ -75,9 +88,22 @@ TEST_CASE("each bucket travels in one collective: all-reduce at ZeRO 0, reduce-s
       CHECK(c.all_gather == 0);
     } else {
       CHECK(gradient_all_reduces == 0);
-      CHECK(c.reduce_scatter == static_cast<long long>(buckets) * (zero == 2 ? kMicroSteps : 1));
-      CHECK(c.all_gather == static_cast<long long>(buckets));
+      CHECK(c.reduce_scatter == static_cast<long long>(buckets) * (zero >= 2 ? kMicroSteps : 1));
+      CHECK(c.all_gather == (zero == 3 ? zero3_gathers(buckets - 1, prefetch + 1, kMicroSteps)
+                                       : static_cast<long long>(buckets)));
       CHECK(c.all_reduce == 2);  // the step's figures: the gradient norm's sum over the ranks' chunks, the loss's
+    }
+    if (zero == 3 && R > 1) {
+      // The plan's parameter terms are the buffers the model holds: its shard, the gather windows
+      // (prefetch + 1 layer buckets and wte/wpe/lnf) and no master weights (fp32).
+      const MemoryPlan plan = plan_memory(kModel, kB, kT, kRecomputeDefault, DType::fp32, 3, R, kLayerBucketMiB, 0,
+                                          kLogitsChunkRows, prefetch);
+      const GradientBuckets& b = model.gradient_sync().buckets();
+      CHECK(term_bytes(plan, "parameters") == 4 * b.shard_elements());
+      CHECK(term_bytes(plan, "parameter gather windows") ==
+            4 * ((prefetch + 1) * b.largest_layer_bucket() + R * b.model_bucket().chunk));
+      CHECK(term_bytes(plan, "parameters") + term_bytes(plan, "parameter gather windows") == model.parameter_bytes());
+      CHECK(term_bytes(plan, "gradients") == model.gradient_sync().bytes());
     }
     const std::vector<float> got = model.parameters();
     REQUIRE(got.size() == expected.size());
