@@ -4,6 +4,7 @@
 #include "src/base/device.h"
 #include "src/base/units.h"
 #include "src/config/config_checks.h"
+#include "src/dist/comm_plan.h"
 #include "src/model/activations.h"
 #include "src/run/memory_plan.h"
 #include "src/run/run_setup.h"
@@ -12,6 +13,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 constexpr double kBytesPerGiB = 1073741824.0;
 
@@ -57,6 +59,24 @@ inline std::string fitting_batch_sizes(const TrainConfig& cfg, const GPT2Config&
   return out;
 }
 
+// "communication per optimizer step, sent by each rank: ..." (comm_plan.h) for a run of `world` ranks.
+inline std::string communication_line(const TrainConfig& cfg, const GPT2Config& model, int world, int micro_steps) {
+  const ParameterLayout layout(model);
+  const size_t elem = dtype_named(cfg.dtype) == DType::fp32 ? sizeof(float) : sizeof(bf16);
+  const int stage = effective_zero_stage(cfg.zero, world);
+  const GradientBuckets buckets =
+      gradient_buckets(layout, world, stage, layers_per_bucket(layout, cfg.bucket_mib, elem));
+  const StepTraffic t = step_traffic(buckets, world, stage, micro_steps, cfg.zero3_prefetch, elem);
+  std::string out = "communication per optimizer step (" + std::to_string(micro_steps) +
+                    " micro-step(s)), sent by each rank on NCCL's rings:";
+  const std::pair<const char*, const CollectiveTraffic*> kinds[] = {
+      {"all-reduce", &t.all_reduce}, {"reduce-scatter", &t.reduce_scatter}, {"all-gather", &t.all_gather}};
+  for (const auto& [name, c] : kinds)
+    out += std::string(" ") + name + " " + format_bytes(static_cast<size_t>(c->bytes_sent)) + " in " +
+           std::to_string(c->calls) + " call(s)" + (c == &t.all_gather ? "" : ",");
+  return out;
+}
+
 // --plan's exit status when the plan exceeds the budget (scripts can test it; 1 is a bad input).
 constexpr int kPlanDoesNotFitStatus = 2;
 
@@ -67,7 +87,7 @@ inline int print_memory_plan(TrainConfig cfg) {
   if (!cfg.resume.empty())
     throw std::invalid_argument("--plan takes the architecture from --model or --init-from, not --resume");
   const int world = cfg.world_size > 0 ? cfg.world_size : 1;
-  validate_config(cfg, world);
+  const int micro_steps = validate_config(cfg, world);
   std::string source;
   const GPT2Config model = resolve_model(cfg, std::nullopt, &source);
   validate_against_model(cfg, model.max_seq_len, source);
@@ -83,6 +103,7 @@ inline int print_memory_plan(TrainConfig cfg) {
   if (budget > 0) std::printf("%s\n", fitting_batch_sizes(cfg, model, world, budget, sampling).c_str());
   else std::printf("no device and no --gpu-memory: pass --gpu-memory GiB to see what fits\n");
   std::printf("not counted: the CUDA context and NCCL's buffers (leave ~1 GiB per GPU)\n");
+  if (world > 1) std::printf("%s\n", communication_line(cfg, model, world, micro_steps).c_str());
   return budget > 0 && plan.total() > budget ? kPlanDoesNotFitStatus : 0;
 }
 

@@ -3,8 +3,10 @@
 # resumes on 1 rank and on 4 ranks (and at the other ZeRO stage, and with other gradient buckets)
 # with the same global micro-batch (ranks × --batch-size), and the resumed steps 4-6 give the
 # losses, gradient norms and validation losses of the uninterrupted 2-rank run: fp32 to 1e-5
-# relative, bf16 to 2e-3 (the ranks' gradients are summed in another grouping). A resume whose
-# global batch differs is refused in one line that names the --batch-size to use.
+# relative, bf16 to 2e-3 (the ranks' gradients are summed in another grouping). ZeRO 3 (sharded
+# parameters) on either side: 4 ranks at ZeRO 3 resume on 2 at ZeRO 1, and 2 ranks at ZeRO 1 on 4
+# at ZeRO 3, continuing the uninterrupted run of the stage they resume at. A resume whose global
+# batch differs is refused in one line that names the --batch-size to use.
 # usage: checkpoint_reshard.sh cpu|gpu   (gpu: needs 4 GPUs, else skipped)
 set -u
 # shellcheck source=test/checks/lib/trainer.sh
@@ -58,6 +60,31 @@ for combo in fp32:1 fp32:2 bf16:1 bf16:2; do
     name="$dtype ZeRO $zero, 2 ranks -> $n rank(s) B $b ZeRO $z --bucket-mib $mib"
     out=$tmp/$dtype-$zero-to-$n-$z-$mib
     if ranks "$n" --batch-size "$b" --dtype "$dtype" --zero "$z" --bucket-mib "$mib" --resume "$ckpt" --out-dir "$out" \
+        >"$out.log" 2>&1; then
+      grep -q "resumed from $ckpt: 3 step" "$out.log" || fail "$name: did not resume from step 3"
+      echo "$name:"
+      close "$straight" "$out" "$tol" || fail "$name: resumed steps differ from the uninterrupted run"
+    else
+      fail "$name: resume failed"; tail -n 5 "$out.log"
+    fi
+  done
+done
+
+# ZeRO 3 on 4 ranks (B 1) -> ZeRO 1 on 2 ranks (B 2), against the straight 2-rank ZeRO 1 run; and
+# ZeRO 1 on 2 ranks -> ZeRO 3 on 4 ranks, against a straight 4-rank ZeRO 3 run.
+for dtype in fp32 bf16; do
+  tol=1e-5; [ "$dtype" = bf16 ] && tol=2e-3
+  z3=$tmp/$dtype-zero3-4ranks
+  if ! ranks 4 --batch-size 1 --dtype "$dtype" --zero 3 --bucket-mib 0.1 --checkpoint-every 3 --out-dir "$z3" \
+      >"$z3.log" 2>&1; then
+    fail "$dtype ZeRO 3: the 4-rank run failed"; tail -n 20 "$z3.log"; continue
+  fi
+  for pair in "$z3 2 2 1 $tmp/$dtype-zero1" "$tmp/$dtype-zero1 4 1 3 $z3"; do
+    read -r from n b z straight <<<"$pair"
+    ckpt=$from/checkpoint_00000003
+    out=$tmp/$dtype-from-$(basename "$from")-to-$n-$z
+    name="$dtype $(basename "$from") -> $n ranks ZeRO $z"
+    if ranks "$n" --batch-size "$b" --dtype "$dtype" --zero "$z" --bucket-mib 0.1 --resume "$ckpt" --out-dir "$out" \
         >"$out.log" 2>&1; then
       grep -q "resumed from $ckpt: 3 step" "$out.log" || fail "$name: did not resume from step 3"
       echo "$name:"

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Data-parallel training under mpirun against one process with the same global batch: 2 and 4
-# ranks with --zero 0, 1 and 2, fp32 and bf16, shuffling off and on, with and without gradient
+# ranks with --zero 0, 1, 2 and 3, fp32 and bf16, shuffling off and on, with and without gradient
 # accumulation, must reproduce the single-process per-step losses and gradient norms (fp32:
 # 1e-5 relative; bf16: 2e-3 relative, since each rank rounds its own gradients to bf16 before
 # they are averaged, where one process rounds the whole batch's gradient once). Also: ZeRO 1 is
 # bit-identical to ZeRO 0 (same final model.bin, fp32 and bf16, no clipping) because the sharded
 # AdamW rounds by the element's index within its tensor; the optimizer state per rank at ZeRO 1
-# is 1/R of ZeRO 0's (up to the chunk padding), and ZeRO 2 holds a gradient shard plus working
-# windows (two layer buckets' and wte/wpe/lnf's) instead of the whole gradient. Gradients travel
-# in a bucket per layer (--bucket-mib 0.1): all-reduce at ZeRO 0, reduce-scatter at 1 and 2.
+# is 1/R of ZeRO 0's (up to the chunk padding), ZeRO 2 holds a gradient shard plus working
+# windows (two layer buckets' and wte/wpe/lnf's) instead of the whole gradient, and ZeRO 3 holds
+# the parameters' shard alone (its gather windows are in the memory plan). Gradients travel in a
+# bucket per layer (--bucket-mib 0.1): all-reduce at ZeRO 0, reduce-scatter at 1, 2 and 3.
 # usage: distributed_train.sh cpu|gpu   (gpu: needs as many GPUs as ranks, else skipped)
 set -u
 # shellcheck source=test/checks/lib/trainer.sh
@@ -68,7 +69,7 @@ for dtype in fp32 bf16; do
     run "ref_${dtype}_s$shuffle" 1 --dtype "$dtype" --shuffle "$shuffle" --batch-size 4 || continue
     for ranks in 2 4; do
       [ "$ranks" -le "$max_ranks" ] || continue
-      for zero in 0 1 2; do
+      for zero in 0 1 2 3; do
         name="r${ranks}_z${zero}_${dtype}_s$shuffle"
         run "$name" "$ranks" --dtype "$dtype" --shuffle "$shuffle" --batch-size $((4 / ranks)) --zero "$zero" &&
           same_steps "ref_${dtype}_s$shuffle" "$name" "$tol"
@@ -76,7 +77,7 @@ for dtype in fp32 bf16; do
     done
   done
   run "accref_$dtype" 1 --dtype "$dtype" --batch-size 2 --total-batch-tokens 64 || continue
-  for zero in 0 1 2; do
+  for zero in 0 1 2 3; do
     name="acc_r2_z${zero}_$dtype"
     run "$name" 2 --dtype "$dtype" --batch-size 1 --total-batch-tokens 64 --zero "$zero" &&
       same_steps "accref_$dtype" "$name" "$tol"
@@ -104,11 +105,11 @@ def report(name):
 bad = False
 for ranks in (2, 4):
     try:
-        z0, z1, z2 = (report(f"r{ranks}_z{z}_bf16_s0") for z in (0, 1, 2))
+        z0, z1, z2, z3 = (report(f"r{ranks}_z{z}_bf16_s0") for z in (0, 1, 2, 3))
     except (OSError, IndexError):
         continue
-    if [z0[0], z0[1], z1[1], z2[1]] != [ranks, 0, 1, 2]:
-        print(f"  {ranks} ranks: world size / stage {z0[:2]} {z1[:2]} {z2[:2]}"); bad = True
+    if [z0[0], z0[1], z1[1], z2[1], z3[1]] != [ranks, 0, 1, 2, 3]:
+        print(f"  {ranks} ranks: world size / stage {z0[:2]} {z1[:2]} {z2[:2]} {z3[:2]}"); bad = True
     opt0, opt1 = z0[4], z1[4]
     # Tiny model: L=2, C=64, Vp=512, maxT=64; bf16 gradients; --bucket-mib 0.1: a bucket per layer
     # (97.6 KiB each), then wte/wpe/lnf. Each bucket is chunked per rank: ceil(n/R) rounded up to 8.
@@ -125,7 +126,11 @@ for ranks in (2, 4):
     windows = 2 * ranks * chunk(layer) + ranks * chunk(embed)
     if z2[3] != 2 * (S + windows):
         print(f"  {ranks} ranks: ZeRO 2 gradient bytes {z2[3]} != shard + working windows {2 * (S + windows)}"); bad = True
-    print(f"  {ranks} ranks: optimizer state {opt0} -> {opt1} bytes, gradients {z1[3]} -> {z2[3]} bytes")
+    if z3[3:] != z2[3:]: print(f"  {ranks} ranks: ZeRO 3 gradients/optimizer {z3[3:]} != ZeRO 2's {z2[3:]}"); bad = True
+    if z0[2] != 2 * sum(buckets) or z3[2] != 2 * S:
+        print(f"  {ranks} ranks: parameter bytes ZeRO 0 {z0[2]}, ZeRO 3 {z3[2]}: expected {2 * sum(buckets)}, {2 * S}"); bad = True
+    print(f"  {ranks} ranks: optimizer state {opt0} -> {opt1} bytes, gradients {z1[3]} -> {z2[3]} bytes, "
+          f"parameters {z0[2]} -> {z3[2]} bytes")
 sys.exit(1 if bad else 0)
 PY
 

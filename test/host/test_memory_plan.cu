@@ -1,5 +1,5 @@
 // The memory planner (src/run/memory_plan.h) against figures computed here by hand from the GPT-2
-// architecture: GPT-2 124M's terms at ZeRO stages 0, 1 and 2, the table's text, and the largest
+// architecture: GPT-2 124M's terms at ZeRO stages 0 to 3, the table's text, and the largest
 // batch that fits. (That the plan equals what the model allocates is checked on the CPU build
 // by simt_counters.cpp, where simt counts cudaMalloc.)
 #include "test/test_util.h"
@@ -54,8 +54,23 @@ TEST_CASE("memory plan of GPT-2 124M by hand", "[memory_plan]") {
   // Buckets of one layer: the windows shrink to a layer each.
   CHECK(term(plan_memory(d12, 64, 1024, 1, DType::bf16, 2, 8, 14.0), "gradients") ==
         2 * (2 * per_layer + model_tensors + S));
+  // ZeRO-3: the parameters' shard (as the gradients'), two gather windows of one bucket each and
+  // the wte/wpe/lnf window; gradients and optimizer state as ZeRO-2. With --sample-every, rank 0
+  // gathers every parameter for the decoder. --zero3-prefetch 3: four layer windows.
+  const MemoryPlan zero3 = plan_memory(d12, 64, 1024, 1, DType::bf16, 3, 8);
+  CHECK(term(zero3, "parameters") == 2 * S);
+  CHECK(term(zero3, "parameter gather windows") == 2 * (2 * 2 * per_layer + model_tensors));
+  CHECK(term(zero3, "gradients") == term(zero2, "gradients"));
+  CHECK(term(zero3, "AdamW moments (fp32)") == term(zero2, "AdamW moments (fp32)"));
+  CHECK(term(zero3, "parameters gathered for sampling") == 0);
+  const MemoryPlan sampling = plan_memory(d12, 64, 1024, 1, DType::bf16, 3, 8, kDefaultBucketMiB, 64);
+  CHECK(term(sampling, "parameters gathered for sampling") == 2 * P);
+  CHECK(term(plan_memory(d12, 64, 1024, 1, DType::bf16, 3, 8, kDefaultBucketMiB, 0, kLogitsChunkRows, 3),
+             "parameter gather windows") == 2 * (4 * 2 * per_layer + model_tensors));
+  CHECK(term(zero2, "parameter gather windows") == 0);
   // One rank runs stage 0 whatever was asked; fp32 has no master weights.
   CHECK(plan_memory(d12, 64, 1024, 1, DType::bf16, 2, 1).total() == one.total());
+  CHECK(plan_memory(d12, 64, 1024, 1, DType::bf16, 3, 1).total() == one.total());
   CHECK(term(plan_memory(d12, 64, 1024, 1, DType::fp32, 0, 1), "master weights (fp32)") == 0);
 
   const std::string table = format_memory_plan(one, size_t{80} << 30);

@@ -7,6 +7,7 @@
 // one process with B·R rows is the reference).
 #include "test/test_util.h"
 #include "src/dist/comm.h"
+#include "src/dist/comm_plan.h"
 #include "src/model/gpt2.h"
 #include "src/run/memory_plan.h"
 
@@ -80,6 +81,13 @@ TEST_CASE("each bucket travels in one collective: all-reduce at ZeRO 0, reduce-s
     const long long gradient_all_reduces = comm().counts().all_reduce;
     test::optimizer_step(model, opt, 1e-2f, 1);
     const CollectiveCounts c = comm().counts();
+    // --plan's traffic (comm_plan.h) counts the calls the communicator made for the gradients
+    // and parameters (all but the step figures' two all-reduces).
+    const StepTraffic planned = step_traffic(model.gradient_sync().buckets(), R, model.zero_stage(), kMicroSteps,
+                                             prefetch, sizeof(float));
+    CHECK(planned.all_gather.calls == c.all_gather);
+    CHECK(planned.reduce_scatter.calls == c.reduce_scatter);
+    CHECK(planned.all_reduce.calls == gradient_all_reduces);
     if (R == 1) {
       CHECK(c.reduce_scatter + c.all_gather + c.all_reduce == 0);
     } else if (zero == 0) {
