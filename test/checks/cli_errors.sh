@@ -85,6 +85,8 @@ expect_error "zero batch" "--batch-size" "got '0'" -- + --batch-size 0
 expect_error "negative lr" "--lr" ">= 0" -- + --lr -1e-3
 expect_error "beta out of range" "--beta2" "[0, 1)" -- + --beta2 1.0
 expect_error "eps zero" "--adam-eps" "> 0" -- + --adam-eps 0
+expect_error "ZeRO stage 4" "--zero" "[0, 3]" "'4'" -- + --zero 4
+expect_error "no ZeRO 3 prefetch" "--zero3-prefetch" "[1, 8]" -- + --zero3-prefetch 0
 expect_error "negative clip" "--grad-clip" -- + --grad-clip -1
 expect_error "final-lr-frac > 1" "--final-lr-frac" "[0, 1]" -- + --final-lr-frac 2
 expect_error "negative steps" "--max-steps" "[0, 2147483647]" -- + --max-steps -1
