@@ -516,19 +516,29 @@ TEST_CASE("GPT2 rejects tokens outside the vocabulary and bad shapes", "[gpt2]")
 }
 
 TEST_CASE("GPT2 presets", "[gpt2]") {
-  CHECK(gpt2_preset_names() == std::vector<std::string>{"nano", "micro", "d12", "d24", "d36", "d48"});
+  CHECK(gpt2_preset_names() == std::vector<std::string>{"nano", "micro", "d12", "d24", "d36", "d48", "gpt3-125m",
+                                                        "gpt3-350m", "gpt3-760m", "gpt3-2.7b", "gpt3-6.7b"});
   const GPT2Config d12 = gpt2_preset("d12");
   CHECK(d12 == GPT2Config{1024, 50257, 50304, 12, 12, 768});
   CHECK(ParameterLayout(d12).total == 124475904u);  // docs/FORMATS.md
   CHECK(gpt2_preset("d48") == GPT2Config{1024, 50257, 50304, 48, 25, 1600});
   CHECK(gpt2_preset("nano") == GPT2Config{128, 50257, 50304, 2, 4, 64});
   CHECK(gpt2_preset("micro") == GPT2Config{256, 50257, 50304, 4, 4, 128});
+  // GPT-3 (Brown et al. 2020, table 2.1: layers, d_model, heads; n_ctx 2048): 12·L·C² + 13·L·C
+  // weights and biases per block, (Vp + 2048)·C embeddings and 2·C for lnf.
+  const auto gpt3_total = [](size_t L, size_t C) { return 12 * L * C * C + 13 * L * C + (50304 + 2048) * C + 2 * C; };
+  CHECK(gpt2_preset("gpt3-2.7b") == GPT2Config{2048, 50257, 50304, 32, 32, 2560});
+  CHECK(ParameterLayout(gpt2_preset("gpt3-2.7b")).total == gpt3_total(32, 2560));
+  CHECK(gpt2_preset("gpt3-6.7b") == GPT2Config{2048, 50257, 50304, 32, 32, 4096});
+  CHECK(ParameterLayout(gpt2_preset("gpt3-6.7b")).total == gpt3_total(32, 4096));
+  CHECK(ParameterLayout(gpt2_preset("gpt3-6.7b")).total / 100000000 == 66);  // "6.7B": 6.66e9
+  CHECK(gpt2_preset("gpt3-760m").channels / gpt2_preset("gpt3-760m").num_heads == 96);
   for (const std::string& name : gpt2_preset_names()) CHECK_NOTHROW(gpt2_check_config(gpt2_preset(name), name));
   try {
     gpt2_preset("gpt5");
     FAIL("no exception");
   } catch (const std::invalid_argument& e) {
-    CHECK_THAT(e.what(), Catch::Contains("gpt5") && Catch::Contains("nano, micro, d12, d24, d36, d48"));
+    CHECK_THAT(e.what(), Catch::Contains("gpt5") && Catch::Contains("nano, micro, d12, d24, d36, d48, gpt3-125m"));
   }
   const ParameterLayout layout(d12);
   const char* decayed[] = {"wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw"};
