@@ -45,6 +45,20 @@ sys.exit(0 if worst <= tol else 1)
 PY
 }
 
+# resume NAME CHECKPOINT STRAIGHT OUT TOLERANCE RANKS ARGS...: resumes CHECKPOINT on RANKS ranks
+# into OUT and compares its steps with the uninterrupted run STRAIGHT's.
+resume() {
+  local name=$1 ckpt=$2 straight=$3 out=$4 tol=$5 n=$6
+  shift 6
+  if ranks "$n" "$@" --resume "$ckpt" --out-dir "$out" >"$out.log" 2>&1; then
+    grep -q "resumed from $ckpt: 3 step" "$out.log" || fail "$name: did not resume from step 3"
+    echo "$name:"
+    close "$straight" "$out" "$tol" || fail "$name: resumed steps differ from the uninterrupted run"
+  else
+    fail "$name: resume failed"; tail -n 5 "$out.log"
+  fi
+}
+
 for combo in fp32:1 fp32:2 bf16:1 bf16:2; do
   dtype=${combo%:*} zero=${combo#*:}
   tol=1e-5; [ "$dtype" = bf16 ] && tol=2e-3
@@ -57,16 +71,8 @@ for combo in fp32:1 fp32:2 bf16:1 bf16:2; do
   # to: ranks, --batch-size, ZeRO stage, --bucket-mib (0.1: a bucket per layer; 32: one for both).
   for to in "1 4 0 0.1" "4 1 $zero 0.1" "4 1 $((3 - zero)) 0.1" "2 2 $zero 32"; do
     read -r n b z mib <<<"$to"
-    name="$dtype ZeRO $zero, 2 ranks -> $n rank(s) B $b ZeRO $z --bucket-mib $mib"
-    out=$tmp/$dtype-$zero-to-$n-$z-$mib
-    if ranks "$n" --batch-size "$b" --dtype "$dtype" --zero "$z" --bucket-mib "$mib" --resume "$ckpt" --out-dir "$out" \
-        >"$out.log" 2>&1; then
-      grep -q "resumed from $ckpt: 3 step" "$out.log" || fail "$name: did not resume from step 3"
-      echo "$name:"
-      close "$straight" "$out" "$tol" || fail "$name: resumed steps differ from the uninterrupted run"
-    else
-      fail "$name: resume failed"; tail -n 5 "$out.log"
-    fi
+    resume "$dtype ZeRO $zero, 2 ranks -> $n rank(s) B $b ZeRO $z --bucket-mib $mib" "$ckpt" "$straight" \
+      "$tmp/$dtype-$zero-to-$n-$z-$mib" "$tol" "$n" --batch-size "$b" --dtype "$dtype" --zero "$z" --bucket-mib "$mib"
   done
 done
 
@@ -81,17 +87,9 @@ for dtype in fp32 bf16; do
   fi
   for pair in "$z3 2 2 1 $tmp/$dtype-zero1" "$tmp/$dtype-zero1 4 1 3 $z3"; do
     read -r from n b z straight <<<"$pair"
-    ckpt=$from/checkpoint_00000003
-    out=$tmp/$dtype-from-$(basename "$from")-to-$n-$z
-    name="$dtype $(basename "$from") -> $n ranks ZeRO $z"
-    if ranks "$n" --batch-size "$b" --dtype "$dtype" --zero "$z" --bucket-mib 0.1 --resume "$ckpt" --out-dir "$out" \
-        >"$out.log" 2>&1; then
-      grep -q "resumed from $ckpt: 3 step" "$out.log" || fail "$name: did not resume from step 3"
-      echo "$name:"
-      close "$straight" "$out" "$tol" || fail "$name: resumed steps differ from the uninterrupted run"
-    else
-      fail "$name: resume failed"; tail -n 5 "$out.log"
-    fi
+    resume "$dtype $(basename "$from") -> $n ranks ZeRO $z" "$from/checkpoint_00000003" "$straight" \
+      "$tmp/$dtype-from-$(basename "$from")-to-$n-$z" "$tol" "$n" --batch-size "$b" --dtype "$dtype" --zero "$z" \
+      --bucket-mib 0.1
   done
 done
 
