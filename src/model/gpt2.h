@@ -215,7 +215,7 @@ class GPT2 {
   // One optimizer step (step is 1-based) from the accumulated gradients: AdamW with clipping
   // (optimizer.h) given step_figures()' gradient norm. Data parallel: the update waits for the
   // gradient communication; with sharded optimizer state each rank updates its shard, then the
-  // parameters are all-gathered.
+  // parameters are all-gathered (at ZeRO 3 they stay sharded: the next pass gathers them).
   void apply_update(const OptimizerSettings& opt, float lr, int step, float norm) {
     adamw_->step(opt, lr, step, norm, stream_.get());
     if (params_.sharded()) params_.changed();
@@ -239,7 +239,7 @@ class GPT2 {
 
   // Host copies as float, llm.c order (at ZeRO 3 a collective).
   std::vector<float> parameters() const { return params_.host_floats(); }
-  // (At ZeRO stage 2 no rank holds them all: throws.)
+  // (At ZeRO stages 2 and 3 no rank holds them all: throws.)
   std::vector<float> gradients() const { return grads_.llmc_order(stream_.get()); }
   // The logits of the last forward(): rows [N - r, N) of the micro-batch, r = N mod the lm head's
   // chunk rows (or those rows), which is every row when B·T <= that.
