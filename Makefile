@@ -4,7 +4,8 @@
 #   make test       CPU test suite in both thread orders + GPU build compile check
 #   make test-gpu   the same suite built with nvcc, run on a GPU
 #   make run        train: GPU binary when a GPU is present, else the CPU build on a small model
-#   make ptx-report ptxas registers / spills / shared memory per kernel → build/ptx-report.txt
+#   make ptx-report ptxas registers / spills / shared memory per kernel → build/ptx-report.txt (.tsv: the
+#                   table make test's CPU build checks launches against, docs/SIMT.md)
 #   make gpu-deps   on a networked Debian machine: the OpenMPI, Catch2, nlohmann-json, PCRE2 .debs and
 #                   the GPT-2 vocabulary a bare GPU machine needs → build/gpu-deps/ (scripts/gpu_deps.sh)
 #   make gpu-acceptance  on a GPU machine: build, test-gpu, sanitizers, PyTorch parity, determinism,

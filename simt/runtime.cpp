@@ -117,15 +117,25 @@ void run_launch(const LaunchSpec& spec) {
     return launch_refused(spec, cudaErrorInvalidConfiguration, "more than 1024 threads per block (or x,y>1024, z>64)");
   if (g.x > 2147483647u || g.y > 65535u || g.z > 65535u)
     return launch_refused(spec, cudaErrorInvalidConfiguration, "grid dimensions over 2^31-1 x 65535 x 65535");
-  size_t allowed = kDefaultDynamicSmem;
+  // The kernel's maxDynamicSharedSizeBytes (cudaFuncAttributes): what cudaFuncSetAttribute set, else
+  // 48 KB less its static shared memory (known from the ptxas table, kernel_resources.cpp).
+  const size_t static_smem = static_shared_memory(spec.kernel);
+  size_t allowed = static_smem < kDefaultDynamicSmem ? kDefaultDynamicSmem - static_smem : 0;
   {
     std::lock_guard<std::mutex> lock(attribute_mutex);
     auto it = max_dynamic_smem.find(spec.kernel);
     if (it != max_dynamic_smem.end()) allowed = static_cast<size_t>(it->second);
   }
-  if (spec.dynamic_smem > allowed)
-    return launch_refused(spec, cudaErrorInvalidValue,
-                          "dynamic shared memory over the kernel's limit (48 KB unless raised by cudaFuncSetAttribute)");
+  if (spec.dynamic_smem > allowed) {
+    char why[256];
+    std::snprintf(why, sizeof why,
+                  "%zu bytes of dynamic shared memory over the kernel's limit of %zu (48 KB less its %zu bytes of "
+                  "static shared memory, unless raised by cudaFuncSetAttribute)",
+                  spec.dynamic_smem, allowed, static_smem);
+    return launch_refused(spec, cudaErrorInvalidValue, why);
+  }
+  const Refusal registers = check_launch_registers(spec.kernel, b);
+  if (registers.error != cudaSuccess) return launch_refused(spec, registers.error, registers.why.c_str());
   kernel_operation(spec.stream, spec.kernel, spec.accesses, spec.access_count);
   execute_launch(spec);
 }
@@ -249,6 +259,13 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
   if (!func) return fail(cudaErrorInvalidDeviceFunction);
   if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return fail(cudaErrorInvalidValue);
   if (value < 0 || static_cast<size_t>(value) > kMaxDynamicSmem) return fail(cudaErrorInvalidValue);
+  const Refusal refusal = check_max_dynamic_shared_memory(func, static_cast<size_t>(value));
+  if (refusal.error != cudaSuccess) {
+    if (std::getenv("SIMT_VERBOSE"))
+      std::fprintf(stderr, "simt: cudaFuncSetAttribute of %s refused: %s\n", describe_kernel(func).c_str(),
+                   refusal.why.c_str());
+    return fail(refusal.error);
+  }
   std::lock_guard<std::mutex> lock(attribute_mutex);
   max_dynamic_smem[func] = value;
   return cudaSuccess;

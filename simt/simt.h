@@ -42,6 +42,7 @@
 #include <utility>
 
 #include "counters.h"
+#include "kernel_resources.h"
 #include "streams.h"
 
 // Built-in variables, kept current by the scheduler at every fiber switch.

@@ -55,6 +55,24 @@ run_check() {
   printf '%-44s %s  %5.1fs\n' "$name" "$r" "$(echo "$end - $start" | bc)"
 }
 
+# CPU: simt checks every launch against the GPU build's registers and shared memory (docs/SIMT.md,
+# "Launches") from this tree's ptxas table, which a full run makes first so that it matches the
+# sources; without nvcc, or when the GPU build fails (gpu_build.sh then says why), there is none
+# and the rule is not applied. --only runs use $SIMT_KERNEL_RESOURCES as it is set.
+if [ "$mode" = cpu ] && [ "$only" -eq 0 ]; then
+  table=$PWD/build/ptx-report.txt.tsv nvcc=${NVCC:-${CUDA_HOME:-/usr/local/cuda}/bin/nvcc}
+  rm -f "$table"
+  unset SIMT_KERNEL_RESOURCES
+  if ! command -v "$nvcc" >/dev/null; then
+    echo "launches not checked against ptxas figures: no nvcc at $nvcc"
+  elif make --no-print-directory -j2 ptx-report >"$log_dir/ptx-report.log" 2>&1 || [ -f "$table" ]; then
+    export SIMT_KERNEL_RESOURCES=$table  # (make ptx-report fails on spills after writing it)
+    echo "launches checked against $(wc -l <"$table") ptxas rows ($table)"
+  else
+    echo "launches not checked against ptxas figures: the GPU build failed (log: $log_dir/ptx-report.log)"
+  fi
+fi
+
 for bin in "$@"; do
   name=$(basename "$bin")
   if [ "$mode" = cpu ]; then

@@ -12,7 +12,8 @@ flags=(-std=c++17 -O1 -g -DSIMT -fno-strict-aliasing -fsanitize=address -fno-omi
        -isystem "${CUDA_HOME:-/usr/local/cuda}/include")
 for backend in fcontext ucontext; do
   extra=(); [ $backend = ucontext ] && extra=(-DSIMT_UCONTEXT)
-  g++ "${flags[@]}" "${extra[@]}" -x c++ test/simt/simt_asan_probe.cu simt/scheduler.cpp simt/runtime.cpp simt/streams.cpp simt/warp_ops.cpp \
+  g++ "${flags[@]}" "${extra[@]}" -x c++ test/simt/simt_asan_probe.cu simt/scheduler.cpp simt/runtime.cpp simt/kernel_resources.cpp \
+      simt/streams.cpp simt/warp_ops.cpp \
       -o "$out/probe_$backend" -rdynamic -lboost_context -ldl
   if ! "$out/probe_$backend" inside > "$out/inside_$backend.log" 2>&1; then
     echo "FAIL ($backend): an in-bounds kernel was reported:"; cat "$out/inside_$backend.log"; exit 1
