@@ -56,6 +56,7 @@ void check_encoder(const EncoderShape& s, uint64_t seed) {
   test::DeviceBuffer<int> d_buckets(buckets_host);
   test::DeviceBuffer<T> d_dout(test::from_floats<T>(dout));
   test::DeviceBuffer<T> d_dwte(dwte_before), d_dwpe(dwpe_before);
+  REQUIRE(static_cast<size_t>(buckets_host[1]) * C * sizeof(float) <= encoder_backward_scratch_bytes(s.B, s.T, C));
   // Poisoned (NaN) scratch: a partial-sum row read before it is written shows in dwte.
   test::DeviceBuffer<float> d_scratch(std::max<size_t>(1, encoder_backward_scratch_bytes(s.B, s.T, C) / sizeof(float)));
 
@@ -149,6 +150,19 @@ TEST_CASE("encoder bucket list cuts buckets of more than kEncoderSegment positio
     for (int p = 0; p < N; ++p)
       if (tokens[p] == token) want_positions.push_back(p);
   CHECK(got.positions == want_positions);
+}
+
+// encoder_backward_scratch_bytes: one row of C floats per segment of a split bucket, at most
+// 2·floor(N / 128); buckets of 129 positions (two segments each) reach that bound.
+TEST_CASE("encoder backward scratch holds the partial rows of the worst bucket sizes", "[encoder]") {
+  const int B = 2, T = 129, N = B * T, C = 8;
+  std::vector<int> tokens(N);
+  for (int p = 0; p < N; ++p) tokens[p] = p / T;  // token 0 in batch row 0, token 1 in row 1
+  std::vector<int> list(encoder_backward_buckets_bytes(B, T) / sizeof(int));
+  REQUIRE(encoder_backward_build_buckets(list.data(), tokens.data(), B, T, 2) == 4);
+  CHECK(list[0] == 2);  // split buckets
+  CHECK(list[1] == 4);  // their segments: partial rows
+  CHECK(encoder_backward_scratch_bytes(B, T, C) == 4 * C * sizeof(float));
 }
 
 TEMPLATE_TEST_CASE("encoder forward and backward match CPU loops", "[encoder]", float, bf16) {
