@@ -187,3 +187,28 @@ __device__ __forceinline__ float warp_max(float x) {
   for (int offset = 16; offset > 0; offset >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
   return x;
 }
+
+// Column sums of an fp32 (rows × cols) row-major matrix of partial sums: the second level of the
+// bias-gradient and LayerNorm-backward reductions. Block b, of (kColumnSumWidth, kColumnSumWarps)
+// threads, owns columns [b·kColumnSumWidth, (b+1)·kColumnSumWidth): a warp reads 128 contiguous
+// bytes per row, and each column's rows are spread over kColumnSumWarps warps rather than walked
+// by one thread, whose chain of dependent loads would set the kernel's time whatever its width.
+// Thread (x, y) adds rows y, y + kColumnSumWarps, ... of its column in increasing order; then the
+// threads with y = 0 add the kColumnSumWarps sums in increasing y. The order depends on `rows`
+// alone, never on scheduling. Called once per block, by every thread, over a grid of
+// ceil(cols / kColumnSumWidth) blocks; the threads with y = 0 and a column < cols get its sum.
+constexpr int kColumnSumWidth = 32;
+constexpr int kColumnSumWarps = 16;
+__device__ __forceinline__ float block_column_sum(const float* matrix, int rows, int cols) {
+  __shared__ float warp_sums[kColumnSumWarps][kColumnSumWidth];
+  const int col = blockIdx.x * kColumnSumWidth + threadIdx.x;
+  float sum = 0.0f;
+  if (col < cols)
+    for (int r = threadIdx.y; r < rows; r += kColumnSumWarps) sum += matrix[static_cast<size_t>(r) * cols + col];
+  warp_sums[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  float total = 0.0f;
+  if (threadIdx.y == 0)
+    for (int y = 0; y < kColumnSumWarps; ++y) total += warp_sums[y][threadIdx.x];
+  return total;
+}

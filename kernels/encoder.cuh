@@ -5,12 +5,18 @@
 // out/dout (B, seq_len, C). All rows move as 128-bit vectors, so C must be a multiple of
 // 16 / sizeof(T) (4 floats, 8 bf16); the launchers exit with a message otherwise.
 //
-// Determinism of the backward pass: the rows of dout that feed one row of dwte are summed
-// by ONE thread per 16-byte column chunk, in increasing position (b·seq_len + t) order,
-// in fp32, and added to the stored gradient once. Grouping positions by token is done on
-// the host (the trainer holds the tokens there): encoder_backward_build_buckets() writes a
-// bucket list that the caller uploads (e.g. next to the step's input tokens, so the host
-// buffer's lifetime is handled like theirs), then encoder_backward() consumes it.
+// Determinism of the backward pass: the rows of dout that feed one row of dwte (a token's
+// bucket of positions) are summed in fp32 in an order fixed by the tokens alone, and added to the
+// stored gradient once. A bucket is cut into segments of kEncoderSegment positions (the last
+// may be shorter); one block sums each segment, a thread per 16-byte column chunk, in increasing
+// position (b·seq_len + t) order. A bucket of one segment is added to dwte by that block; the
+// segments of a larger bucket ("split": "," or " the", up to ~5,000 of d12's 65,536
+// positions on the default corpus) write rows of fp32 partial sums in parallel, and a second
+// kernel adds each split bucket's rows in segment order. So a hot token is walked by many warps,
+// not by one block serially. Grouping positions by token is done on the host (the trainer holds
+// the tokens there): encoder_backward_build_buckets() writes a bucket list that the caller
+// uploads (e.g. next to the step's input tokens, so the host buffer's lifetime is handled like
+// theirs), then encoder_backward() consumes it.
 #pragma once
 #include "common.cuh"
 
@@ -36,33 +42,95 @@ __global__ void encoder_forward_kernel(T* out, const int* tokens, const T* wte, 
   store128(out + static_cast<size_t>(position) * C + c, sum);
 }
 
-// Bucket list (ints), for N = B·seq_len positions and U <= N distinct tokens (buckets):
-//   [0, N)            token of bucket u, for u < U
-//   [N, 2N+1)         start of bucket u's positions at N+u, its end at N+u+1
-//   [2N+1, 3N+1)      positions (b·seq_len + t) of all buckets, increasing within a bucket
-// Buckets are ordered by size, largest first, so the longest sums start first on the GPU.
+// Positions per segment of a bucket: the most one block walks serially. A block's thread
+// keeps ~4 row loads in flight, so a segment takes ~32 memory latencies (~15 µs on an H100),
+// well inside the ~35 µs the whole d12 sum (100 MB of dout) needs at full bandwidth.
+constexpr int kEncoderSegment = 128;
 
-// dwte[token of bucket u, chunk] += Σ dout[p, chunk] over the bucket's positions p, in order.
-// grid = (buckets, chunk blocks); one thread per 128-bit column chunk.
+// The most buckets of more than kEncoderSegment positions ("split") N positions can hold.
+__host__ __device__ inline int encoder_backward_max_split_buckets(int N) { return N / (kEncoderSegment + 1); }
+
+// Bucket list (ints), for N = B·seq_len positions, S = kEncoderSegment, M =
+// encoder_backward_max_split_buckets(N), and `segments` <= N segments:
+//   [0]                  D <= M: split buckets (more than S positions)
+//   [1]                  P: segments of the split buckets
+//   [2, 2+N)             token of segment k, for k < segments
+//   [2+N, 3+2N)          start of segment k's positions at 2+N+k, its end at 2+N+k+1
+//   [3+2N, 3+3N)         positions (b·seq_len + t) of all buckets, increasing within a bucket
+//   [3+3N, 4+3N+M)       first segment of split bucket j at 3+3N+j, its end at 3+3N+j+1
+// Buckets are ordered by size, largest first, so the longest sums start first on the GPU and the
+// split buckets come first: their segments are [0, P), segment k < P writing row k of partials.
+template <typename Int>  // int where the host writes the list, const int where kernels read it
+struct EncoderBucketList {
+  Int* header;          // D, P
+  Int* segment_tokens;  // N
+  Int* segment_starts;  // N + 1
+  Int* positions;       // N
+  Int* split_starts;    // M + 1
+  __host__ __device__ EncoderBucketList(Int* list, int N)
+      : header(list),
+        segment_tokens(list + 2),
+        segment_starts(segment_tokens + N),
+        positions(segment_starts + N + 1),
+        split_starts(positions + N) {}
+};
+
+// row[0, kVec) += acc in fp32, rounded to T once: the one write of a gradient row's chunk.
 template <typename T>
-__global__ void encoder_backward_wte_kernel(T* dwte, const int* buckets, const T* dout, int N, int C) {
-  constexpr int kVec = Vec128<T>::size;
+__device__ __forceinline__ void encoder_add_to_row(T* row, const float* acc) {
+  Vec128<T> stored = load128(row);
+  for (int i = 0; i < Vec128<T>::size; ++i) stored[i] = from_float<T>(to_float(stored[i]) + acc[i]);
+  store128(row, stored);
+}
+
+// Segment k = blockIdx.x: acc = Σ dout[p, chunk] over its positions p, in order; then
+// dwte[token, chunk] += acc, or, for a segment of a split bucket (k < P), partials[k, chunk] = acc
+// (partials: P × C fp32). grid = (segments, chunk blocks); one thread per 128-bit column chunk.
+template <typename T>
+__global__ void encoder_backward_wte_kernel(T* dwte, float* partials, const int* buckets, const T* dout, int N, int C) {
+  constexpr int kVec = Vec128<T>::size, kFloatVec = Vec128<float>::size;
   const int chunk = blockIdx.y * blockDim.x + threadIdx.x;
   if (chunk >= C / kVec) return;
   const int c = chunk * kVec;
-  const int bucket = blockIdx.x;
-  const int token = buckets[bucket];
-  const int begin = buckets[N + bucket], end = buckets[N + bucket + 1];
-  const int* positions = buckets + 2 * N + 1;
+  const EncoderBucketList<const int> list(buckets, N);
+  const int segment = blockIdx.x;
+  const int begin = list.segment_starts[segment], end = list.segment_starts[segment + 1];
   float acc[kVec] = {};
   for (int k = begin; k < end; ++k) {
-    const Vec128<T> g = load128(dout + static_cast<size_t>(positions[k]) * C + c);
+    const Vec128<T> g = load128(dout + static_cast<size_t>(list.positions[k]) * C + c);
     for (int i = 0; i < kVec; ++i) acc[i] += to_float(g[i]);
   }
-  T* row = dwte + static_cast<size_t>(token) * C + c;
-  Vec128<T> stored = load128(row);
-  for (int i = 0; i < kVec; ++i) stored[i] = from_float<T>(to_float(stored[i]) + acc[i]);
-  store128(row, stored);
+  if (segment >= list.header[1]) {
+    encoder_add_to_row(dwte + static_cast<size_t>(list.segment_tokens[segment]) * C + c, acc);
+    return;
+  }
+  float* row = partials + static_cast<size_t>(segment) * C + c;
+  for (int j = 0; j < kVec; j += kFloatVec) {
+    Vec128<float> v;
+    for (int e = 0; e < kFloatVec; ++e) v[e] = acc[j + e];
+    store128(row + j, v);
+  }
+}
+
+// Split bucket j = blockIdx.x: dwte[token, chunk] += Σ of its segments' partial rows, in segment
+// order. grid = (encoder_backward_max_split_buckets(N), chunk blocks): the launcher knows the
+// shape, not the tokens, so blocks past the list's D return at once.
+template <typename T>
+__global__ void encoder_backward_wte_combine_kernel(T* dwte, const float* partials, const int* buckets, int N, int C) {
+  constexpr int kVec = Vec128<T>::size, kFloatVec = Vec128<float>::size;
+  const int chunk = blockIdx.y * blockDim.x + threadIdx.x;
+  const EncoderBucketList<const int> list(buckets, N);
+  const int split = blockIdx.x;
+  if (chunk >= C / kVec || split >= list.header[0]) return;
+  const int c = chunk * kVec;
+  const int first = list.split_starts[split], end = list.split_starts[split + 1];
+  float acc[kVec] = {};
+  for (int row = first; row < end; ++row)
+    for (int j = 0; j < kVec; j += kFloatVec) {
+      const Vec128<float> p = load128(partials + static_cast<size_t>(row) * C + c + j);
+      for (int e = 0; e < kFloatVec; ++e) acc[j + e] += p[e];
+    }
+  encoder_add_to_row(dwte + static_cast<size_t>(list.segment_tokens[first]) * C + c, acc);
 }
 
 // dwpe[t, chunk] += Σ_b dout[b, t, chunk], b increasing; one thread per (t, chunk).
@@ -79,10 +147,7 @@ __global__ void encoder_backward_wpe_kernel(T* dwpe, const T* dout, int B, int s
     const Vec128<T> g = load128(dout + (static_cast<size_t>(b) * seq_len + t) * C + c);
     for (int i = 0; i < kVec; ++i) acc[i] += to_float(g[i]);
   }
-  T* row = dwpe + static_cast<size_t>(t) * C + c;
-  Vec128<T> stored = load128(row);
-  for (int i = 0; i < kVec; ++i) stored[i] = from_float<T>(to_float(stored[i]) + acc[i]);
-  store128(row, stored);
+  encoder_add_to_row(dwpe + static_cast<size_t>(t) * C + c, acc);
 }
 
 template <typename T>
@@ -109,13 +174,27 @@ void encoder_forward(T* out, const int* tokens, const T* wte, const T* wpe, int 
 }
 
 // Size in bytes of the bucket list for B·seq_len positions (the same on host and device).
-inline size_t encoder_backward_scratch_bytes(int B, int seq_len) {
-  return (3 * static_cast<size_t>(B) * seq_len + 1) * sizeof(int);
+inline size_t encoder_backward_buckets_bytes(int B, int seq_len) {
+  const size_t N = static_cast<size_t>(B) * seq_len;
+  return (3 * N + encoder_backward_max_split_buckets(static_cast<int>(N)) + 4) * sizeof(int);
+}
+
+// Bytes of fp32 scratch encoder_backward needs: a row of C partial sums per segment of a split
+// bucket. A bucket of n > kEncoderSegment positions has ceil(n / S) <= 2·floor(n / S) segments,
+// so there are at most 2·floor(N / S) rows.
+inline size_t encoder_backward_scratch_bytes(int B, int seq_len, int C) {
+  return 2 * (static_cast<size_t>(B) * seq_len / kEncoderSegment) * C * sizeof(float);
+}
+
+// Kernel launches per encoder_backward (--profile's plan): segments, their combination where
+// B·seq_len positions can hold a split bucket, positions.
+inline int encoder_backward_launches(int B, int seq_len) {
+  return encoder_backward_max_split_buckets(B * seq_len) > 0 ? 3 : 2;
 }
 
 // Host: groups the positions of tokens_host (B·seq_len ids) by token into buckets_host
-// (encoder_backward_scratch_bytes(B, seq_len) bytes; layout above) and returns the number
-// of buckets. Exits with a message if a token is outside [0, vocab_size). The caller copies
+// (encoder_backward_buckets_bytes(B, seq_len) bytes; layout above) and returns the number of
+// segments. Exits with a message if a token is outside [0, vocab_size). The caller copies
 // buckets_host to a device buffer of the same size before encoder_backward runs.
 inline int encoder_backward_build_buckets(int* buckets_host, const int* tokens_host, int B, int seq_len,
                                           int vocab_size) {
@@ -141,36 +220,49 @@ inline int encoder_backward_build_buckets(int* buckets_host, const int* tokens_h
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
     return run_starts[a + 1] - run_starts[a] > run_starts[b + 1] - run_starts[b];
   });
-  int* bucket_tokens = buckets_host;
-  int* bucket_starts = buckets_host + N;
-  int* positions = buckets_host + 2 * N + 1;
-  std::fill(buckets_host, buckets_host + 3 * static_cast<size_t>(N) + 1, 0);
-  int next = 0;
+  std::fill(buckets_host, buckets_host + encoder_backward_buckets_bytes(B, seq_len) / sizeof(int), 0);
+  const EncoderBucketList<int> list(buckets_host, N);
+  int segments = 0, split = 0, split_segments = 0, next = 0;
   for (int u = 0; u < buckets; ++u) {
-    const int run = order[u];
-    bucket_tokens[u] = tokens_host[by_token[run_starts[run]]];
-    bucket_starts[u] = next;
-    for (int k = run_starts[run]; k < run_starts[run + 1]; ++k) positions[next++] = by_token[k];
+    const int run = order[u], size = run_starts[run + 1] - run_starts[run];
+    const int token = tokens_host[by_token[run_starts[run]]];
+    if (size > kEncoderSegment) list.split_starts[split++] = segments;
+    for (int k = 0; k < size; k += kEncoderSegment) {
+      list.segment_tokens[segments] = token;
+      list.segment_starts[segments++] = next + k;
+    }
+    if (size > kEncoderSegment) split_segments = segments;  // largest first: split buckets precede the rest
+    for (int k = run_starts[run]; k < run_starts[run + 1]; ++k) list.positions[next++] = by_token[k];
   }
-  bucket_starts[buckets] = next;
-  return buckets;
+  list.segment_starts[segments] = next;
+  list.split_starts[split] = split_segments;
+  list.header[0] = split;
+  list.header[1] = split_segments;
+  return segments;
 }
 
 // Backward of encoder_forward. ACCUMULATES into the parameter gradients:
 //   dwte[v,:] += Σ dout[b,t,:] over positions with tokens[b,t] == v  (rows of unused tokens untouched)
 //   dwpe[t,:] += Σ_b dout[b,t,:]                                     for t < seq_len
-// Each sum is formed in fp32 in increasing position order and added to the stored value
-// once (one rounding to T). buckets is the device copy of encoder_backward_build_buckets'
-// output and num_buckets its return value.
+// Each sum is formed in fp32 in the fixed order above (dwpe: b increasing) and added to the
+// stored value once (one rounding to T). buckets is the device copy of
+// encoder_backward_build_buckets' output and segments its return value; scratch holds
+// encoder_backward_scratch_bytes(B, seq_len, C) bytes (contents overwritten).
 template <typename T>
-void encoder_backward(T* dwte, T* dwpe, const int* buckets, int num_buckets, const T* dout, int B, int seq_len, int C,
-                      cudaStream_t stream) {
+void encoder_backward(T* dwte, T* dwpe, float* scratch, const int* buckets, int segments, const T* dout, int B,
+                      int seq_len, int C, cudaStream_t stream) {
   encoder_check_shape<T>("encoder_backward", B, seq_len, C);
-  const int chunks = C / Vec128<T>::size;
+  const int N = B * seq_len, chunks = C / Vec128<T>::size;
   const int wte_block = std::min(ceil_div(chunks, 32) * 32, kEncoderBlock);
-  launch(encoder_backward_wte_kernel<T>, dim3(num_buckets, ceil_div(chunks, wte_block)), dim3(wte_block), 0, stream,
-         dwte, buckets, dout, B * seq_len, C);
+  const int chunk_blocks = ceil_div(chunks, wte_block);
+  launch(encoder_backward_wte_kernel<T>, dim3(segments, chunk_blocks), dim3(wte_block), 0, stream, dwte, scratch,
+         buckets, dout, N, C);
   CUDA_CHECK(cudaGetLastError());
+  if (encoder_backward_max_split_buckets(N) > 0) {
+    launch(encoder_backward_wte_combine_kernel<T>, dim3(encoder_backward_max_split_buckets(N), chunk_blocks),
+           dim3(wte_block), 0, stream, dwte, scratch, buckets, N, C);
+    CUDA_CHECK(cudaGetLastError());
+  }
   launch(encoder_backward_wpe_kernel<T>, dim3(ceil_div(seq_len * chunks, kEncoderBlock)), dim3(kEncoderBlock), 0,
          stream, dwpe, dout, B, seq_len, C);
   CUDA_CHECK(cudaGetLastError());

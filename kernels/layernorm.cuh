@@ -149,14 +149,14 @@ __global__ void layernorm_backward_kernel(T* dinp, float* partials, const T* dou
   }
 }
 
-// dweight[c] += Σ_b partials[b][c], dbias[c] += Σ_b partials[b][C + c], b increasing,
-// each added to the stored gradient once.
+// dweight[c] += Σ_b partials[b][c], dbias[c] += Σ_b partials[b][C + c], in block_column_sum's
+// fixed order over the (blocks × 2C) partials, each added to the stored gradient once. Blocks of
+// (kColumnSumWidth, kColumnSumWarps) threads, one per kColumnSumWidth of the 2C columns.
 template <typename T>
 __global__ void layernorm_backward_reduce_kernel(T* dweight, T* dbias, const float* partials, int blocks, int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= 2 * C) return;
-  float sum = 0.0f;
-  for (int b = 0; b < blocks; ++b) sum += partials[static_cast<size_t>(b) * 2 * C + c];
+  const int c = blockIdx.x * kColumnSumWidth + threadIdx.x;
+  const float sum = block_column_sum(partials, blocks, 2 * C);
+  if (threadIdx.y != 0 || c >= 2 * C) return;
   T* dst = c < C ? dweight + c : dbias + (c - C);
   *dst = from_float<T>(to_float(*dst) + sum);
 }
@@ -228,7 +228,7 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, float* scratch, const T* 
   launch(kernel, dim3(blocks), dim3(32 * kLayerNormWarps), smem, stream, dinp, scratch, dout, inp, weight, mean, rstd,
          N, C);
   CUDA_CHECK(cudaGetLastError());
-  launch(layernorm_backward_reduce_kernel<T>, dim3(ceil_div(2 * C, 256)), dim3(256), 0, stream, dweight, dbias,
-         scratch, blocks, C);
+  launch(layernorm_backward_reduce_kernel<T>, dim3(ceil_div(2 * C, kColumnSumWidth)),
+         dim3(kColumnSumWidth, kColumnSumWarps), 0, stream, dweight, dbias, scratch, blocks, C);
   CUDA_CHECK(cudaGetLastError());
 }

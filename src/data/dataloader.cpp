@@ -311,7 +311,7 @@ void DataLoader::read(const ReadRequest& r) {
     batch_.targets[i] = staging_[i + 1];
   }
   batch_.ids_below = vocab_size_;
-  batch_.num_buckets = 0;
+  batch_.bucket_segments = 0;
   if (prepare_) prepare_(batch_);
 }
 

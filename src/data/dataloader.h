@@ -104,7 +104,7 @@ struct TokenBatch {
   std::vector<int> inputs, targets;
   int ids_below = 0;            // every id is in [0, ids_below) (0: not checked)
   std::vector<int> buckets;     // prepared encoder-backward buckets (kernels/encoder.cuh's layout)
-  int num_buckets = 0;          // 0: none prepared
+  int bucket_segments = 0;      // encoder_backward_build_buckets' count (0: none prepared)
 };
 
 class DataLoader {

@@ -33,8 +33,9 @@ inline void check_token_ids(const int* tokens, int B, int seq_len, int vocab_siz
 // loader thread, a step ahead): the encoder-backward buckets of its inputs. Shapes captured by value.
 inline std::function<void(TokenBatch&)> encoder_buckets_preparer(int B, int seq_len, int vocab_size) {
   return [B, seq_len, vocab_size](TokenBatch& batch) {
-    batch.buckets.resize(encoder_backward_scratch_bytes(B, seq_len) / sizeof(int));
-    batch.num_buckets = encoder_backward_build_buckets(batch.buckets.data(), batch.inputs.data(), B, seq_len, vocab_size);
+    batch.buckets.resize(encoder_backward_buckets_bytes(B, seq_len) / sizeof(int));
+    batch.bucket_segments =
+        encoder_backward_build_buckets(batch.buckets.data(), batch.inputs.data(), B, seq_len, vocab_size);
   };
 }
 
@@ -79,7 +80,8 @@ class UploadStaging {
   // One B×T micro-batch: its ids checked (unless `prepared`, the loader's batch they come from,
   // was checked against a vocabulary no larger than vocab_size), then its uploads queued from the
   // next set: inputs, targets (nullptr: none) and, with device_buckets, the encoder-backward
-  // buckets (prepared's when it has them, else built here). Returns the bucket count (0: none).
+  // buckets (prepared's when it has them, else built here). Returns their segment count
+  // (encoder_backward's `segments`; 0: no buckets).
   int upload_micro_batch(const int* inputs, const int* targets, const TokenBatch* prepared, int B, int seq_len,
                          int vocab_size, int* device_inputs, int* device_targets, int* device_buckets,
                          cudaStream_t stream) {
@@ -91,16 +93,16 @@ class UploadStaging {
     const size_t n = static_cast<size_t>(B) * seq_len;
     upload(device_inputs, slot.inputs, inputs, n, stream, "uploading input tokens");
     if (targets != nullptr) upload(device_targets, slot.targets, targets, n, stream, "uploading target tokens");
-    int buckets = 0;
+    int segments = 0;
     if (device_buckets != nullptr) {
-      const bool built = prepared != nullptr && prepared->num_buckets > 0 && prepared->buckets.size() == buckets_;
-      buckets = built ? prepared->num_buckets
-                      : encoder_backward_build_buckets(slot.buckets, inputs, B, seq_len, vocab_size);
+      const bool built = prepared != nullptr && prepared->bucket_segments > 0 && prepared->buckets.size() == buckets_;
+      segments = built ? prepared->bucket_segments
+                       : encoder_backward_build_buckets(slot.buckets, inputs, B, seq_len, vocab_size);
       upload(device_buckets, slot.buckets, built ? prepared->buckets.data() : nullptr, buckets_, stream,
              "uploading encoder-gradient buckets");
     }
     queued(stream);
-    return buckets;
+    return segments;
   }
 
   // After the copies from next()'s set were queued on `stream`.

@@ -117,11 +117,12 @@ inline ActivationCounts gpt2_activation_counts(const GPT2Config& cfg, int B, int
   n.lnf_stat = n.losses = N;
   const size_t scratch_bytes =
       std::max({layernorm_backward_scratch_bytes(static_cast<int>(N), cfg.channels),
-                attention_backward_scratch_bytes(B, seq_len, cfg.num_heads), global_norm_scratch_bytes()});
+                attention_backward_scratch_bytes(B, seq_len, cfg.num_heads),
+                encoder_backward_scratch_bytes(B, seq_len, cfg.channels), global_norm_scratch_bytes()});
   n.scratch = ceil_div(scratch_bytes, sizeof(float));
   n.norm_squared = 1;
   n.tokens = N;
-  n.buckets = encoder_backward_scratch_bytes(B, seq_len) / sizeof(int);
+  n.buckets = encoder_backward_buckets_bytes(B, seq_len) / sizeof(int);
   return n;
 }
 
@@ -170,7 +171,7 @@ struct Activations {
   DeviceArray<Elem> branch;                     // (N, C)
   DeviceArray<Elem> dresidual;                  // (N, C) gradient of the residual stream
   DeviceArray<Elem> dwide;                      // (N, 4C) gradient of fch_gelu/fch, then of qkv
-  DeviceArray<float> scratch;                   // layernorm / attention backward, gradient norm
+  DeviceArray<float> scratch;                   // layernorm / attention / encoder backward, gradient norm
   DeviceArray<float> norm_squared;              // (1)
   DeviceArray<int> inputs, targets;             // (N)
   DeviceArray<int> buckets;                     // encoder-backward bucket list

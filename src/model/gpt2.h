@@ -269,6 +269,8 @@ class GPT2 {
   int logits_chunk_rows() const { return logits_chunk_rows_; }
   // The lm head's chunks per micro-step: its products and classifier launches each run this often.
   int lm_head_chunks() const { return ceil_div(rows(), logits_chunk_rows_); }
+  // Kernel launches of the encoder's backward per micro-step (encoder.cuh).
+  int encoder_backward_launches() const { return ::encoder_backward_launches(B_, seq_len_); }
 
  private:
   int rows() const { return B_ * seq_len_; }
@@ -304,7 +306,7 @@ class GPT2 {
     const int n = staging_->upload_micro_batch(inputs, targets, prepared, B_, seq_len_, cfg_.vocab_size,
                                                acts_.inputs.get(), acts_.targets.get(),
                                                buckets ? acts_.buckets.get() : nullptr, stream_.get());
-    if (buckets) num_buckets_ = n;
+    if (buckets) bucket_segments_ = n;
   }
 
   // The squared global norm of the accumulated gradients into acts_.norm_squared, on the device,
@@ -474,7 +476,8 @@ class GPT2 {
       params_.leave_layer(l);
       grads_.send_finished_bucket(l);  // all-reduce / reduce-scatter once its bucket is done
     }
-    encoder_backward(grad(kWte), grad(kWpe), a.buckets.get(), num_buckets_, dresidual, B_, seq_len_, C, s);
+    encoder_backward(grad(kWte), grad(kWpe), scratch, a.buckets.get(), bucket_segments_, dresidual, B_, seq_len_, C,
+                     s);
   }
 
   const GPT2Config cfg_;
@@ -489,7 +492,7 @@ class GPT2 {
   int logits_chunk_rows_ = 0;  // set once the logits buffer is allocated
   Activations<Elem> acts_;
   std::optional<UploadStaging> staging_;  // emplaced once the activation counts are known
-  int num_buckets_ = 0;
+  int bucket_segments_ = 0;  // of the uploaded encoder-backward bucket list
   DeviceArray<double> step_scalars_{kStepScalars, "the step's loss sum and stop votes"};
   int micro_steps_ = 0;  // since zero_grad()
   PinnedArray<StepFigures> figures_host_{1, "allocating pinned memory for the step's figures"};

@@ -21,6 +21,7 @@ struct ProfilePlan {
   int lm_head_chunks = 1;         // lm-head chunks per micro-step: its products and classifier launches each
   int lm_head_chunk_rows = 0;     // rows per chunk (the memory plan's choice)
   int adamw_launches_per_step = 1;  // one per parameter dtype: the model has one
+  int encoder_backward_launches = 0;  // per micro-step: its segments, their combination, wpe
 };
 
 // The record of `steps` profiled optimizer steps (step_ms: their mean wall time) as JSON: one
@@ -47,7 +48,8 @@ inline nlohmann::json profile_json(const std::vector<ProfileSite>& sites, long l
   out["plan"] = {{"grad_accum_steps", plan.grad_accum_steps},
                  {"lm_head_chunks_per_micro_step", plan.lm_head_chunks},
                  {"lm_head_chunk_rows", plan.lm_head_chunk_rows},
-                 {"adamw_launches_per_step", plan.adamw_launches_per_step}};
+                 {"adamw_launches_per_step", plan.adamw_launches_per_step},
+                 {"encoder_backward_launches_per_micro_step", plan.encoder_backward_launches}};
   nlohmann::json list = nlohmann::json::array();
   for (const ProfileSite& s : order) {
     const double per_step = static_cast<double>(s.calls) / static_cast<double>(steps);

@@ -166,6 +166,7 @@ class Trainer {
     plan.grad_accum_steps = setup_.grad_accum_steps;
     plan.lm_head_chunks = model_.lm_head_chunks();
     plan.lm_head_chunk_rows = model_.logits_chunk_rows();
+    plan.encoder_backward_launches = model_.encoder_backward_launches();
     const nlohmann::json p = profile_json(DeviceProfiler::get().sites(), profiled_steps_,
                                           profiled_ms_ / static_cast<double>(profiled_steps_), plan,
                                           device_properties().name, peak_);

@@ -2,7 +2,9 @@
 # The binary, end to end, against PyTorch: a fresh reference (a model and data the binary has
 # never seen) trained for 10 steps by dev/gpt2_reference.py, then by the binary through its
 # CLI in both dtypes; per-step train_loss and grad_norm must agree (fp32: max rel err 1e-4,
-# bf16: 2e-2).
+# bf16: 2e-2). Two shapes: "small" (300 tokens, B·T = 32) and "hot" (8 tokens, B·T = 512), where
+# every micro-batch has a token at more than 128 positions (checked here), so the encoder backward
+# sums its bucket in segments and combines them (kernels/encoder.cuh).
 # usage: cli_pytorch_parity.sh cpu|gpu
 set -u
 # shellcheck source=test/checks/lib/trainer.sh
@@ -10,20 +12,36 @@ source "$(dirname "$0")/lib/trainer.sh" "$@"
 require_files "$bin"
 
 steps=10
-if ! "$python" dev/gpt2_reference.py --out "$tmp" --layers 3 --heads 2 --channels 48 --vocab 300 --max-seq-len 32 \
-    --batch 2 --seq-len 16 --steps $steps --seed 4242 --lr 1e-3 --weight-decay 0.1 --grad-clip 1.0; then
-  echo "FAIL: dev/gpt2_reference.py failed"; exit 1
-fi
-
-for spec in "fp32 1e-4" "bf16 2e-2"; do
-  read -r dtype tol <<<"$spec"
-  if ! "$bin" --init-from "$tmp/model.bin" --train-data "$tmp/train.bin" --dtype "$dtype" --shuffle 0 \
-      --batch-size 2 --seq-len 16 --max-steps $steps --lr 1e-3 --lr-schedule constant --warmup-steps 0 \
-      --weight-decay 0.1 --grad-clip 1.0 --beta1 0.9 --beta2 0.95 --adam-eps 1e-8 --val-every 0 \
-      --out-dir "$tmp/run_$dtype" >"$tmp/$dtype.log" 2>&1; then
-    echo "FAIL: $dtype run exited non-zero:"; cat "$tmp/$dtype.log"; failures=$((failures + 1)); continue
+for config in "small 300 2 16 32" "hot 8 8 64 64"; do
+  read -r name vocab batch seq_len max_seq_len <<<"$config"
+  dir=$tmp/$name
+  if ! "$python" dev/gpt2_reference.py --out "$dir" --layers 3 --heads 2 --channels 48 --vocab "$vocab" \
+      --max-seq-len "$max_seq_len" --batch "$batch" --seq-len "$seq_len" --steps $steps --seed 4242 --lr 1e-3 \
+      --weight-decay 0.1 --grad-clip 1.0; then
+    echo "FAIL: dev/gpt2_reference.py failed ($name)"; exit 1
   fi
-  "$python" - "$tmp/reference.json" "$tmp/run_$dtype/metrics.jsonl" "$tol" "$dtype" <<'EOF' || failures=$((failures + 1))
+  if [ "$name" = hot ] && ! "$python" - "$dir/train.bin" $((batch * seq_len)) $steps <<'EOF'; then
+import collections, struct, sys
+data = open(sys.argv[1], "rb").read()
+count = struct.unpack_from("<3i", data)[2]
+tokens = struct.unpack_from(f"<{count}H", data, 1024)
+rows, steps = int(sys.argv[2]), int(sys.argv[3])
+hottest = [max(collections.Counter(tokens[k * rows:(k + 1) * rows]).values()) for k in range(steps)]
+print(f"hot: the most positions of one token per micro-batch: {hottest}")
+sys.exit(0 if min(hottest) > 128 else 1)
+EOF
+    echo "FAIL: hot: a micro-batch has no token at more than 128 positions"; failures=$((failures + 1))
+  fi
+
+  for spec in "fp32 1e-4" "bf16 2e-2"; do
+    read -r dtype tol <<<"$spec"
+    if ! "$bin" --init-from "$dir/model.bin" --train-data "$dir/train.bin" --dtype "$dtype" --shuffle 0 \
+        --batch-size "$batch" --seq-len "$seq_len" --max-steps $steps --lr 1e-3 --lr-schedule constant --warmup-steps 0 \
+        --weight-decay 0.1 --grad-clip 1.0 --beta1 0.9 --beta2 0.95 --adam-eps 1e-8 --val-every 0 \
+        --out-dir "$dir/run_$dtype" >"$dir/$dtype.log" 2>&1; then
+      echo "FAIL: $name $dtype run exited non-zero:"; cat "$dir/$dtype.log"; failures=$((failures + 1)); continue
+    fi
+    "$python" - "$dir/reference.json" "$dir/run_$dtype/metrics.jsonl" "$tol" "$name $dtype" <<'EOF' || failures=$((failures + 1))
 import json, math, sys
 reference = json.load(open(sys.argv[1]))
 records = [r for r in map(json.loads, open(sys.argv[2])) if "train_loss" in r]
@@ -41,5 +59,6 @@ for key, ref_key in (("train_loss", "losses"), ("grad_norm", "grad_norms")):
     ok = ok and worst <= tol
 sys.exit(0 if ok else 1)
 EOF
+  done
 done
 [ "$failures" -eq 0 ]

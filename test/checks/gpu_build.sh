@@ -50,6 +50,8 @@ require_vector_access() {  # test source, kernel name
 require_vector_access test/kernels/test_gelu.cu gelu_forward_kernel
 require_vector_access test/kernels/test_gelu.cu gelu_backward_kernel
 require_vector_access test/kernels/test_encoder.cu encoder_forward_kernel
+require_vector_access test/kernels/test_encoder.cu encoder_backward_wte_kernel
+require_vector_access test/kernels/test_encoder.cu encoder_backward_wte_combine_kernel
 require_vector_access test/kernels/test_layernorm.cu layernorm_forward_kernel
 require_vector_access test/kernels/test_layernorm.cu residual_layernorm_forward_kernel
 require_vector_access test/kernels/test_layernorm.cu layernorm_backward_kernel

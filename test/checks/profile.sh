@@ -4,9 +4,9 @@
 # plan chooses 1,024-row chunks (2 per micro-step). The run prints the table and writes
 # DIR/profile.json with steps 2..3, held to the code's own plan: AdamW at most one launch per dtype
 # per optimizer step (one dtype), the classifier and the lm head's forward product once per planned
-# chunk per micro-step, the encoder once per micro-step; every cuBLASLt site's FLOPs are 2·m·n·k of
-# its shape; on the CPU build the time is labelled CPU time. --help documents the flag, and
-# --profile with --max-steps fails naming both.
+# chunk per micro-step, the encoder forward once and its backward's kernels as planned per
+# micro-step; every cuBLASLt site's FLOPs are 2·m·n·k of its shape; on the CPU build the time is
+# labelled CPU time. --help documents the flag, and --profile with --max-steps fails naming both.
 # usage: profile.sh cpu|gpu   (uses the tiny reference that `make test` builds)
 set -u
 # shellcheck source=test/checks/lib/trainer.sh
@@ -67,6 +67,10 @@ check(head == {plan["lm_head_chunk_rows"]: plan["lm_head_chunks_per_micro_step"]
       f"lm-head forward products per micro-step by rows: {head}")
 enc = launches(r"^encoder_forward_kernel<", "launches_per_micro_step")
 check(enc == 1, f"encoder forward launches per micro-step: {enc}")
+enc_back = launches(r"^encoder_backward_\w+_kernel<", "launches_per_micro_step")
+check(enc_back == plan["encoder_backward_launches_per_micro_step"] == 3,
+      f"encoder backward launches per micro-step: {enc_back} (plan: "
+      f"{plan['encoder_backward_launches_per_micro_step']}; 3 at 2,048 rows: segments, combination, wpe)")
 for s in sites:
     m = re.match(r"cublasLt .. m=(\d+) n=(\d+) k=(\d+)", s["site"])
     if m and s["flops_per_call"] != 2 * int(m[1]) * int(m[2]) * int(m[3]):

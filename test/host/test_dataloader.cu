@@ -379,7 +379,7 @@ TEST_CASE("dataloader hands out prepared TokenBatches: the same tokens, prepared
     loader.set_prepare([](TokenBatch& b) {
       b.buckets.assign(1, 0);
       for (int id : b.inputs) b.buckets[0] += id;  // a function of the tokens alone
-      b.num_buckets = 1;
+      b.bucket_segments = 1;
     });
     TokenBatch batch;
     for (size_t k = 0; k < n; ++k) {
@@ -388,7 +388,7 @@ TEST_CASE("dataloader hands out prepared TokenBatches: the same tokens, prepared
       CHECK(batch.inputs == want[k].inputs);
       CHECK(batch.targets == want[k].targets);
       CHECK(batch.ids_below == kVocab);
-      CHECK(batch.num_buckets == 1);
+      CHECK(batch.bucket_segments == 1);
       int sum = 0;
       for (int id : want[k].inputs) sum += id;
       CHECK(batch.buckets == std::vector<int>{sum});

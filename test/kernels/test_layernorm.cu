@@ -1,8 +1,9 @@
 // layernorm_forward / residual_layernorm_forward / layernorm_backward vs. double-precision
 // CPU loops written here: statistics, outputs, the rounded residual (also in place), all
 // three backward gradients accumulated into pre-filled buffers, odd shapes (N = 1, 3, 37,
-// a grid-stride N = 4099, C = 8 … 784 where the backward needs > 48 KB of shared memory),
-// and bit-identical reruns.
+// a grid-stride N = 4099, N = 1031 whose 129 partial rows and 2C = 80 columns are not multiples
+// of the reduction's 16 warps and 32 columns, C = 8 … 784 where the backward needs > 48 KB of
+// shared memory), and bit-identical reruns.
 #include "test/test_util.h"
 #include "kernels/layernorm.cuh"
 
@@ -199,6 +200,7 @@ const LayerNormShape kShapes[] = {
     {5, 200},   // 25 bf16 / 50 float chunks: lanes with 0, 1 and 2 chunks
     {3, 784},   // backward shared memory 50 KB (> 48 KB default); 3-7 chunks per lane
     {4099, 8},  // more rows than the backward's 512 blocks · 8 warps: grid-stride rows
+    {1031, 40}, // 129 backward blocks: partial rows over the reduction's 16 warps, 2C = 80 columns
 };
 
 }  // namespace

@@ -212,6 +212,49 @@ TEMPLATE_TEST_CASE("matmul_backward is deterministic and accumulates across call
   CHECK(close("dbias after two calls", dbias2, twice_dbias));
 }
 
+// The bias gradient's two stages at many rows: 16,411 rows make the most (256) row chunks of 65
+// rows but the last (253 in all), so the second stage adds 16 rows of partials per thread; OC = 40
+// and 72 leave its 32-column blocks partly used. Only dbias and the GELU gradient are checked:
+// the products' fp32 sums over 16,411 rows are the cuBLASLt stand-in's, tested above at 37 rows.
+TEMPLATE_TEST_CASE("matmul_backward's bias gradient over many row chunks", "[matmul]", float, bf16) {
+  using T = TestType;
+  MatmulSession session;
+  uint64_t seed = 1100;
+  for (const Shape& s : {Shape{16411, 8, 40}, Shape{16411, 8, 72}})
+    for (bool with_gelu : {false, true}) {
+      INFO(describe(s, true, with_gelu));
+      LayerData<T> data(s, seed += 10);
+      const size_t n_out = static_cast<size_t>(s.rows) * s.OC;
+      const std::vector<float> dout_v = test::round_to<T>(test::random_floats(n_out, seed + 3));
+      const std::vector<float> pre_v = test::round_to<T>(test::random_floats(n_out, seed + 4, 1.5f));
+      const std::vector<float> dbias_v = test::round_to<T>(test::random_floats(s.OC, seed + 6, 0.5f));
+      test::DeviceBuffer<T> inp(test::from_floats<T>(data.inp)), weight(test::from_floats<T>(data.weight));
+      test::DeviceBuffer<T> dout(test::from_floats<T>(dout_v)), pre(test::from_floats<T>(pre_v));
+      test::DeviceBuffer<T> dinp(static_cast<size_t>(s.rows) * s.C), dweight(static_cast<size_t>(s.OC) * s.C);
+      test::DeviceBuffer<T> dpre(n_out), dbias(test::from_floats<T>(dbias_v));
+      auto run = [&] {
+        dbias.upload(test::from_floats<T>(dbias_v));
+        dpre.poison();
+        matmul_backward<T>(dinp, dweight, dbias, with_gelu ? dpre.ptr : nullptr, dout, inp, weight,
+                           with_gelu ? pre.ptr : nullptr, s.rows, s.C, s.OC, nullptr);
+        test::require_no_cuda_error();
+        return dbias.download();
+      };
+      const std::vector<T> dbias_first = run();
+      std::vector<float> g = dout_v;
+      if (with_gelu) {
+        for (size_t i = 0; i < n_out; ++i) g[i] = static_cast<float>(dout_v[i] * gelu_grad_ref(pre_v[i]));
+        g = test::round_to<T>(g);
+        CHECK(close("dpre_gelu", dpre.download(), g));
+      }
+      std::vector<double> dbias_ref(dbias_v.begin(), dbias_v.end());
+      for (int r = 0; r < s.rows; ++r)
+        for (int o = 0; o < s.OC; ++o) dbias_ref[o] += g[static_cast<size_t>(r) * s.OC + o];
+      CHECK(close("dbias (prefilled, +=)", dbias_first, dbias_ref));
+      CHECK(test::bytes_of(run()) == test::bytes_of(dbias_first));  // the same bits again
+    }
+}
+
 TEMPLATE_TEST_CASE("matmul_backward sums a float dweight over row blocks; matmul_add_weight_gradient rounds once",
                    "[matmul]", float, bf16) {
   using T = TestType;

@@ -136,8 +136,9 @@ TEST_CASE("recompute: activation bytes of GPT-2 124M at B=8, T=1024", "[recomput
   // The scratch and the encoder-gradient bucket list are sized by the kernels' own functions.
   const size_t scratch = std::max({layernorm_backward_scratch_bytes(static_cast<int>(N), static_cast<int>(C)),
                                    attention_backward_scratch_bytes(B, T, static_cast<int>(NH)),
+                                   encoder_backward_scratch_bytes(B, T, static_cast<int>(C)),
                                    global_norm_scratch_bytes()});
-  const size_t fixed_bytes = scratch + sizeof(float) + encoder_backward_scratch_bytes(B, T);
+  const size_t fixed_bytes = scratch + sizeof(float) + encoder_backward_buckets_bytes(B, T);
   for (DType dtype : {DType::fp32, DType::bf16}) {
     const size_t t = dtype == DType::fp32 ? 4 : 2;
     size_t blocks[4], totals[4];
