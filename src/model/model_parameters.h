@@ -56,8 +56,8 @@ class ModelParameters {
     return sharded_ ? sharded_->shard_offset(s.bucket, s.at) : s.param;
   }
 
-  // Tensor i from float values (rounded to nearest for bf16; at ZeRO 3 this rank's owned elements
-  // of it), and the master weights of the elements this rank updates the values themselves.
+  // Tensor i from float values (rounded to nearest for bf16; at ZeRO 3 only this rank's owned
+  // elements of it); the master weights of the elements this rank updates get the float values.
   void upload_tensor(int i, const std::vector<float>& values) {
     const ParameterInfo& t = layout_[i];
     const std::string what = std::string("parameter tensor ") + t.name;
@@ -88,7 +88,8 @@ class ModelParameters {
   }
 
   // Every parameter in llm.c order into `dst` (`kind` of cudaMemcpy; nullptr: take part only). At
-  // ZeRO 3 a collective that every rank calls.
+  // ZeRO 3 a collective that every rank calls; const because the parameters stay as they are (the
+  // windows it refills are a cache of them).
   void copy_all(Elem* dst, cudaMemcpyKind kind) const {
     if (sharded_) {
       sharded_->gather_all(dst, kind);
@@ -119,16 +120,16 @@ class ModelParameters {
 
   // Pass hooks (param_shards.h): wte/wpe/lnf before the embedding, lnf or the lm head read them;
   // begin_pass before a pass over the layers, enter_layer(l) / leave_layer(l) around layer l.
-  void use_model_bucket() const {
+  void use_model_bucket() {
     if (sharded_) sharded_->use_model_bucket();
   }
-  void begin_pass(bool forward) const {
+  void begin_pass(bool forward) {
     if (sharded_) sharded_->begin_pass(forward);
   }
-  void enter_layer(int l) const {
+  void enter_layer(int l) {
     if (sharded_) sharded_->enter_layer(l);
   }
-  void leave_layer(int l) const {
+  void leave_layer(int l) {
     if (sharded_) sharded_->leave_layer(l);
   }
 
