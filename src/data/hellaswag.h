@@ -72,13 +72,10 @@ std::vector<double> completion_loss_sums(const ChoiceEvalSet& set, int rank, int
       rows.push_back({&set.examples[i].context, &set.examples[i].completions[k], offsets[i] + k});
   // Every rank runs as many forward passes as the rank with the most rows (padding rows score
   // nothing): at ZeRO 3 a forward pass is a collective.
-  size_t most_rows = 0;
-  for (size_t r = 0; r < static_cast<size_t>(world_size); ++r) {
-    size_t n = 0;
-    for (size_t i = r; i < set.examples.size(); i += static_cast<size_t>(world_size))
-      n += set.examples[i].completions.size();
-    most_rows = std::max(most_rows, n);
-  }
+  std::vector<size_t> rows_of_rank(static_cast<size_t>(world_size), 0);
+  for (size_t i = 0; i < set.examples.size(); ++i)
+    rows_of_rank[i % rows_of_rank.size()] += set.examples[i].completions.size();
+  const size_t most_rows = *std::max_element(rows_of_rank.begin(), rows_of_rank.end());
   std::vector<int> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
   for (size_t first = 0; first < most_rows; first += static_cast<size_t>(B)) {
     std::fill(inputs.begin(), inputs.end(), 0);

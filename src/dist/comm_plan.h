@@ -18,8 +18,8 @@ struct StepTraffic {
 };
 
 // One training step of `micro_steps` micro-steps over `world_size` ranks at ZeRO `stage` (the
-// effective one: 0 on one rank) over `buckets` (as gradient_buckets() makes them for the run), `elem_bytes` per element; at stage 3, `prefetch` buckets
-// gathered ahead (src/dist/param_shards.h: the first pass after the update gathers every bucket,
+// effective one: 0 on one rank) over `buckets` (as gradient_buckets() makes them for the run),
+// `elem_bytes` per element; at stage 3, `prefetch` buckets gathered ahead (src/dist/param_shards.h: the first pass after the update gathers every bucket,
 // each later pass all but the prefetch + 1 its predecessor left in the windows). The step's own
 // scalars (loss, norm) are not counted.
 StepTraffic step_traffic(const GradientBuckets& buckets, int world_size, int stage, int micro_steps, int prefetch,

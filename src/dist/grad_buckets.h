@@ -67,6 +67,13 @@ class GradientBuckets {
   }
   // Where tensor i's slice for layer l (layer ignored for wte, wpe, lnf) starts within its bucket.
   size_t piece_at(int i, int l) const { return piece_at_[index(i, l)]; }
+  // Where owned segment s of rank `owner` sits in that rank's shard (its chunks, bucket after
+  // bucket): the layout of ZeRO 2's and 3's gradient shard and of ZeRO 3's parameter shard alike,
+  // so AdamW reads both at the same offsets.
+  size_t shard_offset(const OptimizerSegment& s, int owner) const {
+    const GradientBucket& b = buckets_[s.bucket];
+    return b.shard_offset + (s.at - static_cast<size_t>(owner) * b.chunk);
+  }
 
   // Rank `rank`'s owned elements as optimizer segments, in its state order (bucket by bucket).
   std::vector<OptimizerSegment> segments(int rank) const;

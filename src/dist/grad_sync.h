@@ -52,8 +52,8 @@ inline GradientBuckets gradient_buckets(const ParameterLayout& layout, int world
 }
 
 // Elements of the gradient buffers GradientSync allocates on one rank: stages 0 and 1 keep every
-// bucket (chunked, padded); stages 2 and 3 two layer-bucket working windows, the wte/wpe/lnf window and
-// the rank's chunks (its shard). Also sizes the memory plan (memory_plan.h).
+// bucket (chunked, padded); stages 2 and 3 two layer-bucket working windows, the wte/wpe/lnf
+// window and the rank's chunks (its shard). Also sizes the memory plan (memory_plan.h).
 struct GradientBufferCounts {
   size_t full = 0, layer_window = 0, model_window = 0, shard = 0;
   size_t total() const { return full + 2 * layer_window + model_window + shard; }
@@ -119,8 +119,7 @@ class GradientSync {
   size_t state_count() const { return buckets_.state_count(owner_); }
   const Elem* owned_gradients() const { return shards_gradients() ? shard_grads_.get() : grads_.get(); }
   size_t gradient_offset(const OptimizerSegment& s) const {
-    const GradientBucket& b = buckets_.buckets()[s.bucket];
-    return shards_gradients() ? b.shard_offset + (s.at - owner_ * b.chunk) : b.offset + s.at;
+    return shards_gradients() ? buckets_.shard_offset(s, owner_) : buckets_.buckets()[s.bucket].offset + s.at;
   }
   // The loss gradient's divisor beyond the mean over tokens and micro-steps: stages 2 and 3 sum.
   float ranks_summed() const { return shards_gradients() ? static_cast<float>(world_) : 1.0f; }
@@ -143,7 +142,8 @@ class GradientSync {
   // Host copies as float of all accumulated gradients, llm.c order (at stages 2 and 3 no rank holds
   // them all: throws).
   std::vector<float> llmc_order(cudaStream_t stream) const {
-    if (shards_gradients()) throw std::runtime_error("gradients(): at ZeRO stages 2 and 3 each rank holds only its gradient shard");
+    if (shards_gradients())
+      throw std::runtime_error("gradients(): at ZeRO stages 2 and 3 each rank holds only its gradient shard");
     std::vector<float> all(layout_.total);
     for (const GradientBucket& b : buckets_.buckets())
       for (const GradientPiece& p : b.pieces) {

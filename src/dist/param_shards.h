@@ -22,7 +22,6 @@
 #include "src/dist/comm.h"
 #include "src/dist/grad_buckets.h"
 
-#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -82,11 +81,8 @@ class ShardedParameters {
     for (const Slot& s : slots_) sum += s.window.bytes();
     return sum;
   }
-  // Where the owned elements of segment-like range (bucket b, bucket element `at`) are in the shard.
-  size_t shard_offset(size_t b, size_t at) const {
-    const GradientBucket& bucket = buckets_.buckets()[b];
-    return bucket.shard_offset + (at - static_cast<size_t>(comm_->rank()) * bucket.chunk);
-  }
+  // Where this rank's owned segment s is in the shard.
+  size_t shard_offset(const OptimizerSegment& s) const { return buckets_.shard_offset(s, comm_->rank()); }
 
   // Tensor `tensor`'s parameters (layer `layer`'s slice) in its bucket's window: valid between
   // enter_layer and leave_layer of that layer (wte, wpe, lnf: after use_model_bucket).
@@ -110,8 +106,9 @@ class ShardedParameters {
   // layer l + 1 before its fused residual LayerNorm ends layer l), leave_layer(l) after its last.
   void begin_pass(bool forward) {
     forward_ = forward;
-    const std::vector<size_t> order = pass_order();
-    for (size_t k = 0; k < order.size() && k <= static_cast<size_t>(prefetch_); ++k) ensure_gathered(order[k]);
+    const size_t layer_buckets = model_bucket();
+    for (size_t k = 0; k < layer_buckets && k <= static_cast<size_t>(prefetch_); ++k)
+      ensure_gathered(forward_ ? layer_buckets - 1 - k : k);
   }
   void enter_layer(int l) {
     const GradientBucket& b = buckets_.buckets()[buckets_.bucket_of_layer(l)];
@@ -123,10 +120,10 @@ class ShardedParameters {
     if (l != (forward_ ? b.top_layer : b.bottom_layer)) return;
     cuda_check(cudaEventRecord(slot_of(bi).released, stream_), "recording a gather window's release");
     slot_of(bi).released_recorded = true;
-    // The window just released takes the bucket prefetch + 1 places later in this pass.
-    const std::vector<size_t> order = pass_order();
-    const size_t at = static_cast<size_t>(std::find(order.begin(), order.end(), bi) - order.begin());
-    if (at + prefetch_ + 1 < order.size()) ensure_gathered(order[at + prefetch_ + 1]);
+    // The window just released takes the bucket prefetch + 1 places later in this pass (the forward
+    // walks the layer buckets from the last down to 0, the backward from 0 up).
+    const size_t ahead = static_cast<size_t>(prefetch_) + 1;
+    if (forward_ ? bi >= ahead : bi + ahead < model_bucket()) ensure_gathered(forward_ ? bi - ahead : bi + ahead);
   }
 
   // Every parameter in llm.c order into `dst` (device or host memory, `kind` of cudaMemcpy; nullptr:
@@ -158,6 +155,7 @@ class ShardedParameters {
     bool released_recorded = false;
   };
 
+  // The wte/wpe/lnf bucket, last; its index is also the number of layer buckets.
   size_t model_bucket() const { return buckets_.buckets().size() - 1; }
   size_t bucket_of(int tensor, int layer) const {
     return is_layer_tensor(tensor) ? buckets_.bucket_of_layer(layer) : model_bucket();
@@ -166,13 +164,6 @@ class ShardedParameters {
   const Slot& slot_of(size_t b) const {
     return b == model_bucket() ? slots_.back() : slots_[b % static_cast<size_t>(prefetch_ + 1)];
   }
-  // The layer buckets in the order the current pass uses them (bucket 0 holds the top layers).
-  std::vector<size_t> pass_order() const {
-    std::vector<size_t> order(model_bucket());
-    for (size_t k = 0; k < order.size(); ++k) order[k] = forward_ ? order.size() - 1 - k : k;
-    return order;
-  }
-
   // Bucket b's window holds it or its all-gather is queued (on the communication stream, after
   // the window's last readers).
   void ensure_gathered(size_t b) {

@@ -53,7 +53,7 @@ class ModelParameters {
   Elem* owned(const OptimizerSegment& s) const { return owned_base() + owned_offset(s); }
   Elem* owned_base() const { return sharded_ ? sharded_->shard() : full_.get(); }
   size_t owned_offset(const OptimizerSegment& s) const {
-    return sharded_ ? sharded_->shard_offset(s.bucket, s.at) : s.param;
+    return sharded_ ? sharded_->shard_offset(s) : s.param;
   }
 
   // Tensor i from float values (rounded to nearest for bf16; at ZeRO 3 only this rank's owned
