@@ -39,7 +39,9 @@
 // over the ranks. Rank 0 alone prints the log, writes metrics.jsonl and the model file; an error on
 // any rank is printed with its rank and ends that rank (the launcher then ends the others); a
 // collective that stalls or fails is ended by the communicator's watchdog (src/dist/comm_watchdog.h),
-// its line named by the purpose set before each phase (comm_.set_purpose).
+// its line named by the purpose set before each phase (set_purpose). With --tp N the ranks form
+// data-parallel × tensor-parallel groups (src/dist/parallel_groups.h): each TP group splits every
+// layer over its N ranks and reads one micro-batch; the data-parallel groups read different ones.
 // Checkpoints are written by all ranks together (each its own state file, rank 0 the model file and
 // the manifest) into an --out-dir all ranks share.
 #include "kernels/common.cuh"
@@ -49,6 +51,7 @@
 #include "src/config/config_checks.h"
 #include "src/config/config_text.h"
 #include "src/dist/comm.h"
+#include "src/dist/parallel_groups.h"
 #include "src/gen/generate_text.h"
 #include "src/model/activations.h"
 #include "src/model/attention.h"
@@ -85,8 +88,8 @@ void generate(const RunSetup& setup) {
 
 // Training, or evaluation alone: --eval scores --eval-data, --max-steps 0 validates.
 template <typename Elem>
-void train_or_evaluate(const RunSetup& setup, Communicator& comm) {
-  Trainer<Elem> trainer(setup, comm);
+void train_or_evaluate(const RunSetup& setup, ParallelGroups& groups) {
+  Trainer<Elem> trainer(setup, groups);
   if (setup.cfg.eval) trainer.evaluate_choices_only();
   else if (setup.cfg.max_steps == 0) trainer.evaluate();
   else trainer.train();
@@ -143,8 +146,9 @@ int dispatch_command(int argc, char** argv) {
     gpt2_check_micro_batch(setup.model, setup.cfg.batch_size, setup.cfg.seq_len, setup.cfg.recompute);
   });
   check_memory_fits(setup, comm->world_size());
-  if (setup.cfg.dtype == "fp32") train_or_evaluate<float>(setup, *comm);
-  else train_or_evaluate<bf16>(setup, *comm);
+  ParallelGroups groups(*comm, setup.cfg.tp);
+  if (setup.cfg.dtype == "fp32") train_or_evaluate<float>(setup, groups);
+  else train_or_evaluate<bf16>(setup, groups);
   return 0;
 }
 

@@ -78,6 +78,12 @@ const std::vector<Flag>& flag_table() {
        "gathered just ahead of its layers", &TrainConfig::zero, {0, 3}},
       {"zero3-prefetch", "N", "at --zero 3: buckets of parameters gathered ahead of the one computing (N + 1 gather "
        "windows)", &TrainConfig::zero3_prefetch, {1, kMaxZero3Prefetch}},
+      {"tp", "N", "tensor parallelism: each layer's matrices (whole heads, the MLP's hidden units, wte's vocabulary "
+       "rows) split over groups of N consecutive ranks, data parallelism (and --zero) across the groups; N divides "
+       "the ranks, NH and Vp/8", &TrainConfig::tp, {1, 1 << 16}},
+      {"sequence-parallel", "0|1", "with --tp > 1: the LayerNorm/residual region holds 1/N of the token rows per "
+       "rank (all-gathers and reduce-scatters around the split products) instead of all of them (all-reduces)",
+       &TrainConfig::sequence_parallel, {}, {}, "1"},
       {"bucket-mib", "MIB", "gradients travel between ranks in buckets of about MIB MiB (whole layers, at least one), "
        "each sent as soon as its layers' backward is done", &TrainConfig::bucket_mib, {0, HUGE_VAL, true, false}},
       {"rendezvous", "file:PATH|tcp:HOST:PORT",

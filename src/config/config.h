@@ -60,6 +60,8 @@ struct TrainConfig {
   // data parallel
   int zero = 0;
   int zero3_prefetch = kDefaultZero3Prefetch;
+  int tp = 1;                      // tensor-parallel group size (src/dist/parallel_groups.h)
+  bool sequence_parallel = true;   // with tp > 1: the LayerNorm/residual region split too
   double bucket_mib = kDefaultBucketMiB;
   std::string rendezvous;
   double comm_timeout = 600.0;  // every wait for the other ranks (start-up, each collective)

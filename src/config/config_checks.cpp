@@ -29,13 +29,18 @@ int validate_config(TrainConfig& cfg, int world_size) {
   }
   if (!cfg.eval_losses.empty() && !cfg.eval)
     throw std::invalid_argument("--eval-losses is written by --eval runs only (add --eval)");
-  const long long micro_tokens = static_cast<long long>(cfg.batch_size) * cfg.seq_len * world_size;
+  if (world_size % cfg.tp != 0)
+    throw std::invalid_argument("--tp " + std::to_string(cfg.tp) + " must divide the number of ranks, " +
+                                std::to_string(world_size));
+  // A tensor-parallel group reads one micro-batch: the data-parallel groups' ranks read different ones.
+  const int data_ranks = world_size / cfg.tp;
+  const long long micro_tokens = static_cast<long long>(cfg.batch_size) * cfg.seq_len * data_ranks;
   if (cfg.total_batch_tokens == 0) cfg.total_batch_tokens = micro_tokens;
   if (cfg.total_batch_tokens % micro_tokens != 0)
     throw std::invalid_argument("--total-batch-tokens " + std::to_string(cfg.total_batch_tokens) +
-                                " is not a multiple of batch-size x seq-len x ranks = " +
+                                " is not a multiple of batch-size x seq-len x data-parallel ranks = " +
                                 std::to_string(cfg.batch_size) + " x " + std::to_string(cfg.seq_len) + " x " +
-                                std::to_string(world_size) + " = " + std::to_string(micro_tokens));
+                                std::to_string(data_ranks) + " = " + std::to_string(micro_tokens));
   const long long accum = cfg.total_batch_tokens / micro_tokens;
   if (accum > INT_MAX) throw std::invalid_argument("--total-batch-tokens " + std::to_string(cfg.total_batch_tokens) +
                                                    ": too many accumulation steps");

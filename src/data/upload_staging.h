@@ -30,12 +30,14 @@ inline void check_token_ids(const int* tokens, int B, int seq_len, int vocab_siz
 }
 
 // The host work a B×T micro-batch needs before its upload, for DataLoader::set_prepare (on the
-// loader thread, a step ahead): the encoder-backward buckets of its inputs. Shapes captured by value.
-inline std::function<void(TokenBatch&)> encoder_buckets_preparer(int B, int seq_len, int vocab_size) {
-  return [B, seq_len, vocab_size](TokenBatch& batch) {
+// loader thread, a step ahead): the encoder-backward buckets of its inputs whose ids are in
+// [vocab_begin, vocab_end) (a tensor-parallel rank's wte rows). Shapes captured by value.
+inline std::function<void(TokenBatch&)> encoder_buckets_preparer(int B, int seq_len, int vocab_size, int vocab_begin,
+                                                                 int vocab_end) {
+  return [=](TokenBatch& batch) {
     batch.buckets.resize(encoder_backward_buckets_bytes(B, seq_len) / sizeof(int));
-    batch.bucket_segments =
-        encoder_backward_build_buckets(batch.buckets.data(), batch.inputs.data(), B, seq_len, vocab_size);
+    batch.bucket_segments = encoder_backward_build_buckets(batch.buckets.data(), batch.inputs.data(), B, seq_len,
+                                                           vocab_size, vocab_begin, vocab_end);
   };
 }
 
@@ -80,11 +82,11 @@ class UploadStaging {
   // One B×T micro-batch: its ids checked (unless `prepared`, the loader's batch they come from,
   // was checked against a vocabulary no larger than vocab_size), then its uploads queued from the
   // next set: inputs, targets (nullptr: none) and, with device_buckets, the encoder-backward
-  // buckets (prepared's when it has them, else built here). Returns their segment count
-  // (encoder_backward's `segments`; 0: no buckets).
+  // buckets of ids in [vocab_begin, vocab_end) (prepared's when it has them, else built here).
+  // Returns their segment count (encoder_backward's `segments`; 0: no buckets).
   int upload_micro_batch(const int* inputs, const int* targets, const TokenBatch* prepared, int B, int seq_len,
-                         int vocab_size, int* device_inputs, int* device_targets, int* device_buckets,
-                         cudaStream_t stream) {
+                         int vocab_size, int vocab_begin, int vocab_end, int* device_inputs, int* device_targets,
+                         int* device_buckets, cudaStream_t stream) {
     if (prepared == nullptr || prepared->ids_below <= 0 || prepared->ids_below > vocab_size) {
       check_token_ids(inputs, B, seq_len, vocab_size, "input");
       if (targets != nullptr) check_token_ids(targets, B, seq_len, vocab_size, "target");
@@ -97,7 +99,8 @@ class UploadStaging {
     if (device_buckets != nullptr) {
       const bool built = prepared != nullptr && prepared->bucket_segments > 0 && prepared->buckets.size() == buckets_;
       segments = built ? prepared->bucket_segments
-                       : encoder_backward_build_buckets(slot.buckets, inputs, B, seq_len, vocab_size);
+                       : encoder_backward_build_buckets(slot.buckets, inputs, B, seq_len, vocab_size, vocab_begin,
+                                                        vocab_end);
       upload(device_buckets, slot.buckets, built ? prepared->buckets.data() : nullptr, buckets_, stream,
              "uploading encoder-gradient buckets");
     }

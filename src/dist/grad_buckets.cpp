@@ -2,6 +2,7 @@
 #include "src/dist/grad_buckets.h"
 
 #include "src/config/gpt2_config.h"
+#include "src/dist/tensor_split.h"
 
 #include <algorithm>
 #include <array>
@@ -16,19 +17,31 @@ int layers_per_bucket(const ParameterLayout& layout, double bucket_mib, size_t e
   return static_cast<int>(std::clamp(layers, 1.0, static_cast<double>(std::max<size_t>(layout.num_layers, 1))));
 }
 
-GradientBuckets::GradientBuckets(const ParameterLayout& layout, int bucket_layers, int ranks) : layout_(layout), bucket_layers_(std::max(bucket_layers, 1)), ranks_(std::max(ranks, 1)) {
+GradientBuckets::GradientBuckets(const ParameterLayout& layout, int bucket_layers, int ranks, bool replicated_first)
+    : layout_(layout), bucket_layers_(std::max(bucket_layers, 1)), ranks_(std::max(ranks, 1)) {
+  // Layers top..bottom's pieces of `tensors`: with replicated_first only those whose
+  // tp_replicated() is `replicated`, and the replicated ones then mark the bucket's prefix.
+  const auto add_pieces = [&](GradientBucket& b, int top, int bottom, const std::vector<int>& tensors, bool replicated) {
+    for (int l = top; l >= bottom; --l)
+      for (int i : tensors)
+        if (!replicated_first || tp_replicated(i) == replicated) add_piece(b, i, l);
+    if (replicated_first && replicated) b.replicated = b.elements;
+  };
+  std::vector<int> layer_tensors;
+  for (int i = kLn1w; i <= kFcprojb; ++i) layer_tensors.push_back(i);
   const int L = static_cast<int>(layout.num_layers);
   piece_at_.assign(static_cast<size_t>(kNumParameterTensors) * std::max(L, 1), 0);
   for (int top = L - 1; top >= 0; top -= bucket_layers_) {
     GradientBucket b;
     b.top_layer = top;
     b.bottom_layer = std::max(0, top - bucket_layers_ + 1);
-    for (int l = top; l >= b.bottom_layer; --l)
-      for (int i = kLn1w; i <= kFcprojb; ++i) add_piece(b, i, l);
+    add_pieces(b, top, b.bottom_layer, layer_tensors, true);
+    if (replicated_first) add_pieces(b, top, b.bottom_layer, layer_tensors, false);
     buckets_.push_back(b);
   }
   GradientBucket model;
-  for (int i : {kWte, kWpe, kLnfw, kLnfb}) add_piece(model, i, 0);
+  add_pieces(model, 0, 0, {kWte, kWpe, kLnfw, kLnfb}, true);
+  if (replicated_first) add_pieces(model, 0, 0, {kWte, kWpe, kLnfw, kLnfb}, false);
   buckets_.push_back(model);
   for (GradientBucket& b : buckets_) {
     b.chunk = (b.elements + ranks_ - 1) / ranks_;

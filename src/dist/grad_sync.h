@@ -26,11 +26,21 @@
 // as its lowest layer's backward is queued (wte, wpe and lnf after the embeddings' backward), and
 // (stages 0 and 1) only on the last micro-step of an optimizer step. One rank (or no
 // communicator) always runs stage 0: with R = 1 the stages compute the same.
+//
+// Tensor parallelism (tensor_split.h): the ranks above are one tensor-parallel rank's data-parallel
+// group, and the gradients those of its layout, in buckets that hold the replicated tensors first.
+// Under sequence parallelism each TP rank computes only part of a replicated tensor's gradient
+// (its rows'), so before a bucket travels (or, without data parallelism, on the last micro-step)
+// that prefix is summed over the TP group, on the TP communicator's stream while the backward
+// goes on; the data-parallel send waits for it. At stages 2 and 3 only TP rank 0 restores the
+// accumulated chunk into the prefix, so the TP sum counts it once. The gradient norm counts a
+// replicated tensor once (TP rank 0's) and sums over both groups.
 #pragma once
 #include "src/dist/comm.h"
 #include "src/base/device.h"
 #include "src/config/gpt2_config.h"
 #include "src/dist/grad_buckets.h"
+#include "src/dist/tensor_split.h"
 
 #include <algorithm>
 #include <stdexcept>
@@ -45,10 +55,12 @@ inline int effective_zero_stage(int requested, int world_size) { return world_si
 // ranks' stop votes.
 constexpr size_t kStepScalars = 2;
 
-// The buckets of a run: chunked for every rank at stages 1 and 2, for one owner at stage 0.
+// The buckets of a run: chunked for every rank at stages 1 and 2, for one owner at stage 0; a
+// tensor-parallel rank's (tp_size > 1) with the replicated tensors first.
 inline GradientBuckets gradient_buckets(const ParameterLayout& layout, int world_size, int zero_stage,
-                                        int bucket_layers) {
-  return GradientBuckets(layout, bucket_layers, effective_zero_stage(zero_stage, world_size) == 0 ? 1 : world_size);
+                                        int bucket_layers, int tp_size = 1) {
+  return GradientBuckets(layout, bucket_layers, effective_zero_stage(zero_stage, world_size) == 0 ? 1 : world_size,
+                         tp_size > 1);
 }
 
 // Elements of the gradient buffers GradientSync allocates on one rank: stages 0 and 1 keep every
@@ -74,10 +86,18 @@ template <typename Elem>
 class GradientSync {
  public:
   // Gradients of `layout`'s parameters for the backward passes queued on `stream`, in buckets of
-  // `bucket_layers` layers.
+  // `bucket_layers` layers, synchronized over the data-parallel group `comm`; `tp_comm`: the
+  // tensor-parallel group (nullptr: none), whose ranks sum their replicated tensors' gradients
+  // when `sequence_parallel`.
   GradientSync(const ParameterLayout& layout, Communicator* comm, int zero_stage, int bucket_layers,
-               cudaStream_t stream)
+               cudaStream_t stream, Communicator* tp_comm = nullptr, bool sequence_parallel = false)
       : layout_(layout), comm_(comm), stream_(stream) {
+    if (tp_comm != nullptr && tp_comm->world_size() > 1) {
+      tp_comm_ = tp_comm;
+      tp_size_ = tp_comm->world_size();
+      tp_rank_ = tp_comm->rank();
+      sums_replicated_ = sequence_parallel;
+    }
     if (zero_stage < 0 || zero_stage > 3)
       throw std::runtime_error("ZeRO stage: expected 0, 1, 2 or 3, found " + std::to_string(zero_stage));
     if (comm != nullptr) {
@@ -85,7 +105,7 @@ class GradientSync {
       rank_ = comm->rank();
     }
     zero_ = effective_zero_stage(zero_stage, world_);
-    buckets_ = gradient_buckets(layout_, world_, zero_, bucket_layers);
+    buckets_ = gradient_buckets(layout_, world_, zero_, bucket_layers, tp_size_);
     owner_ = zero_ == 0 ? 0 : rank_;
     segments_ = buckets_.segments(owner_);
     const GradientBufferCounts counts = gradient_buffer_counts(buckets_, zero_);
@@ -123,6 +143,8 @@ class GradientSync {
   }
   // The loss gradient's divisor beyond the mean over tokens and micro-steps: stages 2 and 3 sum.
   float ranks_summed() const { return shards_gradients() ? static_cast<float>(world_) : 1.0f; }
+  // Ranks whose values sum_over_ranks() adds: both groups'.
+  int ranks_in_sums() const { return world_ * tp_size_; }
   size_t bytes() const { return grads_.bytes() + shard_grads_.bytes() + 2 * layer_windows_[0].bytes() + model_window_.bytes(); }
 
   // Where the backward pass accumulates tensor `tensor`'s gradient (layer `layer`'s slice of a
@@ -131,8 +153,19 @@ class GradientSync {
     const size_t b = is_layer_tensor(tensor) ? buckets_.bucket_of_layer(layer) : buckets_.buckets().size() - 1;
     return bucket_data(b) + buckets_.piece_at(tensor, layer);
   }
-  // The ranges [offset, offset + count) of owned_gradients() that hold this rank's gradients.
+  // The ranges [offset, offset + count) of owned_gradients() that hold this rank's gradients and
+  // count towards the gradient norm (a replicated tensor's on TP rank 0 alone).
   std::vector<std::pair<size_t, size_t>> owned_gradient_ranges() const {
+    if (tp_rank_ > 0) {
+      std::vector<std::pair<size_t, size_t>> ranges;
+      for (const OptimizerSegment& s : segments_) {
+        if (tp_replicated(s.tensor)) continue;
+        const size_t at = gradient_offset(s);
+        if (!ranges.empty() && ranges.back().first + ranges.back().second == at) ranges.back().second += s.count;
+        else ranges.push_back({at, s.count});
+      }
+      return ranges;
+    }
     if (zero_ != 1) return {{0, shards_gradients() ? shard_grads_.count() : grads_.count()}};
     std::vector<std::pair<size_t, size_t>> ranges;
     for (const GradientBucket& b : buckets_.buckets()) ranges.push_back({b.offset + owner_ * b.chunk, b.chunk});
@@ -168,6 +201,7 @@ class GradientSync {
   // after the embeddings' backward.
   void begin_micro_step(bool last_micro_step) {
     communicate_ = communicating() && (last_micro_step || shards_gradients());
+    sum_replicated_now_ = sums_replicated_ && (last_micro_step || shards_gradients());
     if (!shards_gradients()) return;
     comm_->order_before(stream_);  // the previous micro-step's sums into the shard are complete
     prepare_window(buckets_.buckets().size() - 1);
@@ -183,43 +217,39 @@ class GradientSync {
   // backward (event), while the model's stream moves on to the next layer.
   void send_finished_bucket(int l) {
     const size_t b = buckets_.bucket_of_layer(l);
-    if (!communicate_ || buckets_.buckets()[b].bottom_layer != l) return;
-    comm_->wait_for(stream_);
-    send(b);
-    if (shards_gradients())
+    if (buckets_.buckets()[b].bottom_layer != l) return;
+    finish_bucket(b);
+    if (communicate_ && shards_gradients())
       cuda_check(cudaEventRecord(window_free_[b % 2], comm_->stream()), "recording a gradient-window event");
   }
   // wte (lm head and embedding), wpe and lnf are complete after the encoder backward.
   void end_micro_step() {
-    if (communicate_) {
-      comm_->wait_for(stream_);
-      send(buckets_.buckets().size() - 1);
-    }
+    finish_bucket(buckets_.buckets().size() - 1);
     communicate_ = false;
+    sum_replicated_now_ = false;
     shard_holds_gradients_ = shards_gradients();
   }
 
   // Blocks until this rank's gradient and parameter communication has finished.
   void wait_idle() const {
     if (communicating()) cudaStreamSynchronize(comm_->stream());
+    if (tp_comm_ != nullptr) cudaStreamSynchronize(tp_comm_->stream());
   }
   // Orders the work queued next on the model's stream after the gradient communication.
   void wait_for_gradients() {
     if (communicating()) comm_->order_before(stream_);
+    if (tp_comm_ != nullptr) tp_comm_->order_before(stream_);
   }
-  // The squared norm of this rank's gradients (on the device) becomes the sum over ranks'.
+  // The squared norm of this rank's gradients (on the device) becomes the sum over ranks' (the
+  // data-parallel group's when they are sharded; the TP group's always).
   void sum_norm_squared(float* norm_squared) {
-    if (!communicating() || zero_ == 0) return;
-    comm_->wait_for(stream_);
-    comm_->all_reduce(norm_squared, 1, ncclSum);
-    comm_->order_before(stream_);
+    if (communicating() && zero_ > 0) sum_on(comm_, norm_squared, 1);
+    if (tp_comm_ != nullptr) sum_on(tp_comm_, norm_squared, 1);
   }
-  // n device values become their sums over ranks.
+  // n device values become their sums over the ranks of both groups (ranks_in_sums()).
   void sum_over_ranks(double* values, size_t n) {
-    if (!communicating()) return;
-    comm_->wait_for(stream_);
-    comm_->all_reduce(values, n, ncclSum);
-    comm_->order_before(stream_);
+    if (communicating()) sum_on(comm_, values, n);
+    if (tp_comm_ != nullptr) sum_on(tp_comm_, values, n);
   }
   // After each rank updated its parameters (llm.c order): every rank gets every rank's, bucket by
   // bucket through a gradient window the optimizer step no longer needs: this rank's segments
@@ -248,6 +278,24 @@ class GradientSync {
   // Stages 2 and 3 keep a gradient shard and working windows.
   bool shards_gradients() const { return zero_ >= 2; }
 
+  template <typename T> void sum_on(Communicator* comm, T* values, size_t n) {
+    comm->wait_for(stream_);
+    comm->all_reduce(values, n, ncclSum);
+    comm->order_before(stream_);
+  }
+
+  // Bucket b is complete: its replicated prefix summed over the TP group, then the bucket sent
+  // over the data-parallel group, where this micro-step does either.
+  void finish_bucket(size_t b) {
+    if (sum_replicated_now_) {
+      tp_comm_->wait_for(stream_);
+      tp_comm_->all_reduce(bucket_data(b), buckets_.buckets()[b].replicated, ncclSum);
+    }
+    if (!communicate_) return;
+    comm_->wait_for(sum_replicated_now_ ? tp_comm_->stream() : stream_);
+    send(b);
+  }
+
   static void copy(Elem* dst, const Elem* src, size_t n, cudaStream_t s, const char* what) {
     cuda_check(cudaMemcpyAsync(dst, src, n * sizeof(Elem), cudaMemcpyDeviceToDevice, s), what);
   }
@@ -267,9 +315,14 @@ class GradientSync {
     const GradientBucket& bucket = buckets_.buckets()[b];
     Elem* window = bucket_data(b);
     cuda_check(cudaMemsetAsync(window, 0, bucket.chunk * world_ * sizeof(Elem), stream_), "zeroing a gradient window");
-    if (shard_holds_gradients_)
-      copy(window + owner_ * bucket.chunk, shard_grads_.get() + bucket.shard_offset, bucket.chunk, stream_,
-           "restoring accumulated gradients");
+    if (!shard_holds_gradients_) return;
+    const size_t begin = owner_ * bucket.chunk;
+    copy(window + begin, shard_grads_.get() + bucket.shard_offset, bucket.chunk, stream_,
+         "restoring accumulated gradients");
+    // The TP group sums the replicated prefix: its accumulated part comes from TP rank 0 alone.
+    if (sums_replicated_ && tp_rank_ > 0 && begin < bucket.replicated)
+      cuda_check(cudaMemsetAsync(window + begin, 0, (std::min(bucket.replicated, begin + bucket.chunk) - begin) *
+                                 sizeof(Elem), stream_), "zeroing a replicated prefix");
   }
 
   // Communicates bucket b: stage 0 averages it everywhere (in place); stage 1 averages each chunk
@@ -296,4 +349,9 @@ class GradientSync {
   DeviceArray<Elem> layer_windows_[2], model_window_, shard_grads_;
   cudaEvent_t window_free_[2] = {nullptr, nullptr};  // recorded on the comm stream when a layer window is sent
   bool shard_holds_gradients_ = false;
+  // Tensor parallelism: the group (nullptr: none), this rank's place in it, whether its ranks sum
+  // the replicated prefixes (sequence parallel), and whether the current micro-step does.
+  Communicator* tp_comm_ = nullptr;
+  int tp_size_ = 1, tp_rank_ = 0;
+  bool sums_replicated_ = false, sum_replicated_now_ = false;
 };

@@ -8,6 +8,7 @@
 #include "kernels/layernorm.cuh"
 #include "src/base/device.h"
 #include "src/config/gpt2_config.h"
+#include "src/dist/tensor_split.h"
 
 #include <algorithm>
 #include <climits>
@@ -50,6 +51,7 @@ struct ActivationCounts {
   size_t ln_stat = 0;  // each of ln1_mean, ln1_rstd, ln2_mean, ln2_rstd: (slices, N)
   size_t lse = 0;      // (slices, B, NH, T)
   size_t lnf_stat = 0, losses = 0, scratch = 0, norm_squared = 0;
+  size_t classifier_stats = 0;  // tensor parallel: each lm-head chunk row's max and two sums
   // int elements.
   size_t tokens = 0;  // each of inputs, targets
   size_t buckets = 0;
@@ -96,28 +98,39 @@ constexpr size_t kLogitsChunkRows = 8192;
 constexpr size_t kLogitsChunkRowsMin = 1024;
 
 // logits_rows: the lm head's chunk rows (the logits buffer holds min(B·seq_len, logits_rows) rows).
+// With tensor parallelism (tensor_split.h, tp_collectives.h) the counts are one rank's: the
+// block's products and attention hold its C/size channels, NH/size heads and 4C/size hidden
+// units of every row, the logits its Vp/size columns; under sequence parallelism the residual
+// stream, residual2 and the LayerNorm statistics hold its B·T/size rows, while the LayerNorm
+// outputs, the branch and the residual gradient keep every row (they are gathered in place).
 inline ActivationCounts gpt2_activation_counts(const GPT2Config& cfg, int B, int seq_len, int recompute,
-                                               size_t logits_rows = kLogitsChunkRows) {
+                                               size_t logits_rows = kLogitsChunkRows,
+                                               const TensorParallelism& tp = {}) {
   gpt2_check_recompute(recompute);
   const size_t L = cfg.num_layers, C = cfg.channels, N = static_cast<size_t>(B) * seq_len;
+  const size_t ways = static_cast<size_t>(tp.size), Nl = tp.sequence_parallel ? N / ways : N;
+  const size_t Cl = C / ways, NHl = cfg.num_heads / ways, Vl = cfg.padded_vocab_size / ways;
   auto slices = [&](BlockTensor t) { return block_keeps(t, recompute) ? L : 1; };
   ActivationCounts n;
   n.encoded = N * C;
-  n.residual3 = L * N * C;
+  n.residual3 = L * Nl * C;
   n.ln1 = n.ln2 = slices(BlockTensor::ln_output) * N * C;
-  n.atty = n.residual2 = slices(BlockTensor::other) * N * C;
-  n.qkv = slices(BlockTensor::other) * N * 3 * C;
-  n.fch = slices(BlockTensor::other) * N * 4 * C;
-  n.fch_gelu = slices(BlockTensor::fch_gelu) * N * 4 * C;
+  n.atty = slices(BlockTensor::other) * N * Cl;
+  n.residual2 = slices(BlockTensor::other) * Nl * C;
+  n.qkv = slices(BlockTensor::other) * N * 3 * Cl;
+  n.fch = slices(BlockTensor::other) * N * 4 * Cl;
+  n.fch_gelu = slices(BlockTensor::fch_gelu) * N * 4 * Cl;
   n.lnf = n.branch = n.dresidual = N * C;
-  n.logits = std::min(N, logits_rows) * cfg.padded_vocab_size;
-  n.dwide = N * 4 * C;
-  n.ln_stat = slices(BlockTensor::other) * N;
-  n.lse = slices(BlockTensor::other) * N * cfg.num_heads;
-  n.lnf_stat = n.losses = N;
+  n.logits = std::min(N, logits_rows) * Vl;
+  n.classifier_stats = ways > 1 ? 3 * std::min(N, logits_rows) : 0;
+  n.dwide = N * 4 * Cl;
+  n.ln_stat = slices(BlockTensor::other) * Nl;
+  n.lse = slices(BlockTensor::other) * N * NHl;
+  n.lnf_stat = Nl;
+  n.losses = N;
   const size_t scratch_bytes =
-      std::max({layernorm_backward_scratch_bytes(static_cast<int>(N), cfg.channels),
-                attention_backward_scratch_bytes(B, seq_len, cfg.num_heads),
+      std::max({layernorm_backward_scratch_bytes(static_cast<int>(Nl), cfg.channels),
+                attention_backward_scratch_bytes(B, seq_len, static_cast<int>(NHl)),
                 encoder_backward_scratch_bytes(B, seq_len, cfg.channels), global_norm_scratch_bytes()});
   n.scratch = ceil_div(scratch_bytes, sizeof(float));
   n.norm_squared = 1;
@@ -138,14 +151,16 @@ struct ActivationBytes {
 };
 
 inline ActivationBytes gpt2_activation_bytes(const GPT2Config& cfg, int B, int seq_len, int recompute, DType dtype,
-                                             size_t logits_rows = kLogitsChunkRows) {
-  const ActivationCounts n = gpt2_activation_counts(cfg, B, seq_len, recompute, logits_rows);
+                                             size_t logits_rows = kLogitsChunkRows,
+                                             const TensorParallelism& tp = {}) {
+  const ActivationCounts n = gpt2_activation_counts(cfg, B, seq_len, recompute, logits_rows, tp);
   const size_t t = dtype == DType::fp32 ? sizeof(float) : sizeof(bf16), f = sizeof(float);
   ActivationBytes bytes;
   bytes.blocks = t * (n.encoded + n.residual3 + n.ln1 + n.atty + n.residual2 + n.ln2 + n.qkv + n.fch + n.fch_gelu) +
                  f * (4 * n.ln_stat + n.lse);
   bytes.other = t * (n.lnf + n.logits + n.branch + n.dresidual + n.dwide) +
-                f * (2 * n.lnf_stat + n.losses + n.scratch + n.norm_squared) + sizeof(int) * (2 * n.tokens + n.buckets);
+                f * (2 * n.lnf_stat + n.losses + n.scratch + n.norm_squared + n.classifier_stats) +
+                sizeof(int) * (2 * n.tokens + n.buckets);
   return bytes;
 }
 
@@ -166,6 +181,7 @@ struct Activations {
   DeviceArray<float> lnf_mean, lnf_rstd;        // (N)
   DeviceArray<Elem> logits;                     // (chunk, Vp); the classifier writes dlogits in place
   DeviceArray<float> losses;                    // (N)
+  DeviceArray<float> classifier_stats;          // tensor parallel: (chunk) row maxima, (chunk, 2) sums
   // Forward: output of a residual branch's projection before the residual add. Backward: the
   // gradient of the input of the matmul / attention just differentiated.
   DeviceArray<Elem> branch;                     // (N, C)
@@ -197,6 +213,7 @@ struct Activations {
         lnf_rstd(n.lnf_stat, "activations (lnf rstd)"),
         logits(n.logits, "activations (logits)"),
         losses(n.losses, "activations (losses)"),
+        classifier_stats(n.classifier_stats, "activations (vocabulary-parallel classifier statistics)"),
         branch(n.branch, "activations (branch output / input gradient)"),
         dresidual(n.dresidual, "activation gradients (residual)"),
         dwide(n.dwide, "activation gradients (fch / qkv)"),
@@ -212,7 +229,7 @@ struct Activations {
     for (size_t b : {encoded.bytes(), ln1.bytes(), atty.bytes(), residual2.bytes(), ln2.bytes(), residual3.bytes(),
                      qkv.bytes(), fch.bytes(), fch_gelu.bytes(), ln1_mean.bytes(), ln1_rstd.bytes(), ln2_mean.bytes(),
                      ln2_rstd.bytes(), lse.bytes(), lnf.bytes(), lnf_mean.bytes(), lnf_rstd.bytes(), logits.bytes(),
-                     losses.bytes(), branch.bytes(), dresidual.bytes(), dwide.bytes(), scratch.bytes(),
+                     losses.bytes(), classifier_stats.bytes(), branch.bytes(), dresidual.bytes(), dwide.bytes(), scratch.bytes(),
                      norm_squared.bytes(), inputs.bytes(), targets.bytes(), buckets.bytes()})
       total += b;
     return total;

@@ -6,7 +6,6 @@
 // LayerNorm statistics, attention log-sum-exps, losses, AdamW moments and master weights are fp32.
 // Errors throw std::runtime_error: one line naming the file or setting, what was expected and found.
 #pragma once
-#include "kernels/classifier.cuh"
 #include "kernels/common.cuh"
 #include "kernels/encoder.cuh"
 #include "kernels/gelu.cuh"
@@ -15,10 +14,13 @@
 #include "kernels/matmul.cuh"
 #include "src/model/activations.h"
 #include "src/model/attention.h"
+#include "src/model/lm_head.h"
 #include "src/dist/comm.h"
 #include "src/base/device.h"
 #include "src/config/gpt2_config.h"
 #include "src/dist/grad_sync.h"
+#include "src/dist/tensor_split.h"
+#include "src/dist/tp_collectives.h"
 #include "src/model/model_file.h"
 #include "src/model/model_parameters.h"
 #include "src/model/optimizer.h"
@@ -51,31 +53,39 @@ class GPT2 {
   // ranks, gradients are synchronized at `zero_stage` in buckets of ~bucket_mib (grad_sync.h); at
   // stage 3 the parameters are sharded too, `zero3_prefetch` buckets gathered ahead of use
   // (model_parameters.h). The lm head runs in chunks of logits_rows rows (the memory plan's
-  // lm_head_chunk_rows).
+  // lm_head_chunk_rows). With a tensor-parallel communicator `tp_comm` of several ranks, `comm` is
+  // this rank's data-parallel group and each layer is split over the TP group (tensor_split.h,
+  // tp_collectives.h), its LayerNorm/residual region too when `sequence_parallel`.
   GPT2(const GPT2Config& cfg, int B, int seq_len, int recompute = kRecomputeDefault, Communicator* comm = nullptr,
        int zero_stage = 0, const std::string& attention = "auto", double bucket_mib = kDefaultBucketMiB,
-       size_t logits_rows = kLogitsChunkRows, int zero3_prefetch = kDefaultZero3Prefetch)
+       size_t logits_rows = kLogitsChunkRows, int zero3_prefetch = kDefaultZero3Prefetch,
+       Communicator* tp_comm = nullptr, bool sequence_parallel = false)
       : cfg_(gpt2_check_micro_batch(cfg, B, seq_len, recompute)),
-        layout_(cfg),
+        split_(split_for(cfg, tp_comm)),
+        layout_(split_.local()),
         B_(B),
         seq_len_(seq_len),
         recompute_(recompute),
         attention_(choose_attention(attention, dtype, cfg)),
         stream_("creating the model's CUDA stream"),
-        grads_(layout_, comm, zero_stage, layers_per_bucket(layout_, bucket_mib, sizeof(Elem)), stream_.get()),
-        params_(layout_, grads_, comm, zero3_prefetch, dtype == DType::bf16, stream_.get()) {
+        tp_(tp_comm, sequence_parallel, B * seq_len, stream_.get()),
+        cl_(cfg.channels / split_.size()),
+        nhl_(cfg.num_heads / split_.size()),
+        vl_(cfg.padded_vocab_size / split_.size()),
+        grads_(layout_, comm, zero_stage, layers_per_bucket(layout_, bucket_mib, sizeof(Elem)), stream_.get(),
+               tp_comm, tp_.sequence_parallel()),
+        params_(split_, grads_, comm, tp_comm, zero3_prefetch, dtype == DType::bf16, stream_.get()) {
     matmul_init();
     const size_t state = grads_.state_count();
     adam_m_ = DeviceArray<float>(state, "AdamW first moments");
     adam_v_ = DeviceArray<float>(state, "AdamW second moments");
-    wte_grad_fp32_ = DeviceArray<float>(layout_[kWte].count, "the lm head's fp32 wte gradient");
     adamw_.emplace(layout_, grads_.segments(), [this](const OptimizerSegment& s) { return params_.owned_offset(s); },
                    [this](const OptimizerSegment& s) { return grads_.gradient_offset(s); }, params_.owned_base(),
                    params_.master(), grads_.owned_gradients(), adam_m_.get(), adam_v_.get());
     reset_training_state();
-    const ActivationCounts counts = gpt2_activation_counts(cfg_, B_, seq_len_, recompute_, logits_rows);
+    const ActivationCounts counts = gpt2_activation_counts(cfg_, B_, seq_len_, recompute_, logits_rows, tp_.shape());
     acts_ = Activations<Elem>(counts);
-    logits_chunk_rows_ = static_cast<int>(counts.logits / cfg_.padded_vocab_size);
+    head_ = LmHead<Elem>(acts_, cfg_.vocab_size, vocab_begin(), vl_, layout_[kWte].count);
     staging_.emplace(counts.tokens, counts.buckets);
   }
   GPT2(const GPT2&) = delete;
@@ -86,7 +96,10 @@ class GPT2 {
   }
 
   const GPT2Config& config() const { return cfg_; }
+  // This rank's parameter layout (its tensor-parallel part: tensor_split.h).
   const ParameterLayout& layout() const { return layout_; }
+  const TensorSplit& tensor_split() const { return split_; }
+  const TensorParallelism& tensor_parallelism() const { return tp_.shape(); }
   int batch_size() const { return B_; }
   int seq_len() const { return seq_len_; }
   int recompute() const { return recompute_; }
@@ -96,9 +109,9 @@ class GPT2 {
   // The parameters whose optimizer state this rank holds (at ZeRO 0: all), in state order.
   const GradientSync<Elem>& gradient_sync() const { return grads_; }
 
-  // Device buffers for checkpoints: the parameters in llm.c order (nullptr at ZeRO 3, where no rank
-  // holds them all), the parameters of an optimizer segment, the state (master weights: nullptr
-  // for Elem = float).
+  // Device buffers for checkpoints: the parameters in llm.c order of layout() (nullptr at ZeRO 3,
+  // where no rank holds them all), the parameters of an optimizer segment, the state (master
+  // weights: nullptr for Elem = float).
   Elem* params_device() const { return params_.full(); }
   Elem* owned_parameters(const OptimizerSegment& s) const { return params_.owned(s); }
   // Parameters written through owned_parameters() are in place: ZeRO 3's gathers read them from now on.
@@ -111,7 +124,8 @@ class GPT2 {
   // rounded to nearest, the master weights the fp32 values. Gradients and optimizer state are reset.
   void init_random(uint64_t seed) {
     NormalSampler normal(seed);
-    for (int i = 0; i < kNumParameterTensors; ++i) params_.upload_tensor(i, gpt2_initial_values(layout_, i, normal));
+    for (int i = 0; i < kNumParameterTensors; ++i)
+      params_.upload_tensor(i, gpt2_initial_values(split_.global(), i, normal));
     reset_training_state();
   }
 
@@ -129,13 +143,13 @@ class GPT2 {
   }
 
   // Writes an llm.c model file of `file_dtype` values (version 3 fp32, 5 bf16) atomically
-  // (durable_file.h), on the ranks that are `writer`s. At ZeRO 3 every rank calls it (the
-  // parameters are gathered bucket by bucket).
+  // (durable_file.h), on the ranks that are `writer`s. At ZeRO 3 or with tensor parallelism every
+  // rank calls it (the parameters are gathered).
   void save(const std::string& path, DType file_dtype = dtype, bool writer = true) const {
     params_.save(path, cfg_, file_dtype, writer);
   }
   // Every parameter in llm.c order into device memory `dst` (nullptr: take part only; at ZeRO 3
-  // a collective).
+  // or with tensor parallelism a collective).
   void gather_parameters(Elem* dst) const { params_.copy_all(dst, cudaMemcpyDeviceToDevice); }
 
   // Forward pass over one micro-batch of host tokens (B·T each, row-major [B][T]). Returns the
@@ -144,7 +158,8 @@ class GPT2 {
   float forward(const int* inputs, const int* targets) {
     upload_tokens(inputs, targets, false);
     queue_forward();
-    queue_head(targets != nullptr, 0.0f, false);
+    head_.queue(acts_, param(kWte), grad(kWte), tp_, rows(), cfg_.channels, targets != nullptr, 0.0f, false,
+                stream_.get());
     if (targets == nullptr) {
       cuda_check(cudaStreamSynchronize(stream_.get()), "forward pass");
       return std::numeric_limits<float>::quiet_NaN();
@@ -174,7 +189,7 @@ class GPT2 {
 
   // The host work a micro-batch needs before its upload, for DataLoader::set_prepare.
   std::function<void(TokenBatch&)> batch_preparer() const {
-    return encoder_buckets_preparer(B_, seq_len_, cfg_.vocab_size);
+    return encoder_buckets_preparer(B_, seq_len_, cfg_.vocab_size, vocab_begin(), vocab_begin() + vl_);
   }
 
   // Starts an optimizer step: gradients and the step's loss sum to zero.
@@ -208,7 +223,7 @@ class GPT2 {
                                stream_.get()),
                "copying the gradient norm");
     cuda_check(cudaStreamSynchronize(stream_.get()), "the step's figures");
-    return {host->loss / (static_cast<double>(rows()) * micro_steps_ * grads_.world_size()), host->summed_with_loss,
+    return {host->loss / (static_cast<double>(rows()) * micro_steps_ * grads_.ranks_in_sums()), host->summed_with_loss,
             std::sqrt(host->grad_norm)};
   }
 
@@ -233,21 +248,24 @@ class GPT2 {
   // Waits for the device.
   std::vector<float> position_losses() const { return copy_floats_to_host(acts_.losses.get(), rows(), stream_.get()); }
 
-  size_t num_parameters() const { return layout_.total; }
+  // The whole model's (every tensor-parallel rank's parts).
+  size_t num_parameters() const { return split_.global().total; }
   // Device bytes of the parameters (at ZeRO 3: the shard and the gather windows) and master weights.
   size_t parameter_bytes() const { return params_.bytes(); }
 
-  // Host copies as float, llm.c order (at ZeRO 3 a collective).
+  // Host copies as float, the whole model's llm.c order (at ZeRO 3 or with tensor parallelism a
+  // collective).
   std::vector<float> parameters() const { return params_.host_floats(); }
-  // (At ZeRO stages 2 and 3 no rank holds them all: throws.)
+  // In layout()'s order (at ZeRO stages 2 and 3 no rank holds them all: throws).
   std::vector<float> gradients() const { return grads_.llmc_order(stream_.get()); }
   // The logits of the last forward(): rows [N - r, N) of the micro-batch, r = N mod the lm head's
   // chunk rows (or those rows), which is every row when B·T <= that.
-  // After forward_backward() they hold the logits' gradients.
+  // After forward_backward() they hold the logits' gradients. With tensor parallelism, this rank's
+  // Vp/size columns of them (its vocabulary rows of wte).
   std::vector<float> logits() const {
-    const size_t chunk = static_cast<size_t>(logits_chunk_rows_);
+    const size_t chunk = static_cast<size_t>(head_.chunk_rows());
     const size_t last_chunk = rows() - (rows() - 1) / chunk * chunk;
-    return copy_floats_to_host(acts_.logits.get(), last_chunk * cfg_.padded_vocab_size, stream_.get());
+    return copy_floats_to_host(acts_.logits.get(), last_chunk * vl_, stream_.get());
   }
 
   // Replaces all parameters (llm.c order, as float; rounded to nearest for bf16, master weights get
@@ -257,23 +275,29 @@ class GPT2 {
   // Device memory of the activations: gpt2_activation_bytes(...).total(). (All of it: memory_plan.h.)
   size_t activation_bytes() const { return acts_.bytes(); }
 
-  // Rows per lm-head chunk (queue_head): the logits buffer's height (min(B·T, the constructor's
-  // logits_rows)), or fewer: more chunks, the same results (tested).
-  void set_logits_chunk_rows(int rows) {
-    const size_t capacity = acts_.logits.count() / cfg_.padded_vocab_size;
-    if (rows < 1 || static_cast<size_t>(rows) > capacity)
-      throw std::runtime_error("set_logits_chunk_rows: " + std::to_string(rows) + " rows, expected 1.." +
-                               std::to_string(capacity));
-    logits_chunk_rows_ = rows;
-  }
-  int logits_chunk_rows() const { return logits_chunk_rows_; }
+  // Rows per lm-head chunk (lm_head.h): the logits buffer's height (min(B·T, the constructor's
+  // logits_rows)), or fewer.
+  void set_logits_chunk_rows(int rows) { head_.set_chunk_rows(rows); }
+  int logits_chunk_rows() const { return head_.chunk_rows(); }
   // The lm head's chunks per micro-step: its products and classifier launches each run this often.
-  int lm_head_chunks() const { return ceil_div(rows(), logits_chunk_rows_); }
+  int lm_head_chunks() const { return ceil_div(rows(), head_.chunk_rows()); }
   // Kernel launches of the encoder's backward per micro-step (encoder.cuh).
   int encoder_backward_launches() const { return ::encoder_backward_launches(B_, seq_len_); }
 
  private:
   int rows() const { return B_ * seq_len_; }
+  // The first vocabulary row (token id) of this rank's part of wte.
+  int vocab_begin() const { return split_.rank() * vl_; }
+  static TensorSplit split_for(const GPT2Config& cfg, Communicator* tp_comm) {
+    const int size = tp_comm != nullptr ? tp_comm->world_size() : 1;
+    check_tensor_split(cfg, size, "--tp");
+    return TensorSplit(cfg, size, tp_comm != nullptr ? tp_comm->rank() : 0);
+  }
+  // What the TP group adds once (a row-parallel bias, wpe): rank 0's term (every term without TP).
+  const Elem* once(const Elem* p) const { return tp_.adds_once() ? p : nullptr; }
+  // Where a replicated tensor's gradient from rows every rank holds goes: nullptr on the ranks that
+  // leave it to rank 0 (tp_collectives.h).
+  Elem* replicated_grad(Elem* p) const { return tp_.computes_replicated_gradients() ? p : nullptr; }
 
   void reset_training_state() {
     zero_grad();
@@ -292,7 +316,7 @@ class GPT2 {
     queue_forward();
     const float dloss = 1.0f / (static_cast<float>(rows()) * static_cast<float>(grad_accum_steps) * grads_.ranks_summed());
     grads_.begin_micro_step(last_micro_step);
-    queue_head(true, dloss, true);
+    head_.queue(acts_, param(kWte), grad(kWte), tp_, rows(), cfg_.channels, true, dloss, true, stream_.get());
     classifier_loss_sum(step_scalars_.get(), acts_.losses.get(), rows(), stream_.get());
     ++micro_steps_;
     queue_backward();
@@ -304,7 +328,7 @@ class GPT2 {
   // already (`prepared`) is not done again (upload_staging.h).
   void upload_tokens(const int* inputs, const int* targets, bool buckets, const TokenBatch* prepared = nullptr) {
     const int n = staging_->upload_micro_batch(inputs, targets, prepared, B_, seq_len_, cfg_.vocab_size,
-                                               acts_.inputs.get(), acts_.targets.get(),
+                                               vocab_begin(), vocab_begin() + vl_, acts_.inputs.get(), acts_.targets.get(),
                                                buckets ? acts_.buckets.get() : nullptr, stream_.get());
     if (buckets) bucket_segments_ = n;
   }
@@ -324,110 +348,109 @@ class GPT2 {
   const Elem* param(int tensor, int layer = 0) const { return params_.at(tensor, layer); }
   Elem* grad(int tensor, int layer = 0) const { return grads_.at(tensor, layer); }
 
-  // Layer l's input: the embeddings for layer 0, else the previous layer's output.
+  // Layer l's input (this rank's rows): the embeddings for layer 0, else the previous layer's output.
   const Elem* block_input(int l) const {
-    return l == 0 ? acts_.encoded.get() : acts_.residual3.get() + static_cast<size_t>(l - 1) * rows() * cfg_.channels;
+    const size_t rows_c = static_cast<size_t>(tp_.local_rows()) * cfg_.channels;
+    return l == 0 ? tp_.local(acts_.encoded.get(), cfg_.channels) : acts_.residual3.get() + (l - 1) * rows_c;
+  }
+
+  // ln (every row) from this rank's rows of `input`: the rank's rows normalized, then gathered.
+  void layernorm_rows(Elem* ln, float* mean, float* rstd, const Elem* input, int l, int weight) {
+    const int C = cfg_.channels;
+    layernorm_forward(tp_.local(ln, C), mean, rstd, input, param(weight, l), param(weight + 1, l), tp_.local_rows(), C,
+                      stream_.get());
+    tp_.gather(ln, C);
   }
 
   // Layer l's forward from its ln1 output (already in place) to its GELU output: everything the
-  // backward reads except ln1. The attention projection's output is left in a.branch.
+  // backward reads except ln1. The attention projection's output is left in a.branch. Products
+  // and attention run on every row with this rank's heads and hidden units; the row-parallel
+  // products' partial sums are summed over the TP group (tp_collectives.h).
   void block_forward(int l) {
-    const int N = rows(), C = cfg_.channels, NH = cfg_.num_heads;
-    const size_t NC = static_cast<size_t>(N) * C;
+    const int N = rows(), C = cfg_.channels, Nl = tp_.local_rows();
+    const size_t NC = static_cast<size_t>(N) * C, Ncl = static_cast<size_t>(N) * cl_;
     Activations<Elem>& a = acts_;
     cudaStream_t s = stream_.get();
-    Elem* qkv = layer_slice(a.qkv, l, 3 * NC);
-    Elem* atty = layer_slice(a.atty, l, NC);
-    Elem* fch = layer_slice(a.fch, l, 4 * NC);
-    matmul_forward(qkv, layer_slice(a.ln1, l, NC), param(kQkvw, l), param(kQkvb, l), N, C, 3 * C, s);
-    model_attention_forward(attention_, atty, layer_slice(a.lse, l, static_cast<size_t>(N) * NH), qkv, B_, seq_len_, C,
-                            NH, s);
-    matmul_forward(a.branch.get(), atty, param(kAttprojw, l), param(kAttprojb, l), N, C, C, s);
-    residual_layernorm_forward(layer_slice(a.residual2, l, NC), layer_slice(a.ln2, l, NC),
-                               layer_slice(a.ln2_mean, l, N), layer_slice(a.ln2_rstd, l, N), block_input(l),
-                               a.branch.get(), param(kLn2w, l), param(kLn2b, l), N, C, s);
+    Elem* qkv = layer_slice(a.qkv, l, 3 * Ncl);
+    Elem* atty = layer_slice(a.atty, l, Ncl);
+    Elem* fch = layer_slice(a.fch, l, 4 * Ncl);
+    Elem* ln2 = layer_slice(a.ln2, l, NC);
+    matmul_forward(qkv, layer_slice(a.ln1, l, NC), param(kQkvw, l), param(kQkvb, l), N, C, 3 * cl_, s);
+    model_attention_forward(attention_, atty, layer_slice(a.lse, l, static_cast<size_t>(N) * nhl_), qkv, B_, seq_len_,
+                            cl_, nhl_, s);
+    matmul_forward(a.branch.get(), atty, param(kAttprojw, l), once(param(kAttprojb, l)), N, cl_, C, s);
+    const Elem* attproj = tp_.reduce(a.branch.get(), C);
+    residual_layernorm_forward(layer_slice(a.residual2, l, static_cast<size_t>(Nl) * C), tp_.local(ln2, C),
+                               layer_slice(a.ln2_mean, l, Nl), layer_slice(a.ln2_rstd, l, Nl), block_input(l), attproj,
+                               param(kLn2w, l), param(kLn2b, l), Nl, C, s);
+    tp_.gather(ln2, C);
     // GELU as its own kernel on the rounded pre-activation (not cuBLASLt's GELU epilogue on the
     // fp32 product), so that recomputing it from the kept fch reproduces the same bits.
-    matmul_forward(fch, layer_slice(a.ln2, l, NC), param(kFcw, l), param(kFcb, l), N, C, 4 * C, s);
-    gelu_forward(layer_slice(a.fch_gelu, l, 4 * NC), fch, 4 * NC, s);
+    matmul_forward(fch, ln2, param(kFcw, l), param(kFcb, l), N, C, 4 * cl_, s);
+    gelu_forward(layer_slice(a.fch_gelu, l, 4 * Ncl), fch, 4 * Ncl, s);
   }
 
   void queue_forward() {
-    const int N = rows(), C = cfg_.channels, L = cfg_.num_layers;
-    const size_t NC = static_cast<size_t>(N) * C;
+    const int N = rows(), C = cfg_.channels, L = cfg_.num_layers, Nl = tp_.local_rows();
+    const size_t NC = static_cast<size_t>(N) * C, NlC = static_cast<size_t>(Nl) * C;
     Activations<Elem>& a = acts_;
     cudaStream_t s = stream_.get();
     params_.use_model_bucket();
     params_.begin_pass(true);
     params_.enter_layer(0);
-    encoder_forward(a.encoded.get(), a.inputs.get(), param(kWte), param(kWpe), B_, seq_len_, C, s);
+    // Each TP rank embeds the tokens of its vocabulary rows (zero for the others); the sum over the
+    // group is the embedding, wpe added once.
+    encoder_forward(a.encoded.get(), a.inputs.get(), param(kWte), once(param(kWpe)), B_, seq_len_, C, s, vocab_begin(),
+                    vl_);
+    tp_.reduce(a.encoded.get(), C);
     // Layer 0 normalizes the embeddings; every later ln1 (and lnf) comes out of the previous
     // layer's fused residual add + LayerNorm.
-    layernorm_forward(layer_slice(a.ln1, 0, NC), layer_slice(a.ln1_mean, 0, N), layer_slice(a.ln1_rstd, 0, N),
-                      a.encoded.get(), param(kLn1w), param(kLn1b), N, C, s);
+    layernorm_rows(layer_slice(a.ln1, 0, NC), layer_slice(a.ln1_mean, 0, Nl), layer_slice(a.ln1_rstd, 0, Nl),
+                   block_input(0), 0, kLn1w);
     for (int l = 0; l < L; ++l) {
       block_forward(l);
-      matmul_forward(a.branch.get(), layer_slice(a.fch_gelu, l, 4 * NC), param(kFcprojw, l), param(kFcprojb, l), N,
-                     4 * C, C, s);
-      Elem* residual3 = a.residual3.get() + l * NC;
+      matmul_forward(a.branch.get(), layer_slice(a.fch_gelu, l, 4 * static_cast<size_t>(N) * cl_), param(kFcprojw, l),
+                     once(param(kFcprojb, l)), N, 4 * cl_, C, s);
+      const Elem* fcproj = tp_.reduce(a.branch.get(), C);
+      Elem* residual3 = a.residual3.get() + l * NlC;
+      const Elem* residual2 = layer_slice(a.residual2, l, NlC);
       if (l + 1 < L) {
         params_.enter_layer(l + 1);
-        residual_layernorm_forward(residual3, layer_slice(a.ln1, l + 1, NC), layer_slice(a.ln1_mean, l + 1, N),
-                                   layer_slice(a.ln1_rstd, l + 1, N), layer_slice(a.residual2, l, NC), a.branch.get(),
-                                   param(kLn1w, l + 1), param(kLn1b, l + 1), N, C, s);
+        Elem* ln1 = layer_slice(a.ln1, l + 1, NC);
+        residual_layernorm_forward(residual3, tp_.local(ln1, C), layer_slice(a.ln1_mean, l + 1, Nl),
+                                   layer_slice(a.ln1_rstd, l + 1, Nl), residual2, fcproj, param(kLn1w, l + 1),
+                                   param(kLn1b, l + 1), Nl, C, s);
+        tp_.gather(ln1, C);
       } else {
-        residual_layernorm_forward(residual3, a.lnf.get(), a.lnf_mean.get(), a.lnf_rstd.get(),
-                                   layer_slice(a.residual2, l, NC), a.branch.get(), param(kLnfw), param(kLnfb), N, C,
-                                   s);
+        residual_layernorm_forward(residual3, tp_.local(a.lnf.get(), C), a.lnf_mean.get(), a.lnf_rstd.get(), residual2,
+                                   fcproj, param(kLnfw), param(kLnfb), Nl, C, s);
+        tp_.gather(a.lnf.get(), C);
       }
       params_.leave_layer(l);
     }
   }
 
-  // The tied lm head (over all Vp columns; the zero padding rows of wte give zero padding logits)
-  // and the classifier, chunk by chunk of rows. With `losses`, each row's loss; with `train`, the
-  // classifier leaves dloss·dlogits in the chunk, and the chunk's share of the lm-head backward
-  // runs at once: its rows of d lnf (written into a.branch, which queue_backward reads) and its
-  // product summed in fp32 over the chunks, then added to the wte gradient with one rounding
-  // (so the gradient's precision does not depend on the number of chunks).
-  void queue_head(bool losses, float dloss, bool train) {
-    const int N = rows(), C = cfg_.channels, Vp = cfg_.padded_vocab_size;
-    const int chunk = logits_chunk_rows_;
-    Activations<Elem>& a = acts_;
-    if (train) cuda_check(cudaMemsetAsync(wte_grad_fp32_.get(), 0, wte_grad_fp32_.bytes(), stream_.get()),
-                          "zeroing the lm head's fp32 wte gradient");
-    for (int r = 0; r < N; r += chunk) {
-      const int n = std::min(chunk, N - r);
-      const size_t offset = static_cast<size_t>(r) * C;
-      matmul_forward(a.logits.get(), a.lnf.get() + offset, param(kWte), nullptr, n, C, Vp, stream_.get());
-      if (!losses) continue;
-      fused_classifier(a.logits.get(), a.losses.get() + r, a.targets.get() + r, n, cfg_.vocab_size, Vp, dloss, train,
-                       stream_.get());
-      if (train)
-        matmul_backward<Elem, float>(a.branch.get() + offset, wte_grad_fp32_.get(), nullptr, nullptr, a.logits.get(),
-                        a.lnf.get() + offset, param(kWte), nullptr, n, C, Vp, stream_.get());
-    }
-    if (train) matmul_add_weight_gradient(grad(kWte), wte_grad_fp32_.get(), wte_grad_fp32_.count(), stream_.get());
-  }
-
-  // Backward from d lnf, which queue_head left in a.branch. Parameter gradients accumulate;
-  // dresidual holds d loss / d (residual stream) at the current depth: the skip connections pass
-  // it through unchanged and each LayerNorm backward adds its branch's share. Activations the
-  // recompute setting did not keep are recomputed into their layer slice right before they are
-  // read (a.branch, a.dwide and the scratch are free at the start of each layer).
+  // Backward from d lnf, which the lm head left in a.branch. Parameter gradients accumulate;
+  // dresidual holds d loss / d (residual stream) at the current depth (this rank's rows): the skip
+  // connections pass it through unchanged and each LayerNorm backward adds its branch's share; it
+  // is gathered (sequence parallel) where a row-parallel product's backward reads every row.
+  // Activations the recompute setting did not keep are recomputed into their layer slice right
+  // before they are read (a.branch, a.dwide and the scratch are free at the start of each layer).
   void queue_backward() {
-    const int N = rows(), C = cfg_.channels, NH = cfg_.num_heads, L = cfg_.num_layers;
-    const size_t NC = static_cast<size_t>(N) * C;
+    const int N = rows(), C = cfg_.channels, L = cfg_.num_layers, Nl = tp_.local_rows();
+    const size_t NC = static_cast<size_t>(N) * C, NlC = static_cast<size_t>(Nl) * C;
+    const size_t Ncl = static_cast<size_t>(N) * cl_;
     Activations<Elem>& a = acts_;
     cudaStream_t s = stream_.get();
-    Elem* dresidual = a.dresidual.get();
+    Elem* dresidual_rows = a.dresidual.get();  // every row, once gathered
+    Elem* dresidual = tp_.local(dresidual_rows, C);
     Elem* dbranch = a.branch.get();
     Elem* dwide = a.dwide.get();
     float* scratch = a.scratch.get();
-    cuda_check(cudaMemsetAsync(dresidual, 0, a.dresidual.bytes(), s), "zeroing the residual gradient");
+    cuda_check(cudaMemsetAsync(dresidual_rows, 0, a.dresidual.bytes(), s), "zeroing the residual gradient");
 
-    layernorm_backward(dresidual, grad(kLnfw), grad(kLnfb), scratch, dbranch, a.residual3.get() + (L - 1) * NC,
-                       param(kLnfw), a.lnf_mean.get(), a.lnf_rstd.get(), N, C, s);
+    layernorm_backward(dresidual, grad(kLnfw), grad(kLnfb), scratch, tp_.local(dbranch, C),
+                       a.residual3.get() + (L - 1) * NlC, param(kLnfw), a.lnf_mean.get(), a.lnf_rstd.get(), Nl, C, s);
     const bool rerun_block = !block_keeps(BlockTensor::other, recompute_);
     const bool recompute_gelu = !rerun_block && !block_keeps(BlockTensor::fch_gelu, recompute_);
     const bool recompute_ln = !rerun_block && !block_keeps(BlockTensor::ln_output, recompute_);
@@ -437,60 +460,65 @@ class GPT2 {
       params_.enter_layer(l);          // ZeRO 3's gathered parameters: model_parameters.h
       const Elem* residual = block_input(l);
       Elem* ln1 = layer_slice(a.ln1, l, NC);
-      float* ln1_mean = layer_slice(a.ln1_mean, l, N);
-      float* ln1_rstd = layer_slice(a.ln1_rstd, l, N);
+      float* ln1_mean = layer_slice(a.ln1_mean, l, Nl);
+      float* ln1_rstd = layer_slice(a.ln1_rstd, l, Nl);
       Elem* ln2 = layer_slice(a.ln2, l, NC);
-      float* ln2_mean = layer_slice(a.ln2_mean, l, N);
-      float* ln2_rstd = layer_slice(a.ln2_rstd, l, N);
-      const Elem* residual2 = layer_slice(a.residual2, l, NC);
-      const Elem* qkv = layer_slice(a.qkv, l, 3 * NC);
-      const Elem* atty = layer_slice(a.atty, l, NC);
-      const Elem* fch = layer_slice(a.fch, l, 4 * NC);
-      Elem* fch_gelu = layer_slice(a.fch_gelu, l, 4 * NC);
+      float* ln2_mean = layer_slice(a.ln2_mean, l, Nl);
+      float* ln2_rstd = layer_slice(a.ln2_rstd, l, Nl);
+      const Elem* residual2 = layer_slice(a.residual2, l, NlC);
+      const Elem* qkv = layer_slice(a.qkv, l, 3 * Ncl);
+      const Elem* atty = layer_slice(a.atty, l, Ncl);
+      const Elem* fch = layer_slice(a.fch, l, 4 * Ncl);
+      Elem* fch_gelu = layer_slice(a.fch_gelu, l, 4 * Ncl);
       // A recomputed ln1 or ln2 (layernorm_forward of the kept, rounded input) equals the forward's
       // fused residual LayerNorm output bit for bit, statistics included (kept statistics are
       // rewritten with the values they hold).
       if (rerun_block) {
-        layernorm_forward(ln1, ln1_mean, ln1_rstd, residual, param(kLn1w, l), param(kLn1b, l), N, C, s);
+        layernorm_rows(ln1, ln1_mean, ln1_rstd, residual, l, kLn1w);
         block_forward(l);
       }
-      if (recompute_gelu) gelu_forward(fch_gelu, fch, 4 * NC, s);
+      if (recompute_gelu) gelu_forward(fch_gelu, fch, 4 * Ncl, s);
       // MLP branch; dresidual = d/d residual3 = d/d fcproj.
-      matmul_backward(dwide, grad(kFcprojw, l), grad(kFcprojb, l), nullptr, dresidual, fch_gelu, param(kFcprojw, l),
-                      nullptr, N, 4 * C, C, s);
-      if (recompute_ln)
-        layernorm_forward(ln2, ln2_mean, ln2_rstd, residual2, param(kLn2w, l), param(kLn2b, l), N, C, s);
-      matmul_backward(dbranch, grad(kFcw, l), grad(kFcb, l), dwide, dwide, ln2, param(kFcw, l), fch, N, C, 4 * C, s);
-      layernorm_backward(dresidual, grad(kLn2w, l), grad(kLn2b, l), scratch, dbranch, residual2, param(kLn2w, l),
-                         ln2_mean, ln2_rstd, N, C, s);
+      tp_.gather(dresidual_rows, C);
+      matmul_backward(dwide, grad(kFcprojw, l), replicated_grad(grad(kFcprojb, l)), nullptr, dresidual_rows, fch_gelu,
+                      param(kFcprojw, l), nullptr, N, 4 * cl_, C, s);
+      if (recompute_ln) layernorm_rows(ln2, ln2_mean, ln2_rstd, residual2, l, kLn2w);
+      matmul_backward(dbranch, grad(kFcw, l), grad(kFcb, l), dwide, dwide, ln2, param(kFcw, l), fch, N, C, 4 * cl_, s);
+      layernorm_backward(dresidual, grad(kLn2w, l), grad(kLn2b, l), scratch, tp_.reduce(dbranch, C), residual2,
+                         param(kLn2w, l), ln2_mean, ln2_rstd, Nl, C, s);
       // Attention branch; dresidual = d/d residual2 = d/d attproj.
-      matmul_backward(dbranch, grad(kAttprojw, l), grad(kAttprojb, l), nullptr, dresidual, atty, param(kAttprojw, l),
-                      nullptr, N, C, C, s);
+      tp_.gather(dresidual_rows, C);
+      matmul_backward(dbranch, grad(kAttprojw, l), replicated_grad(grad(kAttprojb, l)), nullptr, dresidual_rows, atty,
+                      param(kAttprojw, l), nullptr, N, cl_, C, s);
       model_attention_backward(attention_, dwide, scratch, dbranch, qkv, atty,
-                               layer_slice(a.lse, l, static_cast<size_t>(N) * NH), B_, seq_len_, C, NH, s);
-      if (recompute_ln) layernorm_forward(ln1, ln1_mean, ln1_rstd, residual, param(kLn1w, l), param(kLn1b, l), N, C, s);
+                               layer_slice(a.lse, l, static_cast<size_t>(N) * nhl_), B_, seq_len_, cl_, nhl_, s);
+      if (recompute_ln) layernorm_rows(ln1, ln1_mean, ln1_rstd, residual, l, kLn1w);
       matmul_backward(dbranch, grad(kQkvw, l), grad(kQkvb, l), nullptr, dwide, ln1, param(kQkvw, l), nullptr, N, C,
-                      3 * C, s);
-      layernorm_backward(dresidual, grad(kLn1w, l), grad(kLn1b, l), scratch, dbranch, residual, param(kLn1w, l),
-                         ln1_mean, ln1_rstd, N, C, s);
+                      3 * cl_, s);
+      layernorm_backward(dresidual, grad(kLn1w, l), grad(kLn1b, l), scratch, tp_.reduce(dbranch, C), residual,
+                         param(kLn1w, l), ln1_mean, ln1_rstd, Nl, C, s);
       params_.leave_layer(l);
       grads_.send_finished_bucket(l);  // all-reduce / reduce-scatter once its bucket is done
     }
-    encoder_backward(grad(kWte), grad(kWpe), scratch, a.buckets.get(), bucket_segments_, dresidual, B_, seq_len_, C,
-                     s);
+    tp_.gather(dresidual_rows, C);
+    encoder_backward(grad(kWte), replicated_grad(grad(kWpe)), scratch, a.buckets.get(), bucket_segments_,
+                     dresidual_rows, B_, seq_len_, C, s);
   }
 
   const GPT2Config cfg_;
-  const ParameterLayout layout_;
+  const TensorSplit split_;
+  const ParameterLayout layout_;  // this rank's (split_.local())
   const int B_, seq_len_, recompute_;
   const AttentionKernel attention_;
   CudaStream stream_;
+  TensorParallelGroup<Elem> tp_;
+  const int cl_, nhl_, vl_;  // this rank's channels (C/size; 4·cl_ hidden units), heads, vocabulary columns
   GradientSync<Elem> grads_;
   ModelParameters<Elem> params_;
-  DeviceArray<float> adam_m_, adam_v_, wte_grad_fp32_;  // wte's: the lm head's share, (Vp, C)
+  DeviceArray<float> adam_m_, adam_v_;
   std::optional<AdamWUpdate<Elem>> adamw_;  // emplaced once the buffers it updates exist
-  int logits_chunk_rows_ = 0;  // set once the logits buffer is allocated
   Activations<Elem> acts_;
+  LmHead<Elem> head_;  // set once the logits buffer is allocated
   std::optional<UploadStaging> staging_;  // emplaced once the activation counts are known
   int bucket_segments_ = 0;  // of the uploaded encoder-backward bucket list
   DeviceArray<double> step_scalars_{kStepScalars, "the step's loss sum and stop votes"};

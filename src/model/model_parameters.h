@@ -3,6 +3,9 @@
 // into a window around the layers that read it (src/dist/param_shards.h); and, for bf16, the fp32
 // master weights of the parameters this rank updates (in its optimizer-state order). The forward
 // and backward passes call the pass hooks either way; without a shard they do nothing.
+// With tensor parallelism the rank holds its part of each tensor (tensor_split.h) in its own
+// layout; values come in and go out in the whole model's llm.c order: split on upload, gathered
+// over the TP group (one all-gather per tensor slice) for copies, files and host floats.
 #pragma once
 #include "src/base/device.h"
 #include "src/config/gpt2_config.h"
@@ -10,8 +13,10 @@
 #include "src/dist/grad_buckets.h"
 #include "src/dist/grad_sync.h"
 #include "src/dist/param_shards.h"
+#include "src/dist/tensor_split.h"
 #include "src/model/model_file.h"
 
+#include <algorithm>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -20,12 +25,14 @@
 template <typename Elem>
 class ModelParameters {
  public:
-  // The parameters of `layout` for a run whose gradients `grads` keeps (its ZeRO stage and
-  // ownership), read on `stream`; at ZeRO 3, `prefetch` buckets gathered ahead; `with_master`:
-  // fp32 master weights too. Start at zero.
-  ModelParameters(const ParameterLayout& layout, const GradientSync<Elem>& grads, Communicator* comm, int prefetch,
-                  bool with_master, cudaStream_t stream)
-      : layout_(layout), segments_(grads.segments()), stream_(stream) {
+  // The parameters of `split`'s local layout (this TP rank's part; all of them without tensor
+  // parallelism) for a run whose gradients `grads` keeps (its ZeRO stage and ownership), read on
+  // `stream`; at ZeRO 3, `prefetch` buckets gathered ahead over `comm`; `tp_comm`: the TP group
+  // (nullptr: none); `with_master`: fp32 master weights too. Start at zero.
+  ModelParameters(const TensorSplit& split, const GradientSync<Elem>& grads, Communicator* comm, Communicator* tp_comm,
+                  int prefetch, bool with_master, cudaStream_t stream)
+      : split_(split), layout_(split.local()), segments_(grads.segments()), tp_comm_(tp_comm), stream_(stream) {
+    const ParameterLayout& layout = layout_;
     if (with_master) {
       master_ = DeviceArray<float>(grads.state_count(), "fp32 master weights");
       cuda_check(cudaMemset(master_.get(), 0, master_.bytes()), "zeroing master weights");
@@ -56,9 +63,15 @@ class ModelParameters {
     return sharded_ ? sharded_->shard_offset(s) : s.param;
   }
 
-  // Tensor i from float values (rounded to nearest for bf16; at ZeRO 3 only this rank's owned
-  // elements of it); the master weights of the elements this rank updates get the float values.
-  void upload_tensor(int i, const std::vector<float>& values) {
+  // Tensor i from the whole tensor's float values (rounded to nearest for bf16; this TP rank's
+  // part; at ZeRO 3 only this rank's owned elements of it); the master weights of the elements
+  // this rank updates get the float values.
+  void upload_tensor(int i, const std::vector<float>& whole) {
+    if (whole.size() != split_.global()[i].count)
+      throw std::runtime_error(std::string("parameter tensor ") + split_.global()[i].name + ": expected " +
+                               std::to_string(split_.global()[i].count) + " values, found " + std::to_string(whole.size()));
+    const std::vector<float> part = split_.size() > 1 ? split_.split(i, whole.data()) : std::vector<float>();
+    const std::vector<float>& values = split_.size() > 1 ? part : whole;
     const ParameterInfo& t = layout_[i];
     const std::string what = std::string("parameter tensor ") + t.name;
     if (!sharded_) upload_floats(full_.get() + t.offset, values, what);
@@ -72,14 +85,15 @@ class ModelParameters {
     }
     changed();
   }
-  // Every tensor from float values in llm.c order (upload_tensor).
+  // Every tensor from the whole model's float values in llm.c order (upload_tensor).
   void upload_all(const std::vector<float>& values) {
-    if (values.size() != layout_.total)
-      throw std::runtime_error("set_parameters: expected " + std::to_string(layout_.total) + " values, found " +
+    const ParameterLayout& whole = split_.global();
+    if (values.size() != whole.total)
+      throw std::runtime_error("set_parameters: expected " + std::to_string(whole.total) + " values, found " +
                                std::to_string(values.size()));
     for (int i = 0; i < kNumParameterTensors; ++i) {
-      const float* first = values.data() + layout_[i].offset;
-      upload_tensor(i, std::vector<float>(first, first + layout_[i].count));
+      const float* first = values.data() + whole[i].offset;
+      upload_tensor(i, std::vector<float>(first, first + whole[i].count));
     }
   }
   // The parameters changed (an update or an upload, queued on the stream): gathered windows are stale.
@@ -87,11 +101,17 @@ class ModelParameters {
     if (sharded_) sharded_->invalidate();
   }
 
-  // Every parameter in llm.c order into `dst` (`kind` of cudaMemcpy; nullptr: take part only). At
-  // ZeRO 3 a collective that every rank calls; const because the parameters stay as they are (the
-  // windows it refills are a cache of them).
+  // Every parameter of the whole model in llm.c order into `dst` (`kind` of cudaMemcpy; nullptr:
+  // take part only). At ZeRO 3 or with tensor parallelism a collective that every rank calls;
+  // const because the parameters stay as they are (the windows it refills are a cache of them).
   void copy_all(Elem* dst, cudaMemcpyKind kind) const {
-    if (sharded_) {
+    if (split_.size() > 1) {
+      const std::vector<Elem> whole = gather_tensor_parallel();
+      if (dst != nullptr)
+        cuda_check(cudaMemcpy(dst, whole.data(), whole.size() * sizeof(Elem),
+                              kind == cudaMemcpyDeviceToHost ? cudaMemcpyHostToHost : cudaMemcpyHostToDevice),
+                   "copying parameters");
+    } else if (sharded_) {
       sharded_->gather_all(dst, kind);
     } else if (dst != nullptr) {
       cuda_check(cudaMemcpyAsync(dst, full_.get(), full_.bytes(), kind, stream_), "copying parameters");
@@ -101,17 +121,17 @@ class ModelParameters {
   // An llm.c model file of `file_dtype` values (model_file.h), written by `writer` ranks (at ZeRO 3
   // a collective: the parameters are gathered into the writers' host memory).
   void save(const std::string& path, const GPT2Config& cfg, DType file_dtype, bool writer) const {
-    if (!sharded_) {
+    if (!sharded_ && split_.size() == 1) {
       if (writer) write_model_file(path, cfg, full_.get(), file_dtype, stream_);
       return;
     }
-    std::vector<Elem> host(writer ? layout_.total : 0);
+    std::vector<Elem> host(writer ? split_.global().total : 0);
     copy_all(writer ? host.data() : nullptr, cudaMemcpyDeviceToHost);
     if (writer) write_model_file(path, cfg, host, file_dtype);
   }
   // Host copies as float, llm.c order (at ZeRO 3 a collective).
   std::vector<float> host_floats() const {
-    std::vector<Elem> raw(layout_.total);
+    std::vector<Elem> raw(split_.global().total);
     copy_all(raw.data(), cudaMemcpyDeviceToHost);
     std::vector<float> values(raw.size());
     for (size_t k = 0; k < raw.size(); ++k) values[k] = host_to_float(raw[k]);
@@ -134,8 +154,42 @@ class ModelParameters {
   }
 
  private:
+  // The whole model's parameters in llm.c order on the host: this rank's part (at ZeRO 3 gathered
+  // over the data-parallel group), then every TP rank's, one tensor slice at a time, through a
+  // device buffer of (TP ranks × slice) elements all-gathered in place on the TP communicator.
+  std::vector<Elem> gather_tensor_parallel() const {
+    std::vector<Elem> part(layout_.total);
+    if (sharded_) sharded_->gather_all(part.data(), cudaMemcpyDeviceToHost);
+    else cuda_check(cudaMemcpy(part.data(), full_.get(), full_.bytes(), cudaMemcpyDeviceToHost), "copying parameters");
+    const int ranks = split_.size();
+    std::vector<TensorSplit> splits;
+    for (int r = 0; r < ranks; ++r) splits.emplace_back(split_.global_config(), ranks, r);
+    size_t largest = 0;
+    for (int i = 0; i < kNumParameterTensors; ++i) largest = std::max(largest, layout_.slice_count(i));
+    DeviceArray<Elem> staging(largest * ranks, "gathering the tensor-parallel parts of the parameters");
+    std::vector<Elem> gathered(largest * ranks), whole(split_.global().total);
+    for (int i = 0; i < kNumParameterTensors; ++i) {
+      const size_t n = layout_.slice_count(i), layers = is_layer_tensor(i) ? layout_.num_layers : 1;
+      for (size_t l = 0; l < layers; ++l) {
+        cuda_check(cudaMemcpyAsync(staging.get() + split_.rank() * n, part.data() + layout_.slice_offset(i, l),
+                                   n * sizeof(Elem), cudaMemcpyHostToDevice, stream_), "staging parameters");
+        tp_comm_->wait_for(stream_);
+        tp_comm_->all_gather(staging.get() + split_.rank() * n, staging.get(), n);
+        tp_comm_->order_before(stream_);
+        cuda_check(cudaMemcpyAsync(gathered.data(), staging.get(), n * ranks * sizeof(Elem), cudaMemcpyDeviceToHost,
+                                   stream_), "gathering parameters");
+        cuda_check(cudaStreamSynchronize(stream_), "gathering parameters");
+        for (int r = 0; r < ranks; ++r)
+          splits[r].place_slice(i, gathered.data() + r * n, whole.data() + split_.global().slice_offset(i, l));
+      }
+    }
+    return whole;
+  }
+
+  const TensorSplit split_;
   const ParameterLayout layout_;
   const std::vector<OptimizerSegment> segments_;  // this rank's: the elements it updates
+  Communicator* tp_comm_;
   cudaStream_t stream_;
   DeviceArray<Elem> full_;                            // ZeRO 0–2
   std::unique_ptr<ShardedParameters<Elem>> sharded_;  // ZeRO 3

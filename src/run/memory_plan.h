@@ -12,6 +12,7 @@
 #include "src/base/units.h"
 #include "src/dist/grad_sync.h"
 #include "src/dist/param_shards.h"
+#include "src/dist/tensor_split.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -43,19 +44,24 @@ inline size_t term_bytes(const MemoryPlan& plan, const std::string& name) {
 // with micro-batch B×T at `recompute`, `dtype`, ZeRO stage `zero_stage` over `world_size` ranks,
 // gradients in buckets of ~bucket_mib; sample_positions > 0: rank 0's --sample-every decoder of
 // that many positions (at ZeRO 3 with every parameter gathered for it); the lm head in chunks of
-// logits_rows rows; at ZeRO 3, zero3_prefetch buckets gathered ahead.
+// logits_rows rows; at ZeRO 3, zero3_prefetch buckets gathered ahead. With tensor parallelism `tp`
+// (its size divides world_size) the rank holds its TP part of the model and activations, and the
+// ZeRO stage shards over its data-parallel group of world_size / tp.size ranks.
 inline MemoryPlan plan_memory(const GPT2Config& cfg, int B, int T, int recompute, DType dtype, int zero_stage,
                               int world_size, double bucket_mib = kDefaultBucketMiB, int sample_positions = 0,
-                              size_t logits_rows = kLogitsChunkRows, int zero3_prefetch = kDefaultZero3Prefetch) {
-  const ParameterLayout layout(cfg);
+                              size_t logits_rows = kLogitsChunkRows, int zero3_prefetch = kDefaultZero3Prefetch,
+                              const TensorParallelism& tp = {}) {
+  const ParameterLayout layout = TensorSplit(cfg, tp.size, 0).local();
+  const int data_ranks = std::max(world_size / tp.size, 1);
   const size_t elem = dtype == DType::fp32 ? sizeof(float) : sizeof(bf16);
   const GradientBuckets buckets =
-      gradient_buckets(layout, world_size, zero_stage, layers_per_bucket(layout, bucket_mib, elem));
+      gradient_buckets(layout, data_ranks, zero_stage, layers_per_bucket(layout, bucket_mib, elem), tp.size);
   const size_t state = buckets.state_count(0);
-  const ActivationCounts counts = gpt2_activation_counts(cfg, B, T, recompute, logits_rows);
-  const ActivationBytes activations = gpt2_activation_bytes(cfg, B, T, recompute, dtype, logits_rows);
+  const ActivationCounts counts = gpt2_activation_counts(cfg, B, T, recompute, logits_rows, tp);
+  const ActivationBytes activations = gpt2_activation_bytes(cfg, B, T, recompute, dtype, logits_rows, tp);
   const size_t logits = elem * counts.logits;
-  const int stage = effective_zero_stage(zero_stage, world_size);
+  const int stage = effective_zero_stage(zero_stage, data_ranks);
+  const bool whole_elsewhere = stage == 3 || tp.size > 1;  // no rank holds every parameter
   const ParameterShardCounts shards = parameter_shard_counts(buckets, zero3_prefetch);
   MemoryPlan plan;
   plan.terms = {
@@ -72,7 +78,8 @@ inline MemoryPlan plan_memory(const GPT2Config& cfg, int B, int T, int recompute
       {"cuBLASLt workspace", kMatmulWorkspaceBytes + kBiasPartialFloats * sizeof(float)},
       {"step and communication scalars", (kStepScalars + 1) * sizeof(double)},
       {"text sampling (--sample-every)", sample_positions > 0 ? kv_decoder_counts(cfg, sample_positions).bytes(elem) : 0},
-      {"parameters gathered for sampling", sample_positions > 0 && stage == 3 ? elem * layout.total : 0},
+      {"parameters gathered for sampling",
+       sample_positions > 0 && whole_elsewhere ? elem * ParameterLayout(cfg).total : 0},
   };
   return plan;
 }
@@ -83,12 +90,12 @@ inline MemoryPlan plan_memory(const GPT2Config& cfg, int B, int T, int recompute
 // so a run's chunking, and with it the rounding of its fp32 wte gradient, is reproducible.
 inline size_t lm_head_chunk_rows(const GPT2Config& cfg, int B, int T, int recompute, DType dtype, int zero_stage,
                                  int world_size, double bucket_mib, int sample_positions, size_t budget,
-                                 int zero3_prefetch = kDefaultZero3Prefetch) {
+                                 int zero3_prefetch = kDefaultZero3Prefetch, const TensorParallelism& tp = {}) {
   const size_t N = static_cast<size_t>(B) * T;
   size_t rows = std::min(N, kLogitsChunkRows);
   while (budget > 0 && rows > kLogitsChunkRowsMin &&
          plan_memory(cfg, B, T, recompute, dtype, zero_stage, world_size, bucket_mib, sample_positions, rows,
-                     zero3_prefetch)
+                     zero3_prefetch, tp)
                  .total() > budget)
     rows = std::max(rows / 2, kLogitsChunkRowsMin);
   return rows;
@@ -98,10 +105,10 @@ inline size_t lm_head_chunk_rows(const GPT2Config& cfg, int B, int T, int recomp
 inline int largest_fitting_batch(const GPT2Config& cfg, int T, int recompute, DType dtype, int zero_stage,
                                  int world_size, size_t budget, double bucket_mib = kDefaultBucketMiB,
                                  int sample_positions = 0, int zero3_prefetch = kDefaultZero3Prefetch,
-                                 int limit = 1 << 16) {
+                                 const TensorParallelism& tp = {}, int limit = 1 << 16) {
   auto fits = [&](int B) {
     return plan_memory(cfg, B, T, recompute, dtype, zero_stage, world_size, bucket_mib, sample_positions,
-                       kLogitsChunkRows, zero3_prefetch)
+                       kLogitsChunkRows, zero3_prefetch, tp)
                .total() <= budget;
   };
   if (!fits(1)) return 0;

@@ -34,18 +34,26 @@ inline size_t chunk_budget(const TrainConfig& cfg) {
   return budget;
 }
 
-// A run's lm-head chunk rows (memory_plan.h's lm_head_chunk_rows against chunk_budget).
+// A run's tensor parallelism as the plan sees it (rank 0's: no rank holds more).
+inline TensorParallelism run_tensor_parallelism(const TrainConfig& cfg) {
+  return {cfg.tp, 0, cfg.sequence_parallel && cfg.tp > 1};
+}
+
+// A run's lm-head chunk rows (memory_plan.h's lm_head_chunk_rows against chunk_budget); `world`:
+// every rank of the run.
 inline size_t run_logits_rows(const TrainConfig& cfg, const GPT2Config& model, int batch_size, int recompute,
                               int world, int sample_positions) {
   return lm_head_chunk_rows(model, batch_size, cfg.seq_len, recompute, dtype_named(cfg.dtype), cfg.zero, world,
-                            cfg.bucket_mib, sample_positions, chunk_budget(cfg), cfg.zero3_prefetch);
+                            cfg.bucket_mib, sample_positions, chunk_budget(cfg), cfg.zero3_prefetch,
+                            run_tensor_parallelism(cfg));
 }
 
 inline MemoryPlan run_memory_plan(const TrainConfig& cfg, const GPT2Config& model, int batch_size, int recompute,
                                   int world, int sample_positions) {
   return plan_memory(model, batch_size, cfg.seq_len, recompute, dtype_named(cfg.dtype), cfg.zero, world,
                      cfg.bucket_mib, sample_positions,
-                     run_logits_rows(cfg, model, batch_size, recompute, world, sample_positions), cfg.zero3_prefetch);
+                     run_logits_rows(cfg, model, batch_size, recompute, world, sample_positions), cfg.zero3_prefetch,
+                     run_tensor_parallelism(cfg));
 }
 
 // "largest --batch-size that fits: --recompute 0: 3, 1: 5, 2: 6, 3: 9" (0: not even 1).
@@ -55,7 +63,8 @@ inline std::string fitting_batch_sizes(const TrainConfig& cfg, const GPT2Config&
   for (int r = 0; r <= kRecomputeMax; ++r)
     out += std::string(r == 0 ? "" : ",") + " --recompute " + std::to_string(r) + ": " +
            std::to_string(largest_fitting_batch(model, cfg.seq_len, r, dtype_named(cfg.dtype), cfg.zero, world, budget,
-                                                cfg.bucket_mib, sample_positions, cfg.zero3_prefetch));
+                                                cfg.bucket_mib, sample_positions, cfg.zero3_prefetch,
+                                                run_tensor_parallelism(cfg)));
   return out;
 }
 

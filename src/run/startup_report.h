@@ -20,7 +20,9 @@ void print_startup_report(const RunSetup& setup, const GPT2<Elem>& model, const 
   const TrainConfig& cfg = setup.cfg;
   const cudaDeviceProp prop = device_properties();
   const int B = cfg.batch_size, seq_len = cfg.seq_len, world_size = comm.world_size();
-  const ActivationBytes acts = gpt2_activation_bytes(setup.model, B, seq_len, model.recompute(), GPT2<Elem>::dtype);
+  const TensorParallelism& tp = model.tensor_parallelism();
+  const ActivationBytes acts =
+      gpt2_activation_bytes(setup.model, B, seq_len, model.recompute(), GPT2<Elem>::dtype, kLogitsChunkRows, tp);
   // What the model allocated, by the plan's terms (equal: test/simt/simt_counters.cpp).
   const MemoryPlan plan = run_memory_plan(cfg, setup.model, B, model.recompute(), world_size,
                                           sampling_positions(cfg, setup.model, setup.sampler.get()));
@@ -38,10 +40,12 @@ void print_startup_report(const RunSetup& setup, const GPT2<Elem>& model, const 
   std::printf("activations at --recompute %d: blocks %s, logits and buffers %s; blocks at --recompute",
               model.recompute(), mib(acts.blocks).c_str(), mib(acts.other).c_str());
   for (int r = 0; r <= kRecomputeMax; ++r)
-    std::printf(" %d: %s%s", r, mib(gpt2_activation_bytes(setup.model, B, seq_len, r, GPT2<Elem>::dtype).blocks).c_str(),
+    std::printf(" %d: %s%s", r,
+                mib(gpt2_activation_bytes(setup.model, B, seq_len, r, GPT2<Elem>::dtype, kLogitsChunkRows, tp).blocks)
+                    .c_str(),
                 r < kRecomputeMax ? "," : "\n");
   std::printf("batch: %lld tokens per step = %d x %d tokens x %d rank(s) x %d accumulation step(s)\n",
-              cfg.total_batch_tokens, B, seq_len, world_size, setup.grad_accum_steps);
+              cfg.total_batch_tokens, B, seq_len, world_size / tp.size, setup.grad_accum_steps);
   const char* separator = "";
   if (data.train) {
     std::printf("train data: %zu shard(s), %s tokens", data.train->num_shards(),
@@ -69,5 +73,9 @@ void print_startup_report(const RunSetup& setup, const GPT2<Elem>& model, const 
               "optimizer state %zu bytes\n",
               world_size, comm.launcher().c_str(), model.zero_stage(),
               param_bytes, grad_bytes, optim_bytes);
+  if (tp.size > 1)
+    std::printf("tensor parallel %d x data parallel %d: each layer's heads, hidden units and vocabulary rows split "
+                "over %d consecutive ranks, sequence parallel %s\n",
+                tp.size, world_size / tp.size, tp.size, tp.sequence_parallel ? "on" : "off");
   std::fflush(stdout);
 }

@@ -8,6 +8,7 @@
 #include "src/ckpt/checkpoint_write.h"
 #include "src/config/config_warnings.h"
 #include "src/dist/comm.h"
+#include "src/dist/parallel_groups.h"
 #include "src/gen/generate.h"
 #include "src/model/gpt2.h"
 #include "src/model/step_guards.h"
@@ -35,19 +36,20 @@
 // The model, allocated; a failure names the flags that size it and, out of host memory, the bytes
 // of its activations (a device allocation's error names its own).
 template <typename Elem>
-GPT2<Elem> allocate_model(const RunSetup& setup, Communicator& comm) {
+GPT2<Elem> allocate_model(const RunSetup& setup, ParallelGroups& groups) {
   const TrainConfig& cfg = setup.cfg;
-  const size_t logits_rows = run_logits_rows(cfg, setup.model, cfg.batch_size, cfg.recompute, comm.world_size(),
+  const size_t logits_rows = run_logits_rows(cfg, setup.model, cfg.batch_size, cfg.recompute, groups.world().world_size(),
                                              sampling_positions(cfg, setup.model, setup.sampler.get()));
   return with_context(model_sizing(setup), [&] {
     try {
-      return GPT2<Elem>(setup.model, cfg.batch_size, cfg.seq_len, cfg.recompute, &comm, cfg.zero, cfg.attention,
-                        cfg.bucket_mib, logits_rows, cfg.zero3_prefetch);
+      return GPT2<Elem>(setup.model, cfg.batch_size, cfg.seq_len, cfg.recompute, &groups.dp(), cfg.zero,
+                        cfg.attention, cfg.bucket_mib, logits_rows, cfg.zero3_prefetch, groups.tp(),
+                        cfg.sequence_parallel);
     } catch (const std::bad_alloc&) {
       throw std::runtime_error(
           "out of host memory allocating the model (its activations alone take " +
           thousands(gpt2_activation_bytes(setup.model, cfg.batch_size, cfg.seq_len, cfg.recompute, GPT2<Elem>::dtype,
-                                          logits_rows)
+                                          logits_rows, run_tensor_parallelism(cfg))
                         .total()) +
           " bytes)");
     }
@@ -59,18 +61,19 @@ GPT2<Elem> allocate_model(const RunSetup& setup, Communicator& comm) {
 template <typename Elem>
 class Trainer {
  public:
-  Trainer(const RunSetup& setup, Communicator& comm)
+  Trainer(const RunSetup& setup, ParallelGroups& groups)
       : setup_(setup),
         cfg_(setup.cfg),
-        comm_(comm),
-        lead_(comm.rank() == 0),
+        groups_(groups),
+        comm_(groups.world()),
+        lead_(comm_.rank() == 0),
         eval_only_(cfg_.max_steps == 0),
         flops_per_token_(flops_per_token(setup.model, cfg_.seq_len)),
         throughput_(cfg_.max_steps),
         inputs_(token_buffer(cfg_)),
         targets_(token_buffer(cfg_)),
-        data_(open_training_data(setup, comm.rank(), comm.world_size(), inputs_, targets_)),
-        model_(allocate_model<Elem>(setup, comm)),
+        data_(open_training_data(setup, groups.dp().rank(), groups.dp().world_size(), inputs_, targets_)),
+        model_(allocate_model<Elem>(setup, groups)),
         model_path_(cfg_.out_dir + "/model.bin"),
         save_dtype_(cfg_.save_dtype.empty() ? GPT2<Elem>::dtype
                                             : dtype_named(cfg_.save_dtype)) {
@@ -86,7 +89,8 @@ class Trainer {
     stop_if_signalled_during_start_up();
     if (lead_ && !eval_only_ && !cfg_.eval) prepare_out_dir();
     if (lead_ && !eval_only_ && !cfg_.eval && cfg_.sample_every > 0) {
-      // At ZeRO 3 no rank holds every parameter: rank 0 gathers them for each sample.
+      // At ZeRO 3 or with tensor parallelism no rank holds every parameter: rank 0 gathers them
+      // for each sample.
       if (model_.params_device() == nullptr)
         sample_params_ = DeviceArray<Elem>(model_.num_parameters(), "parameters gathered for sampling");
       decoder_ = std::make_unique<KvCacheDecoder<Elem>>(
@@ -226,17 +230,18 @@ class Trainer {
   }
 
   // A checkpoint resumes on any number of ranks (its optimizer state is resharded) if each
-  // micro-step still reads the same tokens: ranks × --batch-size × --seq-len as written.
+  // micro-step still reads the same tokens: data-parallel ranks × --batch-size × --seq-len as written.
   void check_global_batch(uint64_t written) const {
-    const uint64_t ranks = static_cast<uint64_t>(comm_.world_size());
+    const uint64_t ranks = static_cast<uint64_t>(groups_.dp().world_size());
     const uint64_t row = static_cast<uint64_t>(cfg_.seq_len), now = ranks * cfg_.batch_size * row;
     if (written == now) return;
     throw std::runtime_error(
         "written with a global micro-batch of " + std::to_string(written) +
-        " tokens (ranks x --batch-size x --seq-len), this run's is " + std::to_string(now) + ": " +
-        (written % (ranks * row) == 0 ? "with " + std::to_string(ranks) + " rank(s) use --batch-size " +
+        " tokens (data-parallel ranks x --batch-size x --seq-len), this run's is " + std::to_string(now) + ": " +
+        (written % (ranks * row) == 0 ? "with " + std::to_string(ranks) + " data-parallel rank(s) use --batch-size " +
                                             std::to_string(written / (ranks * row))
-                                      : "no --batch-size gives it with " + std::to_string(ranks) + " rank(s)"));
+                                      : "no --batch-size gives it with " + std::to_string(ranks) +
+                                            " data-parallel rank(s)"));
   }
 
   // A stop signal that came during start-up (main installs the handlers first; reading the data
@@ -246,7 +251,7 @@ class Trainer {
   void stop_if_signalled_during_start_up() {
     const bool trains = !eval_only_ && !cfg_.eval;
     if (!trains) restore_default_stop_handlers();
-    comm_.set_purpose("the start-up's stop votes", after_step());
+    groups_.set_purpose("the start-up's stop votes", after_step());
     const int signal = pending_stop_signal();
     const double votes = comm_.world_size() > 1 ? comm_.sum(signal != 0 ? 1.0 : 0.0) : (signal != 0 ? 1.0 : 0.0);
     if (votes > 0) throw StopDuringStartUp(signal != 0 ? signal : SIGTERM, trains ? "training" : "evaluating");
@@ -265,7 +270,7 @@ class Trainer {
   StepRecord train_step(long long step) {
     const auto start = std::chrono::steady_clock::now();
     const std::string at_step = "at step " + std::to_string(step);
-    comm_.set_purpose("gradients", at_step);
+    groups_.set_purpose("gradients", at_step);
     model_.zero_grad();
     for (int micro = 0; micro < setup_.grad_accum_steps; ++micro) {
       data_.train->next_batch(batch_);  // a ShardDataError goes to run()
@@ -275,7 +280,7 @@ class Trainer {
     // The step's one host synchronisation. The same loss, norm and stop votes on every rank, so
     // every rank takes the same skip and stop decisions; the update is queued behind it and runs
     // while the host reads the next batch.
-    comm_.set_purpose("the loss, gradient norm and stop votes", at_step);
+    groups_.set_purpose("the loss, gradient norm and stop votes", at_step);
     const auto figures = model_.step_figures(pending_stop_signal() != 0 ? 1.0 : 0.0);
     stop_votes_ = static_cast<int>(figures.summed_with_loss);
     StepRecord record;
@@ -283,7 +288,7 @@ class Trainer {
     record.lr = setup_.schedule.at(step);
     record.grad_norm = figures.grad_norm;
     record.skipped = state_.guards.check(record.train_loss, figures.grad_norm);
-    comm_.set_purpose("updated parameters", at_step);
+    groups_.set_purpose("updated parameters", at_step);
     if (record.skipped.empty())
       model_.apply_update(opt_, static_cast<float>(record.lr), static_cast<int>(step), figures.grad_norm);
     state_.step = step;
@@ -307,7 +312,7 @@ class Trainer {
 
   // The mean loss over the first val_steps batches of --val-data, on the current weights.
   double validation_loss() {
-    comm_.set_purpose("the validation loss", after_step());
+    groups_.set_purpose("the validation loss", after_step());
     data_.val->reset();
     double val_sum = 0.0;
     for (long long v = 0; v < cfg_.val_steps; ++v) {
@@ -333,7 +338,7 @@ class Trainer {
   // At ZeRO 3 every rank calls it: the parameters are gathered into rank 0's sample_params_ first.
   void log_sample(long long step) {
     if (model_.params_device() == nullptr) {
-      comm_.set_purpose("the sample's parameters", after_step());
+      groups_.set_purpose("the sample's parameters", after_step());
       model_.gather_parameters(sample_params_.get());
     }
     if (!decoder_) return;
@@ -347,17 +352,17 @@ class Trainer {
   }
 
   // Every completion's summed loss over --eval-data (src/data/hellaswag.h), on the current weights; each
-  // rank scores its examples, the sums are added over the ranks.
+  // data-parallel rank scores its examples (a TP group together), the sums are added over them.
   std::vector<double> eval_completion_losses() {
-    comm_.set_purpose("the eval's completion losses", after_step());
+    groups_.set_purpose("the eval's completion losses", after_step());
     std::vector<double> sums = completion_loss_sums(
-        *data_.eval, comm_.rank(), comm_.world_size(), cfg_.batch_size, cfg_.seq_len,
+        *data_.eval, groups_.dp().rank(), groups_.dp().world_size(), cfg_.batch_size, cfg_.seq_len,
         [&](const int* inputs, const int* targets) {
           model_.forward(inputs, targets);
           return model_.position_losses();
         });
     // One rank holds each value, the others 0: the sum over ranks is exact.
-    if (comm_.world_size() > 1) comm_.sum(sums);
+    if (groups_.dp().world_size() > 1) groups_.dp().sum(sums);
     return sums;
   }
 
@@ -408,7 +413,7 @@ class Trainer {
 
   // Every rank writes its state file; rank 0 the model file and the manifest, then applies retention.
   void save_checkpoint() {
-    comm_.set_purpose("the checkpoint", after_step());
+    groups_.set_purpose("the checkpoint", after_step());
     CheckpointWriteInfo info;
     info.rank = comm_.rank();
     info.world_size = comm_.world_size();
@@ -435,7 +440,7 @@ class Trainer {
   // The final model file (rank 0), then a barrier: no rank tears down its communicator while
   // another still needs it.
   void finish() {
-    comm_.set_purpose("the end of the run", after_step());
+    groups_.set_purpose("the end of the run", after_step());
     save_final_model();
     std::printf("saved %s\n", model_path_.c_str());
     comm_.barrier();
@@ -446,7 +451,8 @@ class Trainer {
 
   const RunSetup& setup_;
   const TrainConfig& cfg_;
-  Communicator& comm_;
+  ParallelGroups& groups_;
+  Communicator& comm_;  // the world's
   const bool lead_;
   const bool eval_only_;  // --max-steps 0
   const double flops_per_token_;

@@ -1,0 +1,76 @@
+// tensor_split.cpp — which parts of GPT-2's tensors a tensor-parallel rank holds
+#include "src/dist/tensor_split.h"
+
+#include "src/config/gpt2_config.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+bool tp_replicated(int tensor) {
+  switch (tensor) {
+    case kWpe: case kLn1w: case kLn1b: case kAttprojb: case kLn2w: case kLn2b: case kFcprojb: case kLnfw: case kLnfb:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void check_tensor_split(const GPT2Config& c, int size, const std::string& flag) {
+  if (size < 1) throw std::runtime_error(flag + ": expected at least 1, found " + std::to_string(size));
+  if (c.num_heads % size != 0)
+    throw std::runtime_error(flag + " " + std::to_string(size) + ": each rank holds whole heads, so it must divide NH = " +
+                             std::to_string(c.num_heads));
+  if (c.padded_vocab_size % (8 * size) != 0)
+    throw std::runtime_error(flag + " " + std::to_string(size) + ": each rank holds Vp/" + std::to_string(size) +
+                             " vocabulary rows, a multiple of 8, so 8*" + std::to_string(size) +
+                             " must divide the padded vocabulary Vp = " + std::to_string(c.padded_vocab_size));
+}
+
+TensorSplit::TensorSplit(const GPT2Config& c, int size, int rank) : config_(c), size_(size), rank_(rank), global_(c) {
+  const size_t C = c.channels, Cl = C / size, Fl = 4 * C / size, Vl = static_cast<size_t>(c.padded_vocab_size) / size;
+  const size_t t = static_cast<size_t>(rank);
+  for (int i = 0; i < kNumParameterTensors; ++i) {
+    std::vector<SplitRun>& r = runs_[i];
+    switch (i) {
+      case kWte: r.push_back({0, t * Vl * C, Vl * C}); break;
+      case kQkvw:
+        for (size_t p = 0; p < 3; ++p) r.push_back({p * Cl * C, (p * C + t * Cl) * C, Cl * C});
+        break;
+      case kQkvb:
+        for (size_t p = 0; p < 3; ++p) r.push_back({p * Cl, p * C + t * Cl, Cl});
+        break;
+      case kAttprojw:
+        for (size_t o = 0; o < C; ++o) r.push_back({o * Cl, o * C + t * Cl, Cl});
+        break;
+      case kFcw: r.push_back({0, t * Fl * C, Fl * C}); break;
+      case kFcb: r.push_back({0, t * Fl, Fl}); break;
+      case kFcprojw:
+        for (size_t o = 0; o < C; ++o) r.push_back({o * Fl, o * 4 * C + t * Fl, Fl});
+        break;
+      default: r.push_back({0, 0, global_.slice_count(i)}); break;
+    }
+  }
+  // The local layout: llm.c's order with each tensor's part.
+  local_ = global_;
+  local_.total = 0;
+  for (int i = 0; i < kNumParameterTensors; ++i) {
+    size_t slice = 0;
+    for (const SplitRun& run : runs_[i]) slice += run.count;
+    local_.tensors[i].count = slice * (is_layer_tensor(i) ? local_.num_layers : 1);
+    local_.tensors[i].offset = local_.total;
+    local_.total += local_.tensors[i].count;
+  }
+}
+
+size_t TensorSplit::to_global(size_t param, size_t* run_left) const {
+  int i = kNumParameterTensors - 1;
+  while (i > 0 && local_[i].offset > param) --i;
+  const size_t within = param - local_[i].offset, slice = local_.slice_count(i);
+  const size_t layer = is_layer_tensor(i) ? within / slice : 0, q = within - layer * slice;
+  const std::vector<SplitRun>& r = runs_[i];
+  const auto run = std::prev(std::upper_bound(r.begin(), r.end(), q, [](size_t v, const SplitRun& s) { return v < s.local; }));
+  *run_left = run->count - (q - run->local);
+  return global_[i].offset + layer * global_.slice_count(i) + run->global + (q - run->local);
+}

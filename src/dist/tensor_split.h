@@ -1,0 +1,94 @@
+// tensor_split.h — tensor parallelism's parameter split (host arithmetic): which part of each
+// GPT-2 tensor a rank of a tensor-parallel (TP) group holds, that rank's own parameter layout, and
+// the map between its elements and llm.c's, which splits values on read (initialization, model
+// files, checkpoints) and places them on write.
+//
+// Megatron's split of a block, over a group of `size` ranks, rank t holding part t:
+//   qkvw, qkvb  column-parallel by whole heads: rows [t·C/size, (t+1)·C/size) of each of q, k
+//               and v, kept as [q part; k part; v part], so the rank's qkv is an ordinary fused
+//               qkv of C/size channels and NH/size heads
+//   attprojw    row-parallel: columns [t·C/size, ...) of every row (the rank's heads' inputs)
+//   fcw, fcb    column-parallel: rows [t·4C/size, ...)
+//   fcprojw     row-parallel: columns [t·4C/size, ...) of every row
+//   wte         vocabulary-parallel: rows [t·Vp/size, ...) (the embedding and the tied lm head)
+//   the rest    replicated: wpe, the LayerNorms, attprojb, fcprojb (the row-parallel biases,
+//               added once after the partial products are summed)
+// The local layout keeps llm.c's tensor order with these counts, so a rank's parameters,
+// gradients, optimizer state and ZeRO buckets are those of an ordinary (smaller) model.
+#pragma once
+#include "src/config/gpt2_config.h"
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+// A rank's place in the TP group, and whether the block's LayerNorm/residual region is split
+// along the tokens (sequence parallelism) rather than replicated.
+struct TensorParallelism {
+  int size = 1, rank = 0;
+  bool sequence_parallel = false;
+};
+
+// Whether every rank of a TP group holds all of tensor i.
+bool tp_replicated(int tensor);
+
+// Throws unless `size` ranks can split `c`: whole heads per rank (NH % size == 0) and a vocabulary
+// slice of whole 128-bit vectors (Vp % (8·size) == 0). `flag` names the setting in the message.
+void check_tensor_split(const GPT2Config& c, int size, const std::string& flag);
+
+// One run of consecutive elements of a tensor slice held by a rank: local slice elements
+// [local, local + count) are global slice elements [global, global + count).
+struct SplitRun {
+  size_t local, global, count;
+};
+
+class TensorSplit {
+ public:
+  TensorSplit(const GPT2Config& c, int size, int rank);
+
+  int size() const { return size_; }
+  int rank() const { return rank_; }
+  // The rank's layout (llm.c order, its parts' counts) and the whole model's.
+  const ParameterLayout& local() const { return local_; }
+  const ParameterLayout& global() const { return global_; }
+  // The runs of one slice of tensor i (a layer's for per-layer tensors), in local order.
+  const std::vector<SplitRun>& runs(int tensor) const { return runs_[tensor]; }
+
+  // The rank's part of tensor i (every layer) from the whole tensor's values.
+  template <typename T> std::vector<T> split(int tensor, const T* whole) const {
+    std::vector<T> part(local_[tensor].count);
+    for_each_run(tensor, [&](size_t local, size_t global, size_t n) {
+      for (size_t k = 0; k < n; ++k) part[local + k] = whole[global + k];
+    });
+    return part;
+  }
+  // Writes the rank's part of tensor i (every layer) into the whole tensor.
+  template <typename T> void place(int tensor, const T* part, T* whole) const {
+    for_each_run(tensor, [&](size_t local, size_t global, size_t n) {
+      for (size_t k = 0; k < n; ++k) whole[global + k] = part[local + k];
+    });
+  }
+  // Writes the rank's part of one slice of tensor i (a layer's) into that slice of the whole tensor.
+  template <typename T> void place_slice(int tensor, const T* part, T* whole) const {
+    for (const SplitRun& r : runs_[tensor])
+      for (size_t k = 0; k < r.count; ++k) whole[r.global + k] = part[r.local + k];
+  }
+  const GPT2Config& global_config() const { return config_; }
+  // Local parameter `param` (an index into the local layout): its index in the global layout and
+  // how many local elements from it continue consecutively there (*run_left).
+  size_t to_global(size_t param, size_t* run_left) const;
+
+ private:
+  // f(local, global, count) for every run of every layer of tensor i, offsets within the tensor.
+  template <typename F> void for_each_run(int tensor, F&& f) const {
+    const size_t layers = is_layer_tensor(tensor) ? local_.num_layers : 1;
+    const size_t local_slice = local_.slice_count(tensor), global_slice = global_.slice_count(tensor);
+    for (size_t l = 0; l < layers; ++l)
+      for (const SplitRun& r : runs_[tensor]) f(l * local_slice + r.local, l * global_slice + r.global, r.count);
+  }
+
+  GPT2Config config_;
+  int size_, rank_;
+  ParameterLayout local_, global_;
+  std::vector<SplitRun> runs_[kNumParameterTensors];
+};

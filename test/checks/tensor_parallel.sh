@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Tensor parallelism (--tp, --sequence-parallel) under mpirun against one process with the same
+# global batch, on the tiny reference model (NH = 4, C = 64, V = 500, Vp = 512): TP 2 (1 x 2),
+# TP 2 x DP 2 (4 ranks) at ZeRO 1 and 3, and TP 4, fp32 and bf16, with and without sequence
+# parallelism, must reproduce the one-process per-step losses, gradient norms and validation
+# losses (fp32: 1e-5 relative; bf16: 2e-3, the data-parallel checks' tolerance, since each rank
+# rounds its partial products to bf16 before the group sums them); so must gradient accumulation
+# at ZeRO 2 (the replicated tensors' accumulated gradients restored on one TP rank only) and
+# --recompute 3 (the recomputed block's collectives). The model file a TP run writes is an
+# ordinary one: a one-process run that loads it reproduces the TP run's last validation loss.
+# usage: tensor_parallel.sh cpu|gpu   (gpu: needs 4 GPUs, else skipped)
+set -u
+# shellcheck source=test/checks/lib/trainer.sh
+source "$(dirname "$0")/lib/trainer.sh" "$@"
+require_files "$bin" "$ref/model.bin" "$ref/train.bin"
+require_ranks 4
+
+common=(--init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$ref/train.bin" --val-every 2
+        --val-steps 1 --seq-len 16 --max-steps 3 --lr 1e-3 --warmup-steps 0 --lr-schedule linear --bucket-mib 0.1)
+
+# run NAME RANKS ARGS...: one training run (RANKS 1: without mpirun) into $tmp/NAME.
+run() {
+  local name=$1 ranks=$2; shift 2
+  local cmd=("$bin" "${common[@]}" --out-dir "$tmp/$name" "$@")
+  [ "$ranks" -gt 1 ] && cmd=(mpirun -np "$ranks" "${mpi_opts[@]}" "${cmd[@]}")
+  if ! "${cmd[@]}" >"$tmp/$name.log" 2>&1; then
+    fail "$name: exited non-zero"; tail -n 20 "$tmp/$name.log"; return 1
+  fi
+}
+
+# same_steps REFERENCE OTHER REL: per-step train_loss and grad_norm, and the validation losses, agree
+# within REL.
+same_steps() {
+  "$python" - "$tmp/$1/metrics.jsonl" "$tmp/$2/metrics.jsonl" "$3" <<'PY' || fail "$2 differs from $1"
+import json, sys
+a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
+rel = float(sys.argv[3])
+bad = len(a) != len(b) or len(a) != 5
+worst = 0.0
+for x, y in zip(a, b):
+    for key in ("val_loss",) if "val_loss" in x else ("train_loss", "grad_norm"):
+        d = abs(x[key] - y[key]) / abs(x[key])
+        worst = max(worst, d)
+        if d > rel:
+            print(f"  step {x['step']} {key}: {x[key]} vs {y[key]} (relative {d:.2e} > {rel})"); bad = True
+print(f"  {sys.argv[2].split('/')[-2]}: worst relative difference {worst:.2e}")
+sys.exit(1 if bad else 0)
+PY
+}
+
+for dtype in fp32 bf16; do
+  tol=1e-5; [ "$dtype" = bf16 ] && tol=2e-3
+  run "ref_$dtype" 1 --dtype "$dtype" --batch-size 4 || continue
+  for sp in 1 0; do
+    name="tp2_sp${sp}_$dtype"
+    run "$name" 2 --dtype "$dtype" --batch-size 4 --tp 2 --sequence-parallel "$sp" && same_steps "ref_$dtype" "$name" "$tol"
+    for zero in 1 3; do
+      name="tp2dp2_z${zero}_sp${sp}_$dtype"
+      run "$name" 4 --dtype "$dtype" --batch-size 2 --tp 2 --zero "$zero" --sequence-parallel "$sp" &&
+        same_steps "ref_$dtype" "$name" "$tol"
+    done
+    name="tp4_sp${sp}_$dtype"
+    run "$name" 4 --dtype "$dtype" --batch-size 4 --tp 4 --sequence-parallel "$sp" && same_steps "ref_$dtype" "$name" "$tol"
+  done
+  run "tp2_rc3_$dtype" 2 --dtype "$dtype" --batch-size 4 --tp 2 --recompute 3 && same_steps "ref_$dtype" "tp2_rc3_$dtype" "$tol"
+  run "accref_$dtype" 1 --dtype "$dtype" --batch-size 2 --total-batch-tokens 64 || continue
+  run "acc_tp2dp2_z2_$dtype" 4 --dtype "$dtype" --batch-size 1 --total-batch-tokens 64 --tp 2 --zero 2 &&
+    same_steps "accref_$dtype" "acc_tp2dp2_z2_$dtype" "$tol"
+done
+grep -q "tensor parallel 2" "$tmp/tp2dp2_z1_sp1_fp32.log" || fail "the start-up report does not describe the TP grid"
+
+# The TP run's model.bin in one process: --max-steps 0 evaluates it on the same validation batch.
+if [ -s "$tmp/tp2dp2_z3_sp1_fp32/model.bin" ]; then
+  "$bin" --init-from "$tmp/tp2dp2_z3_sp1_fp32/model.bin" --val-data "$ref/train.bin" --val-steps 1 --batch-size 4 \
+    --seq-len 16 --max-steps 0 >"$tmp/load.log" 2>&1 || fail "one process cannot load the TP run's model.bin"
+  "$python" - "$tmp/tp2dp2_z3_sp1_fp32/metrics.jsonl" "$tmp/load.log" <<'PY' || fail "the TP run's model.bin does not reproduce its last validation loss"
+import json, re, sys
+last = [json.loads(l)["val_loss"] for l in open(sys.argv[1]) if "val_loss" in l][-1]
+m = re.search(r"val(?:idation)? loss\D*([0-9.]+)", open(sys.argv[2]).read())
+if not m: print("  no validation loss in the one-process log"); sys.exit(1)
+got = float(m.group(1))
+if abs(got - last) > 1e-4 * abs(last): print(f"  {got} vs the TP run's {last}"); sys.exit(1)
+PY
+fi
+[ "$failures" -eq 0 ] && echo "ok"
+exit $((failures > 0))
