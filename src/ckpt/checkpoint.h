@@ -6,9 +6,10 @@
 // A checkpoint is the directory OUT/checkpoint_SSSSSSSS (S = the optimizer steps completed):
 //   model.bin            llm.c model file (bf16 v5 / fp32 v3): exactly the parameters
 //   state_rRRRRR.bin     rank R's training state: fp32 weights and AdamW moments of the parameters
-//                        it owns (grad_buckets.h), step, seed, data position, bad-step guards
-//   manifest.json        written last: format, step, world size, ZeRO stage, dtype, model,
-//                        configuration, and every file's size and CRC-32C
+//                        it owns (grad_buckets.h; with tensor parallelism, of its TP part:
+//                        tensor_split.h), step, seed, data position, bad-step guards
+//   manifest.json        written last: format, step, world size, tensor-parallel size, ZeRO stage,
+//                        dtype, model, configuration, and every file's size and CRC-32C
 // A directory without a valid manifest, or whose files differ from it in size or checksum, is
 // not a checkpoint. Every file is written atomically: to NAME.tmp in the same directory,
 // fsync, rename, fsync of the directory.
@@ -115,6 +116,6 @@ inline uint64_t checkpoint_bytes(size_t num_parameters, size_t param_element_byt
 constexpr size_t kCheckpointChunkElements = size_t(1) << 22;
 
 struct CheckpointWriteInfo {
-  int rank = 0, world_size = 1, zero_stage = 0;
+  int rank = 0, world_size = 1, zero_stage = 0, tensor_parallel = 1;
   nlohmann::json config;  // the run's flags, recorded in the manifest
 };

@@ -1,5 +1,7 @@
 // checkpoint_load.h — loading a verified checkpoint on any number of ranks: each rank reads the
-// optimizer state of the parameters it owns from whichever state files hold them (resharding).
+// optimizer state of the parameters it owns from whichever state files hold them (resharding),
+// across data-parallel sizes, ZeRO stages and tensor-parallel sizes alike: every state file's
+// elements are located by their parameter's index in the whole model's llm.c order.
 #pragma once
 #include "kernels/common.cuh"
 #include "src/base/durable_file.h"
@@ -26,7 +28,7 @@ inline void read_exact(std::FILE* f, void* dst, size_t bytes, const std::string&
 }
 
 // One state file of a checkpoint being loaded: its header, its open file, and which parameters its
-// optimizer-state elements belong to (runs sorted by parameter).
+// optimizer-state elements belong to (runs sorted by parameter, indices in the whole model).
 struct StateSource {
   std::string path;
   std::FILE* file = nullptr;
@@ -40,9 +42,25 @@ struct StateSource {
   }
 };
 
-// Reads and checks state file `rank` of a checkpoint written by `world_size` ranks.
+// Runs of consecutive parameters of `split`'s whole model for local parameters [param, param +
+// count) at optimizer state `state` (a segment of `split`'s local layout), each ended where the
+// split's map breaks the run.
+template <typename F>
+void for_whole_model_runs(const TensorSplit& split, size_t param, size_t count, size_t state, F&& f) {
+  for (size_t done = 0; done < count;) {
+    size_t left = 0;
+    const size_t whole = split.to_global(param + done, &left);
+    const size_t n = std::min(left, count - done);
+    f(whole, state + done, n, done);
+    done += n;
+  }
+}
+
+// Reads and checks state file `rank` of a checkpoint written by `world_size` ranks in tensor-parallel
+// groups of `tp` (rank r held TP part r mod tp and sharded over data-parallel group r / tp's ranks).
 template <typename Elem>
-void open_state_source(const Checkpoint& c, int rank, int world_size, const GPT2<Elem>& model, StateSource* src) {
+void open_state_source(const Checkpoint& c, int rank, int world_size, int tp, const GPT2<Elem>& model,
+                       StateSource* src) {
   src->path = c.path + "/" + state_file_name(rank);
   const std::string& path = src->path;
   src->file = std::fopen(path.c_str(), "rb");
@@ -71,9 +89,11 @@ void open_state_source(const Checkpoint& c, int rank, int world_size, const GPT2
     throw mismatch("is at step " + std::to_string(h.step) + ", the manifest says " + std::to_string(c.step));
   if (h.loss_window_count > ZScoreWindow::kCapacity || h.norm_window_count > ZScoreWindow::kCapacity)
     throw mismatch("guard windows hold more than " + std::to_string(ZScoreWindow::kCapacity) + " values");
-  const GradientBuckets buckets = gradient_buckets(model.layout(), world_size, static_cast<int>(h.zero_stage),
-                                                   static_cast<int>(h.bucket_layers));
-  const int owner = effective_zero_stage(static_cast<int>(h.zero_stage), world_size) == 0 ? 0 : rank;
+  const TensorSplit split(model.config(), tp, rank % tp);
+  const int data_ranks = world_size / tp;
+  const GradientBuckets buckets = gradient_buckets(split.local(), data_ranks, static_cast<int>(h.zero_stage),
+                                                   static_cast<int>(h.bucket_layers), tp);
+  const int owner = effective_zero_stage(static_cast<int>(h.zero_stage), data_ranks) == 0 ? 0 : rank / tp;
   if (h.state_count != buckets.state_count(owner))
     throw mismatch("holds " + std::to_string(h.state_count) + " optimizer-state elements, rank " +
                    std::to_string(rank) + "'s share is " + std::to_string(buckets.state_count(owner)));
@@ -82,7 +102,10 @@ void open_state_source(const Checkpoint& c, int rank, int world_size, const GPT2
   struct stat st {};
   if (::fstat(::fileno(src->file), &st) != 0 || static_cast<uint64_t>(st.st_size) != expected)
     throw mismatch("is " + std::to_string(st.st_size) + " bytes, its header describes " + std::to_string(expected));
-  src->runs = buckets.segments(owner);
+  for (const OptimizerSegment& s : buckets.segments(owner))
+    for_whole_model_runs(split, s.param, s.count, s.state, [&](size_t whole, size_t state, size_t n, size_t) {
+      src->runs.push_back(OptimizerSegment{s.tensor, s.bucket, s.at, whole, state, n});
+    });
   std::sort(src->runs.begin(), src->runs.end(),
             [](const OptimizerSegment& a, const OptimizerSegment& b) { return a.param < b.param; });
 }
@@ -166,12 +189,16 @@ void load_checkpoint(const Checkpoint& c, GPT2<Elem>& model, TrainingState* stat
   model.load(c.path + "/" + kModelFileName);
   const int old_world = c.manifest.value("world_size", 1);
   const int old_zero = c.manifest.value("zero_stage", 0);
+  const int old_tp = c.manifest.value("tensor_parallel", 1);
+  if (old_tp < 1 || old_world % old_tp != 0)
+    throw std::runtime_error(c.path + "/" + kManifestName + ": tensor_parallel " + std::to_string(old_tp) +
+                             " does not divide world_size " + std::to_string(old_world));
   // Every state file is opened and checked against the others (at stage 0, where every rank holds
   // all of the state, rank 0's is read: the first source that holds a parameter).
   std::vector<std::unique_ptr<checkpoint_detail::StateSource>> sources;
   for (int r = 0; r < old_world; ++r) {
     sources.push_back(std::make_unique<checkpoint_detail::StateSource>());
-    checkpoint_detail::open_state_source(c, r, old_world, model, sources.back().get());
+    checkpoint_detail::open_state_source(c, r, old_world, old_tp, model, sources.back().get());
   }
   for (const auto& src : sources)
     if (src->header.zero_stage != static_cast<uint32_t>(old_zero))
@@ -185,7 +212,11 @@ void load_checkpoint(const Checkpoint& c, GPT2<Elem>& model, TrainingState* stat
   for (const OptimizerSegment& g : model.gradient_sync().segments()) {
     host.resize(g.count);
     for (int section = 0; section < 3; ++section) {
-      checkpoint_detail::read_state_range(sources, section, g.param, g.count, host.data());
+      checkpoint_detail::for_whole_model_runs(model.tensor_split(), g.param, g.count, 0,
+                                              [&](size_t whole, size_t, size_t n, size_t done) {
+                                                checkpoint_detail::read_state_range(sources, section, whole, n,
+                                                                                    host.data() + done);
+                                              });
       // fp32 weights in fp32 mode are the parameters themselves.
       float* dst = sections[section] != nullptr ? sections[section] + g.state
                                                 : reinterpret_cast<float*>(model.owned_parameters(g));

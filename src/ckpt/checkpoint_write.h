@@ -184,6 +184,7 @@ void write_manifest(const std::string& dir, const GPT2<Elem>& model, const Train
       {"version", kManifestVersion},
       {"step", state.step},
       {"world_size", info.world_size},
+      {"tensor_parallel", info.tensor_parallel},
       {"zero_stage", info.zero_stage},
       {"dtype", dtype_name(GPT2<Elem>::dtype)},
       {"num_parameters", model.num_parameters()},

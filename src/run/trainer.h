@@ -418,6 +418,7 @@ class Trainer {
     info.rank = comm_.rank();
     info.world_size = comm_.world_size();
     info.zero_stage = model_.zero_stage();
+    info.tensor_parallel = groups_.tp_size();
     info.config = config_json(cfg_);
     const std::string dir = write_checkpoint(cfg_.out_dir, model_, state_, info, &comm_);
     last_checkpoint_step_ = state_.step;

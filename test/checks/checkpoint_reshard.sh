@@ -5,8 +5,9 @@
 # losses, gradient norms and validation losses of the uninterrupted 2-rank run: fp32 to 1e-5
 # relative, bf16 to 2e-3 (the ranks' gradients are summed in another grouping). ZeRO 3 (sharded
 # parameters) on either side: 4 ranks at ZeRO 3 resume on 2 at ZeRO 1, and 2 ranks at ZeRO 1 on 4
-# at ZeRO 3, continuing the uninterrupted run of the stage they resume at. A resume whose global
-# batch differs is refused in one line that names the --batch-size to use.
+# at ZeRO 3, continuing the uninterrupted run of the stage they resume at; and across
+# tensor-parallel sizes (TP 2 -> 1 rank, 2 ranks -> TP 2 and TP 2 x DP 2 at ZeRO 3). A resume
+# whose global batch differs is refused in one line that names the --batch-size to use.
 # usage: checkpoint_reshard.sh cpu|gpu   (gpu: needs 4 GPUs, else skipped)
 set -u
 # shellcheck source=test/checks/lib/trainer.sh
@@ -90,6 +91,27 @@ for dtype in fp32 bf16; do
     resume "$dtype $(basename "$from") -> $n ranks ZeRO $z" "$from/checkpoint_00000003" "$straight" \
       "$tmp/$dtype-from-$(basename "$from")-to-$n-$z" "$tol" "$n" --batch-size "$b" --dtype "$dtype" --zero "$z" \
       --bucket-mib 0.1
+  done
+done
+
+# Across tensor-parallel sizes (the model file is gathered on write and split on read; the optimizer
+# state is found by the whole model's parameter index): TP 2 (B 4) -> one rank (B 4), against the
+# straight TP 2 run; the straight 2-rank ZeRO 1 run's checkpoint -> TP 2 (B 4) and -> TP 2 x DP 2
+# at ZeRO 3 (B 2), against that run.
+for dtype in fp32 bf16; do
+  tol=1e-5; [ "$dtype" = bf16 ] && tol=2e-3
+  tp2=$tmp/$dtype-tp2
+  if ! ranks 2 --tp 2 --batch-size 4 --dtype "$dtype" --zero 1 --bucket-mib 0.1 --checkpoint-every 3 --out-dir "$tp2" \
+      >"$tp2.log" 2>&1; then
+    fail "$dtype TP 2: the run failed"; tail -n 20 "$tp2.log"; continue
+  fi
+  resume "$dtype TP 2 -> 1 rank" "$tp2/checkpoint_00000003" "$tp2" "$tmp/$dtype-tp2-to-1" "$tol" 1 --batch-size 4 \
+    --dtype "$dtype" --bucket-mib 0.1
+  for to in "2 4 1" "4 2 3"; do
+    read -r n b z <<<"$to"
+    resume "$dtype 2 ranks ZeRO 1 -> TP 2 on $n ranks ZeRO $z" "$tmp/$dtype-zero1/checkpoint_00000003" \
+      "$tmp/$dtype-zero1" "$tmp/$dtype-zero1-to-tp2-$n" "$tol" "$n" --tp 2 --batch-size "$b" --dtype "$dtype" \
+      --zero "$z" --bucket-mib 0.1
   done
 done
 
