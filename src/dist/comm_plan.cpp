@@ -1,6 +1,9 @@
 // comm_plan.cpp — a step's gradient and parameter collectives by ZeRO stage (comm_plan.h).
 #include "src/dist/comm_plan.h"
 
+#include "src/config/gpt2_config.h"
+#include "src/dist/tensor_split.h"
+
 #include <vector>
 
 namespace {
@@ -39,6 +42,40 @@ StepTraffic step_traffic(const GradientBuckets& buckets, int world_size, int sta
       const GradientBucket& b = all[forward ? layer_buckets - 1 - k : k];
       add_call(t.all_gather, b.chunk * static_cast<size_t>(R), R, elem_bytes, 1);
     }
+  }
+  return t;
+}
+
+StepTraffic tp_step_traffic(const GPT2Config& cfg, int B, int T, const TensorParallelism& tp, int recompute,
+                            int head_chunks, int micro_steps, const GradientBuckets& buckets, bool every_micro_step,
+                            size_t elem_bytes) {
+  StepTraffic t;
+  const int n = tp.size, L = cfg.num_layers;
+  if (n < 2) return t;
+  const size_t rows = static_cast<size_t>(B) * T, activation = rows * static_cast<size_t>(cfg.channels);
+  const bool sp = tp.sequence_parallel;
+  const auto gather = [&](int calls) {
+    for (int k = 0; sp && k < calls; ++k) add_call(t.all_gather, activation, n, elem_bytes, 1);
+  };
+  const auto reduce = [&](int calls) {
+    for (int k = 0; k < calls; ++k)
+      add_call(sp ? t.reduce_scatter : t.all_reduce, activation, n, elem_bytes, sp ? 1 : 2);
+  };
+  // Per layer, what the backward recomputes (activations.h's block_keeps).
+  const int regathered = recompute >= 2 ? 2 : 0, rereduced = recompute == 3 ? 1 : 0;
+  for (int m = 0; m < micro_steps; ++m) {
+    reduce(1 + 2 * L);      // embedding, each layer's two projections
+    gather(2 * L + 1);      // ln1 and ln2 of each layer, lnf
+    for (int c = 0; c < head_chunks; ++c) {  // each chunk's row maxima, then sums and target logits
+      const size_t chunk_rows = rows / head_chunks + (static_cast<size_t>(c) < rows % head_chunks ? 1 : 0);
+      add_call(t.all_reduce, chunk_rows, n, sizeof(float), 2);
+      add_call(t.all_reduce, 2 * chunk_rows, n, sizeof(float), 2);
+    }
+    reduce(1);              // d lnf
+    reduce((2 + rereduced) * L);
+    gather((2 + regathered) * L + 1);
+    if (sp && (every_micro_step || m + 1 == micro_steps))
+      for (const GradientBucket& b : buckets.buckets()) add_call(t.all_reduce, b.replicated, n, elem_bytes, 2);
   }
   return t;
 }

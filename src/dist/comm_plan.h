@@ -1,8 +1,11 @@
 // comm_plan.h — what one rank's gradient and parameter collectives move in an optimizer step at
-// each ZeRO stage, from the gradient buckets alone: --plan's communication line, and the counts
-// the communicator's own tallies are checked against (test/mpi/mpi_grad_sync.cu).
+// each ZeRO stage, from the gradient buckets alone, and what its tensor-parallel group's
+// activation collectives move: --plan's communication lines, and the counts the communicators'
+// own tallies are checked against (test/mpi/mpi_grad_sync.cu, test/mpi/mpi_tensor_parallel.cu).
 #pragma once
+#include "src/config/gpt2_config.h"
 #include "src/dist/grad_buckets.h"
+#include "src/dist/tensor_split.h"
 
 #include <cstddef>
 
@@ -24,3 +27,24 @@ struct StepTraffic {
 // scalars (loss, norm) are not counted.
 StepTraffic step_traffic(const GradientBuckets& buckets, int world_size, int stage, int micro_steps, int prefetch,
                          size_t elem_bytes);
+
+// One training step's collectives on a tensor-parallel group of tp.size > 1 ranks
+// (tp_collectives.h, lm_head.h, grad_sync.h), `micro_steps` micro-steps of B·T token rows of
+// model `cfg`, each the forward, the lm head over its rows, and the backward:
+//   the embedding's sum: 1 reduction of the (B·T, C) rows
+//   each layer's forward: 2 reductions (after the row-parallel projections) and, under sequence
+//     parallelism, 2 all-gathers (ln1, ln2), plus lnf's all-gather
+//   the lm head, in `head_chunks` chunks of rows: per chunk an all-reduce of each row's maximum
+//     and one of its two sums (fp32; the bytes are counted as for equal chunks), then 1 reduction
+//     of d lnf
+//   each layer's backward: 2 reductions (d ln2, d ln1) and, under sequence parallelism, 2
+//     all-gathers of the residual gradient, plus one before the embedding's backward; --recompute 2
+//     re-gathers ln1 and ln2, --recompute 3 reruns the block (ln1's gather, a reduction, ln2's)
+//   under sequence parallelism each bucket's replicated prefix of `buckets` summed (an all-reduce)
+//     on the last micro-step, or on every one when `every_micro_step` (ZeRO 2 and 3 with data
+//     parallelism)
+// A reduction is a reduce-scatter under sequence parallelism, else an all-reduce. The step's own
+// scalars (loss, norm) are not counted.
+StepTraffic tp_step_traffic(const GPT2Config& cfg, int B, int T, const TensorParallelism& tp, int recompute,
+                            int head_chunks, int micro_steps, const GradientBuckets& buckets, bool every_micro_step,
+                            size_t elem_bytes);

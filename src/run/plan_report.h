@@ -68,21 +68,41 @@ inline std::string fitting_batch_sizes(const TrainConfig& cfg, const GPT2Config&
   return out;
 }
 
-// "communication per optimizer step, sent by each rank: ..." (comm_plan.h) for a run of `world` ranks.
-inline std::string communication_line(const TrainConfig& cfg, const GPT2Config& model, int world, int micro_steps) {
-  const ParameterLayout layout(model);
-  const size_t elem = dtype_named(cfg.dtype) == DType::fp32 ? sizeof(float) : sizeof(bf16);
-  const int stage = effective_zero_stage(cfg.zero, world);
-  const GradientBuckets buckets =
-      gradient_buckets(layout, world, stage, layers_per_bucket(layout, cfg.bucket_mib, elem));
-  const StepTraffic t = step_traffic(buckets, world, stage, micro_steps, cfg.zero3_prefetch, elem);
-  std::string out = "communication per optimizer step (" + std::to_string(micro_steps) +
-                    " micro-step(s)), sent by each rank on NCCL's rings:";
+// " all-reduce 1.2 GiB in 13 call(s), reduce-scatter ..., all-gather ...".
+inline std::string format_traffic(const StepTraffic& t) {
+  std::string out;
   const std::pair<const char*, const CollectiveTraffic*> kinds[] = {
       {"all-reduce", &t.all_reduce}, {"reduce-scatter", &t.reduce_scatter}, {"all-gather", &t.all_gather}};
   for (const auto& [name, c] : kinds)
     out += std::string(" ") + name + " " + format_bytes(static_cast<size_t>(c->bytes_sent)) + " in " +
            std::to_string(c->calls) + " call(s)" + (c == &t.all_gather ? "" : ",");
+  return out;
+}
+
+// "communication per optimizer step, sent by each rank: ..." (comm_plan.h) for a run of `world`
+// ranks: the gradients' and parameters' over the data-parallel group, and with --tp the
+// activations' over the tensor-parallel group (one line each; empty where a group has one rank).
+inline std::string communication_lines(const TrainConfig& cfg, const GPT2Config& model, int world, int micro_steps) {
+  const TensorParallelism tp = run_tensor_parallelism(cfg);
+  const ParameterLayout layout = TensorSplit(model, tp.size, 0).local();
+  const size_t elem = dtype_named(cfg.dtype) == DType::fp32 ? sizeof(float) : sizeof(bf16);
+  const int data_ranks = world / tp.size, stage = effective_zero_stage(cfg.zero, data_ranks);
+  const GradientBuckets buckets =
+      gradient_buckets(layout, data_ranks, stage, layers_per_bucket(layout, cfg.bucket_mib, elem), tp.size);
+  const std::string per_step = " per optimizer step (" + std::to_string(micro_steps) + " micro-step(s)), sent by each ";
+  std::string out;
+  if (data_ranks > 1)
+    out += "communication" + per_step + "rank on NCCL's rings:" +
+           format_traffic(step_traffic(buckets, data_ranks, stage, micro_steps, cfg.zero3_prefetch, elem)) + "\n";
+  if (tp.size > 1) {
+    const size_t rows = static_cast<size_t>(cfg.batch_size) * cfg.seq_len;
+    const size_t chunk = run_logits_rows(cfg, model, cfg.batch_size, cfg.recompute, world,
+                                         sampling_positions(cfg, model, nullptr));
+    const int head_chunks = static_cast<int>((rows + chunk - 1) / chunk);
+    out += "tensor-parallel communication" + per_step + "rank within its group of " + std::to_string(tp.size) + ":" +
+           format_traffic(tp_step_traffic(model, cfg.batch_size, cfg.seq_len, tp, cfg.recompute, head_chunks,
+                                          micro_steps, buckets, stage >= 2, elem)) + "\n";
+  }
   return out;
 }
 
@@ -105,14 +125,17 @@ inline int print_memory_plan(TrainConfig cfg) {
   const int sampling = sampling_positions(cfg, model, nullptr);
   const MemoryPlan plan = run_memory_plan(cfg, model, cfg.batch_size, cfg.recompute, world, sampling);
   std::printf("memory plan per rank: %s (%s parameters) from %s, --batch-size %d --seq-len %d, %s, --recompute %d, "
-              "ZeRO stage %d over %d rank(s)\n%s",
+              "ZeRO stage %d over %d rank(s)%s\n%s",
               describe(model).c_str(), thousands(ParameterLayout(model).total).c_str(), source.c_str(), cfg.batch_size,
-              cfg.seq_len, cfg.dtype.c_str(), cfg.recompute, effective_zero_stage(cfg.zero, world), world,
+              cfg.seq_len, cfg.dtype.c_str(), cfg.recompute, effective_zero_stage(cfg.zero, world / cfg.tp), world,
+              cfg.tp > 1 ? (" in tensor-parallel groups of " + std::to_string(cfg.tp) +
+                            (cfg.sequence_parallel ? " (sequence parallel)" : "")).c_str()
+                         : "",
               format_memory_plan(plan, budget).c_str());
   if (budget > 0) std::printf("%s\n", fitting_batch_sizes(cfg, model, world, budget, sampling).c_str());
   else std::printf("no device and no --gpu-memory: pass --gpu-memory GiB to see what fits\n");
   std::printf("not counted: the CUDA context and NCCL's buffers (leave ~1 GiB per GPU)\n");
-  if (world > 1) std::printf("%s\n", communication_line(cfg, model, world, micro_steps).c_str());
+  std::printf("%s", communication_lines(cfg, model, world, micro_steps).c_str());
   return budget > 0 && plan.total() > budget ? kPlanDoesNotFitStatus : 0;
 }
 
