@@ -109,10 +109,10 @@ class GPT2 {
   // The parameters whose optimizer state this rank holds (at ZeRO 0: all), in state order.
   const GradientSync<Elem>& gradient_sync() const { return grads_; }
 
-  // Device buffers for checkpoints: the parameters in llm.c order of layout() (nullptr at ZeRO 3,
-  // where no rank holds them all), the parameters of an optimizer segment, the state (master
-  // weights: nullptr for Elem = float).
-  Elem* params_device() const { return params_.full(); }
+  // Device buffers for checkpoints: every parameter in llm.c order (nullptr at ZeRO 3 or with
+  // tensor parallelism, where no rank holds them all), the parameters of an optimizer segment, the
+  // state (master weights: nullptr for Elem = float).
+  Elem* params_device() const { return split_.size() > 1 ? nullptr : params_.full(); }
   Elem* owned_parameters(const OptimizerSegment& s) const { return params_.owned(s); }
   // Parameters written through owned_parameters() are in place: ZeRO 3's gathers read them from now on.
   void parameters_written() { params_.changed(); }
