@@ -1,4 +1,4 @@
-# recipe.sh — what the GPT-2 recipes (scripts/run_gpt2_*.sh) share: the data, binary and launcher
+# recipe.sh — what the recipes (scripts/run_gpt2_*.sh, scripts/run_gpt3_6.7B.sh) share: the data, binary and launcher
 # from the environment, the checks before anything starts (one line each), the micro-batch that
 # makes the recipe's total batch on this many ranks, printing the command, and --plan mode.
 #
@@ -8,12 +8,13 @@
 #   recipe_micro_batch  the largest --batch-size per rank it uses (what fits an 80 GB GPU)
 #   recipe_eval_every   --eval-every for HellaSwag (dropped with EVAL_DATA=none)
 #   recipe_flags        array of train_gpt --flag value pairs (the hyperparameters)
+#   recipe_nproc        optional: ranks when neither NPROC nor SLURM_NTASKS says (default 8)
 # Environment (all optional):
 #   TRAIN_GPT   the binary (./train_gpt; ./train_gpt_cpu runs the same flags on the CPU)
 #   DATA_DIR    shard folder (the recipe's recipe_data)
 #   EVAL_DATA   HellaSwag file (data/hellaswag/hellaswag_val.bin; none: no HellaSwag evaluation)
 #   OUT_DIR     runs/NAME; must be on a filesystem every node sees when ranks span nodes
-#   NPROC       ranks (SLURM_NTASKS inside a SLURM job, else 8: one node of 8 GPUs)
+#   NPROC       ranks (SLURM_NTASKS inside a SLURM job, else recipe_nproc or 8: one node of 8 GPUs)
 #   LAUNCHER    mpirun | srun (ranks exchange the NCCL id through a file in OUT_DIR) |
 #               srun-pmix (srun --mpi=pmix; MPI carries the id) | none (one process);
 #               default: srun inside a SLURM job, else mpirun, none when NPROC=1
@@ -50,7 +51,7 @@ quoted() {
 run_recipe() {
   local caller=("$@")
   cd "$recipe_root" || exit 1
-  local bin=${TRAIN_GPT:-./train_gpt} nproc=${NPROC:-${SLURM_NTASKS:-8}} plan=${PLAN:-0}
+  local bin=${TRAIN_GPT:-./train_gpt} nproc=${NPROC:-${SLURM_NTASKS:-${recipe_nproc:-8}}} plan=${PLAN:-0}
   local data=${DATA_DIR:-$recipe_data} eval_data=${EVAL_DATA:-data/hellaswag/hellaswag_val.bin}
   local out=${OUT_DIR:-runs/$recipe_name} launcher=${LAUNCHER:-}
   [[ $nproc =~ ^[1-9][0-9]{0,5}$ ]] || recipe_fail "NPROC='$nproc': expected a positive number of ranks"
@@ -73,17 +74,20 @@ run_recipe() {
   defaults_not_given shadowing "${pairs[@]}"
   local flags=("${defaults[@]}" "${caller[@]}")
 
-  # The micro-batch: the largest B up to the recipe's whose B x T x ranks divides the total batch
-  # (the rest is gradient accumulation), unless the caller chose one.
+  # The micro-batch: the largest B up to the recipe's whose B x T x data-parallel ranks (the ranks
+  # over --tp) divides the total batch (the rest is gradient accumulation), unless the caller chose one.
   if [ -z "$(flag_value flags --batch-size)" ]; then
-    local total seq rows b
-    total=$(flag_value flags --total-batch-tokens) seq=$(flag_value flags --seq-len)
+    local total seq rows b tp data_ranks
+    total=$(flag_value flags --total-batch-tokens) seq=$(flag_value flags --seq-len) tp=$(flag_value flags --tp)
     # Checked as numbers before any arithmetic: bash would evaluate a value like 'a[$(cmd)0]'.
     positive_number --total-batch-tokens "$total"
     positive_number --seq-len "$seq"
-    [ $((total % (seq * nproc))) -eq 0 ] ||
-      recipe_fail "--total-batch-tokens $total is not a multiple of --seq-len $seq x $nproc ranks: choose NPROC or --total-batch-tokens"
-    rows=$((total / (seq * nproc)))
+    positive_number --tp "${tp:-1}"
+    [ $((nproc % ${tp:-1})) -eq 0 ] || recipe_fail "--tp ${tp:-1} does not divide the $nproc ranks: choose NPROC or --tp"
+    data_ranks=$((nproc / ${tp:-1}))
+    [ $((total % (seq * data_ranks))) -eq 0 ] ||
+      recipe_fail "--total-batch-tokens $total is not a multiple of --seq-len $seq x $data_ranks data-parallel ranks: choose NPROC or --total-batch-tokens"
+    rows=$((total / (seq * data_ranks)))
     for ((b = recipe_micro_batch; b > 1; b--)); do [ $((rows % b)) -eq 0 ] && break; done
     flags+=(--batch-size "$b")
   fi

@@ -36,6 +36,7 @@
 // accumulated chunk into the prefix, so the TP sum counts it once. The gradient norm counts a
 // replicated tensor once (TP rank 0's) and sums over both groups.
 #pragma once
+#include "kernels/global_norm.cuh"
 #include "src/dist/comm.h"
 #include "src/base/device.h"
 #include "src/config/gpt2_config.h"
@@ -240,9 +241,15 @@ class GradientSync {
     if (communicating()) comm_->order_before(stream_);
     if (tp_comm_ != nullptr) tp_comm_->order_before(stream_);
   }
-  // The squared norm of this rank's gradients (on the device) becomes the sum over ranks' (the
-  // data-parallel group's when they are sharded; the TP group's always).
-  void sum_norm_squared(float* norm_squared) {
+  // The squared global norm of the accumulated gradients into device float *norm_squared, after
+  // their communication: this rank's owned_gradient_ranges(), summed over the ranks' (the
+  // data-parallel group's when they are sharded; the TP group's always). scratch: at least
+  // global_norm_scratch_bytes().
+  void queue_norm_squared(float* norm_squared, float* scratch) {
+    wait_for_gradients();
+    cuda_check(cudaMemsetAsync(norm_squared, 0, sizeof(float), stream_), "gradient norm");
+    for (const auto& [offset, count] : owned_gradient_ranges())
+      global_norm_squared(norm_squared, scratch, owned_gradients() + offset, count, stream_);
     if (communicating() && zero_ > 0) sum_on(comm_, norm_squared, 1);
     if (tp_comm_ != nullptr) sum_on(tp_comm_, norm_squared, 1);
   }

@@ -21,6 +21,13 @@
 #include <stdexcept>
 #include <string>
 
+// This rank's part of `cfg` in the TP group of `tp_comm` (nullptr: the whole model), checked.
+inline TensorSplit tensor_split_of(const GPT2Config& cfg, Communicator* tp_comm) {
+  const int size = tp_comm != nullptr ? tp_comm->world_size() : 1;
+  check_tensor_split(cfg, size, "--tp");
+  return TensorSplit(cfg, size, tp_comm != nullptr ? tp_comm->rank() : 0);
+}
+
 template <typename Elem>
 class TensorParallelGroup {
  public:
@@ -48,11 +55,14 @@ class TensorParallelGroup {
   template <typename T> T* local(T* full, size_t width) const {
     return full + (tp_.sequence_parallel ? static_cast<size_t>(tp_.rank) * local_rows() * width : 0);
   }
-  // Whether this rank adds what the group must add once (a row-parallel bias, wpe) or computes a
-  // replicated tensor's gradient from rows every rank holds: rank 0 under sequence parallelism
-  // (the group sums those gradients), every rank otherwise (each computes the same value).
-  bool adds_once() const { return tp_.rank == 0; }
-  bool computes_replicated_gradients() const { return !tp_.sequence_parallel || tp_.rank == 0; }
+  // A term the group adds once (a row-parallel bias, wpe): rank 0's, nullptr on the others.
+  template <typename T> T* once(T* term) const { return tp_.rank == 0 ? term : nullptr; }
+  // Where a replicated tensor's gradient computed from rows every rank holds goes: under sequence
+  // parallelism rank 0 alone computes it (the group sums those gradients: grad_sync.h), otherwise
+  // every rank computes the same value; nullptr where it is not computed.
+  template <typename T> T* replicated_grad(T* gradient) const {
+    return !tp_.sequence_parallel || tp_.rank == 0 ? gradient : nullptr;
+  }
 
   // Sequence parallel: every rank's rows of `full` (rows, width) to every rank, in place.
   void gather(Elem* full, size_t width) {

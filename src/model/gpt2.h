@@ -1,7 +1,8 @@
 // gpt2.h — the GPT-2 model on the GPU: parameters, AdamW state and activations in device memory,
 // and the host code that runs kernels/ for the forward pass, the backward pass and the optimizer
 // step. The architecture and parameter layout are gpt2_config.h's, the files model_file.h's, the
-// per-micro-batch buffers activations.h's, the gradients and their communication grad_sync.h's.
+// per-micro-batch buffers activations.h's, the gradients and their communication grad_sync.h's,
+// the lm head lm_head.h's; a tensor-parallel rank's part of each layer: tensor_split.h.
 // Parameters, gradients and activations are Elem (float: --dtype fp32, bf16: the default);
 // LayerNorm statistics, attention log-sum-exps, losses, AdamW moments and master weights are fp32.
 // Errors throw std::runtime_error: one line naming the file or setting, what was expected and found.
@@ -9,7 +10,6 @@
 #include "kernels/common.cuh"
 #include "kernels/encoder.cuh"
 #include "kernels/gelu.cuh"
-#include "kernels/global_norm.cuh"
 #include "kernels/layernorm.cuh"
 #include "kernels/matmul.cuh"
 #include "src/model/activations.h"
@@ -61,7 +61,7 @@ class GPT2 {
        size_t logits_rows = kLogitsChunkRows, int zero3_prefetch = kDefaultZero3Prefetch,
        Communicator* tp_comm = nullptr, bool sequence_parallel = false)
       : cfg_(gpt2_check_micro_batch(cfg, B, seq_len, recompute)),
-        split_(split_for(cfg, tp_comm)),
+        split_(tensor_split_of(cfg, tp_comm)),
         layout_(split_.local()),
         B_(B),
         seq_len_(seq_len),
@@ -168,12 +168,9 @@ class GPT2 {
   }
 
   // Forward pass, then the gradient of (mean loss / grad_accum_steps) ADDED to the parameter
-  // gradients (call zero_grad() before the first micro-step of an optimizer step); the micro-batch's
-  // losses are added to the step's, on the device (step_figures(); mean_loss() for this micro-batch
-  // alone). Overwrites the logits with their gradient. With several ranks, the
-  // micro-step with last_micro_step = true also averages the accumulated gradients over the ranks
-  // (onto their owners at ZeRO stage 1), overlapped with its backward pass; earlier micro-steps
-  // only accumulate locally (grad_sync.h).
+  // gradients (call zero_grad() before an optimizer step's first micro-step); the losses are added
+  // to the step's on the device (step_figures()). Overwrites the logits with their gradient. With
+  // several ranks the gradients travel as grad_sync.h says, overlapped with the backward pass.
   void forward_backward(const int* inputs, const int* targets, int grad_accum_steps, bool last_micro_step = true) {
     if (targets == nullptr) throw std::runtime_error("forward_backward: targets are required");
     micro_step(inputs, targets, nullptr, grad_accum_steps, last_micro_step);
@@ -201,15 +198,14 @@ class GPT2 {
 
   // The figures of the optimizer step whose micro-steps are queued, copied to the host together:
   // the step's one host synchronisation. loss: the mean over every micro-step's tokens on every
-  // rank; grad_norm: the global norm of the accumulated gradients; summed_with_loss: the caller's `with_loss` summed over the
-  // ranks in the loss's all-reduce (the trainer's stop votes: every rank learns them without a
-  // synchronisation of their own).
+  // rank; grad_norm: the accumulated gradients' global norm; summed_with_loss: the caller's
+  // `with_loss` summed over the ranks with the loss (the trainer's stop votes).
   struct StepFigures {
     double loss, summed_with_loss;  // adjacent: copied back together from step_scalars_
     float grad_norm;
   };
   StepFigures step_figures(double with_loss = 0.0) {
-    queue_norm_squared();
+    grads_.queue_norm_squared(acts_.norm_squared.get(), acts_.scratch.get());
     StepFigures* host = figures_host_.get();
     host->summed_with_loss = with_loss;
     cuda_check(cudaMemcpyAsync(step_scalars_.get() + 1, &host->summed_with_loss, sizeof(double),
@@ -244,8 +240,7 @@ class GPT2 {
     return static_cast<float>(std::accumulate(losses.begin(), losses.end(), 0.0) / rows());
   }
 
-  // The B·T per-position losses of the last forward() or forward_backward() (row-major [B][T]).
-  // Waits for the device.
+  // The B·T per-position losses of the last forward() or forward_backward() ([B][T]). Waits.
   std::vector<float> position_losses() const { return copy_floats_to_host(acts_.losses.get(), rows(), stream_.get()); }
 
   // The whole model's (every tensor-parallel rank's parts).
@@ -253,15 +248,13 @@ class GPT2 {
   // Device bytes of the parameters (at ZeRO 3: the shard and the gather windows) and master weights.
   size_t parameter_bytes() const { return params_.bytes(); }
 
-  // Host copies as float, the whole model's llm.c order (at ZeRO 3 or with tensor parallelism a
-  // collective).
+  // Host copies as float, the whole model's llm.c order (at ZeRO 3 or with TP a collective).
   std::vector<float> parameters() const { return params_.host_floats(); }
   // In layout()'s order (at ZeRO stages 2 and 3 no rank holds them all: throws).
   std::vector<float> gradients() const { return grads_.llmc_order(stream_.get()); }
   // The logits of the last forward(): rows [N - r, N) of the micro-batch, r = N mod the lm head's
-  // chunk rows (or those rows), which is every row when B·T <= that.
-  // After forward_backward() they hold the logits' gradients. With tensor parallelism, this rank's
-  // Vp/size columns of them (its vocabulary rows of wte).
+  // chunk rows (or those rows), which is every row when B·T <= that; after forward_backward()
+  // their gradients. With tensor parallelism, this rank's Vp/size columns (its wte rows').
   std::vector<float> logits() const {
     const size_t chunk = static_cast<size_t>(head_.chunk_rows());
     const size_t last_chunk = rows() - (rows() - 1) / chunk * chunk;
@@ -288,16 +281,6 @@ class GPT2 {
   int rows() const { return B_ * seq_len_; }
   // The first vocabulary row (token id) of this rank's part of wte.
   int vocab_begin() const { return split_.rank() * vl_; }
-  static TensorSplit split_for(const GPT2Config& cfg, Communicator* tp_comm) {
-    const int size = tp_comm != nullptr ? tp_comm->world_size() : 1;
-    check_tensor_split(cfg, size, "--tp");
-    return TensorSplit(cfg, size, tp_comm != nullptr ? tp_comm->rank() : 0);
-  }
-  // What the TP group adds once (a row-parallel bias, wpe): rank 0's term (every term without TP).
-  const Elem* once(const Elem* p) const { return tp_.adds_once() ? p : nullptr; }
-  // Where a replicated tensor's gradient from rows every rank holds goes: nullptr on the ranks that
-  // leave it to rank 0 (tp_collectives.h).
-  Elem* replicated_grad(Elem* p) const { return tp_.computes_replicated_gradients() ? p : nullptr; }
 
   void reset_training_state() {
     zero_grad();
@@ -331,17 +314,6 @@ class GPT2 {
                                                vocab_begin(), vocab_begin() + vl_, acts_.inputs.get(), acts_.targets.get(),
                                                buckets ? acts_.buckets.get() : nullptr, stream_.get());
     if (buckets) bucket_segments_ = n;
-  }
-
-  // The squared global norm of the accumulated gradients into acts_.norm_squared, on the device,
-  // after the gradient communication (summed over ranks' shards when they are sharded).
-  void queue_norm_squared() {
-    grads_.wait_for_gradients();
-    float* norm_squared = acts_.norm_squared.get();
-    cuda_check(cudaMemsetAsync(norm_squared, 0, sizeof(float), stream_.get()), "gradient norm");
-    for (const auto& [offset, count] : grads_.owned_gradient_ranges())
-      global_norm_squared(norm_squared, acts_.scratch.get(), grads_.owned_gradients() + offset, count, stream_.get());
-    grads_.sum_norm_squared(norm_squared);
   }
 
   // Tensor `tensor`'s parameters (layer `layer`'s slice of a per-layer tensor) and its gradient.
@@ -378,7 +350,7 @@ class GPT2 {
     matmul_forward(qkv, layer_slice(a.ln1, l, NC), param(kQkvw, l), param(kQkvb, l), N, C, 3 * cl_, s);
     model_attention_forward(attention_, atty, layer_slice(a.lse, l, static_cast<size_t>(N) * nhl_), qkv, B_, seq_len_,
                             cl_, nhl_, s);
-    matmul_forward(a.branch.get(), atty, param(kAttprojw, l), once(param(kAttprojb, l)), N, cl_, C, s);
+    matmul_forward(a.branch.get(), atty, param(kAttprojw, l), tp_.once(param(kAttprojb, l)), N, cl_, C, s);
     const Elem* attproj = tp_.reduce(a.branch.get(), C);
     residual_layernorm_forward(layer_slice(a.residual2, l, static_cast<size_t>(Nl) * C), tp_.local(ln2, C),
                                layer_slice(a.ln2_mean, l, Nl), layer_slice(a.ln2_rstd, l, Nl), block_input(l), attproj,
@@ -400,7 +372,7 @@ class GPT2 {
     params_.enter_layer(0);
     // Each TP rank embeds the tokens of its vocabulary rows (zero for the others); the sum over the
     // group is the embedding, wpe added once.
-    encoder_forward(a.encoded.get(), a.inputs.get(), param(kWte), once(param(kWpe)), B_, seq_len_, C, s, vocab_begin(),
+    encoder_forward(a.encoded.get(), a.inputs.get(), param(kWte), tp_.once(param(kWpe)), B_, seq_len_, C, s, vocab_begin(),
                     vl_);
     tp_.reduce(a.encoded.get(), C);
     // Layer 0 normalizes the embeddings; every later ln1 (and lnf) comes out of the previous
@@ -410,7 +382,7 @@ class GPT2 {
     for (int l = 0; l < L; ++l) {
       block_forward(l);
       matmul_forward(a.branch.get(), layer_slice(a.fch_gelu, l, 4 * static_cast<size_t>(N) * cl_), param(kFcprojw, l),
-                     once(param(kFcprojb, l)), N, 4 * cl_, C, s);
+                     tp_.once(param(kFcprojb, l)), N, 4 * cl_, C, s);
       const Elem* fcproj = tp_.reduce(a.branch.get(), C);
       Elem* residual3 = a.residual3.get() + l * NlC;
       const Elem* residual2 = layer_slice(a.residual2, l, NlC);
@@ -480,7 +452,7 @@ class GPT2 {
       if (recompute_gelu) gelu_forward(fch_gelu, fch, 4 * Ncl, s);
       // MLP branch; dresidual = d/d residual3 = d/d fcproj.
       tp_.gather(dresidual_rows, C);
-      matmul_backward(dwide, grad(kFcprojw, l), replicated_grad(grad(kFcprojb, l)), nullptr, dresidual_rows, fch_gelu,
+      matmul_backward(dwide, grad(kFcprojw, l), tp_.replicated_grad(grad(kFcprojb, l)), nullptr, dresidual_rows, fch_gelu,
                       param(kFcprojw, l), nullptr, N, 4 * cl_, C, s);
       if (recompute_ln) layernorm_rows(ln2, ln2_mean, ln2_rstd, residual2, l, kLn2w);
       matmul_backward(dbranch, grad(kFcw, l), grad(kFcb, l), dwide, dwide, ln2, param(kFcw, l), fch, N, C, 4 * cl_, s);
@@ -488,7 +460,7 @@ class GPT2 {
                          param(kLn2w, l), ln2_mean, ln2_rstd, Nl, C, s);
       // Attention branch; dresidual = d/d residual2 = d/d attproj.
       tp_.gather(dresidual_rows, C);
-      matmul_backward(dbranch, grad(kAttprojw, l), replicated_grad(grad(kAttprojb, l)), nullptr, dresidual_rows, atty,
+      matmul_backward(dbranch, grad(kAttprojw, l), tp_.replicated_grad(grad(kAttprojb, l)), nullptr, dresidual_rows, atty,
                       param(kAttprojw, l), nullptr, N, cl_, C, s);
       model_attention_backward(attention_, dwide, scratch, dbranch, qkv, atty,
                                layer_slice(a.lse, l, static_cast<size_t>(N) * nhl_), B_, seq_len_, cl_, nhl_, s);
@@ -501,7 +473,7 @@ class GPT2 {
       grads_.send_finished_bucket(l);  // all-reduce / reduce-scatter once its bucket is done
     }
     tp_.gather(dresidual_rows, C);
-    encoder_backward(grad(kWte), replicated_grad(grad(kWpe)), scratch, a.buckets.get(), bucket_segments_,
+    encoder_backward(grad(kWte), tp_.replicated_grad(grad(kWpe)), scratch, a.buckets.get(), bucket_segments_,
                      dresidual_rows, B_, seq_len_, C, s);
   }
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPT-2 recipes (scripts/run_gpt2_*.sh over scripts/lib/recipe.sh):
+# The recipes (scripts/run_gpt2_*.sh, scripts/run_gpt3_6.7B.sh over scripts/lib/recipe.sh):
 #   - a missing binary, missing shards or a missing HellaSwag file: exit 1 with one line naming it;
 #   - PLAN=1: the binary itself (train_gpt_cpu --plan) accepts every flag the recipe passes, checks
 #     the total batch against 8 ranks, and the plan fits an 80 GiB GPU;
@@ -77,6 +77,24 @@ for size in 124M 350M 774M 1558M; do
   fi
 done
 
+# GPT-3 6.7B: 16 ranks by default, TP 8 x DP 2; its plan fits 80 GiB and the micro-batch is
+# counted over the data-parallel ranks.
+recipe=scripts/run_gpt3_6.7B.sh
+if env TRAIN_GPT="$bin" PLAN=1 "$recipe" >"$tmp/plan.log" 2>&1; then
+  head -n 1 "$tmp/plan.log" | grep -q "^gpt3_6.7B: memory plan for 16 rank(s)" || fail "6.7B: no plan for 16 ranks"
+  grep -q "ZeRO stage 1 over 16 rank(s) in tensor-parallel groups of 8 (sequence parallel)" "$tmp/plan.log" ||
+    fail "6.7B: plan not for TP 8 x DP 2 at ZeRO 1"
+  grep -qE "^  total per rank .* of 80.00 GiB: fits$" "$tmp/plan.log" || fail "6.7B: does not fit 80 GiB"
+  grep -q "^tensor-parallel communication per optimizer step" "$tmp/plan.log" || fail "6.7B: no TP traffic line"
+else
+  fail "6.7B: train_gpt --plan refused the recipe's flags"; cat "$tmp/plan.log"
+fi
+"${stub_env[@]}" "$recipe" >"$tmp/tp.log" 2>&1
+grep -q "^mpirun called: -np 16 $tmp/bin/train_gpt .*--tp 8 .*--batch-size 32" "$tmp/tp.log" ||
+  { fail "6.7B: not mpirun -np 16 with --tp 8 and --batch-size 32 (2M tokens / (2048 x 2 data ranks) / 16 steps)"
+    cat "$tmp/tp.log"; }
+expect_one_line "6.7B on 12 ranks" "^gpt3_6.7B: --tp 8 does not divide the 12 ranks" "${stub_env[@]}" NPROC=12 "$recipe"
+
 # Launchers (124M): mpirun -np 8; srun with a rendezvous file in the run's folder; srun --mpi=pmix.
 recipe=scripts/run_gpt2_124M.sh
 "${stub_env[@]}" "$recipe" >"$tmp/mpirun.log" 2>&1
@@ -89,7 +107,7 @@ grep -q "^srun called: --ntasks 16 --kill-on-bad-exit=1 $tmp/bin/train_gpt .*--b
 grep -q "^srun called: --ntasks 4 --kill-on-bad-exit=1 --mpi=pmix $tmp/bin/train_gpt " "$tmp/pmix.log" ||
   { fail "LAUNCHER=srun-pmix: not srun --mpi=pmix"; cat "$tmp/pmix.log"; }
 grep -q -- "--rendezvous" "$tmp/pmix.log" && fail "LAUNCHER=srun-pmix: a --rendezvous (MPI carries the id)"
-expect_one_line "12 ranks" "^gpt2_124M: --total-batch-tokens 524288 is not a multiple of --seq-len 1024 x 12 ranks" \
+expect_one_line "12 ranks" "^gpt2_124M: --total-batch-tokens 524288 is not a multiple of --seq-len 1024 x 12 data-parallel ranks" \
   "${stub_env[@]}" NPROC=12 "$recipe"
 expect_one_line "bad launcher" "^gpt2_124M: LAUNCHER='ssh': expected mpirun, srun, srun-pmix or none" \
   "${stub_env[@]}" LAUNCHER=ssh "$recipe"

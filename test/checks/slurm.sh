@@ -10,6 +10,7 @@
 #      stops after the same step, the job completes without a requeue, and a new submission of the
 #      same script finishes the run.
 #   Every metrics.jsonl record of 2 (timings aside) equals 1's, and so do the model files.
+#   3. scripts/slurm/gpt3_6.7B.sbatch with the tiny run on --tp 2: completes, with 1's losses.
 # The cluster runs as root without systemd or cgroups: auth/none, proctrack/linuxproc, state and
 # logs under a temporary folder, free ports. Missing SLURM packages fail the check
 # (scripts/install_deps.sh installs them).
@@ -173,6 +174,23 @@ else
     fail "the new job did not resume from step ${second_stop:-?}'s checkpoint"
 fi
 
+# 3. The GPT-3 6.7B script (tensor parallelism over a node's ranks), its recipe's model and TP 8
+# replaced by the tiny run on TP 2 with the same global micro-batch (one data-parallel rank of
+# B 2): completes, and its losses are the data-parallel job's.
+with_flags tiny --batch-size 2 --tp 2
+tp_job=$(OUT_DIR=$tmp/tp sbatch --parsable "${small[@]}" --job-name=tp --output="$tmp/tp.out" \
+           scripts/slurm/gpt3_6.7B.sbatch "${flags[@]}") || fail "sbatch refused the 6.7B script"
+if [ -n "$tp_job" ] && wait_job_state "$tp_job" COMPLETED 0; then
+  grep -q -- "--tp 2" "$tmp/tp.out" || fail "the 6.7B job did not run with --tp 2"
+  "$python" - "$tmp/straight/metrics.jsonl" "$tmp/tp/metrics.jsonl" <<'PY' || fail "the TP job's losses differ from the data-parallel job's"
+import json, sys
+a, b = ([json.loads(l)["train_loss"] for l in open(p) if "train_loss" in l] for p in sys.argv[1:3])
+if len(a) != len(b) or any(abs(x - y) > 1e-5 * abs(x) for x, y in zip(a, b)): print(f"  {a[:3]} vs {b[:3]}"); sys.exit(1)
+PY
+else
+  show_log "$tmp/tp.out"
+fi
+
 # The interrupted run equals the uninterrupted one: every record but the timings, and the model.
 if "$python" - "$tmp/straight/metrics.jsonl" "$tmp/stopped/metrics.jsonl" "$steps" <<'PY'; then
 import json, sys
@@ -194,6 +212,6 @@ fi
 if [ "$failures" -eq 0 ]; then
   echo "slurm: uninterrupted job $straight_job; job $stopped_job stopped after step $first_stop (USR1 to the batch" \
        "shell), requeued, stopped after step $second_stop (USR1 to rank 1), job $resumed_job finished: same" \
-       "$steps steps as the uninterrupted run"
+       "$steps steps as the uninterrupted run; 6.7B script's job $tp_job on TP 2: the same losses"
 fi
 [ "$failures" -eq 0 ]
