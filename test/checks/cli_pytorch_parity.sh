@@ -4,7 +4,10 @@
 # CLI in both dtypes; per-step train_loss and grad_norm must agree (fp32: max rel err 1e-4,
 # bf16: 2e-2). Two shapes: "small" (300 tokens, B·T = 32) and "hot" (8 tokens, B·T = 512), where
 # every micro-batch has a token at more than 128 positions (checked here), so the encoder backward
-# sums its bucket in segments and combines them (kernels/encoder.cuh).
+# sums its bucket in segments and combines them (kernels/encoder.cuh). And as one rank, so tensor
+# parallelism: fp32 on 2 ranks with --tp 2 (sequence parallel; "hot"'s 8 tokens all sit in one
+# rank's vocabulary rows, the other's logits are padding alone) against the same reference, where
+# mpirun is present (on a GPU machine with 2 GPUs or more).
 # usage: cli_pytorch_parity.sh cpu|gpu
 set -u
 # shellcheck source=test/checks/lib/trainer.sh
@@ -12,6 +15,8 @@ source "$(dirname "$0")/lib/trainer.sh" "$@"
 require_files "$bin"
 
 steps=10
+mpi_opts=(--oversubscribe -x SIMT_THREADS=1)
+[ "$(id -u)" -eq 0 ] && mpi_opts+=(--allow-run-as-root)
 for config in "small 300 2 16 32" "hot 8 8 64 64"; do
   read -r name vocab batch seq_len max_seq_len <<<"$config"
   dir=$tmp/$name
@@ -33,9 +38,18 @@ EOF
     echo "FAIL: hot: a micro-batch has no token at more than 128 positions"; failures=$((failures + 1))
   fi
 
-  for spec in "fp32 1e-4" "bf16 2e-2"; do
-    read -r dtype tol <<<"$spec"
-    if ! "$bin" --init-from "$dir/model.bin" --train-data "$dir/train.bin" --dtype "$dtype" --shuffle 0 \
+  tp_ranks=0
+  if command -v mpirun >/dev/null && { [ "$mode" = cpu ] || [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; }; then
+    tp_ranks=2
+  fi
+  for spec in "fp32 1e-4 1" "bf16 2e-2 1" "fp32 1e-4 $tp_ranks"; do
+    read -r dtype tol ranks <<<"$spec"
+    launch=("$bin")
+    case $ranks in
+      0) continue ;;
+      2) launch=(mpirun -np 2 "${mpi_opts[@]}" "$bin" --tp 2) dtype=fp32-tp2 ;;
+    esac
+    if ! "${launch[@]}" --init-from "$dir/model.bin" --train-data "$dir/train.bin" --dtype "${dtype%%-*}" --shuffle 0 \
         --batch-size "$batch" --seq-len "$seq_len" --max-steps $steps --lr 1e-3 --lr-schedule constant --warmup-steps 0 \
         --weight-decay 0.1 --grad-clip 1.0 --beta1 0.9 --beta2 0.95 --adam-eps 1e-8 --val-every 0 \
         --out-dir "$dir/run_$dtype" >"$dir/$dtype.log" 2>&1; then
