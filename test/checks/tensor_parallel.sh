@@ -7,7 +7,8 @@
 # rounds its partial products to bf16 before the group sums them); so must gradient accumulation
 # at ZeRO 2 (the replicated tensors' accumulated gradients restored on one TP rank only) and
 # --recompute 3 (the recomputed block's collectives). The model file a TP run writes is an
-# ordinary one: a one-process run that loads it reproduces the TP run's last validation loss. And
+# ordinary one: a one-process run that loads it reproduces the TP run's last validation loss, and
+# an independent reader of llm.c's format (dev/hf_gpt2.py) finds the one-process run's tensors. And
 # HellaSwag-style evaluation, greedy samples and validation of a TP 2 run equal one process's.
 # usage: tensor_parallel.sh cpu|gpu   (gpu: needs 4 GPUs, else skipped)
 set -u
@@ -83,6 +84,25 @@ got = float(m.group(1))
 if abs(got - last) > 1e-4 * abs(last): print(f"  {got} vs the TP run's {last}"); sys.exit(1)
 PY
 fi
+# llm.c's format as an independent reader sees it (dev/hf_gpt2.py): the TP run's model.bin holds
+# the one-process run's tensors (both trained the same 3 steps; Adam turns last-bit differences of
+# tiny gradients into ~1e-5 of a tensor's largest value, a misplaced element would differ by ~1),
+# its padding rows of wte zero.
+"$python" - "$tmp/ref_fp32/model.bin" "$tmp/tp2dp2_z3_sp1_fp32/model.bin" <<'PY' || fail "the TP run's model.bin read by dev/hf_gpt2.py differs from one process's"
+import sys
+import numpy as np
+sys.path.insert(0, "dev")
+import hf_gpt2
+(ca, a, _), (cb, b, _) = (hf_gpt2.read_model(p) for p in sys.argv[1:3])
+bad = ca != cb or a.keys() != b.keys()
+for name in a:
+    x, y = np.asarray(a[name], dtype=np.float64), np.asarray(b[name], dtype=np.float64)
+    d = np.abs(x - y).max() / max(np.abs(x).max(), 1e-6)
+    if d > 1e-3: print(f"  {name}: relative difference {d:.2e}"); bad = True
+if np.asarray(b["wte"])[cb["V"]:].any(): print("  padding rows of wte are not zero"); bad = True
+sys.exit(1 if bad else 0)
+PY
+
 # Everything else a run does under TP 2: on a GPT-2-vocabulary model, HellaSwag-style evaluation,
 # greedy samples (rank 0 decodes from the gathered parameters) and validation equal one process's.
 model=$tmp/gpt2vocab
