@@ -4,6 +4,9 @@
 // Layouts: tokens (B, seq_len) int; wte (Vp, C); wpe (maxT, C) with maxT >= seq_len;
 // out/dout (B, seq_len, C). All rows move as 128-bit vectors, so C must be a multiple of
 // 16 / sizeof(T) (4 floats, 8 bf16); the launchers exit with a message otherwise.
+// Vocabulary parallelism: a rank may hold a slice of wte, the rows of tokens [vocab_begin,
+// vocab_begin + rows); its forward adds only the tokens in the slice (0 for the others) and
+// its backward writes only the slice's rows of dwte.
 //
 // Determinism of the backward pass: the rows of dout that feed one row of dwte (a token's
 // bucket of positions) are summed in fp32 in an order fixed by the tokens alone, and added to the
@@ -21,13 +24,15 @@
 #include "common.cuh"
 
 #include <algorithm>
+#include <climits>
 #include <numeric>
 #include <vector>
 
-// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]; one thread per 128-bit chunk of a row.
+// out[b,t,:] = (wte[tokens[b,t] - vocab_begin,:] if that row is in [0, vocab_rows), else 0)
+// + (wpe[t,:] if wpe, else 0); one thread per 128-bit chunk of a row.
 template <typename T>
 __global__ void encoder_forward_kernel(T* out, const int* tokens, const T* wte, const T* wpe, int N, int seq_len,
-                                       int C) {
+                                       int C, int vocab_begin, int vocab_rows) {
   constexpr int kVec = Vec128<T>::size;
   const int chunks = C / kVec;
   const size_t idx = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -35,11 +40,19 @@ __global__ void encoder_forward_kernel(T* out, const int* tokens, const T* wte, 
   const int position = static_cast<int>(idx / chunks);
   const int c = static_cast<int>(idx % chunks) * kVec;
   const int t = position % seq_len;
-  const Vec128<T> token_row = load128(wte + static_cast<size_t>(tokens[position]) * C + c);
-  const Vec128<T> position_row = load128(wpe + static_cast<size_t>(t) * C + c);
-  Vec128<T> sum;
-  for (int k = 0; k < kVec; ++k) sum[k] = from_float<T>(to_float(token_row[k]) + to_float(position_row[k]));
-  store128(out + static_cast<size_t>(position) * C + c, sum);
+  const int row = tokens[position] - vocab_begin;
+  float sum[kVec] = {};
+  if (row >= 0 && row < vocab_rows) {
+    const Vec128<T> token_row = load128(wte + static_cast<size_t>(row) * C + c);
+    for (int k = 0; k < kVec; ++k) sum[k] = to_float(token_row[k]);
+  }
+  if (wpe != nullptr) {
+    const Vec128<T> position_row = load128(wpe + static_cast<size_t>(t) * C + c);
+    for (int k = 0; k < kVec; ++k) sum[k] += to_float(position_row[k]);
+  }
+  Vec128<T> rounded;
+  for (int k = 0; k < kVec; ++k) rounded[k] = from_float<T>(sum[k]);
+  store128(out + static_cast<size_t>(position) * C + c, rounded);
 }
 
 // Positions per segment of a bucket: the most one block walks serially. A block's thread
@@ -54,9 +67,10 @@ __host__ __device__ inline int encoder_backward_max_split_buckets(int N) { retur
 // encoder_backward_max_split_buckets(N), and `segments` <= N segments:
 //   [0]                  D <= M: split buckets (more than S positions)
 //   [1]                  P: segments of the split buckets
-//   [2, 2+N)             token of segment k, for k < segments
+//   [2, 2+N)             token of segment k, for k < segments (relative to a vocabulary slice's first)
 //   [2+N, 3+2N)          start of segment k's positions at 2+N+k, its end at 2+N+k+1
-//   [3+2N, 3+3N)         positions (b·seq_len + t) of all buckets, increasing within a bucket
+//   [3+2N, 3+3N)         positions (b·seq_len + t) of all buckets, increasing within a bucket (a
+//                        vocabulary slice's buckets hold only its tokens' positions: zeros follow)
 //   [3+3N, 4+3N+M)       first segment of split bucket j at 3+3N+j, its end at 3+3N+j+1
 // Buckets are ordered by size, largest first, so the longest sums start first on the GPU and the
 // split buckets come first: their segments are [0, P), segment k < P writing row k of partials.
@@ -162,14 +176,23 @@ constexpr int kEncoderBlock = 256;
 
 // out (B, seq_len, C) = wte[tokens] + wpe[0..seq_len) (sum in fp32, rounded to T once).
 // tokens is a device array of B·seq_len ids, each in [0, rows of wte).
+// A slice of the vocabulary (vocab parallelism): wte holds the vocab_rows rows of tokens
+// [vocab_begin, vocab_begin + vocab_rows) (vocab_rows = -1: every token from vocab_begin on), and a
+// position whose token is outside them takes 0 from wte; wpe == nullptr adds no position
+// embedding (a rank that leaves it to another). The partial outputs of slices covering the
+// vocabulary, one of them with wpe, sum to the full forward.
 template <typename T>
 void encoder_forward(T* out, const int* tokens, const T* wte, const T* wpe, int B, int seq_len, int C,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, int vocab_begin = 0, int vocab_rows = -1) {
   encoder_check_shape<T>("encoder_forward", B, seq_len, C);
+  if (vocab_begin < 0 || vocab_rows < -1) {
+    throw_errorf("encoder_forward: need vocab_begin >= 0 and vocab_rows >= 0 (or -1: all of wte); got "
+                 "vocab_begin=%d vocab_rows=%d", vocab_begin, vocab_rows);
+  }
   const size_t threads = static_cast<size_t>(B) * seq_len * (C / Vec128<T>::size);
   const size_t blocks = ceil_div(threads, static_cast<size_t>(kEncoderBlock));
   launch(encoder_forward_kernel<T>, dim3(static_cast<unsigned>(blocks)), dim3(kEncoderBlock), 0, stream, out, tokens,
-         wte, wpe, B * seq_len, seq_len, C);
+         wte, wpe, B * seq_len, seq_len, C, vocab_begin, vocab_rows < 0 ? INT_MAX : vocab_rows);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -187,34 +210,49 @@ inline size_t encoder_backward_scratch_bytes(int B, int seq_len, int C) {
 }
 
 // Kernel launches per encoder_backward (--profile's plan): segments, their combination where
-// B·seq_len positions can hold a split bucket, positions.
-inline int encoder_backward_launches(int B, int seq_len) {
-  return encoder_backward_max_split_buckets(B * seq_len) > 0 ? 3 : 2;
+// B·seq_len positions can hold a split bucket, positions (with_wpe: a dwpe to write). A slice of
+// the vocabulary that no position's token falls in (segments == 0) launches neither wte kernel.
+inline int encoder_backward_launches(int B, int seq_len, bool with_wpe = true) {
+  return 1 + (encoder_backward_max_split_buckets(B * seq_len) > 0 ? 1 : 0) + (with_wpe ? 1 : 0);
 }
 
 // Host: groups the positions of tokens_host (B·seq_len ids) by token into buckets_host
 // (encoder_backward_buckets_bytes(B, seq_len) bytes; layout above) and returns the number of
 // segments. Exits with a message if a token is outside [0, vocab_size). The caller copies
 // buckets_host to a device buffer of the same size before encoder_backward runs.
+// A slice of the vocabulary (vocab parallelism: dwte holds the rows of tokens
+// [vocab_begin, vocab_end); vocab_end = -1: vocab_size): positions whose token is outside it are
+// left out of the list, and segment tokens are stored relative to vocab_begin, so
+// encoder_backward writes rows [0, vocab_end - vocab_begin) of the slice's dwte. The segments
+// returned are the kept ones; 0 when no token falls in the slice. vocab_end may pass vocab_size
+// (the slice holding the padded vocabulary's last rows).
 inline int encoder_backward_build_buckets(int* buckets_host, const int* tokens_host, int B, int seq_len,
-                                          int vocab_size) {
+                                          int vocab_size, int vocab_begin = 0, int vocab_end = -1) {
   const int N = B * seq_len;
+  if (vocab_end == -1) vocab_end = vocab_size;
+  if (vocab_begin < 0 || vocab_end < vocab_begin) {
+    throw_errorf("encoder_backward: need 0 <= vocab_begin <= vocab_end (or vocab_end = -1: the vocabulary size); "
+                 "got vocab_begin=%d vocab_end=%d", vocab_begin, vocab_end);
+  }
   for (int p = 0; p < N; ++p) {
     if (tokens_host[p] < 0 || tokens_host[p] >= vocab_size) {
       throw_errorf("encoder_backward: token %d at position %d is outside [0, %d)", tokens_host[p], p,
                    vocab_size);
     }
   }
-  // Positions sorted by token; the stable sort keeps increasing position order per token.
-  std::vector<int> by_token(N);
-  std::iota(by_token.begin(), by_token.end(), 0);
+  // The slice's positions sorted by token; the stable sort keeps increasing position order per token.
+  std::vector<int> by_token;
+  by_token.reserve(N);
+  for (int p = 0; p < N; ++p)
+    if (tokens_host[p] >= vocab_begin && tokens_host[p] < vocab_end) by_token.push_back(p);
+  const int kept = static_cast<int>(by_token.size());
   std::stable_sort(by_token.begin(), by_token.end(),
                    [&](int a, int b) { return tokens_host[a] < tokens_host[b]; });
-  std::vector<int> run_starts;  // where each token's run begins in by_token, plus N at the end
-  for (int k = 0; k < N; ++k)
+  std::vector<int> run_starts;  // where each token's run begins in by_token, plus kept at the end
+  for (int k = 0; k < kept; ++k)
     if (k == 0 || tokens_host[by_token[k]] != tokens_host[by_token[k - 1]]) run_starts.push_back(k);
   const int buckets = static_cast<int>(run_starts.size());
-  run_starts.push_back(N);
+  run_starts.push_back(kept);
   std::vector<int> order(buckets);  // runs by size, largest first; ties by token id
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
@@ -225,7 +263,7 @@ inline int encoder_backward_build_buckets(int* buckets_host, const int* tokens_h
   int segments = 0, split = 0, split_segments = 0, next = 0;
   for (int u = 0; u < buckets; ++u) {
     const int run = order[u], size = run_starts[run + 1] - run_starts[run];
-    const int token = tokens_host[by_token[run_starts[run]]];
+    const int token = tokens_host[by_token[run_starts[run]]] - vocab_begin;
     if (size > kEncoderSegment) list.split_starts[split++] = segments;
     for (int k = 0; k < size; k += kEncoderSegment) {
       list.segment_tokens[segments] = token;
@@ -247,7 +285,10 @@ inline int encoder_backward_build_buckets(int* buckets_host, const int* tokens_h
 // Each sum is formed in fp32 in the fixed order above (dwpe: b increasing) and added to the
 // stored value once (one rounding to T). buckets is the device copy of
 // encoder_backward_build_buckets' output and segments its return value; scratch holds
-// encoder_backward_scratch_bytes(B, seq_len, C) bytes (contents overwritten).
+// encoder_backward_scratch_bytes(B, seq_len, C) bytes (contents overwritten). For a slice of the
+// vocabulary, dwte is the slice's rows and v the token relative to the slice's first (the bucket
+// list says so); segments == 0 (no token in the slice) leaves dwte alone and launches nothing for
+// it. dwpe == nullptr leaves the position gradient to another caller (no launch).
 template <typename T>
 void encoder_backward(T* dwte, T* dwpe, float* scratch, const int* buckets, int segments, const T* dout, int B,
                       int seq_len, int C, cudaStream_t stream) {
@@ -255,15 +296,19 @@ void encoder_backward(T* dwte, T* dwpe, float* scratch, const int* buckets, int 
   const int N = B * seq_len, chunks = C / Vec128<T>::size;
   const int wte_block = std::min(ceil_div(chunks, 32) * 32, kEncoderBlock);
   const int chunk_blocks = ceil_div(chunks, wte_block);
-  launch(encoder_backward_wte_kernel<T>, dim3(segments, chunk_blocks), dim3(wte_block), 0, stream, dwte, scratch,
-         buckets, dout, N, C);
-  CUDA_CHECK(cudaGetLastError());
-  if (encoder_backward_max_split_buckets(N) > 0) {
-    launch(encoder_backward_wte_combine_kernel<T>, dim3(encoder_backward_max_split_buckets(N), chunk_blocks),
-           dim3(wte_block), 0, stream, dwte, scratch, buckets, N, C);
+  if (segments > 0) {
+    launch(encoder_backward_wte_kernel<T>, dim3(segments, chunk_blocks), dim3(wte_block), 0, stream, dwte, scratch,
+           buckets, dout, N, C);
+    CUDA_CHECK(cudaGetLastError());
+    if (encoder_backward_max_split_buckets(N) > 0) {
+      launch(encoder_backward_wte_combine_kernel<T>, dim3(encoder_backward_max_split_buckets(N), chunk_blocks),
+             dim3(wte_block), 0, stream, dwte, scratch, buckets, N, C);
+      CUDA_CHECK(cudaGetLastError());
+    }
+  }
+  if (dwpe != nullptr) {
+    launch(encoder_backward_wpe_kernel<T>, dim3(ceil_div(seq_len * chunks, kEncoderBlock)), dim3(kEncoderBlock), 0,
+           stream, dwpe, dout, B, seq_len, C);
     CUDA_CHECK(cudaGetLastError());
   }
-  launch(encoder_backward_wpe_kernel<T>, dim3(ceil_div(seq_len * chunks, kEncoderBlock)), dim3(kEncoderBlock), 0,
-         stream, dwpe, dout, B, seq_len, C);
-  CUDA_CHECK(cudaGetLastError());
 }

@@ -11,6 +11,20 @@
 // ncclCommGetAsyncError), an MPI world of exactly nranks processes and rank == the MPI world rank
 // (launch with mpirun; the stand-in has no transport of its own), and every rank passing the same
 // unique id. The config may set `blocking` (0 or 1; default 1) and nothing else.
+// ncclCommSplit(comm, color, key, newcomm, config) (nccl.h): collective over the parent's ranks;
+//   those passing the same color form a new communicator, ranked by key, ties by their rank in
+//   the parent (MPI_Comm_split's order); NCCL_SPLIT_NOCOLOR leaves *newcomm NULL (any other
+//   negative color is refused). The split is an operation queued on the parent like a collective
+//   (in call order with the parent's other operations, as in NCCL: NVIDIA/nccl#1472): a blocking
+//   parent returns once it completed; a non-blocking parent returns ncclInProgress and, as real
+//   NCCL does, fills *newcomm (NULL until then; the pointer must stay valid) when
+//   ncclCommGetAsyncError on the parent reports ncclSuccess. The child is blocking as its config
+//   says (as for ncclCommInitRankConfig), or as the parent is when config is NULL ("inherit the
+//   original communicator's configuration"). It is a communicator of its own: its own MPI
+//   communicator, on which its collectives run with ranks within it, its own sticky error, abort,
+//   finalize and destroy, independent of the parent's (either may be destroyed first). Over more
+//   than one rank it needs MPI_THREAD_MULTIPLE (MPI_Comm_split runs on a helper thread, so that
+//   the call does not block on the peers); inside ncclGroupStart/End it is refused.
 //
 // Blocking and non-blocking, as NCCL documents them: every operation (the set-up included) is a
 // chain of non-blocking MPI calls, run one operation at a time in call order (the same order on
@@ -28,11 +42,12 @@
 // MPI errors are returned (MPI_ERRORS_RETURN) as ncclSystemError with MPI's text.
 //
 // Collectives (ncclAllReduce, ncclReduceScatter, ncclReduce, ncclAllGather, ncclBroadcast):
-//   data types ncclFloat32, ncclBfloat16, ncclFloat64; reduction ops ncclSum and ncclAvg;
+//   data types ncclFloat32, ncclBfloat16, ncclFloat64; reduction ops ncclSum, ncclAvg and ncclMax;
 //   in-place variants as nccl.h documents them.
 //   Reductions are deterministic and identical on every rank: the contributions of all ranks are
 //   added in rank order (0, 1, ..., R-1) in fp32 (fp64 for ncclFloat64), ncclAvg then divides
-//   that sum by R, and the result is rounded once to the data type (bf16: to nearest even).
+//   that sum by R, and the result is rounded once to the data type (bf16: to nearest even); ncclMax
+//   takes the largest contribution (exact).
 //   Real NCCL's order depends on its algorithm (ring/tree), so GPU results may differ from these
 //   in the last bits; they do not differ between ranks on either.
 // Buffers (NCCL user guide, "In-place Operations"): all-reduce, broadcast and reduce are in place
@@ -156,9 +171,9 @@ ncclResult_t check_call(const char* what, ncclComm* comm, ncclDataType_t type, s
   if (element_bytes(type) == 0)
     return refuse(comm, ncclInvalidArgument, std::string(what) + ": data type " + std::to_string(static_cast<int>(type)) +
                                                  " is not implemented by the CPU stand-in (ncclFloat32, ncclBfloat16, ncclFloat64)");
-  if (op != nullptr && *op != ncclSum && *op != ncclAvg)
+  if (op != nullptr && *op != ncclSum && *op != ncclAvg && *op != ncclMax)
     return refuse(comm, ncclInvalidArgument, std::string(what) + ": reduction op " + std::to_string(static_cast<int>(*op)) +
-                                                 " is not implemented by the CPU stand-in (ncclSum, ncclAvg)");
+                                                 " is not implemented by the CPU stand-in (ncclSum, ncclAvg, ncclMax)");
   if (count * element_bytes(type) * static_cast<size_t>(comm->nranks) > static_cast<size_t>(INT_MAX))
     return refuse(comm, ncclInvalidArgument, std::string(what) + ": " + std::to_string(count) +
                                                  " elements exceed the CPU stand-in's MPI message limit (INT_MAX bytes)");
@@ -203,12 +218,14 @@ void reduce_in_rank_order(void* out, const char* contributions, size_t count, in
   const size_t stride = count * element_bytes(type);
   for (size_t i = 0; i < count; ++i) {
     if (type == ncclFloat64) {
-      double acc = 0.0;
-      for (int p = 0; p < nranks; ++p) acc += reinterpret_cast<const double*>(contributions + p * stride)[i];
+      const auto value = [&](int p) { return reinterpret_cast<const double*>(contributions + p * stride)[i]; };
+      double acc = op == ncclMax ? value(0) : 0.0;
+      for (int p = 0; p < nranks; ++p) acc = op == ncclMax ? std::max(acc, value(p)) : acc + value(p);
       static_cast<double*>(out)[i] = op == ncclAvg ? acc / nranks : acc;
     } else {
-      float acc = 0.0f;
-      for (int p = 0; p < nranks; ++p) acc += load_float(contributions + p * stride, i, type);
+      const auto value = [&](int p) { return load_float(contributions + p * stride, i, type); };
+      float acc = op == ncclMax ? value(0) : 0.0f;
+      for (int p = 0; p < nranks; ++p) acc = op == ncclMax ? std::max(acc, value(p)) : acc + value(p);
       store_float(out, i, type, op == ncclAvg ? acc / static_cast<float>(nranks) : acc);
     }
   }
@@ -321,10 +338,11 @@ ncclResult_t issue(ncclComm* comm, Operation op) {
   return wait_for_operations(comm, "collective");
 }
 
-ncclResult_t check_config(const ncclConfig_t* config, bool* blocking) {
-  *blocking = true;
+// `what` ("ncclCommInitRankConfig") names the call in the messages; a NULL config leaves *blocking.
+ncclResult_t check_config(const char* what_call, const ncclConfig_t* config, bool* blocking) {
   if (config == nullptr) return ncclSuccess;
-  const std::string what = "ncclCommInitRankConfig: ";
+  *blocking = true;
+  const std::string what = std::string(what_call) + ": ";
   if (config->magic != 0xcafebeef || config->size != sizeof(ncclConfig_t))
     return fail(ncclInvalidArgument, what + "the config was not initialized with NCCL_CONFIG_INITIALIZER");
   if (config->blocking != NCCL_CONFIG_UNDEF_INT && config->blocking != 0 && config->blocking != 1)
@@ -368,6 +386,82 @@ Operation set_up_operation(ncclComm* comm, const ncclUniqueId& id) {
   });
   op.steps.push_back([comm](MPI_Request*) {
     return mpi_status(MPI_Comm_set_errhandler(comm->mpi, MPI_ERRORS_RETURN), "ncclCommInitRank");
+  });
+  return op;
+}
+
+// ncclCommSplit over more than one rank: MPI_Comm_split is MPI's split with NCCL's semantics
+// (ranks by key, ties by parent rank; MPI_UNDEFINED for NCCL_SPLIT_NOCOLOR), but it blocks until
+// every rank of the parent has called it. It therefore runs on a helper thread of its own, which
+// then completes an MPI generalized request: the parent's operation waits on that request like
+// on any other MPI call, so the caller never blocks on a peer (and an abort leaves the thread,
+// like the communicator's memory, to the end of the process).
+struct Split {
+  int color = 0, key = 0;
+  std::mutex mutex;  // what the helper thread hands over
+  MPI_Comm mpi = MPI_COMM_NULL;
+  int error = MPI_SUCCESS;
+};
+
+int split_request_query(void*, MPI_Status* status) {
+  MPI_Status_set_elements(status, MPI_BYTE, 0);
+  MPI_Status_set_cancelled(status, 0);
+  status->MPI_SOURCE = MPI_UNDEFINED;
+  status->MPI_TAG = MPI_UNDEFINED;
+  return MPI_SUCCESS;
+}
+int split_request_free(void*) { return MPI_SUCCESS; }
+int split_request_cancel(void*, int) { return MPI_SUCCESS; }
+
+// The split's steps on `parent`: (more than one rank) the helper thread's MPI_Comm_split, then
+// the child, if this rank has a color, in *newcomm.
+Operation split_operation(ncclComm* parent, int color, int key, ncclComm_t* newcomm, bool blocking) {
+  auto s = std::make_shared<Split>();
+  s->color = color;
+  s->key = key;
+  Operation op;
+  op.name = "ncclCommSplit";
+  if (parent->nranks > 1)
+    op.steps.push_back([s, parent](MPI_Request* request) {
+      const ncclResult_t status = mpi_status(
+          MPI_Grequest_start(split_request_query, split_request_free, split_request_cancel, nullptr, request),
+          "ncclCommSplit");
+      if (status != ncclSuccess) return status;
+      std::thread([s, mpi = parent->mpi, done = *request]() mutable {
+        MPI_Comm child = MPI_COMM_NULL;
+        const int error = MPI_Comm_split(mpi, s->color == NCCL_SPLIT_NOCOLOR ? MPI_UNDEFINED : s->color, s->key, &child);
+        {
+          std::lock_guard<std::mutex> lock(s->mutex);
+          s->mpi = child;
+          s->error = error;
+        }
+        MPI_Grequest_complete(done);
+      }).detach();
+      return ncclSuccess;
+    });
+  op.steps.push_back([s, parent, newcomm, blocking](MPI_Request*) {
+    MPI_Comm mpi = MPI_COMM_NULL;
+    if (parent->nranks > 1) {
+      std::lock_guard<std::mutex> lock(s->mutex);
+      const ncclResult_t status = mpi_status(s->error, "ncclCommSplit");
+      if (status != ncclSuccess) return status;
+      mpi = s->mpi;
+    }
+    if (s->color == NCCL_SPLIT_NOCOLOR) return ncclSuccess;
+    if (mpi != MPI_COMM_NULL) {
+      const ncclResult_t status = mpi_status(MPI_Comm_set_errhandler(mpi, MPI_ERRORS_RETURN), "ncclCommSplit");
+      if (status != ncclSuccess) return status;
+    }
+    ncclComm* child = new ncclComm;
+    child->magic = kCommMagic;
+    child->blocking = blocking;
+    if (mpi != MPI_COMM_NULL) {
+      child->mpi = mpi;
+      MPI_Comm_rank(mpi, &child->rank);
+      MPI_Comm_size(mpi, &child->nranks);
+    }
+    *newcomm = child;
+    return ncclSuccess;
   });
   return op;
 }
@@ -424,7 +518,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId c
   if (std::memcmp(commId.internal, kIdTag, sizeof(kIdTag)) != 0)
     return fail(ncclInvalidArgument, "ncclCommInitRank: the unique id did not come from ncclGetUniqueId");
   bool blocking = true;
-  ncclResult_t status = check_config(config, &blocking);
+  ncclResult_t status = check_config("ncclCommInitRankConfig", config, &blocking);
   if (status != ncclSuccess) return status;
   if (nranks > 1) {
     int initialized = 0, world_size = 0, world_rank = 0, thread_level = 0;
@@ -461,6 +555,31 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId c
 
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
   return ncclCommInitRankConfig(comm, nranks, commId, rank, nullptr);
+}
+
+// Queued on the parent like a collective (see the file comment): *newcomm is NULL until the
+// operation completes, then the child (NULL for NCCL_SPLIT_NOCOLOR).
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
+  if (!valid(comm)) return fail(ncclInvalidArgument, "ncclCommSplit: invalid communicator");
+  if (newcomm == nullptr) return refuse(comm, ncclInvalidArgument, "ncclCommSplit: newcomm is NULL");
+  *newcomm = nullptr;
+  if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
+    return refuse(comm, ncclInvalidArgument, "ncclCommSplit: color " + std::to_string(color) +
+                                                 " is neither a color (0 or above) nor NCCL_SPLIT_NOCOLOR");
+  if (group_depth > 0)
+    return refuse(comm, ncclInvalidUsage, "ncclCommSplit: the CPU stand-in does not implement a split inside "
+                                          "ncclGroupStart/ncclGroupEnd");
+  bool blocking = comm->blocking;  // a NULL config: the parent's
+  ncclResult_t status = check_config("ncclCommSplit", config, &blocking);
+  if (status != ncclSuccess) return refuse(comm, status, last_error);
+  if (comm->nranks > 1) {
+    int thread_level = 0;
+    MPI_Query_thread(&thread_level);
+    if (thread_level < MPI_THREAD_MULTIPLE)
+      return refuse(comm, ncclInvalidUsage, "ncclCommSplit: the CPU NCCL stand-in splits on a thread of its own: "
+                                            "initialize MPI with MPI_Init_thread at MPI_THREAD_MULTIPLE");
+  }
+  return issue(comm, split_operation(comm, color, key, newcomm, blocking));
 }
 
 // Queues the barrier after the issued operations (see the file comment); on a non-blocking

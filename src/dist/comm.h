@@ -1,5 +1,7 @@
-// comm.h — the data-parallel communicator: which process this is (rank, world size, node-local
-// rank) and NCCL collectives on device buffers, issued on a dedicated communication stream.
+// comm.h — a communicator: which process this is (rank, world size, node-local rank) and NCCL
+// collectives on device buffers, issued on a dedicated communication stream. The first one spans
+// every process of the launch (below); others are split from it (ncclCommSplit), e.g. the
+// tensor-parallel and data-parallel groups of a DP × TP grid.
 //
 // Launch (detected from the environment):
 //   mpirun (OpenMPI: OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK): MPI is initialized and, without
@@ -27,6 +29,16 @@
 // communicator stays usable (a failed NCCL call would poison a non-blocking communicator for good).
 // Teardown finalizes the communicator and polls that to its end under the watchdog before
 // destroying it, as NCCL requires of a non-blocking communicator.
+// Split communicators (Communicator(parent, color, key, name)): the ranks of the parent with the
+// same color, ranked by key (ties by rank in the parent). The split is collective over the
+// parent's ranks and is one of the parent's operations (issued under its lock and watched by its
+// watchdog, as NCCL completes it on the parent). rank() and world_size() are then within the
+// group; local_rank() and launcher() are the process's. Each has its own stream, event, counts()
+// and watchdog, whose messages name it: "rank 3 (tensor-parallel rank 1 of 2): all-reduce of
+// ...". Its destructor finalizes and destroys its own NCCL communicator only (MPI and the
+// rendezvous files stay the launch's). Destroy split communicators before the one they were split
+// from (a parent destroyed first ends the process with a message): the launch's communicator
+// finalizes MPI.
 // Collectives run on stream() (a stream of their own); wait_for(s) orders the communication
 // after the work already queued on s, and order_before(s) orders the work queued next on s after
 // the communication issued so far. set_purpose(what, when) names what the collectives issued next
@@ -93,7 +105,7 @@ struct CollectiveCounts {
 class Communicator {
  public:
   explicit Communicator(const CommOptions& options)
-      : options_(options), launch_(detect_launch()), watchdog_(launch_.rank, options.timeout_seconds) {
+      : options_(options), launch_(detect_launch()), watchdog_(options.timeout_seconds) {
     if (launch_.uses_mpi) {
       int initialized = 0;
       MPI_Initialized(&initialized);
@@ -111,18 +123,39 @@ class Communicator {
     ncclUniqueId id;
     if (launch_.rank == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId");
     if (launch_.world_size > 1) id = exchange_id(id);
-    // Non-blocking: no NCCL call waits on a peer, so the watchdog can end a stalled run.
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
+    rank_ = launch_.rank;
+    world_size_ = launch_.world_size;
+    ncclConfig_t config = non_blocking_config();
     watchdog_.begin("set-up of the communicator during start-up");
-    const ncclResult_t status = ncclCommInitRankConfig(&comm_, launch_.world_size, id, launch_.rank, &config);
+    const ncclResult_t status = ncclCommInitRankConfig(&comm_, world_size_, id, rank_, &config);
     if (status != ncclInProgress) check(status, "ncclCommInitRankConfig");
-    watchdog_.start(comm_);
-    check(watchdog_.settle(status), "ncclCommInitRankConfig");
-    watchdog_.finished();
-    cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating the communication stream");
-    cuda_check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "creating a communication event");
-    cuda_check(cudaMalloc(reinterpret_cast<void**>(&scalar_), sizeof(double)), "allocating a communication scalar");
+    finish_set_up(status, "ncclCommInitRankConfig");
+  }
+  // The ranks of `parent` with the same `color` (0 or above), ranked by `key` (ncclCommSplit);
+  // `name` (e.g. "tensor-parallel", "data-parallel") names it in the watchdog's messages and
+  // errors. Every rank of `parent` constructs one, in the same order relative to the parent's
+  // collectives.
+  Communicator(Communicator& parent, int color, int key, std::string name)
+      : options_(parent.options_), launch_(parent.launch_), watchdog_(options_.timeout_seconds),
+        name_(std::move(name)), parent_(&parent) {
+    if (color < 0)
+      throw CommArgumentError("split of the " + name_ + " communicator: color " + std::to_string(color) +
+                              " is negative (colors are 0 or above)");
+    ncclConfig_t config = non_blocking_config();
+    const std::string what = "set-up of the " + name_ + " communicator " + parent.purpose_when_;
+    // NCCL completes the split on the parent (comm_ is filled then): its watchdog watches it.
+    parent.watchdog_.begin(what);
+    const ncclResult_t status =
+        parent.watchdog_.run([&] { return ncclCommSplit(parent.comm_, color, key, &comm_, &config); });
+    parent.watchdog_.finished();
+    parent.check(status, ("ncclCommSplit into the " + name_ + " communicator").c_str());
+    if (comm_ == nullptr)
+      throw std::runtime_error("ncclCommSplit of the " + name_ + " communicator completed without a communicator");
+    check(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
+    check(ncclCommCount(comm_, &world_size_), "ncclCommCount");
+    watchdog_.begin(what);
+    finish_set_up(ncclInProgress, "ncclCommSplit");
+    ++parent.children_;
   }
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -130,7 +163,13 @@ class Communicator {
   // communicator and MPI are then left for the error path to abort (MPI_Abort) instead of being
   // torn down collectively, which could block.
   ~Communicator() {
+    if (parent_ != nullptr) --parent_->children_;
     if (std::uncaught_exceptions() > 0) return;
+    if (children_ > 0) {
+      std::fprintf(stderr, "%s: the %s communicator was destroyed before the %d communicator(s) split from it\n",
+                   describe().c_str(), name_.empty() ? "launch's" : name_.c_str(), children_);
+      std::abort();
+    }
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);  // still watched
     if (scalar_ != nullptr) cudaFree(scalar_);
     if (event_ != nullptr) cudaEventDestroy(event_);
@@ -142,15 +181,26 @@ class Communicator {
     // A finalize that failed leaves only the abort.
     if (finalized == ncclSuccess) ncclCommDestroy(comm_);
     else ncclCommAbort(comm_);
+    if (parent_ != nullptr) return;  // MPI and the rendezvous files are the launch communicator's
     if (launch_.rank == 0 && options_.rendezvous.rfind("file:", 0) == 0)
       rendezvous::remove_rendezvous_files(options_.rendezvous.substr(5), launch_.world_size);
     if (owns_mpi_) MPI_Finalize();
   }
 
-  int rank() const { return launch_.rank; }
-  int world_size() const { return launch_.world_size; }
+  // Within this communicator (a split one: within its group).
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  // The process's, whichever communicator.
   int local_rank() const { return launch_.local_rank; }
   const std::string& launcher() const { return launch_.source; }
+  // This rank in messages (the watchdog's): "rank 3" (the launch's rank), or for a split
+  // communicator "rank 3 (tensor-parallel rank 1 of 2)".
+  std::string describe() const {
+    std::string who = "rank " + std::to_string(launch_.rank);
+    if (!name_.empty())
+      who += " (" + name_ + " rank " + std::to_string(rank_) + " of " + std::to_string(world_size_) + ")";
+    return who;
+  }
   cudaStream_t stream() const { return stream_; }
   // Since construction or the last reset (counts = {}).
   CollectiveCounts& counts() { return counts_; }
@@ -203,7 +253,7 @@ class Communicator {
   template <typename T> void broadcast(T* data, size_t n, int root) {
     require_buffer("broadcast", data, n);
     if (root < 0 || root >= world_size())
-      throw CommArgumentError("broadcast of " + purpose_what_ + ": root " + std::to_string(root) + " is not a rank of " +
+      throw CommArgumentError(call("broadcast") + ": root " + std::to_string(root) + " is not a rank of " +
                               std::to_string(world_size()));
     ++counts_.broadcast;
     collective("broadcast", "ncclBroadcast",
@@ -234,16 +284,40 @@ class Communicator {
   void barrier() { sum(0.0); }
 
  private:
+  static ncclConfig_t non_blocking_config() {
+    // Non-blocking: no NCCL call waits on a peer, so the watchdog can end a stalled run.
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    return config;
+  }
+
+  // What both constructors share once comm_ exists (possibly still being set up: `status` is what
+  // the creating call returned) and rank_/world_size_ are known: the watchdog, the set-up polled
+  // to its end under it, the stream, the event and the scalar.
+  void finish_set_up(ncclResult_t status, const char* call) {
+    watchdog_.start(comm_, describe());
+    check(watchdog_.settle(status), call);
+    watchdog_.finished();
+    cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating the communication stream");
+    cuda_check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "creating a communication event");
+    cuda_check(cudaMalloc(reinterpret_cast<void**>(&scalar_), sizeof(double)), "allocating a communication scalar");
+  }
+
+  // A collective in error messages: "all-gather of activations" (+ " on the tensor-parallel
+  // communicator").
+  std::string call(const char* kind) const {
+    return std::string(kind) + " of " + purpose_what_ + (name_.empty() ? "" : " on the " + name_ + " communicator");
+  }
+
   // ---- argument checks (what NCCL would refuse with ncclInvalidArgument)
   void require_buffer(const char* kind, const void* data, size_t n) const {
     if (n > 0 && data == nullptr)
-      throw CommArgumentError(std::string(kind) + " of " + purpose_what_ + ": a null buffer of " + std::to_string(n) +
-                              " elements");
+      throw CommArgumentError(call(kind) + ": a null buffer of " + std::to_string(n) + " elements");
   }
   void require_op(const char* kind, ncclRedOp_t op) const {
     if (op != ncclSum && op != ncclProd && op != ncclMax && op != ncclMin && op != ncclAvg)
-      throw CommArgumentError(std::string(kind) + " of " + purpose_what_ + ": reduction op " +
-                              std::to_string(static_cast<int>(op)) + " is not one of NCCL's");
+      throw CommArgumentError(call(kind) + ": reduction op " + std::to_string(static_cast<int>(op)) +
+                              " is not one of NCCL's");
   }
   // NCCL's "In-place Operations": the two ranges may overlap only in the in-place layout.
   template <typename T>
@@ -253,8 +327,8 @@ class Communicator {
     require_buffer(kind, recv, recv_count);
     if (in_place || send_count == 0 || recv_count == 0) return;
     if (send < recv + recv_count && recv < send + send_count)
-      throw CommArgumentError(std::string(kind) + " of " + purpose_what_ + ": send and receive buffers overlap "
-                              "without being in place (" + layout + ")");
+      throw CommArgumentError(call(kind) + ": send and receive buffers overlap without being in place (" + layout +
+                              ")");
   }
 
   ncclUniqueId exchange_id(ncclUniqueId id) {
@@ -292,13 +366,17 @@ class Communicator {
   void check(ncclResult_t status, const char* what) const {
     if (status == ncclSuccess) return;
     watchdog_.wait_if_fired();
-    throw std::runtime_error(std::string(what) + ": " + ncclGetErrorString(status) + " (" + ncclGetLastError(comm_) +
-                             ")");
+    throw std::runtime_error(std::string(what) + (name_.empty() ? "" : " (" + name_ + " communicator)") + ": " +
+                             ncclGetErrorString(status) + " (" + ncclGetLastError(comm_) + ")");
   }
 
   CommOptions options_;
   LaunchInfo launch_;
   CommWatchdog watchdog_;
+  std::string name_;                // a split communicator's ("tensor-parallel"); "" for the launch's
+  Communicator* parent_ = nullptr;  // what a split communicator was split from
+  int children_ = 0;                // communicators split from this one and not yet destroyed
+  int rank_ = 0, world_size_ = 1;   // within this communicator
   bool owns_mpi_ = false;
   ncclComm_t comm_ = nullptr;
   std::string purpose_what_ = "values", purpose_when_ = "during start-up";

@@ -1,6 +1,7 @@
-// comm_watchdog.h — the watchdog of the data-parallel communicator: which collectives are in
-// flight (what they carry, at which step, since when), the lock every NCCL call on the
-// communicator takes, and a host thread that ends the process when communication stalls or fails.
+// comm_watchdog.h — the watchdog of one communicator (each of comm.h's communicators has its own):
+// which collectives are in flight (what they carry, at which step, since when), the lock every
+// NCCL call on the communicator takes, and a host thread that ends the process when communication
+// stalls or fails.
 //
 // The communicator is non-blocking (comm.h): an NCCL call may return ncclInProgress, and then
 // ncclCommGetAsyncError is polled (short sleeps, no core spinning) until it reports the call's
@@ -8,8 +9,9 @@
 // is recorded after it on the communication stream. Every 100 ms the watchdog thread asks
 // ncclCommGetAsyncError and the oldest unfinished collective's event. When NCCL reports an error,
 // or a collective (or the communicator's set-up) has not finished --comm-timeout seconds after it
-// was issued, the thread prints one line, e.g.
+// was issued, the thread prints one line that names the communicator as start() was told, e.g.
 //   rank 1: all-reduce of gradients at step 7 did not finish within 600 s (--comm-timeout); aborting
+//   rank 3 (tensor-parallel rank 1 of 2): all-reduce of activations at step 7 failed: ...; aborting
 // calls ncclCommAbort (which also ends the NCCL kernels a GPU is stuck in) and ends the process
 // with exit status 1; the launcher then ends the other ranks (mpirun does; srun with
 // --kill-on-bad-exit=1), or their own watchdogs do. A collective is timed from when the host
@@ -30,13 +32,14 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 class CommWatchdog {
  public:
   static constexpr int kExitStatus = 1;
 
-  CommWatchdog(int rank, double timeout_seconds) : rank_(rank), timeout_seconds_(timeout_seconds) {}
+  explicit CommWatchdog(double timeout_seconds) : timeout_seconds_(timeout_seconds) {}
   CommWatchdog(const CommWatchdog&) = delete;
   CommWatchdog& operator=(const CommWatchdog&) = delete;
   ~CommWatchdog() {
@@ -46,11 +49,13 @@ class CommWatchdog {
     for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
   }
 
-  // Starts the thread that watches `comm` (once its handle exists, possibly still being set up).
+  // Starts the thread that watches `comm` (once its handle exists, possibly still being set up);
+  // `who` opens its messages ("rank 3", "rank 3 (tensor-parallel rank 1 of 2)").
   // The thread works on the calling thread's device: a thread of its own would otherwise open a
   // context on device 0, on every rank of a node.
-  void start(ncclComm_t comm) {
+  void start(ncclComm_t comm, std::string who) {
     comm_ = comm;
+    who_ = std::move(who);
     int device = 0;
     cuda_check(cudaGetDevice(&device), "the watchdog's device");
     thread_ = std::thread([this, device] {
@@ -178,7 +183,7 @@ class CommWatchdog {
   // ten seconds even if the abort itself does not return.
   [[noreturn]] void fire(const std::string& what) {
     fired_.store(true);
-    std::fprintf(stderr, "rank %d: %s; aborting\n", rank_, what.c_str());
+    std::fprintf(stderr, "%s: %s; aborting\n", who_.c_str(), what.c_str());
     std::fflush(stderr);
     std::thread([] {
       std::this_thread::sleep_for(std::chrono::seconds(10));
@@ -189,9 +194,9 @@ class CommWatchdog {
     std::_Exit(kExitStatus);
   }
 
-  const int rank_;
   const double timeout_seconds_;
   ncclComm_t comm_ = nullptr;
+  std::string who_;
   std::timed_mutex nccl_mutex_;  // every NCCL call on comm_
   std::mutex mutex_;             // what follows
   std::condition_variable wake_;

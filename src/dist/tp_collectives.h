@@ -60,9 +60,8 @@ class TensorParallelGroup {
   // Where a replicated tensor's gradient computed from rows every rank holds goes: under sequence
   // parallelism rank 0 alone computes it (the group sums those gradients: grad_sync.h), otherwise
   // every rank computes the same value; nullptr where it is not computed.
-  template <typename T> T* replicated_grad(T* gradient) const {
-    return !tp_.sequence_parallel || tp_.rank == 0 ? gradient : nullptr;
-  }
+  bool computes_replicated() const { return !tp_.sequence_parallel || tp_.rank == 0; }
+  template <typename T> T* replicated_grad(T* gradient) const { return computes_replicated() ? gradient : nullptr; }
 
   // Sequence parallel: every rank's rows of `full` (rows, width) to every rank, in place.
   void gather(Elem* full, size_t width) {

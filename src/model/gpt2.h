@@ -274,8 +274,8 @@ class GPT2 {
   int logits_chunk_rows() const { return head_.chunk_rows(); }
   // The lm head's chunks per micro-step: its products and classifier launches each run this often.
   int lm_head_chunks() const { return ceil_div(rows(), head_.chunk_rows()); }
-  // Kernel launches of the encoder's backward per micro-step (encoder.cuh).
-  int encoder_backward_launches() const { return ::encoder_backward_launches(B_, seq_len_); }
+  // Kernel launches of the encoder's backward per micro-step (encoder.cuh; wpe's where this rank computes it).
+  int encoder_backward_launches() const { return ::encoder_backward_launches(B_, seq_len_, tp_.computes_replicated()); }
 
  private:
   int rows() const { return B_ * seq_len_; }

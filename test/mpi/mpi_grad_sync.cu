@@ -115,9 +115,11 @@ TEST_CASE("each bucket travels in one collective: all-reduce at ZeRO 0, reduce-s
     }
     const std::vector<float> got = model.parameters();
     REQUIRE(got.size() == expected.size());
+    // Relative to the parameter or to the update's scale (lr 1e-2): the biases start at zero and
+    // their small gradients are sums the ranks add in another order (4 ranks: ~1e-5 of 1e-3).
     double worst = 0.0;
     for (size_t i = 0; i < got.size(); ++i)
-      worst = std::max(worst, std::abs(static_cast<double>(got[i]) - expected[i]) / (std::abs(expected[i]) + 1e-3));
+      worst = std::max(worst, std::abs(static_cast<double>(got[i]) - expected[i]) / (std::abs(expected[i]) + 1e-2));
     CHECK(worst < 1e-5);
   }
 }

@@ -5,6 +5,9 @@
 // ops, so this test exists only in the CPU build; multi-rank semantics are test/mpi/mpi_nccl.cu.
 // NCCL's own rules hold too: a non-blocking communicator's first error is sticky, it is finalized
 // (and that polled) before it is destroyed, and buffers overlap only in the in-place layouts.
+// ncclCommSplit of one rank: a child of one rank or none (NCCL_SPLIT_NOCOLOR), blocking as its
+// config says or as its parent is, and a communicator of its own; splits over ranks are
+// test/mpi/mpi_comm_split.cu.
 #include "test/test_util.h"
 
 #include <nccl.h>
@@ -55,7 +58,7 @@ TEST_CASE("simt NCCL stand-in refuses what it does not implement", "[nccl]") {
   CHECK(ncclAllReduce(data.ptr, data.ptr, 8, ncclFloat16, ncclSum, one.comm, nullptr) == ncclInvalidArgument);
   CHECK(ncclAllReduce(data.ptr, data.ptr, 8, ncclFloat32, ncclProd, one.comm, nullptr) == ncclInvalidArgument);
   CHECK(std::string(ncclGetLastError(one.comm)).find("reduction op") != std::string::npos);
-  CHECK(ncclAllReduce(data.ptr, data.ptr, 8, ncclFloat32, ncclMax, one.comm, nullptr) == ncclInvalidArgument);
+  CHECK(ncclAllReduce(data.ptr, data.ptr, 8, ncclFloat32, ncclMin, one.comm, nullptr) == ncclInvalidArgument);
   CHECK(ncclReduce(data.ptr, data.ptr, 8, ncclFloat32, ncclSum, 1, one.comm, nullptr) == ncclInvalidArgument);
   CHECK(ncclBroadcast(data.ptr, data.ptr, 8, ncclFloat32, -1, one.comm, nullptr) == ncclInvalidArgument);
   CHECK(ncclAllReduce(data.ptr, data.ptr, 8, ncclFloat32, ncclSum, nullptr, nullptr) == ncclInvalidArgument);
@@ -196,4 +199,122 @@ TEST_CASE("simt NCCL stand-in: buffers overlap only in NCCL's in-place layouts",
   CHECK(ncclBroadcast(data.ptr + 4, data.ptr, n, ncclFloat32, 0, one.comm, nullptr) == ncclInvalidArgument);
   CHECK(ncclReduce(data.ptr, data.ptr + 3, n, ncclFloat32, ncclSum, 0, one.comm, nullptr) == ncclInvalidArgument);
   CHECK(ncclAllReduce(nullptr, data.ptr, n, ncclFloat32, ncclSum, one.comm, nullptr) == ncclInvalidArgument);
+}
+
+TEST_CASE("simt NCCL stand-in: ncclCommSplit of one rank", "[nccl]") {
+  OneRank one;
+  const std::vector<float> values = test::random_floats(11, 7);
+  test::DeviceBuffer<float> data(values);
+  ncclComm_t child = one.comm;  // the split overwrites it
+  CHECK(ncclCommSplit(one.comm, 3, -5, &child, nullptr) == ncclSuccess);
+  REQUIRE(child != nullptr);
+  REQUIRE(child != one.comm);
+  int count = 0, rank = -1;
+  CHECK(ncclCommCount(child, &count) == ncclSuccess);
+  CHECK(ncclCommUserRank(child, &rank) == ncclSuccess);
+  CHECK(count == 1);
+  CHECK(rank == 0);
+  CHECK(ncclAllReduce(data.ptr, data.ptr, 11, ncclFloat32, ncclSum, child, nullptr) == ncclSuccess);
+  CHECK(test::all_close("all-reduce on the child", data.download(), values, 0.0, 0.0));
+  // A split of a split.
+  ncclComm_t grandchild = nullptr;
+  CHECK(ncclCommSplit(child, 0, 0, &grandchild, nullptr) == ncclSuccess);
+  REQUIRE(grandchild != nullptr);
+  CHECK(ncclAllGather(data.ptr, data.ptr, 11, ncclFloat32, grandchild, nullptr) == ncclSuccess);
+  // config NULL: blocking as the parent is, so destroyed without a finalize.
+  CHECK(ncclCommDestroy(grandchild) == ncclSuccess);
+  CHECK(ncclCommDestroy(child) == ncclSuccess);
+
+  // NCCL_SPLIT_NOCOLOR: no communicator.
+  ncclComm_t none = one.comm;
+  CHECK(ncclCommSplit(one.comm, NCCL_SPLIT_NOCOLOR, 0, &none, nullptr) == ncclSuccess);
+  CHECK(none == nullptr);
+  // The parent still works.
+  CHECK(ncclAllReduce(data.ptr, data.ptr, 11, ncclFloat32, ncclAvg, one.comm, nullptr) == ncclSuccess);
+  CHECK(test::all_close("all-reduce on the parent", data.download(), values, 0.0, 0.0));
+}
+
+TEST_CASE("simt NCCL stand-in: a split communicator's blocking mode is its config's, else its parent's",
+          "[nccl]") {
+  OneRank blocking_parent;
+  ncclComm_t non_blocking_parent = non_blocking_one_rank();
+  ncclConfig_t non_blocking = NCCL_CONFIG_INITIALIZER;
+  non_blocking.blocking = 0;
+  ncclConfig_t unset = NCCL_CONFIG_INITIALIZER;  // `blocking` unset: NCCL's default, blocking
+  ncclComm_t child = nullptr;
+  // A non-blocking child is destroyed only after a polled finalize; a blocking one at once.
+  CHECK(ncclCommSplit(blocking_parent.comm, 0, 0, &child, &non_blocking) == ncclSuccess);
+  REQUIRE(child != nullptr);
+  CHECK(ncclCommDestroy(child) == ncclInvalidUsage);
+  CHECK(finalize_and_destroy(child) == ncclSuccess);
+  ncclResult_t status = ncclCommSplit(non_blocking_parent, 0, 0, &child, nullptr);
+  while (status == ncclInProgress) REQUIRE(ncclCommGetAsyncError(non_blocking_parent, &status) == ncclSuccess);
+  REQUIRE(status == ncclSuccess);
+  REQUIRE(child != nullptr);
+  CHECK(ncclCommDestroy(child) == ncclInvalidUsage);
+  CHECK(finalize_and_destroy(child) == ncclSuccess);
+  CHECK(ncclCommSplit(non_blocking_parent, 0, 0, &child, &unset) == ncclSuccess);
+  REQUIRE(child != nullptr);
+  CHECK(ncclCommDestroy(child) == ncclSuccess);
+  CHECK(finalize_and_destroy(non_blocking_parent) == ncclSuccess);
+}
+
+TEST_CASE("simt NCCL stand-in: a split communicator's errors and abort are its own", "[nccl]") {
+  test::DeviceBuffer<float> data(8);
+  ncclComm_t parent = non_blocking_one_rank();
+  ncclComm_t child = nullptr, sibling = nullptr;
+  REQUIRE(ncclCommSplit(parent, 0, 0, &child, nullptr) == ncclSuccess);
+  REQUIRE(ncclCommSplit(parent, 0, 0, &sibling, nullptr) == ncclSuccess);
+  // Planted: an invalid root poisons the (non-blocking) child, not its parent or sibling.
+  CHECK(ncclBroadcast(data.ptr, data.ptr, 8, ncclFloat32, 1, child, nullptr) == ncclInvalidArgument);
+  ncclResult_t async_error = ncclSuccess;
+  CHECK(ncclCommGetAsyncError(child, &async_error) == ncclSuccess);
+  CHECK(async_error == ncclInvalidArgument);
+  CHECK(ncclCommGetAsyncError(parent, &async_error) == ncclSuccess);
+  CHECK(async_error == ncclSuccess);
+  CHECK(ncclAllReduce(data.ptr, data.ptr, 8, ncclFloat32, ncclSum, parent, nullptr) == ncclSuccess);
+  CHECK(ncclAllReduce(data.ptr, data.ptr, 8, ncclFloat32, ncclSum, sibling, nullptr) == ncclSuccess);
+  // Its abort ends it alone.
+  CHECK(ncclCommAbort(child) == ncclSuccess);
+  CHECK(ncclAllReduce(data.ptr, data.ptr, 8, ncclFloat32, ncclSum, child, nullptr) == ncclInvalidArgument);
+  CHECK(ncclAllReduce(data.ptr, data.ptr, 8, ncclFloat32, ncclSum, parent, nullptr) == ncclSuccess);
+  // The parent destroyed first, the sibling still works (the stand-in has no order; comm.h keeps
+  // children first).
+  CHECK(finalize_and_destroy(parent) == ncclSuccess);
+  CHECK(ncclAllReduce(data.ptr, data.ptr, 8, ncclFloat32, ncclSum, sibling, nullptr) == ncclSuccess);
+  CHECK(finalize_and_destroy(sibling) == ncclSuccess);
+}
+
+TEST_CASE("simt NCCL stand-in: ncclCommSplit refuses what NCCL or the stand-in does not take", "[nccl]") {
+  OneRank one;
+  ncclComm_t child = nullptr;
+  CHECK(ncclCommSplit(nullptr, 0, 0, &child, nullptr) == ncclInvalidArgument);
+  CHECK(ncclCommSplit(one.comm, 0, 0, nullptr, nullptr) == ncclInvalidArgument);
+  CHECK(std::string(ncclGetLastError(nullptr)).find("newcomm") != std::string::npos);
+  CHECK(ncclCommSplit(one.comm, -2, 0, &child, nullptr) == ncclInvalidArgument);
+  CHECK(std::string(ncclGetLastError(nullptr)).find("color -2") != std::string::npos);
+  CHECK(child == nullptr);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.splitShare = 1;
+  CHECK(ncclCommSplit(one.comm, 0, 0, &child, &config) == ncclInvalidArgument);
+  CHECK(std::string(ncclGetLastError(nullptr)).find("ncclCommSplit: the CPU stand-in implements only the config's "
+                                                    "`blocking`") != std::string::npos);
+  config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 3;
+  CHECK(ncclCommSplit(one.comm, 0, 0, &child, &config) == ncclInvalidArgument);
+  REQUIRE(ncclGroupStart() == ncclSuccess);
+  CHECK(ncclCommSplit(one.comm, 0, 0, &child, nullptr) == ncclInvalidUsage);
+  CHECK(std::string(ncclGetLastError(nullptr)).find("ncclGroupStart") != std::string::npos);
+  REQUIRE(ncclGroupEnd() == ncclSuccess);
+  CHECK(child == nullptr);
+  // A blocking parent carries on after a refused split.
+  test::DeviceBuffer<float> data(4);
+  CHECK(ncclAllReduce(data.ptr, data.ptr, 4, ncclFloat32, ncclSum, one.comm, nullptr) == ncclSuccess);
+  // Nothing is split from a finalized communicator.
+  ncclComm_t finalized = non_blocking_one_rank();
+  ncclResult_t status = ncclCommFinalize(finalized);
+  while (status == ncclInProgress) REQUIRE(ncclCommGetAsyncError(finalized, &status) == ncclSuccess);
+  CHECK(ncclCommSplit(finalized, 0, 0, &child, nullptr) == ncclInvalidUsage);
+  CHECK(child == nullptr);
+  CHECK(ncclCommAbort(finalized) == ncclSuccess);
 }
