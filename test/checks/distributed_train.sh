@@ -22,43 +22,12 @@ if [ "$mode" = gpu ]; then
   [ "$gpus" -ge 2 ] || { echo "skipped: needs at least 2 GPUs"; exit 77; }
   [ "$gpus" -lt 4 ] && max_ranks=2
 fi
-mpi=(mpirun -np)
 mpi_opts=(--oversubscribe -x SIMT_THREADS=1)
 [ "$(id -u)" -eq 0 ] && mpi_opts+=(--allow-run-as-root)
 export SIMT_THREADS=1
 
 common=(--init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$ref/train.bin" --val-every 2
         --val-steps 1 --seq-len 16 --max-steps 3 --lr 1e-3 --warmup-steps 0 --lr-schedule linear --bucket-mib 0.1)
-
-# run NAME RANKS ARGS...: one training run (RANKS 1: without mpirun) into $tmp/NAME.
-run() {
-  local name=$1 ranks=$2; shift 2
-  local cmd=("$bin" "${common[@]}" --out-dir "$tmp/$name" "$@")
-  [ "$ranks" -gt 1 ] && cmd=("${mpi[@]}" "$ranks" "${mpi_opts[@]}" "${cmd[@]}")
-  if ! "${cmd[@]}" >"$tmp/$name.log" 2>&1; then
-    fail "$name: exited non-zero"; tail -n 20 "$tmp/$name.log"; return 1
-  fi
-}
-
-# same_steps REFERENCE OTHER REL: per-step train_loss and grad_norm, and the validation losses
-# (after steps 2 and 3), agree within REL.
-same_steps() {
-  "$python" - "$tmp/$1/metrics.jsonl" "$tmp/$2/metrics.jsonl" "$3" <<'PY' || fail "$2 differs from $1"
-import json, sys
-a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
-rel = float(sys.argv[3])
-bad = len(a) != len(b) or len(a) != 5
-worst = 0.0
-for x, y in zip(a, b):
-    for key in ("val_loss",) if "val_loss" in x else ("train_loss", "grad_norm"):
-        d = abs(x[key] - y[key]) / abs(x[key])
-        worst = max(worst, d)
-        if d > rel:
-            print(f"  step {x['step']} {key}: {x[key]} vs {y[key]} (relative {d:.2e} > {rel})"); bad = True
-print(f"  {sys.argv[2].split('/')[-2]}: worst relative difference {worst:.2e}")
-sys.exit(1 if bad else 0)
-PY
-}
 
 # 1. R ranks x B = 4/R rows against one process with B = 4 (same slots of the data, so also
 #    with shuffling); and with 2 accumulation steps against one process with B = 2 x 2 steps.

@@ -3,6 +3,7 @@
 // with NaN on input, exact zeros on output), numerically large logits, and bit-identical reruns.
 #include "test/test_util.h"
 #include "kernels/classifier.cuh"
+#include "test/classifier_reference.h"
 
 #include <cstdint>
 #include <limits>
@@ -14,28 +15,6 @@ struct ClassifierShape {
   int rows, V, Vp;
   float offset;  // added to every real logit: a large one overflows a naive exp-sum in fp32
 };
-
-struct ClassifierReference {
-  std::vector<double> losses;
-  std::vector<double> dlogits;  // (rows, Vp), zero in the padding
-};
-
-ClassifierReference classifier_reference(const std::vector<float>& logits, const std::vector<int>& targets,
-                                         int rows, int V, int Vp, double dloss) {
-  ClassifierReference ref{std::vector<double>(rows), std::vector<double>(static_cast<size_t>(rows) * Vp, 0.0)};
-  for (int r = 0; r < rows; ++r) {
-    const float* x = &logits[static_cast<size_t>(r) * Vp];
-    double max = x[0];
-    for (int j = 1; j < V; ++j) max = std::max(max, static_cast<double>(x[j]));
-    double sum = 0;
-    for (int j = 0; j < V; ++j) sum += std::exp(x[j] - max);
-    const double log_sum = max + std::log(sum);
-    ref.losses[r] = log_sum - x[targets[r]];
-    for (int j = 0; j < V; ++j)
-      ref.dlogits[static_cast<size_t>(r) * Vp + j] = dloss * (std::exp(x[j] - log_sum) - (j == targets[r] ? 1.0 : 0.0));
-  }
-  return ref;
-}
 
 template <typename T>
 std::vector<uint16_t> bits_of(const std::vector<T>& v) {

@@ -9,6 +9,7 @@
 // false (logits untouched), every output poisoned before its launch, bit-identical reruns.
 #include "test/test_util.h"
 #include "kernels/vocab_parallel_classifier.cuh"
+#include "test/classifier_reference.h"
 
 #include <cfloat>
 #include <cstdint>
@@ -22,27 +23,6 @@ struct TpShape {
   float offset;  // added to every real logit: a large one overflows a naive exp-sum in fp32
 };
 
-// Softmax cross-entropy over columns [0, V) of each row, in double, from the documented formula.
-struct Reference {
-  std::vector<double> losses;
-  std::vector<double> dlogits;  // (rows, Vp), zero in the padding
-};
-Reference reference(const std::vector<float>& logits, const std::vector<int>& targets, int rows, int V, int Vp,
-                    double dloss) {
-  Reference ref{std::vector<double>(rows), std::vector<double>(static_cast<size_t>(rows) * Vp, 0.0)};
-  for (int r = 0; r < rows; ++r) {
-    const float* x = &logits[static_cast<size_t>(r) * Vp];
-    double max = x[0];
-    for (int j = 1; j < V; ++j) max = std::max(max, static_cast<double>(x[j]));
-    double sum = 0;
-    for (int j = 0; j < V; ++j) sum += std::exp(x[j] - max);
-    const double log_sum = max + std::log(sum);
-    ref.losses[r] = log_sum - x[targets[r]];
-    for (int j = 0; j < V; ++j)
-      ref.dlogits[static_cast<size_t>(r) * Vp + j] = dloss * (std::exp(x[j] - log_sum) - (j == targets[r] ? 1.0 : 0.0));
-  }
-  return ref;
-}
 
 // Columns [begin, begin + width) of a (rows, cols) row-major matrix.
 template <typename E>
@@ -133,7 +113,7 @@ void check_tp(const TpShape& s, uint64_t seed) {
     targets[r] = r < real_slices ? hi - 1 : r < 2 * real_slices ? lo : lo + targets[r] % (hi - lo);
   }
   const float dloss = 1.0f / (3.0f * rows);
-  const Reference ref = reference(logits, targets, rows, V, Vp, dloss);
+  const ClassifierReference ref = classifier_reference(logits, targets, rows, V, Vp, dloss);
 
   // fused_classifier over the whole matrix: what the slices must reproduce together.
   test::DeviceBuffer<T> d_full(input);

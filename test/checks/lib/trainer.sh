@@ -7,7 +7,8 @@
 # reference that make test generates), tmp (a directory removed at exit), failures and fail(),
 # require_files to stop early when something make test builds is missing, and with_flags to vary
 # a set of flags (the trainer refuses a flag given twice), wait_for_steps to wait for a running
-# trainer's N-th step, and require_ranks for checks that run several ranks under mpirun.
+# trainer's N-th step, require_ranks for checks that run several ranks under mpirun, and for
+# checks that compare runs: run (one run of the check's `common` flags) and same_steps.
 # shellcheck shell=bash disable=SC2034
 cd "$(dirname "${BASH_SOURCE[0]}")/../../.." || exit 1
 mode=${1:-cpu}
@@ -62,4 +63,35 @@ require_ranks() {
   [ "$(id -u)" -eq 0 ] && mpi_opts+=(--allow-run-as-root)
   export SIMT_THREADS=1
   unset OMPI_COMM_WORLD_SIZE OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_LOCAL_RANK SLURM_NTASKS SLURM_PROCID SLURM_LOCALID
+}
+
+# run NAME RANKS ARGS...: one training run of the check's `common` flags and ARGS (RANKS 1: without
+# mpirun; more: under mpirun with mpi_opts) into $tmp/NAME, its output in $tmp/NAME.log.
+run() {
+  local name=$1 ranks=$2; shift 2
+  local cmd=("$bin" "${common[@]}" --out-dir "$tmp/$name" "$@")
+  [ "$ranks" -gt 1 ] && cmd=(mpirun -np "$ranks" "${mpi_opts[@]}" "${cmd[@]}")
+  if ! "${cmd[@]}" >"$tmp/$name.log" 2>&1; then
+    fail "$name: exited non-zero"; tail -n 20 "$tmp/$name.log"; return 1
+  fi
+}
+
+# same_steps REFERENCE OTHER REL: the per-step train_loss and grad_norm of runs REFERENCE and OTHER
+# (run's NAMEs), and their validation losses (steps 2 and 3 of 3 at --val-every 2), agree within REL.
+same_steps() {
+  "$python" - "$tmp/$1/metrics.jsonl" "$tmp/$2/metrics.jsonl" "$3" <<'PY' || fail "$2 differs from $1"
+import json, sys
+a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
+rel = float(sys.argv[3])
+bad = len(a) != len(b) or len(a) != 5
+worst = 0.0
+for x, y in zip(a, b):
+    for key in ("val_loss",) if "val_loss" in x else ("train_loss", "grad_norm"):
+        d = abs(x[key] - y[key]) / abs(x[key])
+        worst = max(worst, d)
+        if d > rel:
+            print(f"  step {x['step']} {key}: {x[key]} vs {y[key]} (relative {d:.2e} > {rel})"); bad = True
+print(f"  {sys.argv[2].split('/')[-2]}: worst relative difference {worst:.2e}")
+sys.exit(1 if bad else 0)
+PY
 }
