@@ -107,10 +107,12 @@ class ModelParameters {
   void copy_all(Elem* dst, cudaMemcpyKind kind) const {
     if (split_.size() > 1) {
       const std::vector<Elem> whole = gather_tensor_parallel();
-      if (dst != nullptr)
-        cuda_check(cudaMemcpy(dst, whole.data(), whole.size() * sizeof(Elem),
-                              kind == cudaMemcpyDeviceToHost ? cudaMemcpyHostToHost : cudaMemcpyHostToDevice),
-                   "copying parameters");
+      if (dst == nullptr) return;
+      // On the stream the parameters' readers use, and complete before `whole` goes.
+      cuda_check(cudaMemcpyAsync(dst, whole.data(), whole.size() * sizeof(Elem),
+                                 kind == cudaMemcpyDeviceToHost ? cudaMemcpyHostToHost : cudaMemcpyHostToDevice, stream_),
+                 "copying parameters");
+      cuda_check(cudaStreamSynchronize(stream_), "copying parameters");
     } else if (sharded_) {
       sharded_->gather_all(dst, kind);
     } else if (dst != nullptr) {
@@ -159,8 +161,13 @@ class ModelParameters {
   // device buffer of (TP ranks × slice) elements all-gathered in place on the TP communicator.
   std::vector<Elem> gather_tensor_parallel() const {
     std::vector<Elem> part(layout_.total);
-    if (sharded_) sharded_->gather_all(part.data(), cudaMemcpyDeviceToHost);
-    else cuda_check(cudaMemcpy(part.data(), full_.get(), full_.bytes(), cudaMemcpyDeviceToHost), "copying parameters");
+    if (sharded_) {
+      sharded_->gather_all(part.data(), cudaMemcpyDeviceToHost);
+    } else {  // after the update queued on the model's stream
+      cuda_check(cudaMemcpyAsync(part.data(), full_.get(), full_.bytes(), cudaMemcpyDeviceToHost, stream_),
+                 "copying parameters");
+      cuda_check(cudaStreamSynchronize(stream_), "copying parameters");
+    }
     const int ranks = split_.size();
     std::vector<TensorSplit> splits;
     for (int r = 0; r < ranks; ++r) splits.emplace_back(split_.global_config(), ranks, r);
