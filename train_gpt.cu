@@ -52,6 +52,7 @@
 #include "src/config/config_text.h"
 #include "src/dist/comm.h"
 #include "src/dist/parallel_groups.h"
+#include "src/dist/tensor_split.h"
 #include "src/gen/generate_text.h"
 #include "src/model/activations.h"
 #include "src/model/attention.h"
@@ -144,6 +145,7 @@ int dispatch_command(int argc, char** argv) {
                [&] { choose_attention(setup.cfg.attention, dtype_named(setup.cfg.dtype), setup.model); });
   with_context(model_sizing(setup), [&] {
     gpt2_check_micro_batch(setup.model, setup.cfg.batch_size, setup.cfg.seq_len, setup.cfg.recompute);
+    check_tensor_split(setup.model, setup.cfg.tp, "--tp");
   });
   check_memory_fits(setup, comm->world_size());
   ParallelGroups groups(*comm, setup.cfg.tp);

@@ -31,7 +31,7 @@ int validate_config(TrainConfig& cfg, int world_size) {
     throw std::invalid_argument("--eval-losses is written by --eval runs only (add --eval)");
   if (world_size % cfg.tp != 0)
     throw std::invalid_argument("--tp " + std::to_string(cfg.tp) + " must divide the number of ranks, " +
-                                std::to_string(world_size));
+                                std::to_string(world_size) + (cfg.plan ? " (--world-size)" : ""));
   // A tensor-parallel group reads one micro-batch: the data-parallel groups' ranks read different ones.
   const int data_ranks = world_size / cfg.tp;
   const long long micro_tokens = static_cast<long long>(cfg.batch_size) * cfg.seq_len * data_ranks;

@@ -5,6 +5,7 @@
 #include "src/base/units.h"
 #include "src/config/config_checks.h"
 #include "src/dist/comm_plan.h"
+#include "src/dist/tensor_split.h"
 #include "src/model/activations.h"
 #include "src/run/memory_plan.h"
 #include "src/run/run_setup.h"
@@ -121,6 +122,7 @@ inline int print_memory_plan(TrainConfig cfg) {
   const GPT2Config model = resolve_model(cfg, std::nullopt, &source);
   validate_against_model(cfg, model.max_seq_len, source);
   gpt2_check_micro_batch(model, cfg.batch_size, cfg.seq_len, cfg.recompute);
+  check_tensor_split(model, cfg.tp, "--tp");
   const size_t budget = chunk_budget(cfg);
   const int sampling = sampling_positions(cfg, model, nullptr);
   const MemoryPlan plan = run_memory_plan(cfg, model, cfg.batch_size, cfg.recompute, world, sampling);

@@ -87,6 +87,12 @@ expect_error "beta out of range" "--beta2" "[0, 1)" -- + --beta2 1.0
 expect_error "eps zero" "--adam-eps" "> 0" -- + --adam-eps 0
 expect_error "ZeRO stage 4" "--zero" "[0, 3]" "'4'" -- + --zero 4
 expect_error "no ZeRO 3 prefetch" "--zero3-prefetch" "[1, 8]" -- + --zero3-prefetch 0
+expect_error "no tensor parallelism" "--tp" "got '0'" -- + --tp 0
+expect_error "TP group larger than the run" "--tp 2 must divide the number of ranks, 1" -- + --tp 2
+expect_error "TP group splitting a head" "--tp 3: each rank holds whole heads" "NH = 4" -- \
+  --plan --init-from "$ref/model.bin" --seq-len 32 --world-size 3 --tp 3
+expect_error "plan's TP group larger than its world" "must divide the number of ranks, 1 (--world-size)" -- \
+  --plan --init-from "$ref/model.bin" --seq-len 32 --tp 2
 expect_error "negative clip" "--grad-clip" -- + --grad-clip -1
 expect_error "final-lr-frac > 1" "--final-lr-frac" "[0, 1]" -- + --final-lr-frac 2
 expect_error "negative steps" "--max-steps" "[0, 2147483647]" -- + --max-steps -1
