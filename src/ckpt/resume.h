@@ -26,7 +26,7 @@
 // learn its choice (the step) through the communicator and read that checkpoint's manifest, so
 // every rank resumes from the same one, or all start fresh, or all stop.
 inline std::optional<Checkpoint> resolve_resume(const TrainConfig& cfg, Communicator& comm, OutDirPlan* out_dir_plan) {
-  const int world_size = comm.world_size(), zero = effective_zero_stage(cfg.zero, world_size);
+  const int world_size = comm.world_size(), zero = effective_zero_stage(cfg.zero, world_size / cfg.tp);
   const bool lead = comm.rank() == 0;
   std::string dir = cfg.resume;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
@@ -79,10 +79,11 @@ inline std::optional<Checkpoint> resolve_resume(const TrainConfig& cfg, Communic
   if (cfg.eval || cfg.generate) return found;
   const nlohmann::json& m = found->manifest;
   const int saved_world_size = m.value("world_size", -1), zero_stage = m.value("zero_stage", -1);
-  if ((saved_world_size != world_size || zero_stage != zero) && lead)
-    std::printf("--resume %s: written by %d rank(s) at ZeRO stage %d; its optimizer state is resharded for %d "
-                "rank(s) at ZeRO stage %d\n",
-                found->path.c_str(), saved_world_size, zero_stage, world_size, zero);
+  const int saved_tp = m.value("tensor_parallel", 1);
+  if ((saved_world_size != world_size || zero_stage != zero || saved_tp != cfg.tp) && lead)
+    std::printf("--resume %s: written by %d rank(s) at ZeRO stage %d, --tp %d; its optimizer state is resharded for "
+                "%d rank(s) at ZeRO stage %d, --tp %d\n",
+                found->path.c_str(), saved_world_size, zero_stage, saved_tp, world_size, zero, cfg.tp);
   const std::string dtype = m.value("dtype", "");
   if (dtype != cfg.dtype)
     throw std::runtime_error("--resume " + found->path + ": the checkpoint holds " + dtype +
