@@ -25,6 +25,7 @@
 #include "gelu.cuh"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <tuple>
 #include <type_traits>
@@ -291,10 +292,13 @@ void matmul_forward(T* out, const T* inp, const T* weight, const NonDeduced<T>* 
 //                                                    may be dout itself (overwritten in place)
 // g and the bias sums come from one kernel (GELU gradient in fp32, rounded to T; fixed-order
 // fp32 column sums in chunks of rows), then a second sums the chunks' rows of partials in a fixed
-// order (block_column_sum), so the result is deterministic.
+// order (block_column_sum), so the result is deterministic. `after_input_gradient` (optional) is
+// called once dinp's product is queued and before dweight's: work it queues elsewhere on dinp (a
+// tensor-parallel reduction) runs while dweight's product does.
 template <typename T, typename TW = T>
 void matmul_backward(T* dinp, NonDeduced<TW>* dweight, NonDeduced<T>* dbias, NonDeduced<T>* dpre_gelu, const T* dout, const T* inp,
-                     const T* weight, const NonDeduced<T>* pre_gelu, int rows, int in_features, int out_features, cudaStream_t stream) {
+                     const T* weight, const NonDeduced<T>* pre_gelu, int rows, int in_features, int out_features, cudaStream_t stream,
+                     const std::function<void()>& after_input_gradient = nullptr) {
   const int C = in_features, OC = out_features;
   matmul_check_shape("matmul_backward", rows, C, OC);
   if ((pre_gelu == nullptr) != (dpre_gelu == nullptr)) {
@@ -325,6 +329,7 @@ void matmul_backward(T* dinp, NonDeduced<TW>* dweight, NonDeduced<T>* dbias, Non
   }
   const T* g = pre_gelu != nullptr ? dpre_gelu : dout;
   matmul_cublaslt<T, T>(dinp, weight, false, g, false, nullptr, C, rows, OC, 0.0f, stream);
+  if (after_input_gradient) after_input_gradient();
   matmul_cublaslt<T, TW>(dweight, inp, false, g, true, nullptr, C, OC, rows, 1.0f, stream);
 }
 

@@ -72,10 +72,21 @@ class TensorParallelGroup {
   // The group's sum of the partial (rows, width) products in `partial`, in place; returns this
   // rank's rows of it (sequence parallel: a reduce-scatter; otherwise an all-reduce).
   Elem* reduce(Elem* partial, size_t width) {
-    if (comm_ == nullptr) return partial;
+    start_reduce(partial, width);
+    return finish_reduce(partial, width);
+  }
+  // reduce() in two halves: the collective queued after the model stream's work so far, which the
+  // model stream's next work (not reading `partial`) overlaps; then the model stream's work after
+  // it. Returns this rank's rows of the sum.
+  void start_reduce(Elem* partial, size_t width) {
+    if (comm_ == nullptr) return;
     const size_t n = static_cast<size_t>(local_rows()) * width;
-    if (tp_.sequence_parallel) run([&] { comm_->reduce_scatter(partial, partial + tp_.rank * n, n, ncclSum); });
-    else run([&] { comm_->all_reduce(partial, static_cast<size_t>(rows_) * width, ncclSum); });
+    comm_->wait_for(stream_);
+    if (tp_.sequence_parallel) comm_->reduce_scatter(partial, partial + tp_.rank * n, n, ncclSum);
+    else comm_->all_reduce(partial, static_cast<size_t>(rows_) * width, ncclSum);
+  }
+  Elem* finish_reduce(Elem* partial, size_t width) {
+    if (comm_ != nullptr) comm_->order_before(stream_);
     return local(partial, width);
   }
   // n device values become their `op` over the group (the vocabulary-parallel classifier's row

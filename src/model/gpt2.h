@@ -405,9 +405,9 @@ class GPT2 {
   // Backward from d lnf, which the lm head left in a.branch. Parameter gradients accumulate;
   // dresidual holds d loss / d (residual stream) at the current depth (this rank's rows): the skip
   // connections pass it through unchanged and each LayerNorm backward adds its branch's share; it
-  // is gathered (sequence parallel) where a row-parallel product's backward reads every row.
-  // Activations the recompute setting did not keep are recomputed into their layer slice right
-  // before they are read (a.branch, a.dwide and the scratch are free at the start of each layer).
+  // is gathered (sequence parallel) where a row-parallel product's backward reads every row. The TP
+  // sums of d ln2 and d ln1 run while the weight gradients' products do. Activations the recompute
+  // setting did not keep are recomputed into their layer slice right before they are read.
   void queue_backward() {
     const int N = rows(), C = cfg_.channels, L = cfg_.num_layers, Nl = tp_.local_rows();
     const size_t NC = static_cast<size_t>(N) * C, NlC = static_cast<size_t>(Nl) * C;
@@ -455,8 +455,9 @@ class GPT2 {
       matmul_backward(dwide, grad(kFcprojw, l), tp_.replicated_grad(grad(kFcprojb, l)), nullptr, dresidual_rows, fch_gelu,
                       param(kFcprojw, l), nullptr, N, 4 * cl_, C, s);
       if (recompute_ln) layernorm_rows(ln2, ln2_mean, ln2_rstd, residual2, l, kLn2w);
-      matmul_backward(dbranch, grad(kFcw, l), grad(kFcb, l), dwide, dwide, ln2, param(kFcw, l), fch, N, C, 4 * cl_, s);
-      layernorm_backward(dresidual, grad(kLn2w, l), grad(kLn2b, l), scratch, tp_.reduce(dbranch, C), residual2,
+      matmul_backward(dbranch, grad(kFcw, l), grad(kFcb, l), dwide, dwide, ln2, param(kFcw, l), fch, N, C, 4 * cl_, s,
+                      [&] { tp_.start_reduce(dbranch, C); });
+      layernorm_backward(dresidual, grad(kLn2w, l), grad(kLn2b, l), scratch, tp_.finish_reduce(dbranch, C), residual2,
                          param(kLn2w, l), ln2_mean, ln2_rstd, Nl, C, s);
       // Attention branch; dresidual = d/d residual2 = d/d attproj.
       tp_.gather(dresidual_rows, C);
@@ -466,8 +467,8 @@ class GPT2 {
                                layer_slice(a.lse, l, static_cast<size_t>(N) * nhl_), B_, seq_len_, cl_, nhl_, s);
       if (recompute_ln) layernorm_rows(ln1, ln1_mean, ln1_rstd, residual, l, kLn1w);
       matmul_backward(dbranch, grad(kQkvw, l), grad(kQkvb, l), nullptr, dwide, ln1, param(kQkvw, l), nullptr, N, C,
-                      3 * cl_, s);
-      layernorm_backward(dresidual, grad(kLn1w, l), grad(kLn1b, l), scratch, tp_.reduce(dbranch, C), residual,
+                      3 * cl_, s, [&] { tp_.start_reduce(dbranch, C); });
+      layernorm_backward(dresidual, grad(kLn1w, l), grad(kLn1b, l), scratch, tp_.finish_reduce(dbranch, C), residual,
                          param(kLn1w, l), ln1_mean, ln1_rstd, Nl, C, s);
       params_.leave_layer(l);
       grads_.send_finished_bucket(l);  // all-reduce / reduce-scatter once its bucket is done
