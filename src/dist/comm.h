@@ -215,6 +215,13 @@ class Communicator {
     cuda_check(cudaEventRecord(event_, stream_), "recording a communication event");
     cuda_check(cudaStreamWaitEvent(consumer, event_, 0), "ordering computation after communication");
   }
+  // The communication `issue` queues, between the two: after the work already queued on `s`, and
+  // before the work queued on `s` next.
+  template <typename Issue> void ordered_with(cudaStream_t s, Issue&& issue) {
+    wait_for(s);
+    issue();
+    order_before(s);
+  }
 
   // What the collectives issued from now on carry and when, for the watchdog's messages:
   // ("gradients", "at step 7") names an all-reduce "all-reduce of gradients at step 7".

@@ -263,21 +263,21 @@ class GradientSync {
   // are packed into its chunk, the chunks all-gathered in place, and the bucket unpacked.
   void gather_parameters(Elem* params) {
     if (!communicating() || zero_ == 0 || zero_ == 3) return;
-    comm_->wait_for(stream_);
-    cudaStream_t s = comm_->stream();
-    size_t next = 0;  // segments_ are in bucket order
-    for (size_t bi = 0; bi < buckets_.buckets().size(); ++bi) {
-      const GradientBucket& b = buckets_.buckets()[bi];
-      Elem* window = bucket_data(bi);
-      for (; next < segments_.size() && segments_[next].bucket == bi; ++next) {
-        const OptimizerSegment& g = segments_[next];
-        copy(window + g.at, params + g.param, g.count, s, "packing updated parameters");
+    comm_->ordered_with(stream_, [&] {
+      cudaStream_t s = comm_->stream();
+      size_t next = 0;  // segments_ are in bucket order
+      for (size_t bi = 0; bi < buckets_.buckets().size(); ++bi) {
+        const GradientBucket& b = buckets_.buckets()[bi];
+        Elem* window = bucket_data(bi);
+        for (; next < segments_.size() && segments_[next].bucket == bi; ++next) {
+          const OptimizerSegment& g = segments_[next];
+          copy(window + g.at, params + g.param, g.count, s, "packing updated parameters");
+        }
+        comm_->all_gather(window + owner_ * b.chunk, window, b.chunk);
+        for (const GradientPiece& p : b.pieces)
+          copy(params + layout_.slice_offset(p.tensor, p.layer), window + p.at, p.count, s, "unpacking parameters");
       }
-      comm_->all_gather(window + owner_ * b.chunk, window, b.chunk);
-      for (const GradientPiece& p : b.pieces)
-        copy(params + layout_.slice_offset(p.tensor, p.layer), window + p.at, p.count, s, "unpacking parameters");
-    }
-    comm_->order_before(stream_);
+    });
   }
 
  private:
@@ -286,9 +286,7 @@ class GradientSync {
   bool shards_gradients() const { return zero_ >= 2; }
 
   template <typename T> void sum_on(Communicator* comm, T* values, size_t n) {
-    comm->wait_for(stream_);
-    comm->all_reduce(values, n, ncclSum);
-    comm->order_before(stream_);
+    comm->ordered_with(stream_, [&] { comm->all_reduce(values, n, ncclSum); });
   }
 
   // Bucket b is complete: its replicated prefix summed over the TP group, then the bucket sent

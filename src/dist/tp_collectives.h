@@ -67,7 +67,7 @@ class TensorParallelGroup {
   void gather(Elem* full, size_t width) {
     if (!tp_.sequence_parallel) return;
     const size_t n = static_cast<size_t>(local_rows()) * width;
-    run([&] { comm_->all_gather(full + tp_.rank * n, full, n); });
+    comm_->ordered_with(stream_, [&] { comm_->all_gather(full + tp_.rank * n, full, n); });
   }
   // The group's sum of the partial (rows, width) products in `partial`, in place; returns this
   // rank's rows of it (sequence parallel: a reduce-scatter; otherwise an all-reduce).
@@ -92,16 +92,10 @@ class TensorParallelGroup {
   // n device values become their `op` over the group (the vocabulary-parallel classifier's row
   // statistics; the step's figures).
   template <typename T> void all_reduce(T* data, size_t n, ncclRedOp_t op) {
-    if (comm_ != nullptr) run([&] { comm_->all_reduce(data, n, op); });
+    if (comm_ != nullptr) comm_->ordered_with(stream_, [&] { comm_->all_reduce(data, n, op); });
   }
 
  private:
-  template <typename Call> void run(Call&& call) {
-    comm_->wait_for(stream_);
-    call();
-    comm_->order_before(stream_);
-  }
-
   Communicator* comm_ = nullptr;
   TensorParallelism tp_;
   int rows_ = 0;

@@ -67,9 +67,10 @@ class ModelParameters {
   // part; at ZeRO 3 only this rank's owned elements of it); the master weights of the elements
   // this rank updates get the float values.
   void upload_tensor(int i, const std::vector<float>& whole) {
-    if (whole.size() != split_.global()[i].count)
-      throw std::runtime_error(std::string("parameter tensor ") + split_.global()[i].name + ": expected " +
-                               std::to_string(split_.global()[i].count) + " values, found " + std::to_string(whole.size()));
+    const ParameterInfo& whole_tensor = split_.global()[i];
+    if (whole.size() != whole_tensor.count)
+      throw std::runtime_error(std::string("parameter tensor ") + whole_tensor.name + ": expected " +
+                               std::to_string(whole_tensor.count) + " values, found " + std::to_string(whole.size()));
     const std::vector<float> part = split_.size() > 1 ? split_.split(i, whole.data()) : std::vector<float>();
     const std::vector<float>& values = split_.size() > 1 ? part : whole;
     const ParameterInfo& t = layout_[i];
@@ -109,8 +110,8 @@ class ModelParameters {
       const std::vector<Elem> whole = gather_tensor_parallel();
       if (dst == nullptr) return;
       // On the stream the parameters' readers use, and complete before `whole` goes.
-      cuda_check(cudaMemcpyAsync(dst, whole.data(), whole.size() * sizeof(Elem),
-                                 kind == cudaMemcpyDeviceToHost ? cudaMemcpyHostToHost : cudaMemcpyHostToDevice, stream_),
+      const cudaMemcpyKind from_host = kind == cudaMemcpyDeviceToHost ? cudaMemcpyHostToHost : cudaMemcpyHostToDevice;
+      cuda_check(cudaMemcpyAsync(dst, whole.data(), whole.size() * sizeof(Elem), from_host, stream_),
                  "copying parameters");
       cuda_check(cudaStreamSynchronize(stream_), "copying parameters");
     } else if (sharded_) {
@@ -178,11 +179,10 @@ class ModelParameters {
     for (int i = 0; i < kNumParameterTensors; ++i) {
       const size_t n = layout_.slice_count(i), layers = is_layer_tensor(i) ? layout_.num_layers : 1;
       for (size_t l = 0; l < layers; ++l) {
-        cuda_check(cudaMemcpyAsync(staging.get() + split_.rank() * n, part.data() + layout_.slice_offset(i, l),
-                                   n * sizeof(Elem), cudaMemcpyHostToDevice, stream_), "staging parameters");
-        tp_comm_->wait_for(stream_);
-        tp_comm_->all_gather(staging.get() + split_.rank() * n, staging.get(), n);
-        tp_comm_->order_before(stream_);
+        Elem* mine = staging.get() + split_.rank() * n;
+        cuda_check(cudaMemcpyAsync(mine, part.data() + layout_.slice_offset(i, l), n * sizeof(Elem),
+                                   cudaMemcpyHostToDevice, stream_), "staging parameters");
+        tp_comm_->ordered_with(stream_, [&] { tp_comm_->all_gather(mine, staging.get(), n); });
         cuda_check(cudaMemcpyAsync(gathered.data(), staging.get(), n * ranks * sizeof(Elem), cudaMemcpyDeviceToHost,
                                    stream_), "gathering parameters");
         cuda_check(cudaStreamSynchronize(stream_), "gathering parameters");
