@@ -31,7 +31,10 @@ std::vector<double> reference_rstd(const std::vector<float>& x, int N, int C) {
   std::vector<double> rstd(N);
   for (int r = 0; r < N; ++r) {
     double sq = 0;
-    for (int c = 0; c < C; ++c) sq += static_cast<double>(x[static_cast<size_t>(r) * C + c]) * x[static_cast<size_t>(r) * C + c];
+    for (int c = 0; c < C; ++c) {
+      const double v = x[static_cast<size_t>(r) * C + c];
+      sq += v * v;
+    }
     rstd[r] = 1.0 / std::sqrt(sq / C + kEps);
   }
   return rstd;
