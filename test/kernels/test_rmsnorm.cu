@@ -4,7 +4,8 @@
 // rounded residual (also in place), both backward gradients accumulated into
 // pre-filled buffers, rows of small values where eps dominates the statistic, odd shapes (N = 1,
 // 3, 37; C = 8 … 200; N = 1031 and 9001, whose weight-gradient row groups end part-full), every
-// preset's model width up to Llama 3.1 405B's C = 16384, and bit-identical reruns.
+// preset's model width up to Llama 3.1 405B's C = 16384, and bit-identical reruns. The backward
+// formula itself is checked by finite differences.
 #include "test/test_util.h"
 #include "kernels/rmsnorm.cuh"
 
@@ -85,6 +86,25 @@ std::vector<float> rmsnorm_weight(int C, uint64_t seed) {
   return test::round_to<T>(w);
 }
 
+// Adds the gradients of y = n·w, n = x·r, r = (mean(x²) + eps)^(-1/2), given dy, to dinp and
+// dweight: dn = dy·w and dr/dx_c = −r³·x_c/C, so dx_c = r·dn_c − r³·x_c·Σ(dn·x)/C; dw_c = Σ_rows
+// dy·stored(n), stored() being what the forward pass keeps of n (rounded to T).
+template <typename Stored>
+void reference_backward(const std::vector<float>& x, const std::vector<float>& dy, const std::vector<float>& w,
+                        const std::vector<double>& rstd, int N, int C, Stored stored, std::vector<double>& dinp,
+                        std::vector<double>& dweight) {
+  for (int r = 0; r < N; ++r) {
+    const size_t row = static_cast<size_t>(r) * C;
+    const double rs = rstd[r];
+    double dot = 0;
+    for (int c = 0; c < C; ++c) dot += static_cast<double>(dy[row + c]) * w[c] * x[row + c];
+    for (int c = 0; c < C; ++c) {
+      dinp[row + c] += rs * dy[row + c] * w[c] - rs * rs * rs * x[row + c] * dot / C;
+      dweight[c] += dy[row + c] * stored(x[row + c] * rs);
+    }
+  }
+}
+
 template <typename T>
 void check_forward(const RmsNormShape& s, uint64_t seed) {
   INFO("N " << s.N << " C " << s.C);
@@ -155,18 +175,9 @@ void check_backward(const RmsNormShape& s, uint64_t seed) {
   const std::vector<float> dweight_before_f = test::to_floats(dweight_before);
   std::vector<double> want_dinp(dinp_before_f.begin(), dinp_before_f.end());
   std::vector<double> want_dweight(dweight_before_f.begin(), dweight_before_f.end());
-  // y = n·w with n = x·r, r = (mean(x²) + eps)^(-1/2): dn = dy·w, dr/dx_c = -r³·x_c / C, so
-  // dx_c = r·dn_c − r³·x_c·Σ(dn·x)/C; dw_c = Σ_rows dy·n (n as the forward pass rounded it).
-  for (int r = 0; r < N; ++r) {
-    const size_t row = static_cast<size_t>(r) * C;
-    const double rs = rstd[r];
-    double dot = 0;
-    for (int c = 0; c < C; ++c) dot += static_cast<double>(dy[row + c]) * w[c] * x[row + c];
-    for (int c = 0; c < C; ++c) {
-      want_dinp[row + c] += rs * dy[row + c] * w[c] - rs * rs * rs * x[row + c] * dot / C;
-      want_dweight[c] += dy[row + c] * static_cast<double>(static_cast<float>(T(static_cast<float>(x[row + c] * rs))));
-    }
-  }
+  const std::vector<double> stored_rstd(rstd.begin(), rstd.end());
+  reference_backward(x, dy, w, stored_rstd, N, C, [](double n) { return static_cast<float>(T(static_cast<float>(n))); },
+                     want_dinp, want_dweight);
 
   test::DeviceBuffer<T> d_inp(test::from_floats<T>(x)), d_dout(test::from_floats<T>(dy));
   test::DeviceBuffer<T> d_weight(test::from_floats<T>(w));
@@ -205,6 +216,39 @@ const RmsNormShape kShapes[] = {
 };
 
 }  // namespace
+
+TEST_CASE("rmsnorm backward reference agrees with finite differences", "[rmsnorm]") {
+  // loss = Σ dy·y over 2 rows of 8, one of them small enough for eps to matter; central differences.
+  const int N = 2, C = 8;
+  const std::vector<float> x = rmsnorm_input(N, C, 7), dy = test::random_floats(N * C, 8);
+  const std::vector<float> w = rmsnorm_weight<float>(C, 9);
+  auto loss = [&](const std::vector<float>& xs, const std::vector<float>& ws) {
+    const std::vector<double> rstd = reference_rstd(xs, N, C);
+    double sum = 0;
+    for (int r = 0; r < N; ++r)
+      for (int c = 0; c < C; ++c) sum += dy[r * C + c] * xs[r * C + c] * rstd[r] * ws[c];
+    return sum;
+  };
+  std::vector<double> dinp(N * C, 0.0), dweight(C, 0.0);
+  reference_backward(x, dy, w, reference_rstd(x, N, C), N, C, [](double n) { return n; }, dinp, dweight);
+  for (int i = 0; i < N * C; ++i) {
+    const float h = 1e-3f * std::max(std::fabs(x[i]), 1e-3f);
+    std::vector<float> up = x, down = x;
+    up[i] += h;
+    down[i] -= h;
+    const double numeric = (loss(up, w) - loss(down, w)) / (static_cast<double>(up[i]) - down[i]);
+    INFO("x[" << i << "]");
+    CHECK(std::fabs(numeric - dinp[i]) <= 1e-4 * std::max(1.0, std::fabs(dinp[i])));
+  }
+  for (int c = 0; c < C; ++c) {
+    std::vector<float> up = w, down = w;
+    up[c] += 1e-3f;
+    down[c] -= 1e-3f;
+    const double numeric = (loss(x, up) - loss(x, down)) / (static_cast<double>(up[c]) - down[c]);
+    INFO("w[" << c << "]");
+    CHECK(std::fabs(numeric - dweight[c]) <= 1e-6 * std::max(1.0, std::fabs(dweight[c])));
+  }
+}
 
 TEMPLATE_TEST_CASE("rmsnorm forward and residual forward match CPU loops", "[rmsnorm]", float, bf16) {
   uint64_t seed = 4000;
