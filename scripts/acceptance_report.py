@@ -5,7 +5,7 @@ run-to-run and PyTorch comparisons, and the table of peak bf16 rates. Standard l
 any python3 runs it.
 
 usage: acceptance_report.py record DIR STAGE ORDER STATUS SECONDS TEXT [KEY=VALUE ...]
-       acceptance_report.py summary DIR
+       acceptance_report.py summary DIR [TITLE]
        acceptance_report.py sanitizer DIR LIMIT_S EXPECTED_RUNS
        acceptance_report.py throughput LOG METRICS B T WARMUP DEVICE_NAME
        acceptance_report.py same-run METRICS_A METRICS_B
@@ -115,13 +115,13 @@ def cell(value):
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
-def summary(directory):
+def summary(directory, title="GPU acceptance"):
     """Writes DIRECTORY/summary.md from the stage files in it."""
     results = load_results(directory)
     counts = {s: sum(r["status"] == s for r in results) for s in STATUSES}
     commits = sorted({r["commit"] for r in results})
     devices = sorted({r["device"] for r in results})
-    lines = ["# GPU acceptance", "",
+    lines = [f"# {title}", "",
              f"- device: {', '.join(devices)}",
              f"- commit: {', '.join(commits)}",
              f"- dates: {min(r['date'] for r in results)} to {max(r['date'] for r in results)}",
@@ -277,8 +277,8 @@ def main(argv):
     command, args = argv[0], argv[1:]
     if command == "record" and len(args) >= 6:
         record(args[0], args[1], args[2], args[3], args[4], args[5], args[6:])
-    elif command == "summary" and len(args) == 1:
-        summary(args[0])
+    elif command == "summary" and len(args) in (1, 2):
+        summary(*args)
     elif command == "sanitizer" and len(args) == 3:
         sanitizer(*args)
     elif command == "throughput" and len(args) == 6:
