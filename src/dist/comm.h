@@ -214,6 +214,8 @@ class Communicator {
   cudaStream_t stream() const { return stream_; }
   // Since construction or the last reset (counts = {}).
   CollectiveCounts& counts() { return counts_; }
+  // The host's waits for this communicator's non-blocking calls (comm_watchdog.h); reset the same way.
+  SettleCounts& settle_counts() { return watchdog_.settle_counts(); }
 
   // Communication issued from now on runs after the work already queued on `producer`.
   void wait_for(cudaStream_t producer) {
