@@ -8,8 +8,11 @@
 // (color = rank / G: {0,1} {2,3} with 4 ranks, a tensor-parallel layout) and "strided" ones
 // (color = rank % (R / G): {0,2} {1,3}, the data-parallel groups of the same grid). A group's ranks
 // are ordered by key, ties by rank in the parent; its collectives involve its ranks only.
+// src/dist/parallel_groups.h's grid for every --tp that divides the world: which world ranks form
+// each TP and DP group, in which order (the checkpoint loader takes TP rank = world rank mod --tp).
 #include "test/test_util.h"
 #include "src/dist/comm.h"
+#include "src/dist/parallel_groups.h"
 
 #include <algorithm>
 #include <chrono>
@@ -129,6 +132,17 @@ void check_all_gather(ncclComm_t c, const std::vector<int>& members, size_t n, c
   REQUIRE(settle(c, ncclAllGather(send.ptr, recv.ptr, n, ncclFloat32, c, stream)) == ncclSuccess);
   CUDA_CHECK(cudaStreamSynchronize(stream));
   CHECK(test::all_close<float>("all-gather", recv.download(), concatenated(members, n)));
+}
+
+// The world ranks of `c`'s members in its rank order, as they tell each other (an all-gather).
+std::vector<int> world_ranks_of(Communicator& c) {
+  test::DeviceBuffer<float> ranks_in(std::vector<float>(c.world_size(), -1.0f));
+  const float mine = static_cast<float>(me());
+  CUDA_CHECK(cudaMemcpy(ranks_in.ptr + c.rank(), &mine, sizeof(float), cudaMemcpyHostToDevice));
+  c.ordered_with(cudaStreamLegacy, [&] { c.all_gather(ranks_in.ptr + c.rank(), ranks_in.ptr, 1); });
+  std::vector<int> members;
+  for (float r : ranks_in.download()) members.push_back(static_cast<int>(r));
+  return members;
 }
 
 }  // namespace
@@ -382,5 +396,33 @@ TEST_CASE("Communicator split: bad arguments name the communicator", "[nccl][spl
                     Catch::Contains("on the tensor-parallel communicator: root " + std::to_string(group_size()) +
                                     " is not a rank of " + std::to_string(group_size())));
   tp.barrier();  // still usable, the ranks still in step
+  world().barrier();
+}
+
+TEST_CASE("ParallelGroups: TP groups of consecutive ranks, DP groups of one TP rank each", "[nccl][split][groups]") {
+  for (int tp = 1; tp <= ranks(); ++tp) {
+    if (ranks() % tp != 0) continue;
+    INFO("--tp " << tp << " over " << ranks() << " ranks");
+    ParallelGroups groups(world(), tp);
+    // Group k of TP holds world ranks [k·tp, (k+1)·tp); DP group t holds t, t + tp, t + 2·tp, ...;
+    // each in world-rank order.
+    std::vector<int> tp_members, dp_members;
+    for (int r = 0; r < ranks(); ++r) {
+      if (r / tp == me() / tp) tp_members.push_back(r);
+      if (r % tp == me() % tp) dp_members.push_back(r);
+    }
+    CHECK(groups.tp_size() == tp);
+    CHECK(groups.dp().world_size() == ranks() / tp);
+    CHECK(groups.dp().rank() == me() / tp);
+    CHECK(world_ranks_of(groups.dp()) == dp_members);
+    if (tp == 1) {
+      CHECK(groups.tp() == nullptr);
+      CHECK(&groups.dp() == &world());
+      continue;
+    }
+    REQUIRE(groups.tp() != nullptr);
+    CHECK(groups.tp()->rank() == me() % tp);
+    CHECK(world_ranks_of(*groups.tp()) == tp_members);
+  }
   world().barrier();
 }
