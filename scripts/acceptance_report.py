@@ -80,9 +80,11 @@ def record(directory, stage, order, status, seconds, text, pairs):
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, stage + ".json"), "w") as f:
+    path = os.path.join(directory, stage + ".json")
+    with open(path + ".tmp", "w") as f:  # renamed into place: a killed job leaves no half-written file
         json.dump(result, f, indent=2)
         f.write("\n")
+    os.replace(path + ".tmp", path)
     print(f"STAGE {stage}: {status}" + (f" ({text})" if text else ""))
 
 
@@ -136,8 +138,11 @@ def summary(directory, title="GPU acceptance"):
         for key, value in r["figures"].items():
             shown = value if isinstance(value, str) else json.dumps(value)
             lines.append(f"- {key}: {cell(shown)}")
-    with open(os.path.join(directory, "summary.md"), "w") as f:
+    # Replaced whole (a job killed while it is written keeps the previous summary).
+    path = os.path.join(directory, "summary.md")
+    with open(path + ".tmp", "w") as f:
         f.write("\n".join(lines) + "\n")
+    os.replace(path + ".tmp", path)
     print(f"summary: {os.path.join(directory, 'summary.md')}: {counts['PASS']} PASS, "
           f"{counts['FAIL']} FAIL, {counts['SKIP']} SKIP")
 

@@ -94,10 +94,11 @@ else
   fail "a 45 s budget did not skip parity by its estimate: $(grep '^STAGE' "$tmp/short.log" | paste -sd '|')"
 fi
 
-# Killed in its third stage (as a job at its time limit): the finished stages and their summary stay.
+# Killed once its second stage is in the summary, so in its third (as a job at its time limit):
+# the finished stages and their summary stay.
 QUICK_OUT=$tmp/cut setsid "${rehearsal[@]}" 420 > "$tmp/cut.log" 2>&1 &
 runner=$!
-for _ in $(seq 1 600); do [ -f "$tmp/cut/smoke.json" ] && break; sleep 0.2; done
+for _ in $(seq 1 600); do grep -qs '^| smoke | ' "$tmp/cut/summary.md" && break; sleep 0.2; done
 kill -KILL -- -"$runner" 2>/dev/null; wait "$runner" 2>/dev/null
 if [ -f "$tmp/cut/device.json" ] && [ -f "$tmp/cut/smoke.json" ] && [ ! -f "$tmp/cut/parity.json" ] &&
    grep -q '^| device | PASS' "$tmp/cut/summary.md" && grep -q '^| smoke | PASS' "$tmp/cut/summary.md"; then
