@@ -12,10 +12,9 @@ namespace {
 //   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*
 //   |\s*[\r\n]+|\s+(?!\S)|\s+
 // Spelled for PCRE2 as GPT-2's is (gpt2_bpe.cpp): \s as Unicode White_Space, \p{Z} + U+0009..U+000D
-// + U+0085. tiktoken's (?i:...) folds ASCII case only ("'S" is one piece, "'ſ" is not, U+017F
-// being a long s that PCRE2's caseless mode would fold to s), so the contractions list both cases.
+// + U+0085, and \S as its complement; the rest is Meta's text.
 constexpr const char* kPattern =
-    R"('[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d))"
     R"(|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\t-\r\x{85}\p{Z}\p{L}\p{N}]+[\r\n]*)"
     R"(|[\t-\r\x{85}\p{Z}]*[\r\n]+|[\t-\r\x{85}\p{Z}]+(?![^\t-\r\x{85}\p{Z}])|[\t-\r\x{85}\p{Z}]+)";
 
