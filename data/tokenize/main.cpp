@@ -171,7 +171,8 @@ Options parse_options(int argc, char** argv) {
       std::string name = next_value();
       auto found = std::find_if(std::begin(kEncodings), std::end(kEncodings),
                                 [&](const Encoding& encoding) { return name == encoding.name; });
-      if (found == std::end(kEncodings)) usage_error("--encoding expects gpt2 or llama3, got \"" + name + "\"");
+      if (found == std::end(kEncodings))
+        usage_error("--encoding expects gpt2 or llama3, got \"" + name + "\"");
       options.encoding = found;
       options.encoding_given = true;
     } else if (flag == "--bpe-dir") {
@@ -210,8 +211,9 @@ int run_decode(const Options& options) {
     auto [format, tokens] = read_shard(shard);
     std::string tokenizer_path = options.tokenizer_file;
     if (tokenizer_path.empty()) {
-      auto written_by = std::find_if(std::begin(kEncodings), std::end(kEncodings),
-                                     [&](const Encoding& encoding) { return encoding.shards.magic == format.magic; });
+      auto written_by = std::find_if(std::begin(kEncodings), std::end(kEncodings), [&](const Encoding& encoding) {
+        return encoding.shards.magic == format.magic;
+      });
       tokenizer_path = (std::filesystem::path(shard).parent_path() / written_by->tokenizer_file).string();
     }
     auto& vocab = tokenizers[tokenizer_path];

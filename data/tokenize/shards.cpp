@@ -112,8 +112,10 @@ Shard read_shard(const std::string& path) {
                              " bytes, shorter than the 1024-byte shard header");
   std::memcpy(header, content.data(), sizeof header);
   Shard shard{};
-  if (header[0] == kGpt2Shards.magic && header[1] == kGpt2Shards.version) shard.format = kGpt2Shards;
-  else if (header[0] == kLlama3Shards.magic && header[1] == kLlama3Shards.version) shard.format = kLlama3Shards;
+  if (header[0] == kGpt2Shards.magic && header[1] == kGpt2Shards.version)
+    shard.format = kGpt2Shards;
+  else if (header[0] == kLlama3Shards.magic && header[1] == kLlama3Shards.version)
+    shard.format = kLlama3Shards;
   else
     throw std::runtime_error(path + ": header starts " + std::to_string(header[0]) + " " +
                              std::to_string(header[1]) +

@@ -22,7 +22,8 @@ constexpr ShardFormat kLlama3Shards{kLlamaShardMagic, kLlamaShardVersion, 4};
 // DIR/PREFIX_train_%06d.bin, each shard holding at most shard_tokens tokens.
 class ShardWriter {
  public:
-  ShardWriter(std::string dir, std::string prefix, ShardFormat format, int64_t val_tokens, int64_t shard_tokens);
+  ShardWriter(std::string dir, std::string prefix, ShardFormat format, int64_t val_tokens,
+              int64_t shard_tokens);
   ~ShardWriter();
   ShardWriter(const ShardWriter&) = delete;
   ShardWriter& operator=(const ShardWriter&) = delete;

@@ -1,4 +1,4 @@
-// byte_bpe.cpp — tiktoken's byte-level BPE for any vocabulary: token index, merge table, split
+// byte_bpe.cpp — tiktoken's byte-level BPE for any vocabulary: token index and merges, split
 // pattern, piece merging, and the checked reading of vocabulary files.
 #include "src/tokenizer/byte_bpe.h"
 
@@ -21,7 +21,7 @@ constexpr size_t kShortPiece = 128;
 constexpr size_t kCachedPiece = 32;
 constexpr size_t kCacheEntries = 1 << 18;
 
-// FNV-1a, which extends byte by byte: the hash of a prefix grows into the hash of the whole.
+// FNV-1a, which extends byte by byte: the hash of a token grows into the hash of it and the next.
 constexpr uint64_t kFnvEmpty = 0xcbf29ce484222325ull;
 uint64_t hash_extend(uint64_t h, unsigned char c) { return (h ^ c) * 0x100000001b3ull; }
 uint64_t hash_bytes(std::string_view bytes) {
@@ -29,8 +29,6 @@ uint64_t hash_bytes(std::string_view bytes) {
   for (unsigned char c : bytes) h = hash_extend(h, c);
   return h;
 }
-
-uint64_t hash_pair(uint64_t key) { return key * 0x9e3779b97f4a7c15ull; }
 
 bool is_ascii_graphic(char c) { return c > ' ' && c < 0x7F; }
 
@@ -55,7 +53,6 @@ std::string read_checked_vocabulary_file(const std::string& path, const char* sh
 ByteBpe::ByteBpe(BpeVocabulary vocabulary) : vocabulary_(std::move(vocabulary)) {
   for (unsigned char c : vocabulary_.cut_before) cut_before_[c] = true;
   build_token_index();
-  build_merge_table();
   compile_regex();
 }
 
@@ -66,11 +63,14 @@ void ByteBpe::build_token_index() {
   size_t slots = 1;
   while (slots < 4 * tokens.size()) slots <<= 1;
   token_slots_.assign(slots, kNone);
+  token_hash_.resize(vocabulary_.ordinary);
   for (uint32_t id = 0; id < vocabulary_.ordinary; ++id) {  // special tokens are never text pieces
-    size_t slot = hash_bytes(tokens[id]) & (slots - 1);
+    token_hash_[id] = hash_bytes(tokens[id]);
+    size_t slot = token_hash_[id] & (slots - 1);
     while (token_slots_[slot] != kNone) {
       if (tokens[token_slots_[slot]] == tokens[id])
-        throw std::runtime_error(vocabulary_.source + ": two ids share the bytes of id " + std::to_string(id));
+        throw std::runtime_error(vocabulary_.source + ": two ids share the bytes of id " +
+                                 std::to_string(id));
       slot = (slot + 1) & (slots - 1);
     }
     token_slots_[slot] = id;
@@ -82,51 +82,31 @@ void ByteBpe::build_token_index() {
   }
 }
 
-uint32_t ByteBpe::find_token(std::string_view bytes) const { return find_token(bytes, hash_bytes(bytes)); }
-
-uint32_t ByteBpe::find_token(std::string_view bytes, uint64_t hash) const {
+uint32_t ByteBpe::find_token(std::string_view bytes) const {
   size_t mask = token_slots_.size() - 1;
-  for (size_t slot = hash & mask;; slot = (slot + 1) & mask) {
+  for (size_t slot = hash_bytes(bytes) & mask;; slot = (slot + 1) & mask) {
     uint32_t id = token_slots_[slot];
     if (id == kNone || vocabulary_.token_bytes[id] == bytes) return id;
   }
 }
 
 // tiktoken joins two adjacent parts when their concatenation is a ranked token, whichever way
-// that token was originally built; so every split of every token of 2+ bytes into two tokens is
-// an entry (left, right) → token. (This is most of the start-up time: the prefix's hash is
-// extended cut by cut, and the suffix looked up only when the prefix is a token.)
-void ByteBpe::build_merge_table() {
-  std::vector<std::pair<uint64_t, uint32_t>> entries;
-  for (uint32_t id = 0; id < vocabulary_.ordinary; ++id) {
-    std::string_view bytes = vocabulary_.token_bytes[id];
-    uint64_t prefix_hash = kFnvEmpty;
-    for (size_t cut = 1; cut < bytes.size(); ++cut) {
-      prefix_hash = hash_extend(prefix_hash, static_cast<unsigned char>(bytes[cut - 1]));
-      uint32_t left = find_token(bytes.substr(0, cut), prefix_hash);
-      if (left == kNone) continue;
-      uint32_t right = find_token(bytes.substr(cut));
-      if (right != kNone) entries.push_back({uint64_t(left) << 32 | right, id});
-    }
-  }
-  size_t slots = 1;
-  while (slots < 2 * entries.size()) slots <<= 1;
-  merge_keys_.assign(slots, ~0ull);
-  merge_values_.assign(slots, kNone);
-  for (const auto& [key, id] : entries) {
-    size_t slot = hash_pair(key) >> 32 & (slots - 1);
-    while (merge_keys_[slot] != ~0ull) slot = (slot + 1) & (slots - 1);
-    merge_keys_[slot] = key;
-    merge_values_[slot] = id;
-  }
-}
-
+// that token was originally built: so the merge of (left, right) is the token whose bytes are
+// left's then right's, found by extending left's hash over right's bytes (no table of merges to
+// build at start-up).
 uint32_t ByteBpe::find_merge(uint32_t left, uint32_t right) const {
-  uint64_t key = uint64_t(left) << 32 | right;
-  size_t mask = merge_keys_.size() - 1;
-  for (size_t slot = hash_pair(key) >> 32 & mask;; slot = (slot + 1) & mask) {
-    if (merge_keys_[slot] == key) return merge_values_[slot];
-    if (merge_keys_[slot] == ~0ull) return kNone;
+  const std::string& head = vocabulary_.token_bytes[left];
+  const std::string& tail = vocabulary_.token_bytes[right];
+  uint64_t hash = token_hash_[left];
+  for (unsigned char c : tail) hash = hash_extend(hash, c);
+  size_t mask = token_slots_.size() - 1;
+  for (size_t slot = hash & mask;; slot = (slot + 1) & mask) {
+    uint32_t id = token_slots_[slot];
+    if (id == kNone) return kNone;
+    const std::string& bytes = vocabulary_.token_bytes[id];
+    if (bytes.size() == head.size() + tail.size() && bytes.compare(0, head.size(), head) == 0 &&
+        bytes.compare(head.size(), tail.size(), tail) == 0)
+      return id;
   }
 }
 

@@ -1,6 +1,6 @@
 // byte_bpe.h — byte-level BPE as tiktoken applies it, for any vocabulary (GPT-2's in gpt2_bpe.h,
-// Llama 3's in llama3_bpe.h): the token index, the merge table, the compiled split pattern, and
-// the per-thread encoder.
+// Llama 3's in llama3_bpe.h): the token index (which also finds merges), the compiled split
+// pattern, and the per-thread encoder.
 //
 // ByteBpe holds the immutable vocabulary; one instance is shared by all threads. Each thread
 // encodes through its own PieceEncoder (regex match state + cache).
@@ -43,7 +43,7 @@ class ByteBpe {
  public:
   static constexpr uint32_t kNone = 0xFFFFFFFFu;
 
-  // Builds the index and merge table and compiles the pattern. Throws std::runtime_error naming
+  // Builds the token index and compiles the pattern. Throws std::runtime_error naming
   // vocabulary.source if two ordinary ids share bytes or a byte has no token.
   explicit ByteBpe(BpeVocabulary vocabulary);
   virtual ~ByteBpe();
@@ -63,11 +63,9 @@ class ByteBpe {
   friend class PieceEncoder;
 
   uint32_t find_token(std::string_view bytes) const;  // ordinary tokens only; kNone if absent
-  uint32_t find_token(std::string_view bytes, uint64_t hash) const;  // hash: of `bytes`
   uint32_t find_merge(uint32_t left, uint32_t right) const;  // merged id; kNone if no merge
 
   void build_token_index();
-  void build_merge_table();
   void compile_regex();
 
   BpeVocabulary vocabulary_;
@@ -75,8 +73,7 @@ class ByteBpe {
   bool cut_before_[256] = {};
 
   std::vector<uint32_t> token_slots_;  // open addressing: hash(bytes) → id
-  std::vector<uint64_t> merge_keys_;   // open addressing: (left << 32 | right) → merged id
-  std::vector<uint32_t> merge_values_;
+  std::vector<uint64_t> token_hash_;   // per ordinary id: hash(bytes)
 
   pcre2_code* regex_ = nullptr;
   bool jit_ = false;

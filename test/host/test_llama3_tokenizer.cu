@@ -118,7 +118,7 @@ TEST_CASE("byte-level BPE: last_safe_cut finds an ASCII graphic byte before a cu
   CHECK(bpe.last_safe_cut(" abc", 0) == 0);
 }
 
-TEST_CASE("Llama 3 vocabulary: a missing or altered tokenizer.model names the file and the install step", "[llama3]") {
+TEST_CASE("Llama 3: a missing or altered tokenizer.model names the file and the install step", "[llama3]") {
   CHECK(error_of("/nonexistent/llama3") ==
         "cannot read /nonexistent/llama3/tokenizer.model: No such file or directory "
         "(scripts/install_deps.sh fetches Llama 3's tokenizer.model)");
