@@ -21,7 +21,7 @@ constexpr const char* kPattern =
 constexpr const char* kInstallHint = "scripts/install_deps.sh fetches Llama 3's tokenizer.model";
 
 // Names of ids 128000.. as Meta's Llama 3 tokenizer (and the tokenizer.json it is fetched from)
-// gives them; Llama 3.1 renamed three reserved ones (128004, 128008, 128010) without moving any.
+// gives them; Llama 3.1 gave some reserved ones new names (128004, 128008, 128010, ...), moving none.
 std::vector<std::string> special_token_names() {
   std::vector<std::string> names = {"<|begin_of_text|>", "<|end_of_text|>"};
   for (int i = 0; i < 4; ++i) names.push_back("<|reserved_special_token_" + std::to_string(i) + "|>");
