@@ -43,7 +43,7 @@ GPU_LIBS  := -lcublasLt -lnccl $(MPI_LINK)
 
 # Host-only code (src/*/*.cpp: no CUDA, no element-type templates), compiled once by the host
 # compiler into one archive that both trainers, the tests and tokenize link: touching one of these
-# files recompiles it alone. The GPT-2 tokenizer (src/tokenizer/) needs pcre2.
+# files recompiles it alone. The tokenizer (src/tokenizer/) needs pcre2.
 HOST_SRCS  := $(wildcard src/*/*.cpp)
 HOST_OBJS  := $(HOST_SRCS:%.cpp=$(BUILD)/host/%.o)
 HOST_LIB   := $(BUILD)/host/libtrain_gpt_host.a
@@ -180,7 +180,7 @@ clean:
 # unpacked packages, whose etc/libibverbs.d is a directory).
 -include $(shell find $(BUILD)/cpu $(BUILD)/gpu $(BUILD)/host -name '*.d' -type f 2>/dev/null)
 
-# ---- tokenize: GPT-2 BPE text → token shards (host-only tool; sources in data/tokenize/, the
+# ---- tokenize: GPT-2 or Llama 3 BPE text → token shards (host-only tool; sources in data/tokenize/, the
 # tokenizer library in src/tokenizer/)
 TOKENIZE_OBJS := $(patsubst %.cpp,$(BUILD)/host/%.o,$(wildcard data/tokenize/*.cpp))
 
