@@ -106,9 +106,12 @@ struct FailedOnAnotherRank : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Collectives issued through a Communicator, by kind (tests check how gradients travel).
+// Collectives issued through a Communicator, by kind (tests check how gradients travel; the trainer
+// reports them per step), and the bytes of the whole buffers they covered: an all-reduce's or a
+// broadcast's n elements, a reduce-scatter's send and an all-gather's recv (every rank's part).
 struct CollectiveCounts {
   long long all_reduce = 0, reduce_scatter = 0, all_gather = 0, broadcast = 0;
+  long long all_reduce_bytes = 0, reduce_scatter_bytes = 0, all_gather_bytes = 0, broadcast_bytes = 0;
 };
 
 class Communicator {
@@ -247,6 +250,7 @@ class Communicator {
     require_buffer("all-reduce", data, n);
     require_op("all-reduce", op);
     ++counts_.all_reduce;
+    counts_.all_reduce_bytes += static_cast<long long>(n * sizeof(T));
     collective("all-reduce", "ncclAllReduce",
                [&] { return ncclAllReduce(data, data, n, comm_detail::nccl_type<T>(), op, comm_, stream_); });
   }
@@ -256,6 +260,7 @@ class Communicator {
                    "recv == send + rank·recvcount");
     require_op("reduce-scatter", op);
     ++counts_.reduce_scatter;
+    counts_.reduce_scatter_bytes += static_cast<long long>(recvcount * world_size() * sizeof(T));
     collective("reduce-scatter", "ncclReduceScatter", [&] {
       return ncclReduceScatter(send, recv, recvcount, comm_detail::nccl_type<T>(), op, comm_, stream_);
     });
@@ -265,6 +270,7 @@ class Communicator {
     require_layout("all-gather", send, sendcount, recv, sendcount * world_size(), send == recv + rank() * sendcount,
                    "send == recv + rank·sendcount");
     ++counts_.all_gather;
+    counts_.all_gather_bytes += static_cast<long long>(sendcount * world_size() * sizeof(T));
     collective("all-gather", "ncclAllGather",
                [&] { return ncclAllGather(send, recv, sendcount, comm_detail::nccl_type<T>(), comm_, stream_); });
   }
@@ -275,6 +281,7 @@ class Communicator {
       throw CommArgumentError(call("broadcast") + ": root " + std::to_string(root) + " is not a rank of " +
                               std::to_string(world_size()));
     ++counts_.broadcast;
+    counts_.broadcast_bytes += static_cast<long long>(n * sizeof(T));
     collective("broadcast", "ncclBroadcast",
                [&] { return ncclBroadcast(data, data, n, comm_detail::nccl_type<T>(), root, comm_, stream_); });
   }
