@@ -13,6 +13,10 @@ log_dir=build/$mode/test/logs
 mkdir -p "$log_dir"
 passed=0; failed=0; skipped=0; failures=()
 
+# Every entry's wall time, "SECONDS NAME" a line: the ten slowest are printed before the summary, so
+# a suite that grows past its budget (45 minutes on 2 cores) shows where the time went.
+timings=()
+
 # Adds a Catch2 run's counts ("test cases: N | P passed | F failed" or "All tests passed
 # (… in N test cases)"); a run without a summary (crash, abort) counts as one failure.
 count_catch2() {
@@ -31,6 +35,7 @@ count_catch2() {
   passed=$((passed + p)); failed=$((failed + f))
   if [ "$f" -gt 0 ]; then failures+=("$name (log: $log)"); fi
   printf '%-44s %4d passed %4d failed  %5.1fs\n' "$name" "$p" "$f" "$4"
+  timings+=("$4 $name")
 }
 
 run_binary() {
@@ -53,6 +58,7 @@ run_check() {
   elif [ $status -eq 77 ]; then skipped=$((skipped + 1)); r="skipped"
   else failed=$((failed + 1)); r="FAILED"; failures+=("$name (log: $log)"); fi
   printf '%-44s %s  %5.1fs\n' "$name" "$r" "$(echo "$end - $start" | bc)"
+  timings+=("$(echo "$end - $start" | bc) $name")
 }
 
 # CPU: simt checks every launch against the GPU build's registers and shared memory (docs/SIMT.md,
@@ -89,6 +95,10 @@ for check in test/checks/*.sh test/lint/*.sh; do
   run_check "$(basename "$check" .sh)" bash "$check" "$mode"
 done
 
+if [ ${#timings[@]} -gt 0 ]; then
+  echo "slowest:"
+  printf '%s\n' "${timings[@]}" | sort -rn | head -n 10 | awk '{ printf "  %7.1fs  %s\n", $1, substr($0, index($0, " ") + 1) }'
+fi
 if [ ${#failures[@]} -gt 0 ]; then
   echo "failed:"
   for f in "${failures[@]}"; do echo "  $f"; done
