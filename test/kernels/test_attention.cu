@@ -1,5 +1,7 @@
 // Causal multi-head attention, forward (out, lse) and backward (dqkv), against a naive CPU
-// implementation in double: full T×T score matrix, causal mask, softmax, matrix products.
+// implementation in double: full T×T score matrix, causal mask, softmax, matrix products; odd
+// shapes and every preset's heads (test/preset_shapes.h).
+#include "test/preset_shapes.h"
 #include "test/test_util.h"
 #include "kernels/attention.cuh"
 
@@ -102,6 +104,61 @@ double max_abs(const std::vector<double>& v) {
   return m;
 }
 
+// One forward and backward against the naive loops, then a rerun into poisoned outputs.
+template <typename T>
+void check_attention(const AttentionShape& shape, uint64_t seed) {
+  const bool is_bf16 = sizeof(T) == 2;
+  const int B = shape.B, T_ = shape.T, NH = shape.NH, HS = shape.HS, C = NH * HS;
+  INFO("B=" << B << " T=" << T_ << " NH=" << NH << " HS=" << HS << " input std=" << shape.input_scale);
+  const size_t qkv_n = static_cast<size_t>(B) * T_ * 3 * C, out_n = static_cast<size_t>(B) * T_ * C;
+  const size_t lse_n = static_cast<size_t>(B) * NH * T_;
+  std::vector<float> qkv_host = test::round_to<T>(test::random_floats(qkv_n, seed++, shape.input_scale));
+  std::vector<float> dout_host = test::round_to<T>(test::random_floats(out_n, seed++));
+
+  test::DeviceBuffer<T> qkv(test::from_floats<T>(qkv_host)), dout(test::from_floats<T>(dout_host));
+  test::DeviceBuffer<T> out(out_n), dqkv(qkv_n);
+  test::DeviceBuffer<float> lse(lse_n);
+  test::DeviceBuffer<float> scratch(attention_backward_scratch_bytes(B, T_, NH) / sizeof(float));
+  REQUIRE(attention_backward_scratch_bytes(B, T_, NH) == lse_n * sizeof(float));
+
+  attention_forward<T>(out, lse, qkv, B, T_, C, NH, nullptr);
+  test::require_no_cuda_error();
+  // The backward consumes the forward's own out and lse, as in training.
+  attention_backward<T>(dqkv, scratch, dout, qkv, out, lse, B, T_, C, NH, nullptr);
+  test::require_no_cuda_error();
+  std::vector<T> out_got = out.download(), dqkv_got = dqkv.download();
+  std::vector<float> lse_got = lse.download();
+
+  // fp32: the exact gradient. bf16: the backward is handed out rounded to bf16 (a ~2^-9 relative
+  // error in D, amplified by |v| and |k| for sharp inputs), so the reference uses that same out.
+  std::vector<double> out_seen = to_doubles(test::to_floats(out_got));
+  ReferenceAttention want = reference_attention(to_doubles(qkv_host), to_doubles(dout_host), B, T_, NH, HS,
+                                                is_bf16 ? &out_seen : nullptr);
+  // out: fp32 math, then one rounding to T. An fp32 score s is off by ~|s|·2^-24 per operation and
+  // the exponential turns that into the same relative error of its weight, so with large scores
+  // (sharp inputs) the absolute error grows like max|score|·max|v|.
+  const double out_abs = test::Tolerance<T>::abs + 4 * 0x1p-24 * want.max_abs_score * max_abs(to_doubles(qkv_host));
+  CHECK(test::all_close("out", out_got, want.out, test::Tolerance<T>::rel, out_abs));
+  // lse is fp32 for both storage types and sees the same (rounded) inputs as the reference.
+  CHECK(test::all_close("lse", lse_got, want.lse, 1e-5, 1e-5));
+  // Gradients: entries near zero come from cancellation in dS = P(dP - D), so the absolute
+  // tolerance is relative to the tensor's largest entry.
+  const double grad_rel = is_bf16 ? 1e-2 : 1e-4, grad_abs = (is_bf16 ? 5e-3 : 1e-5) * max_abs(want.dqkv);
+  CHECK(test::all_close("dqkv", dqkv_got, want.dqkv, grad_rel, grad_abs));
+
+  // Same inputs → same bits, with every output re-poisoned in between.
+  out.poison();
+  lse.poison();
+  dqkv.poison();
+  scratch.poison();
+  attention_forward<T>(out, lse, qkv, B, T_, C, NH, nullptr);
+  attention_backward<T>(dqkv, scratch, dout, qkv, out, lse, B, T_, C, NH, nullptr);
+  test::require_no_cuda_error();
+  CHECK(test::same_bits(out.download(), out_got));
+  CHECK(test::same_bits(lse.download(), lse_got));
+  CHECK(test::same_bits(dqkv.download(), dqkv_got));
+}
+
 }  // namespace
 
 // The reference's backward is itself checked: central differences of L = sum(out ∘ dout).
@@ -132,62 +189,19 @@ TEST_CASE("attention reference backward matches finite differences", "[attention
 }
 
 TEMPLATE_TEST_CASE("attention forward and backward match naive CPU loops", "[attention]", float, bf16) {
-  using T = TestType;
-  const bool is_bf16 = sizeof(T) == 2;
   const AttentionShape shapes[] = {
       {1, 1, 1, 8, 1.0f},    {3, 1, 4, 16, 1.0f},  {1, 7, 2, 16, 1.0f},  {2, 7, 3, 8, 1.0f},
       {3, 33, 4, 64, 1.0f},  {2, 33, 2, 24, 1.0f}, {1, 17, 2, 128, 1.0f}, {2, 17, 2, 16, 5.0f},
   };
-  uint64_t seed = 100;
-  for (const AttentionShape& shape : shapes) {
-    const int B = shape.B, T_ = shape.T, NH = shape.NH, HS = shape.HS, C = NH * HS;
-    INFO("B=" << B << " T=" << T_ << " NH=" << NH << " HS=" << HS << " input std=" << shape.input_scale);
-    const size_t qkv_n = static_cast<size_t>(B) * T_ * 3 * C, out_n = static_cast<size_t>(B) * T_ * C;
-    const size_t lse_n = static_cast<size_t>(B) * NH * T_;
-    std::vector<float> qkv_host = test::round_to<T>(test::random_floats(qkv_n, seed++, shape.input_scale));
-    std::vector<float> dout_host = test::round_to<T>(test::random_floats(out_n, seed++));
+  uint64_t seed = 98;
+  for (const AttentionShape& shape : shapes) check_attention<TestType>(shape, seed += 2);
+}
 
-    test::DeviceBuffer<T> qkv(test::from_floats<T>(qkv_host)), dout(test::from_floats<T>(dout_host));
-    test::DeviceBuffer<T> out(out_n), dqkv(qkv_n);
-    test::DeviceBuffer<float> lse(lse_n);
-    test::DeviceBuffer<float> scratch(attention_backward_scratch_bytes(B, T_, NH) / sizeof(float));
-    REQUIRE(attention_backward_scratch_bytes(B, T_, NH) == lse_n * sizeof(float));
-
-    attention_forward<T>(out, lse, qkv, B, T_, C, NH, nullptr);
-    test::require_no_cuda_error();
-    // The backward consumes the forward's own out and lse, as in training.
-    attention_backward<T>(dqkv, scratch, dout, qkv, out, lse, B, T_, C, NH, nullptr);
-    test::require_no_cuda_error();
-    std::vector<T> out_got = out.download(), dqkv_got = dqkv.download();
-    std::vector<float> lse_got = lse.download();
-
-    // fp32: the exact gradient. bf16: the backward is handed out rounded to bf16 (a ~2^-9 relative
-    // error in D, amplified by |v| and |k| for sharp inputs), so the reference uses that same out.
-    std::vector<double> out_seen = to_doubles(test::to_floats(out_got));
-    ReferenceAttention want = reference_attention(to_doubles(qkv_host), to_doubles(dout_host), B, T_, NH, HS,
-                                                  is_bf16 ? &out_seen : nullptr);
-    // out: fp32 math, then one rounding to T. An fp32 score s is off by ~|s|·2^-24 per operation and
-    // the exponential turns that into the same relative error of its weight, so with large scores
-    // (sharp inputs) the absolute error grows like max|score|·max|v|.
-    const double out_abs = test::Tolerance<T>::abs + 4 * 0x1p-24 * want.max_abs_score * max_abs(to_doubles(qkv_host));
-    CHECK(test::all_close("out", out_got, want.out, test::Tolerance<T>::rel, out_abs));
-    // lse is fp32 for both storage types and sees the same (rounded) inputs as the reference.
-    CHECK(test::all_close("lse", lse_got, want.lse, 1e-5, 1e-5));
-    // Gradients: entries near zero come from cancellation in dS = P(dP - D), so the absolute
-    // tolerance is relative to the tensor's largest entry.
-    const double grad_rel = is_bf16 ? 1e-2 : 1e-4, grad_abs = (is_bf16 ? 5e-3 : 1e-5) * max_abs(want.dqkv);
-    CHECK(test::all_close("dqkv", dqkv_got, want.dqkv, grad_rel, grad_abs));
-
-    // Same inputs → same bits, with every output re-poisoned in between.
-    out.poison();
-    lse.poison();
-    dqkv.poison();
-    scratch.poison();
-    attention_forward<T>(out, lse, qkv, B, T_, C, NH, nullptr);
-    attention_backward<T>(dqkv, scratch, dout, qkv, out, lse, B, T_, C, NH, nullptr);
-    test::require_no_cuda_error();
-    CHECK(test::same_bits(out.download(), out_got));
-    CHECK(test::same_bits(lse.download(), lse_got));
-    CHECK(test::same_bits(dqkv.download(), dqkv_got));
+// Every preset's heads (all NH of them, its head size): one sequence of 3 rows.
+TEMPLATE_TEST_CASE("attention launches and matches at every preset's heads", "[attention]", float, bf16) {
+  uint64_t seed = 700;
+  for (const test::PresetShape& p : test::preset_shapes()) {
+    INFO("presets " << p.presets);
+    check_attention<TestType>({1, 3, p.NH, p.head_size, 1.0f}, seed += 2);
   }
 }
