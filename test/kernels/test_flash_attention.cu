@@ -1,7 +1,9 @@
 // Flash attention (kernels/flash_attention.cuh), forward (out, lse) and backward (dQ, dK, dV),
 // against a plain double-precision CPU loop and against the simple kernel of attention.cuh;
 // head dims 64 and 128, sequence lengths with and without tails, several batches and heads;
-// every output poisoned first and reproduced bit for bit by a second run.
+// every output poisoned first and reproduced bit for bit by a second run; every preset whose head
+// size flash attention takes, with all its heads (test/preset_shapes.h).
+#include "test/preset_shapes.h"
 #include "test/test_util.h"
 #include "kernels/attention.cuh"
 #include "kernels/flash_attention.cuh"
@@ -327,4 +329,16 @@ TEST_CASE("flash attention HD 64 matches double-precision loops and the simple k
 
 TEST_CASE("flash attention HD 128 matches double-precision loops and the simple kernel", "[flash]") {
   check_head_dim(128);
+}
+
+// Every preset's heads, all NH of them, where its head size is one flash attention takes (the
+// model runs the simple kernel otherwise): one sequence of 17 rows, a tail inside the first tile.
+TEST_CASE("flash attention launches and matches at every preset's heads", "[flash]") {
+  uint64_t seed = 5000;
+  for (const test::PresetShape& p : test::preset_shapes()) {
+    if (!flash_attention_supports(p.head_size)) continue;
+    INFO("presets " << p.presets);
+    Report report;
+    check_shape({1, 17, p.NH, p.head_size, 1.0f}, seed += 2, report);
+  }
 }
