@@ -2,7 +2,9 @@
 // double: kv_cache_write stores exactly the new rows' keys and values, attention_decode_forward
 // attends each sequence's new query over the cached rows [0, len) and reads nothing else (the
 // rows past len and every output start poisoned with NaN), and it gives the bits of the full causal
-// attention's last row (kernels/attention.cuh) for the same q, k, v.
+// attention's last row (kernels/attention.cuh) for the same q, k, v. Odd shapes, and every preset's
+// heads over a cache of its maxT rows (test/preset_shapes.h).
+#include "test/preset_shapes.h"
 #include "test/test_util.h"
 #include "kernels/attention_decode.cuh"
 
@@ -50,6 +52,14 @@ const DecodeShape kShapes[] = {
     {3, 33, 40, 4, 64, 1.0f}, {1, 17, 20, 2, 128, 1.0f}, {2, 17, 17, 2, 16, 5.0f},
 };
 
+// kShapes, then each preset's heads (all NH, its head size) attending 3 rows of a cache of maxT.
+std::vector<DecodeShape> shapes_and_presets() {
+  std::vector<DecodeShape> shapes(std::begin(kShapes), std::end(kShapes));
+  for (const test::PresetShape& p : test::preset_shapes())
+    shapes.push_back({1, 3, p.max_seq_len, p.NH, p.head_size, 1.0f});
+  return shapes;
+}
+
 }  // namespace
 
 TEMPLATE_TEST_CASE("kv_cache_write stores the new rows' keys and values and nothing else", "[attention_decode]", float,
@@ -83,7 +93,7 @@ TEMPLATE_TEST_CASE("attention_decode_forward matches naive CPU loops and reads o
                    "[attention_decode]", float, bf16) {
   using T = TestType;
   uint64_t seed = 300;
-  for (const DecodeShape& s : kShapes) {
+  for (const DecodeShape& s : shapes_and_presets()) {
     const int C = s.NH * s.HS;
     INFO("B=" << s.B << " len=" << s.len << " max_len=" << s.max_len << " NH=" << s.NH << " HS=" << s.HS
               << " input std=" << s.input_scale);
@@ -118,7 +128,7 @@ TEMPLATE_TEST_CASE("attention_decode_forward gives the full causal attention's l
                    "[attention_decode]", float, bf16) {
   using T = TestType;
   uint64_t seed = 400;
-  for (const DecodeShape& s : kShapes) {
+  for (const DecodeShape& s : shapes_and_presets()) {
     const int C = s.NH * s.HS, len = s.len;
     INFO("B=" << s.B << " len=" << len << " NH=" << s.NH << " HS=" << s.HS);
     // The whole sequences' qkv (B, len, 3C), as the training forward sees them.

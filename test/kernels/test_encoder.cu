@@ -361,24 +361,25 @@ void check_slices(const SliceShape& s, uint64_t seed) {
 template <typename T>
 void check_widest(const test::PresetShape& p, uint64_t seed) {
   const int C = p.C, B = 1, T_len = 2, N = B * T_len, begin = p.V - 2;
+  const size_t NC = static_cast<size_t>(N) * C;  // also the size of the 2-row wte slice and of wpe
   const std::vector<int> tokens = {p.V - 1, p.V - 2};
-  const std::vector<float> wte = test::round_to<T>(test::random_floats(static_cast<size_t>(2) * C, seed));
-  const std::vector<float> wpe = test::round_to<T>(test::random_floats(static_cast<size_t>(T_len) * C, seed + 1));
+  const std::vector<float> wte = test::round_to<T>(test::random_floats(NC, seed));
+  const std::vector<float> wpe = test::round_to<T>(test::random_floats(NC, seed + 1));
   test::DeviceBuffer<int> d_tokens(tokens);
   test::DeviceBuffer<T> d_wte(test::from_floats<T>(wte)), d_wpe(test::from_floats<T>(wpe));
-  test::DeviceBuffer<T> d_out(static_cast<size_t>(N) * C);
+  test::DeviceBuffer<T> d_out(NC);
   encoder_forward<T>(d_out, d_tokens, d_wte, d_wpe, B, T_len, C, nullptr, begin, 2);
   test::require_no_cuda_error();
-  std::vector<double> want(static_cast<size_t>(N) * C);
+  std::vector<double> want(NC);
   for (int t = 0; t < N; ++t)
     for (int c = 0; c < C; ++c)
-      want[static_cast<size_t>(t) * C + c] = static_cast<double>(wte[static_cast<size_t>(tokens[t] - begin) * C + c]) +
-                                             wpe[static_cast<size_t>(t) * C + c];
+      want[static_cast<size_t>(t) * C + c] =
+          static_cast<double>(wte[static_cast<size_t>(tokens[t] - begin) * C + c]) + wpe[static_cast<size_t>(t) * C + c];
   CHECK(test::all_close("encoder_forward out", d_out.download(), want, kRel<T>, kAbs));
 
-  const std::vector<float> dout = test::round_to<T>(test::random_floats(static_cast<size_t>(N) * C, seed + 2));
-  const std::vector<float> dwte_before = test::round_to<T>(test::random_floats(static_cast<size_t>(2) * C, seed + 3));
-  const std::vector<float> dwpe_before = test::round_to<T>(test::random_floats(static_cast<size_t>(T_len) * C, seed + 4));
+  const std::vector<float> dout = test::round_to<T>(test::random_floats(NC, seed + 2));
+  const std::vector<float> dwte_before = test::round_to<T>(test::random_floats(NC, seed + 3));
+  const std::vector<float> dwpe_before = test::round_to<T>(test::random_floats(NC, seed + 4));
   std::vector<int> list(encoder_backward_buckets_bytes(B, T_len) / sizeof(int));
   const int segments = encoder_backward_build_buckets(list.data(), tokens.data(), B, T_len, p.V, begin, p.V);
   test::DeviceBuffer<int> d_list(list);
@@ -387,7 +388,8 @@ void check_widest(const test::PresetShape& p, uint64_t seed) {
   test::DeviceBuffer<float> d_scratch(std::max<size_t>(1, encoder_backward_scratch_bytes(B, T_len, C) / sizeof(float)));
   encoder_backward<T>(d_dwte, d_dwpe, d_scratch, d_list, segments, d_dout, B, T_len, C, nullptr);
   test::require_no_cuda_error();
-  std::vector<double> want_dwte(dwte_before.begin(), dwte_before.end()), want_dwpe(dwpe_before.begin(), dwpe_before.end());
+  std::vector<double> want_dwte(dwte_before.begin(), dwte_before.end());
+  std::vector<double> want_dwpe(dwpe_before.begin(), dwpe_before.end());
   for (int t = 0; t < N; ++t)
     for (int c = 0; c < C; ++c) {
       want_dwte[static_cast<size_t>(tokens[t] - begin) * C + c] += dout[static_cast<size_t>(t) * C + c];
