@@ -131,11 +131,13 @@ constexpr int kLayerNormParamsY = 8;
 constexpr int kLayerNormMaxChunks = 256;  // row chunks, each one row of [dweight | dbias] partials
 
 // Backward of weight and bias, stage 1: block (bx, by) owns the kLayerNormParamsX·V columns of
-// column group bx (V = Vec128<T>::size) and the rows [by·rows_per_chunk, (by+1)·rows_per_chunk).
+// column group bx (V = Vec128<T>::size) and the rows [k·rows_per_chunk, (k+1)·rows_per_chunk) of
+// chunk k = gridDim.y - 1 - by: the last chunks are launched first, as the rows the input-gradient
+// kernel read last are the likeliest to be still in L2 (this kernel reads dout and inp again).
 // Thread (x, y) adds dout·norm and dout over rows y, y + kLayerNormParamsY, ... of the chunk in
 // increasing order (norm recomputed from inp, mean and rstd); the block then adds the y sums in
 // increasing y through a shared tile whose size is fixed (8 or 16 KB, whatever C), and writes
-// partials[by] = [dweight(C) | dbias(C)] for its columns. The tile stores element i of lane x at
+// partials[k] = [dweight(C) | dbias(C)] for its columns. The tile stores element i of lane x at
 // i·kLayerNormParamsX + x, so the lanes of a warp hit 32 different banks.
 template <typename T>
 __global__ void layernorm_backward_params_kernel(float* partials, const T* dout, const T* inp, const float* mean,
@@ -144,7 +146,8 @@ __global__ void layernorm_backward_params_kernel(float* partials, const T* dout,
   constexpr int kTile = kLayerNormParamsX * kVec;
   __shared__ float tile[kLayerNormParamsY][2][kTile];  // [y][dweight, dbias][i·32 + x]
   const int col = (blockIdx.x * kLayerNormParamsX + threadIdx.x) * kVec;
-  const int row_begin = blockIdx.y * rows_per_chunk;
+  const int chunk = gridDim.y - 1 - blockIdx.y;
+  const int row_begin = chunk * rows_per_chunk;
   const int row_end = min(row_begin + rows_per_chunk, N);
   float dweight[kVec], dbias[kVec];
   for (int i = 0; i < kVec; ++i) dweight[i] = dbias[i] = 0.0f;
@@ -167,7 +170,7 @@ __global__ void layernorm_backward_params_kernel(float* partials, const T* dout,
   }
   __syncthreads();
   if (threadIdx.y != 0 || col >= C) return;
-  float* row_partials = partials + static_cast<size_t>(blockIdx.y) * 2 * C;
+  float* row_partials = partials + static_cast<size_t>(chunk) * 2 * C;
   for (int half = 0; half < 2; ++half) {  // 0: dweight, 1: dbias
     for (int i0 = 0; i0 < kVec; i0 += kFloatVec) {
       Vec128<float> sum;
