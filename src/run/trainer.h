@@ -146,13 +146,15 @@ class Trainer {
       if (data_.eval && (step % cfg_.eval_every == 0 || step == cfg_.max_steps)) evaluate_choices(step);
       if (samples() && step % cfg_.sample_every == 0) log_sample(step);
       const int stop_signal = agreed_stop_signal();
-      if (stop_signal != 0 || step == cfg_.max_steps || (cfg_.checkpoint_every > 0 && step % cfg_.checkpoint_every == 0))
+      if (cfg_.save &&
+          (stop_signal != 0 || step == cfg_.max_steps || (cfg_.checkpoint_every > 0 && step % cfg_.checkpoint_every == 0)))
         save_checkpoint();
       if (stop_signal != 0) {
-        save_final_model();
+        if (cfg_.save) save_final_model();
         print_throughput();
-        std::printf("received %s: stopped after step %lld of %lld, checkpoint written; continue with --resume auto\n",
-                    signal_name(stop_signal), step, cfg_.max_steps);
+        std::printf("received %s: stopped after step %lld of %lld, %s\n", signal_name(stop_signal), step,
+                    cfg_.max_steps,
+                    cfg_.save ? "checkpoint written; continue with --resume auto" : "nothing written (--save 0)");
         comm_.barrier();
         return;
       }
@@ -443,8 +445,10 @@ class Trainer {
   // another still needs it.
   void finish() {
     groups_.set_purpose("the end of the run", after_step());
-    save_final_model();
-    std::printf("saved %s\n", model_path_.c_str());
+    if (cfg_.save) {
+      save_final_model();
+      std::printf("saved %s\n", model_path_.c_str());
+    }
     comm_.barrier();
   }
 
