@@ -3,9 +3,11 @@
 //
 // Layouts: inp/out/residual/dout/dinp (N, C) with N = B·T rows; weight/bias (C);
 // mean/rstd (N) fp32, rstd = 1/sqrt(biased variance + eps). Statistics and all math are
-// fp32. One warp per row; each lane owns the 128-bit column chunks j ≡ lane (mod 32), so
-// C must be a multiple of 16 / sizeof(T) (4 floats, 8 bf16); the launchers exit with a
-// message otherwise.
+// fp32. The forward and the input gradient run one warp per row, each lane owning the 128-bit
+// column chunks j ≡ lane (mod 32); the weight and bias gradients run one thread per 128-bit column
+// chunk over chunks of rows, then a column sum. C must be a multiple of 16 / sizeof(T) (4 floats,
+// 8 bf16); the launchers exit with a message otherwise. No kernel's shared memory grows with C
+// (what a block may have, 163 KB on A100 and 227 KB on H100, would otherwise cap the width).
 #pragma once
 #include "common.cuh"
 
@@ -83,79 +85,112 @@ __global__ void residual_layernorm_forward_kernel(T* residual, T* out, float* me
   layernorm_row(out + offset, mean + row, rstd + row, residual + offset, weight, bias, lane_sum, C, lane);
 }
 
-// Backward, per row (norm = (x - mean)·rstd, dnorm = dout·weight):
+// Backward of the input, per row (norm = (x - mean)·rstd, dnorm = dout·weight):
 //   dinp += rstd·(dnorm - mean(dnorm) - norm·mean(dnorm·norm))
-// and this block's share of dweight = Σ dout·norm, dbias = Σ dout over its rows.
-// Block b handles rows b·W + warp + k·gridDim.x·W (W = kLayerNormWarps). Each warp sums its
-// rows into its own shared-memory slice (no two lanes touch the same word); after all rows
-// the block adds the W slices in warp order and writes its partial sums, fp32, to
-// partials[b] = [dweight(C) | dbias(C)]. Shared slices store channel j·V + i (chunk j,
-// element i) at i·chunks + j so that the 32 lanes of a warp hit 32 different banks.
+// One warp per row, as in the forward; no shared memory, so any C launches.
 template <typename T>
-__global__ void layernorm_backward_kernel(T* dinp, float* partials, const T* dout, const T* inp, const T* weight,
-                                          const float* mean, const float* rstd, int N, int C) {
+__global__ void layernorm_backward_kernel(T* dinp, const T* dout, const T* inp, const T* weight, const float* mean,
+                                          const float* rstd, int N, int C) {
   constexpr int kVec = Vec128<T>::size;
-  DYNAMIC_SHARED(float, slices);  // [kLayerNormWarps][2][C]
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int row = blockIdx.x * kLayerNormWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= N) return;
   const int chunks = C / kVec;
-  float* dweight_acc = slices + static_cast<size_t>(warp) * 2 * C;
-  float* dbias_acc = dweight_acc + C;
+  const size_t offset = static_cast<size_t>(row) * C;
+  const float m = mean[row], s = rstd[row];
+  float lane_dnorm = 0.0f, lane_dnorm_norm = 0.0f;
   for (int j = lane; j < chunks; j += 32) {
+    const Vec128<T> dy = load128(dout + offset + j * kVec);
+    const Vec128<T> x = load128(inp + offset + j * kVec);
+    const Vec128<T> w = load128(weight + j * kVec);
     for (int i = 0; i < kVec; ++i) {
-      dweight_acc[i * chunks + j] = 0.0f;
-      dbias_acc[i * chunks + j] = 0.0f;
+      const float dnorm = to_float(dy[i]) * to_float(w[i]);
+      lane_dnorm += dnorm;
+      lane_dnorm_norm += dnorm * (to_float(x[i]) - m) * s;
     }
   }
-  for (int row = blockIdx.x * kLayerNormWarps + warp; row < N; row += gridDim.x * kLayerNormWarps) {
-    const size_t offset = static_cast<size_t>(row) * C;
-    const float m = mean[row], s = rstd[row];
-    float lane_dnorm = 0.0f, lane_dnorm_norm = 0.0f;
-    for (int j = lane; j < chunks; j += 32) {
-      const Vec128<T> dy = load128(dout + offset + j * kVec);
-      const Vec128<T> x = load128(inp + offset + j * kVec);
-      const Vec128<T> w = load128(weight + j * kVec);
-      for (int i = 0; i < kVec; ++i) {
-        const float dnorm = to_float(dy[i]) * to_float(w[i]);
-        lane_dnorm += dnorm;
-        lane_dnorm_norm += dnorm * (to_float(x[i]) - m) * s;
-      }
+  const float mean_dnorm = warp_sum(lane_dnorm) / C;
+  const float mean_dnorm_norm = warp_sum(lane_dnorm_norm) / C;
+  for (int j = lane; j < chunks; j += 32) {
+    const Vec128<T> dy = load128(dout + offset + j * kVec);
+    const Vec128<T> x = load128(inp + offset + j * kVec);
+    const Vec128<T> w = load128(weight + j * kVec);
+    Vec128<T> dx = load128(dinp + offset + j * kVec);
+    for (int i = 0; i < kVec; ++i) {
+      const float norm = (to_float(x[i]) - m) * s;
+      const float dnorm = to_float(dy[i]) * to_float(w[i]);
+      dx[i] = from_float<T>(to_float(dx[i]) + s * (dnorm - mean_dnorm - norm * mean_dnorm_norm));
     }
-    const float mean_dnorm = warp_sum(lane_dnorm) / C;
-    const float mean_dnorm_norm = warp_sum(lane_dnorm_norm) / C;
-    for (int j = lane; j < chunks; j += 32) {
-      const Vec128<T> dy = load128(dout + offset + j * kVec);
-      const Vec128<T> x = load128(inp + offset + j * kVec);
-      const Vec128<T> w = load128(weight + j * kVec);
-      Vec128<T> dx = load128(dinp + offset + j * kVec);
-      for (int i = 0; i < kVec; ++i) {
-        const float g = to_float(dy[i]);
-        const float norm = (to_float(x[i]) - m) * s;
-        const float dnorm = g * to_float(w[i]);
-        dx[i] = from_float<T>(to_float(dx[i]) + s * (dnorm - mean_dnorm - norm * mean_dnorm_norm));
-        dweight_acc[i * chunks + j] += g * norm;
-        dbias_acc[i * chunks + j] += g;
-      }
-      store128(dinp + offset + j * kVec, dx);
-    }
-  }
-  __syncthreads();
-  float* block_partial = partials + static_cast<size_t>(blockIdx.x) * 2 * C;
-  for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) {
-    const int half = c / C, channel = c % C;  // half 0: dweight, 1: dbias
-    const int k = half * C + (channel % kVec) * chunks + channel / kVec;
-    float sum = 0.0f;
-    for (int w = 0; w < kLayerNormWarps; ++w) sum += slices[static_cast<size_t>(w) * 2 * C + k];
-    block_partial[c] = sum;
+    store128(dinp + offset + j * kVec, dx);
   }
 }
 
-// dweight[c] += Σ_b partials[b][c], dbias[c] += Σ_b partials[b][C + c], in block_column_sum's
-// fixed order over the (blocks × 2C) partials, each added to the stored gradient once. Blocks of
-// (kColumnSumWidth, kColumnSumWarps) threads, one per kColumnSumWidth of the 2C columns.
+// Parameter-gradient block: x picks a 128-bit column chunk, y interleaves rows.
+constexpr int kLayerNormParamsX = 32;
+constexpr int kLayerNormParamsY = 8;
+constexpr int kLayerNormMaxChunks = 256;  // row chunks, each one row of [dweight | dbias] partials
+
+// Backward of weight and bias, stage 1: block (bx, by) owns the kLayerNormParamsX·V columns of
+// column group bx (V = Vec128<T>::size) and the rows [k·rows_per_chunk, (k+1)·rows_per_chunk) of
+// chunk k = gridDim.y - 1 - by: the last chunks are launched first, as the rows the input-gradient
+// kernel read last are the likeliest to be still in L2 (this kernel reads dout and inp again).
+// Thread (x, y) adds dout·norm and dout over rows y, y + kLayerNormParamsY, ... of the chunk in
+// increasing order (norm recomputed from inp, mean and rstd); the block then adds the y sums in
+// increasing y through a shared tile whose size is fixed (8 or 16 KB, whatever C), and writes
+// partials[k] = [dweight(C) | dbias(C)] for its columns. The tile stores element i of lane x at
+// i·kLayerNormParamsX + x, so the lanes of a warp hit 32 different banks.
 template <typename T>
-__global__ void layernorm_backward_reduce_kernel(T* dweight, T* dbias, const float* partials, int blocks, int C) {
+__global__ void layernorm_backward_params_kernel(float* partials, const T* dout, const T* inp, const float* mean,
+                                                 const float* rstd, int N, int C, int rows_per_chunk) {
+  constexpr int kVec = Vec128<T>::size, kFloatVec = Vec128<float>::size;
+  constexpr int kTile = kLayerNormParamsX * kVec;
+  __shared__ float tile[kLayerNormParamsY][2][kTile];  // [y][dweight, dbias][i·32 + x]
+  const int col = (blockIdx.x * kLayerNormParamsX + threadIdx.x) * kVec;
+  const int chunk = gridDim.y - 1 - blockIdx.y;
+  const int row_begin = chunk * rows_per_chunk;
+  const int row_end = min(row_begin + rows_per_chunk, N);
+  float dweight[kVec], dbias[kVec];
+  for (int i = 0; i < kVec; ++i) dweight[i] = dbias[i] = 0.0f;
+  if (col < C) {
+    for (int r = row_begin + threadIdx.y; r < row_end; r += kLayerNormParamsY) {
+      const size_t offset = static_cast<size_t>(r) * C + col;
+      const Vec128<T> dy = load128(dout + offset);
+      const Vec128<T> x = load128(inp + offset);
+      const float m = mean[r], s = rstd[r];
+      for (int i = 0; i < kVec; ++i) {
+        const float g = to_float(dy[i]);
+        dweight[i] += g * ((to_float(x[i]) - m) * s);
+        dbias[i] += g;
+      }
+    }
+  }
+  for (int i = 0; i < kVec; ++i) {
+    tile[threadIdx.y][0][i * kLayerNormParamsX + threadIdx.x] = dweight[i];
+    tile[threadIdx.y][1][i * kLayerNormParamsX + threadIdx.x] = dbias[i];
+  }
+  __syncthreads();
+  if (threadIdx.y != 0 || col >= C) return;
+  float* row_partials = partials + static_cast<size_t>(chunk) * 2 * C;
+  for (int half = 0; half < 2; ++half) {  // 0: dweight, 1: dbias
+    for (int i0 = 0; i0 < kVec; i0 += kFloatVec) {
+      Vec128<float> sum;
+      for (int e = 0; e < kFloatVec; ++e) {
+        sum[e] = 0.0f;
+        for (int y = 0; y < kLayerNormParamsY; ++y) sum[e] += tile[y][half][(i0 + e) * kLayerNormParamsX + threadIdx.x];
+      }
+      store128(row_partials + half * C + col + i0, sum);
+    }
+  }
+}
+
+// Stage 2: dweight[c] += Σ_k partials[k][c], dbias[c] += Σ_k partials[k][C + c], in
+// block_column_sum's fixed order over the (chunks × 2C) partials, each added to the stored gradient
+// once. Blocks of (kColumnSumWidth, kColumnSumWarps) threads, one per kColumnSumWidth of the 2C
+// columns.
+template <typename T>
+__global__ void layernorm_backward_reduce_kernel(T* dweight, T* dbias, const float* partials, int chunks, int C) {
   const int c = blockIdx.x * kColumnSumWidth + threadIdx.x;
-  const float sum = block_column_sum(partials, blocks, 2 * C);
+  const float sum = block_column_sum(partials, chunks, 2 * C);
   if (threadIdx.y != 0 || c >= 2 * C) return;
   T* dst = c < C ? dweight + c : dbias + (c - C);
   *dst = from_float<T>(to_float(*dst) + sum);
@@ -169,17 +204,17 @@ void layernorm_check_shape(const char* op, int N, int C) {
   }
 }
 
-// Blocks of layernorm_backward_kernel: one warp per row up to this cap, then each warp
-// loops over several rows. A function of N only, so the summation order never changes.
-constexpr int kLayerNormBackwardMaxBlocks = 512;
-inline int layernorm_backward_blocks(int N) {
-  const int wanted = ceil_div(N, kLayerNormWarps);
-  return wanted < kLayerNormBackwardMaxBlocks ? wanted : kLayerNormBackwardMaxBlocks;
+// Row chunks of the parameter gradients' stage 1: >= 64 rows each, at most kLayerNormMaxChunks
+// (at d12's 65,536 rows, 256 chunks of 256 rows and 3 to 16 column groups, C = 768 to 4,096:
+// 768 to 4,096 blocks of 256 threads). A function of N only, so the summation order never changes.
+inline int layernorm_backward_rows_per_chunk(int N) {
+  const int wanted = ceil_div(N, 64);
+  return ceil_div(N, wanted < kLayerNormMaxChunks ? wanted : kLayerNormMaxChunks);
 }
 
-// Bytes of fp32 scratch layernorm_backward needs: one [dweight | dbias] partial per block.
+// Bytes of fp32 scratch layernorm_backward needs: one [dweight | dbias] partial row per chunk.
 inline size_t layernorm_backward_scratch_bytes(int N, int C) {
-  return static_cast<size_t>(layernorm_backward_blocks(N)) * 2 * C * sizeof(float);
+  return static_cast<size_t>(ceil_div(N, layernorm_backward_rows_per_chunk(N))) * 2 * C * sizeof(float);
 }
 
 // out = LayerNorm(inp)·weight + bias per row; mean and rstd (fp32, N each) are written for
@@ -212,23 +247,23 @@ void residual_layernorm_forward(T* residual, T* out, float* mean, float* rstd, c
 //   dweight += Σ_rows dout·norm,  dbias += Σ_rows dout   (parameter gradients, accumulated
 //                              over micro-steps)
 // scratch: layernorm_backward_scratch_bytes(N, C) bytes of device memory (contents
-// overwritten). Deterministic: fixed row→warp assignment, fixed-order fp32 reductions.
+// overwritten). Three kernels: the input gradient, the parameter gradients' per-chunk partial
+// sums, their column sum. Deterministic: fixed assignments of rows and columns to threads,
+// fixed-order fp32 reductions, no atomics.
 // dinp must not alias dout or inp.
 template <typename T>
 void layernorm_backward(T* dinp, T* dweight, T* dbias, float* scratch, const T* dout, const T* inp, const T* weight,
                         const float* mean, const float* rstd, int N, int C, cudaStream_t stream) {
   layernorm_check_shape<T>("layernorm_backward", N, C);
-  const int blocks = layernorm_backward_blocks(N);
-  const size_t smem = static_cast<size_t>(kLayerNormWarps) * 2 * C * sizeof(float);
-  auto kernel = layernorm_backward_kernel<T>;
-  if (smem > 48 * 1024) {
-    CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(smem)));
-  }
-  launch(kernel, dim3(blocks), dim3(32 * kLayerNormWarps), smem, stream, dinp, scratch, dout, inp, weight, mean, rstd,
-         N, C);
+  launch(layernorm_backward_kernel<T>, dim3(ceil_div(N, kLayerNormWarps)), dim3(32 * kLayerNormWarps), 0, stream, dinp,
+         dout, inp, weight, mean, rstd, N, C);
+  CUDA_CHECK(cudaGetLastError());
+  const int rows_per_chunk = layernorm_backward_rows_per_chunk(N);
+  const int chunks = ceil_div(N, rows_per_chunk);
+  launch(layernorm_backward_params_kernel<T>, dim3(ceil_div(C / Vec128<T>::size, kLayerNormParamsX), chunks),
+         dim3(kLayerNormParamsX, kLayerNormParamsY), 0, stream, scratch, dout, inp, mean, rstd, N, C, rows_per_chunk);
   CUDA_CHECK(cudaGetLastError());
   launch(layernorm_backward_reduce_kernel<T>, dim3(ceil_div(2 * C, kColumnSumWidth)),
-         dim3(kColumnSumWidth, kColumnSumWarps), 0, stream, dweight, dbias, scratch, blocks, C);
+         dim3(kColumnSumWidth, kColumnSumWarps), 0, stream, dweight, dbias, scratch, chunks, C);
   CUDA_CHECK(cudaGetLastError());
 }

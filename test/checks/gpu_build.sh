@@ -56,6 +56,7 @@ require_vector_access test/kernels/test_encoder.cu encoder_backward_wte_combine_
 require_vector_access test/kernels/test_layernorm.cu layernorm_forward_kernel
 require_vector_access test/kernels/test_layernorm.cu residual_layernorm_forward_kernel
 require_vector_access test/kernels/test_layernorm.cu layernorm_backward_kernel
+require_vector_access test/kernels/test_layernorm.cu layernorm_backward_params_kernel
 require_vector_access test/kernels/test_adamw.cu adamw_kernel
 require_vector_access test/kernels/test_attention.cu attention_forward_kernel
 require_vector_access test/kernels/test_swiglu.cu swiglu_forward_kernel

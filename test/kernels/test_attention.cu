@@ -1,7 +1,9 @@
 // Causal multi-head and grouped-query attention, forward (out, lse) and backward (dqkv), against
 // a naive CPU implementation in double: full T×T score matrix, causal mask, softmax, matrix
 // products; with NKV < NH K/V heads, query head h uses K/V head h / (NH / NKV) and a K/V head's
-// gradients add up its query heads' terms.
+// gradients add up its query heads' terms. Odd shapes, and every preset's heads
+// (test/preset_shapes.h).
+#include "test/preset_shapes.h"
 #include "test/test_util.h"
 #include "kernels/attention.cuh"
 
@@ -213,6 +215,16 @@ TEMPLATE_TEST_CASE("attention forward and backward match naive CPU loops", "[att
   };
   uint64_t seed = 100;
   for (const AttentionShape& shape : shapes) check_attention<T>(shape, seed);
+}
+
+// Every preset's heads (all NH of them, its head size; multi-head, NKV left at its default NH):
+// one sequence of 3 rows.
+TEMPLATE_TEST_CASE("attention launches and matches at every preset's heads", "[attention]", float, bf16) {
+  uint64_t seed = 700;
+  for (const test::PresetShape& p : test::preset_shapes()) {
+    INFO("presets " << p.presets);
+    check_attention<TestType>({1, 3, p.NH, p.head_size, 1.0f}, seed);
+  }
 }
 
 // The GQA reference's backward (a K/V head's gradient summed over its query heads) against

@@ -4,6 +4,8 @@
 // rows past len and every output start poisoned with NaN), and it gives the bits of the full causal
 // attention's last row (kernels/attention.cuh) for the same q, k, v; for multi-head attention and
 // grouped-query attention (NKV < NH K/V heads in the cache, query head h reading h / (NH / NKV)).
+// Odd shapes, and every preset's heads over a cache of its maxT rows (test/preset_shapes.h).
+#include "test/preset_shapes.h"
 #include "test/test_util.h"
 #include "kernels/attention_decode.cuh"
 
@@ -56,6 +58,14 @@ const DecodeShape kShapes[] = {
     {3, 33, 40, 4, 64, 1.0f}, {1, 17, 20, 2, 128, 1.0f}, {2, 17, 17, 2, 16, 5.0f},
 };
 
+// kShapes, then each preset's heads (all NH, its head size; multi-head, NKV left at its default
+// NH) attending 3 rows of a cache of maxT.
+std::vector<DecodeShape> shapes_and_presets() {
+  std::vector<DecodeShape> shapes(std::begin(kShapes), std::end(kShapes));
+  for (const test::PresetShape& p : test::preset_shapes())
+    shapes.push_back({1, 3, p.max_seq_len, p.NH, p.head_size, 1.0f});
+  return shapes;
+}
 
 // kv_cache_write of n = 3 rows at pos = 2 into a 7-row cache, for NH = 3 query heads on NKV K/V
 // heads: exactly the k and v parts of the new rows land in rows [2, 5), every other row stays poisoned.
@@ -167,13 +177,13 @@ TEMPLATE_TEST_CASE("kv_cache_write stores the new rows' keys and values and noth
 TEMPLATE_TEST_CASE("attention_decode_forward matches naive CPU loops and reads only rows [0, len)",
                    "[attention_decode]", float, bf16) {
   uint64_t seed = 300;
-  for (const DecodeShape& s : kShapes) check_decode<TestType>(s, seed);
+  for (const DecodeShape& s : shapes_and_presets()) check_decode<TestType>(s, seed);
 }
 
 TEMPLATE_TEST_CASE("attention_decode_forward gives the full causal attention's last row, bit for bit",
                    "[attention_decode]", float, bf16) {
   uint64_t seed = 400;
-  for (const DecodeShape& s : kShapes) check_decode_is_last_row<TestType>(s, seed++);
+  for (const DecodeShape& s : shapes_and_presets()) check_decode_is_last_row<TestType>(s, seed++);
 }
 
 // Grouped-query decoding: NKV = 1, NH/2 and NH K/V heads in the cache, len 1 and odd lengths, head

@@ -1,6 +1,8 @@
 // fused_classifier vs. a double-precision softmax / cross-entropy written here: losses,
 // in-place logit gradients, the untouched-logits mode, padded vocabulary columns (poisoned
-// with NaN on input, exact zeros on output), numerically large logits, and bit-identical reruns.
+// with NaN on input, exact zeros on output), numerically large logits, bit-identical reruns, and
+// two rows of every preset's vocabulary (test/preset_shapes.h).
+#include "test/preset_shapes.h"
 #include "test/test_util.h"
 #include "kernels/classifier.cuh"
 #include "test/classifier_reference.h"
@@ -106,6 +108,15 @@ const ClassifierShape kShapes[] = {
 TEMPLATE_TEST_CASE("fused_classifier matches a double softmax cross-entropy", "[classifier]", float, bf16) {
   uint64_t seed = 11;
   for (const ClassifierShape& s : kShapes) check_classifier<TestType>(s, seed++);
+}
+
+TEMPLATE_TEST_CASE("fused_classifier launches and matches at every preset's vocabulary", "[classifier]", float,
+                   bf16) {
+  uint64_t seed = 40;
+  for (const test::PresetShape& p : test::preset_shapes()) {
+    INFO("presets " << p.presets);
+    check_classifier<TestType>({2, p.V, p.Vp, 0.0f}, seed++);
+  }
 }
 
 TEST_CASE("classifier_loss_sum adds the losses in fp64, the same bits every run", "[classifier]") {

@@ -8,6 +8,8 @@
 // of other tokens left out, no segment at all), slices' partial forwards (one with wpe) summing to
 // the full forward bit for bit, each slice's backward giving its rows of the full dwte bit for bit,
 // dwpe == nullptr and zero segments launching nothing (counted by the profiler), odd boundaries.
+// Every preset's width C with the vocabulary's last tokens (test/preset_shapes.h).
+#include "test/preset_shapes.h"
 #include "test/test_util.h"
 #include "kernels/encoder.cuh"
 
@@ -353,6 +355,50 @@ void check_slices(const SliceShape& s, uint64_t seed) {
   CHECK(kept_segments == all_segments);  // a bucket is cut the same way in its slice
 }
 
+// Two positions at a preset's width C holding the vocabulary's last two real tokens, V - 1 and
+// V - 2, through a wte slice of just their rows (a vocabulary-parallel rank's view, so no V x C
+// table is needed): forward and backward against CPU loops, dwpe included.
+template <typename T>
+void check_widest(const test::PresetShape& p, uint64_t seed) {
+  const int C = p.C, B = 1, T_len = 2, N = B * T_len, begin = p.V - 2;
+  const size_t NC = static_cast<size_t>(N) * C;  // also the size of the 2-row wte slice and of wpe
+  const std::vector<int> tokens = {p.V - 1, p.V - 2};
+  const std::vector<float> wte = test::round_to<T>(test::random_floats(NC, seed));
+  const std::vector<float> wpe = test::round_to<T>(test::random_floats(NC, seed + 1));
+  test::DeviceBuffer<int> d_tokens(tokens);
+  test::DeviceBuffer<T> d_wte(test::from_floats<T>(wte)), d_wpe(test::from_floats<T>(wpe));
+  test::DeviceBuffer<T> d_out(NC);
+  encoder_forward<T>(d_out, d_tokens, d_wte, d_wpe, B, T_len, C, nullptr, begin, 2);
+  test::require_no_cuda_error();
+  std::vector<double> want(NC);
+  for (int t = 0; t < N; ++t)
+    for (int c = 0; c < C; ++c)
+      want[static_cast<size_t>(t) * C + c] =
+          static_cast<double>(wte[static_cast<size_t>(tokens[t] - begin) * C + c]) + wpe[static_cast<size_t>(t) * C + c];
+  CHECK(test::all_close("encoder_forward out", d_out.download(), want, kRel<T>, kAbs));
+
+  const std::vector<float> dout = test::round_to<T>(test::random_floats(NC, seed + 2));
+  const std::vector<float> dwte_before = test::round_to<T>(test::random_floats(NC, seed + 3));
+  const std::vector<float> dwpe_before = test::round_to<T>(test::random_floats(NC, seed + 4));
+  std::vector<int> list(encoder_backward_buckets_bytes(B, T_len) / sizeof(int));
+  const int segments = encoder_backward_build_buckets(list.data(), tokens.data(), B, T_len, p.V, begin, p.V);
+  test::DeviceBuffer<int> d_list(list);
+  test::DeviceBuffer<T> d_dout(test::from_floats<T>(dout));
+  test::DeviceBuffer<T> d_dwte(test::from_floats<T>(dwte_before)), d_dwpe(test::from_floats<T>(dwpe_before));
+  test::DeviceBuffer<float> d_scratch(std::max<size_t>(1, encoder_backward_scratch_bytes(B, T_len, C) / sizeof(float)));
+  encoder_backward<T>(d_dwte, d_dwpe, d_scratch, d_list, segments, d_dout, B, T_len, C, nullptr);
+  test::require_no_cuda_error();
+  std::vector<double> want_dwte(dwte_before.begin(), dwte_before.end());
+  std::vector<double> want_dwpe(dwpe_before.begin(), dwpe_before.end());
+  for (int t = 0; t < N; ++t)
+    for (int c = 0; c < C; ++c) {
+      want_dwte[static_cast<size_t>(tokens[t] - begin) * C + c] += dout[static_cast<size_t>(t) * C + c];
+      want_dwpe[static_cast<size_t>(t) * C + c] += dout[static_cast<size_t>(t) * C + c];
+    }
+  CHECK(test::all_close("encoder_backward dwte", d_dwte.download(), want_dwte, kRel<T>, kAbs));
+  CHECK(test::all_close("encoder_backward dwpe", d_dwpe.download(), want_dwpe, kRel<T>, kAbs));
+}
+
 }  // namespace
 
 TEMPLATE_TEST_CASE("encoder over vocabulary slices adds up to the full encoder", "[encoder]", float, bf16) {
@@ -366,6 +412,14 @@ TEMPLATE_TEST_CASE("encoder over vocabulary slices adds up to the full encoder",
   };
   uint64_t seed = 500;
   for (const SliceShape& s : shapes) check_slices<TestType>(s, seed += 10);
+}
+
+TEMPLATE_TEST_CASE("encoder launches and matches at every preset's width and last tokens", "[encoder]", float, bf16) {
+  uint64_t seed = 900;
+  for (const test::PresetShape& p : test::preset_shapes()) {
+    INFO("presets " << p.presets << " C " << p.C << " V " << p.V);
+    check_widest<TestType>(p, seed += 10);
+  }
 }
 
 TEST_CASE("encoder_forward refuses a negative vocabulary slice", "[encoder]") {

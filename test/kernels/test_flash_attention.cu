@@ -2,7 +2,9 @@
 // against a plain double-precision CPU loop and against the simple kernel of attention.cuh;
 // head dims 64 and 128, sequence lengths with and without tails, several batches and heads,
 // multi-head and grouped-query (NKV < NH K/V heads, each serving NH/NKV query heads, dK and dV
-// summed over them); every output poisoned first and reproduced bit for bit by a second run.
+// summed over them); every output poisoned first and reproduced bit for bit by a second run;
+// every preset whose head size flash attention takes, with all its heads (test/preset_shapes.h).
+#include "test/preset_shapes.h"
 #include "test/test_util.h"
 #include "kernels/attention.cuh"
 #include "kernels/flash_attention.cuh"
@@ -369,4 +371,17 @@ TEST_CASE("flash attention GQA HD 64 (K/V heads shared by NH/NKV query heads) ma
 TEST_CASE("flash attention GQA HD 128, up to Llama 3.1 8B's NH 32 NKV 8, matches double loops and simple",
           "[flash]") {
   check_grouped_query(128);
+}
+
+// Every preset's heads, all NH of them, where its head size is one flash attention takes (the
+// model runs the simple kernel otherwise): one sequence of 17 rows, a tail inside the first tile.
+// The presets are multi-head (NKV left at its default, NH).
+TEST_CASE("flash attention launches and matches at every preset's heads", "[flash]") {
+  uint64_t seed = 5000;
+  for (const test::PresetShape& p : test::preset_shapes()) {
+    if (!flash_attention_supports(p.head_size)) continue;
+    INFO("presets " << p.presets);
+    Report report;
+    check_shape({1, 17, p.NH, p.head_size, 1.0f}, seed += 2, report);
+  }
 }

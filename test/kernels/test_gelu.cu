@@ -1,6 +1,8 @@
 // gelu_forward / gelu_backward vs. the tanh-approximation GELU and its derivative written
 // here in double (the derivative itself checked by finite differences), separate and
-// in-place backward, and bit-identical reruns.
+// in-place backward, bit-identical reruns, and the MLP's width of every preset (two rows of 4C:
+// test/preset_shapes.h).
+#include "test/preset_shapes.h"
 #include "test/test_util.h"
 #include "kernels/gelu.cuh"
 
@@ -25,6 +27,42 @@ double gelu_derivative_reference(double x) {
 template <typename T> constexpr double kRel = std::is_same<T, float>::value ? 1e-5 : 1.0 / 128;
 constexpr double kAbs = 1e-5;
 
+template <typename T>
+void check_gelu(size_t n) {
+  INFO("n " << n);
+  std::vector<float> x = test::random_floats(n, 100 + n, 2.5f);
+  x[0] = 0.0f;
+  x[1] = -7.5f;  // far tail: 1 + tanh(u) cancels
+  x[2] = 7.5f;
+  x = test::round_to<T>(x);
+  const std::vector<float> dy = test::round_to<T>(test::random_floats(n, 200 + n));
+  test::DeviceBuffer<T> inp(test::from_floats<T>(x)), out(n);
+
+  gelu_forward<T>(out, inp, n, nullptr);
+  test::require_no_cuda_error();
+  std::vector<double> want(n);
+  for (size_t i = 0; i < n; ++i) want[i] = gelu_reference(x[i]);
+  CHECK(test::all_close("gelu_forward", out.download(), want, kRel<T>, kAbs));
+
+  test::DeviceBuffer<T> dout(test::from_floats<T>(dy)), dinp(n);
+  gelu_backward<T>(dinp, inp, dout, n, nullptr);
+  test::require_no_cuda_error();
+  for (size_t i = 0; i < n; ++i) want[i] = dy[i] * gelu_derivative_reference(x[i]);
+  const std::vector<T> dinp_first = dinp.download();
+  CHECK(test::all_close("gelu_backward", dinp_first, want, kRel<T>, kAbs));
+
+  // Rerun into a re-poisoned buffer: same bits.
+  dinp.poison();
+  gelu_backward<T>(dinp, inp, dout, n, nullptr);
+  test::require_no_cuda_error();
+  CHECK(test::bytes_of(dinp.download()) == test::bytes_of(dinp_first));
+
+  // In place (dinp == dout), as the MLP backward uses it: same bits as the separate output.
+  gelu_backward<T>(dout, inp, dout, n, nullptr);
+  test::require_no_cuda_error();
+  CHECK(test::bytes_of(dout.download()) == test::bytes_of(dinp_first));
+}
+
 }  // namespace
 
 TEST_CASE("gelu derivative reference agrees with finite differences", "[gelu]") {
@@ -37,39 +75,13 @@ TEST_CASE("gelu derivative reference agrees with finite differences", "[gelu]") 
 }
 
 TEMPLATE_TEST_CASE("gelu forward and backward match CPU loops", "[gelu]", float, bf16) {
-  using T = TestType;
-  for (size_t n : {size_t{8}, size_t{24}, size_t{40}, size_t{200}, size_t{2056}}) {
-    INFO("n " << n);
-    std::vector<float> x = test::random_floats(n, 100 + n, 2.5f);
-    x[0] = 0.0f;
-    x[1] = -7.5f;  // far tail: 1 + tanh(u) cancels
-    x[2] = 7.5f;
-    x = test::round_to<T>(x);
-    const std::vector<float> dy = test::round_to<T>(test::random_floats(n, 200 + n));
-    test::DeviceBuffer<T> inp(test::from_floats<T>(x)), out(n);
+  for (size_t n : {size_t{8}, size_t{24}, size_t{40}, size_t{200}, size_t{2056}}) check_gelu<TestType>(n);
+}
 
-    gelu_forward<T>(out, inp, n, nullptr);
-    test::require_no_cuda_error();
-    std::vector<double> want(n);
-    for (size_t i = 0; i < n; ++i) want[i] = gelu_reference(x[i]);
-    CHECK(test::all_close("gelu_forward", out.download(), want, kRel<T>, kAbs));
-
-    test::DeviceBuffer<T> dout(test::from_floats<T>(dy)), dinp(n);
-    gelu_backward<T>(dinp, inp, dout, n, nullptr);
-    test::require_no_cuda_error();
-    for (size_t i = 0; i < n; ++i) want[i] = dy[i] * gelu_derivative_reference(x[i]);
-    const std::vector<T> dinp_first = dinp.download();
-    CHECK(test::all_close("gelu_backward", dinp_first, want, kRel<T>, kAbs));
-
-    // Rerun into a re-poisoned buffer: same bits.
-    dinp.poison();
-    gelu_backward<T>(dinp, inp, dout, n, nullptr);
-    test::require_no_cuda_error();
-    CHECK(test::bytes_of(dinp.download()) == test::bytes_of(dinp_first));
-
-    // In place (dinp == dout), as the MLP backward uses it: same bits as the separate output.
-    gelu_backward<T>(dout, inp, dout, n, nullptr);
-    test::require_no_cuda_error();
-    CHECK(test::bytes_of(dout.download()) == test::bytes_of(dinp_first));
+// The MLP's activation at each preset's width: two rows of 4C.
+TEMPLATE_TEST_CASE("gelu launches and matches at every preset's width", "[gelu]", float, bf16) {
+  for (const test::PresetShape& p : test::preset_shapes()) {
+    INFO("presets " << p.presets);
+    check_gelu<TestType>(size_t{2} * 4 * p.C);
   }
 }

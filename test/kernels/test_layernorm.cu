@@ -1,9 +1,10 @@
 // layernorm_forward / residual_layernorm_forward / layernorm_backward vs. double-precision
 // CPU loops written here: statistics, outputs, the rounded residual (also in place), all
-// three backward gradients accumulated into pre-filled buffers, odd shapes (N = 1, 3, 37,
-// a grid-stride N = 4099, N = 1031 whose 129 partial rows and 2C = 80 columns are not multiples
-// of the reduction's 16 warps and 32 columns, C = 8 … 784 where the backward needs > 48 KB of
-// shared memory), and bit-identical reruns.
+// three backward gradients accumulated into pre-filled buffers, odd shapes (N = 1, 3, 37; N =
+// 16,411 at the parameter gradients' chunk cap; N = 1031 whose 17 partial rows and 2C = 80
+// columns are not multiples of the column sum's 16 warps and 32 columns; C = 8 … 784), every
+// preset's width (two rows at C = 64 … 4,096: test/preset_shapes.h) and bit-identical reruns.
+#include "test/preset_shapes.h"
 #include "test/test_util.h"
 #include "kernels/layernorm.cuh"
 
@@ -21,7 +22,7 @@ struct LayerNormShape {
 template <typename T> constexpr double kRel = std::is_same<T, float>::value ? 1e-5 : 1.0 / 128;
 constexpr double kAbs = 1e-5;
 constexpr double kStatRel = 1e-5;
-// dweight/dbias sum up to 4099 rows of O(1) terms in fp32: noise grows to ~1e-5 of Σ|terms|.
+// dweight/dbias sum up to 16,411 rows of O(1) terms in fp32: noise grows to ~1e-5 of Σ|terms|.
 constexpr double kParamGradAbs = 2e-4;
 
 struct Stats {
@@ -194,16 +195,31 @@ void check_backward(const LayerNormShape& s, uint64_t seed) {
 }
 
 const LayerNormShape kShapes[] = {
-    {1, 8},     // one row, one bf16 chunk
-    {3, 24},    // float: 6 chunks, bf16: 3 chunks per row
-    {37, 40},   // rows spread over 5 blocks, the last one partly idle
-    {5, 200},   // 25 bf16 / 50 float chunks: lanes with 0, 1 and 2 chunks
-    {3, 784},   // backward shared memory 50 KB (> 48 KB default); 3-7 chunks per lane
-    {4099, 8},  // more rows than the backward's 512 blocks · 8 warps: grid-stride rows
-    {1031, 40}, // 129 backward blocks: partial rows over the reduction's 16 warps, 2C = 80 columns
+    {1, 8},      // one row, one bf16 chunk
+    {3, 24},     // float: 6 chunks, bf16: 3 chunks per row
+    {37, 40},    // rows spread over 5 blocks, the last one partly idle
+    {5, 200},    // 25 bf16 / 50 float chunks: lanes with 0, 1 and 2 chunks
+    {3, 784},    // 3-7 chunks per lane; 4 (bf16) / 7 (float) column groups of the parameter
+                 // gradients, the last partly idle
+    {16411, 8},  // over 256 · 64 rows: the parameter gradients' 256-chunk cap, 253 chunks of 65
+                 // rows, the last of 31
+    {1031, 40},  // 17 chunks of 61 rows (not multiples of the 8 row-interleaved threads), the last
+                 // of 55; 17 partial rows over the column sum's 16 warps, 2C = 80 columns
 };
 
 }  // namespace
+
+// Two rows at each preset's C: the launch rules judge every kernel at the widest shape the trainer
+// uses (LayerNorm is never split by tensor parallelism: full C on every rank).
+TEMPLATE_TEST_CASE("layernorm forward and backward launch and match at every preset's width", "[layernorm]", float,
+                   bf16) {
+  uint64_t seed = 3000;
+  for (const test::PresetShape& p : test::preset_shapes()) {
+    INFO("presets " << p.presets);
+    check_forward<TestType>({2, p.C}, seed += 10);
+    check_backward<TestType>({2, p.C}, seed += 10);
+  }
+}
 
 TEMPLATE_TEST_CASE("layernorm forward and residual forward match CPU loops", "[layernorm]", float, bf16) {
   uint64_t seed = 1000;

@@ -1,9 +1,11 @@
 // The Linear layer (kernels/matmul.cuh) against plain CPU loops: forward with and without bias
 // and tanh-GELU, backward (dinp written; dweight/dbias accumulated onto known values; the GELU
-// gradient, separate and in place), determinism, the plain reference kernel, and cuBLASLt called
+// gradient, separate and in place), the bias and GELU gradients at every preset's out_features
+// (test/preset_shapes.h), determinism, the plain reference kernel, and cuBLASLt called
 // directly (padded leading dimensions, alpha/beta, a separate C). In the CPU build the cuBLASLt
 // calls are answered by simt/cublaslt.cpp; its refusals of what it does not implement are
 // checked in simt_cublaslt.cpp.
+#include "test/preset_shapes.h"
 #include "test/test_util.h"
 
 #include "kernels/matmul.cuh"
@@ -79,6 +81,62 @@ std::string describe(const Shape& s, bool bias, bool gelu) {
          (bias ? " +bias" : "") + (gelu ? " +gelu" : "");
 }
 
+// One matmul_backward call against CPU loops (seed: its data).
+template <typename T>
+void check_backward(const Shape& s, bool with_bias, bool with_gelu, uint64_t seed) {
+  // With GELU, the gradient w.r.t. the pre-activation goes to its own buffer without bias
+  // and over dout (in place) with bias, so both uses are covered.
+  const bool in_place = with_gelu && with_bias;
+  INFO(describe(s, with_bias, with_gelu) << (in_place ? " (dpre_gelu = dout)" : ""));
+  LayerData<T> data(s, seed);
+  const size_t n_out = static_cast<size_t>(s.rows) * s.OC;
+  const std::vector<float> dout_v = test::round_to<T>(test::random_floats(n_out, seed + 3));
+  const std::vector<float> pre_v = test::round_to<T>(test::random_floats(n_out, seed + 4, 1.5f));
+  const std::vector<float> dweight_v =
+      test::round_to<T>(test::random_floats(static_cast<size_t>(s.OC) * s.C, seed + 5, 0.5f));
+  const std::vector<float> dbias_v = test::round_to<T>(test::random_floats(s.OC, seed + 6, 0.5f));
+
+  test::DeviceBuffer<T> inp(test::from_floats<T>(data.inp)), weight(test::from_floats<T>(data.weight));
+  test::DeviceBuffer<T> dout(test::from_floats<T>(dout_v)), pre(test::from_floats<T>(pre_v));
+  test::DeviceBuffer<T> dweight(test::from_floats<T>(dweight_v)), dbias(test::from_floats<T>(dbias_v));
+  test::DeviceBuffer<T> dinp(static_cast<size_t>(s.rows) * s.C), dpre_separate(n_out);
+  T* dpre = with_gelu ? (in_place ? dout.ptr : dpre_separate.ptr) : nullptr;
+  matmul_backward<T>(dinp, dweight, with_bias ? dbias.ptr : nullptr, dpre, dout, inp, weight,
+                     with_gelu ? pre.ptr : nullptr, s.rows, s.C, s.OC, nullptr);
+  test::require_no_cuda_error();
+
+  // g: the gradient the products see (rounded to T, as the kernel stores it).
+  std::vector<float> g = dout_v;
+  if (with_gelu) {
+    for (size_t i = 0; i < n_out; ++i) g[i] = static_cast<float>(dout_v[i] * gelu_grad_ref(pre_v[i]));
+    g = test::round_to<T>(g);
+    CHECK(close("dpre_gelu", (in_place ? dout : dpre_separate).download(), g));
+  } else {
+    const std::vector<T> dout_after = dout.download();
+    CHECK(std::memcmp(dout_after.data(), test::from_floats<T>(dout_v).data(), n_out * sizeof(T)) == 0);
+  }
+  std::vector<double> dinp_ref(static_cast<size_t>(s.rows) * s.C, 0.0);
+  std::vector<double> dweight_ref(dweight_v.begin(), dweight_v.end());
+  std::vector<double> dbias_ref(dbias_v.begin(), dbias_v.end());
+  for (int r = 0; r < s.rows; ++r)
+    for (int o = 0; o < s.OC; ++o) {
+      const double go = g[r * s.OC + o];
+      dbias_ref[o] += go;
+      for (int c = 0; c < s.C; ++c) {
+        dinp_ref[r * s.C + c] += go * data.weight[o * s.C + c];
+        dweight_ref[o * s.C + c] += go * data.inp[r * s.C + c];
+      }
+    }
+  CHECK(close("dinp", dinp.download(), dinp_ref));
+  CHECK(close("dweight (prefilled, +=)", dweight.download(), dweight_ref));
+  if (with_bias) {
+    CHECK(close("dbias (prefilled, +=)", dbias.download(), dbias_ref));
+  } else {
+    const std::vector<T> dbias_after = dbias.download();
+    CHECK(std::memcmp(dbias_after.data(), test::from_floats<T>(dbias_v).data(), s.OC * sizeof(T)) == 0);
+  }
+}
+
 }  // namespace
 
 TEMPLATE_TEST_CASE("matmul_forward computes inp @ weight^T + bias", "[matmul]", float, bf16) {
@@ -114,64 +172,25 @@ TEST_CASE("matmul launchers refuse bad arguments with an error naming the launch
 }
 
 TEMPLATE_TEST_CASE("matmul_backward writes dinp and accumulates dweight and dbias", "[matmul]", float, bf16) {
-  using T = TestType;
   MatmulSession session;
   uint64_t seed = 500;
   for (const Shape& s : kShapes)
     for (bool with_bias : {false, true})
-      for (bool with_gelu : {false, true}) {
-        // With GELU, the gradient w.r.t. the pre-activation goes to its own buffer without bias
-        // and over dout (in place) with bias, so both uses are covered.
-        const bool in_place = with_gelu && with_bias;
-        INFO(describe(s, with_bias, with_gelu) << (in_place ? " (dpre_gelu = dout)" : ""));
-        LayerData<T> data(s, seed += 10);
-        const size_t n_out = static_cast<size_t>(s.rows) * s.OC;
-        const std::vector<float> dout_v = test::round_to<T>(test::random_floats(n_out, seed + 3));
-        const std::vector<float> pre_v = test::round_to<T>(test::random_floats(n_out, seed + 4, 1.5f));
-        const std::vector<float> dweight_v =
-            test::round_to<T>(test::random_floats(static_cast<size_t>(s.OC) * s.C, seed + 5, 0.5f));
-        const std::vector<float> dbias_v = test::round_to<T>(test::random_floats(s.OC, seed + 6, 0.5f));
+      for (bool with_gelu : {false, true}) check_backward<TestType>(s, with_bias, with_gelu, seed += 10);
+}
 
-        test::DeviceBuffer<T> inp(test::from_floats<T>(data.inp)), weight(test::from_floats<T>(data.weight));
-        test::DeviceBuffer<T> dout(test::from_floats<T>(dout_v)), pre(test::from_floats<T>(pre_v));
-        test::DeviceBuffer<T> dweight(test::from_floats<T>(dweight_v)), dbias(test::from_floats<T>(dbias_v));
-        test::DeviceBuffer<T> dinp(static_cast<size_t>(s.rows) * s.C), dpre_separate(n_out);
-        T* dpre = with_gelu ? (in_place ? dout.ptr : dpre_separate.ptr) : nullptr;
-        matmul_backward<T>(dinp, dweight, with_bias ? dbias.ptr : nullptr, dpre, dout, inp, weight,
-                           with_gelu ? pre.ptr : nullptr, s.rows, s.C, s.OC, nullptr);
-        test::require_no_cuda_error();
-
-        // g: the gradient the products see (rounded to T, as the kernel stores it).
-        std::vector<float> g = dout_v;
-        if (with_gelu) {
-          for (size_t i = 0; i < n_out; ++i) g[i] = static_cast<float>(dout_v[i] * gelu_grad_ref(pre_v[i]));
-          g = test::round_to<T>(g);
-          CHECK(close("dpre_gelu", (in_place ? dout : dpre_separate).download(), g));
-        } else {
-          const std::vector<T> dout_after = dout.download();
-          CHECK(std::memcmp(dout_after.data(), test::from_floats<T>(dout_v).data(), n_out * sizeof(T)) == 0);
-        }
-        std::vector<double> dinp_ref(static_cast<size_t>(s.rows) * s.C, 0.0);
-        std::vector<double> dweight_ref(dweight_v.begin(), dweight_v.end());
-        std::vector<double> dbias_ref(dbias_v.begin(), dbias_v.end());
-        for (int r = 0; r < s.rows; ++r)
-          for (int o = 0; o < s.OC; ++o) {
-            const double go = g[r * s.OC + o];
-            dbias_ref[o] += go;
-            for (int c = 0; c < s.C; ++c) {
-              dinp_ref[r * s.C + c] += go * data.weight[o * s.C + c];
-              dweight_ref[o * s.C + c] += go * data.inp[r * s.C + c];
-            }
-          }
-        CHECK(close("dinp", dinp.download(), dinp_ref));
-        CHECK(close("dweight (prefilled, +=)", dweight.download(), dweight_ref));
-        if (with_bias) {
-          CHECK(close("dbias (prefilled, +=)", dbias.download(), dbias_ref));
-        } else {
-          const std::vector<T> dbias_after = dbias.download();
-          CHECK(std::memcmp(dbias_after.data(), test::from_floats<T>(dbias_v).data(), s.OC * sizeof(T)) == 0);
-        }
-      }
+// The bias-gradient and GELU-gradient kernels at each preset's widths: two rows of the model's
+// out_features (QKV 3C, projections C, MLP 4C with GELU). Their launches depend on out_features and
+// rows only; in_features is kept at 8, since the products are cuBLASLt's, no kernel of ours.
+TEMPLATE_TEST_CASE("matmul_backward's kernels launch and match at every preset's width", "[matmul]", float, bf16) {
+  MatmulSession session;
+  uint64_t seed = 900;
+  for (const test::PresetShape& p : test::preset_shapes()) {
+    INFO("presets " << p.presets);
+    check_backward<TestType>(Shape{2, 8, 3 * p.C}, true, false, seed += 10);
+    check_backward<TestType>(Shape{2, 8, p.C}, true, false, seed += 10);
+    check_backward<TestType>(Shape{2, 8, 4 * p.C}, true, true, seed += 10);
+  }
 }
 
 TEMPLATE_TEST_CASE("matmul_backward is deterministic and accumulates across calls", "[matmul]", float, bf16) {
@@ -223,7 +242,7 @@ TEMPLATE_TEST_CASE("matmul_backward's bias gradient over many row chunks", "[mat
   for (const Shape& s : {Shape{16411, 8, 40}, Shape{16411, 8, 72}})
     for (bool with_gelu : {false, true}) {
       INFO(describe(s, true, with_gelu));
-      LayerData<T> data(s, seed += 10);
+      LayerData<T> data(s, seed);
       const size_t n_out = static_cast<size_t>(s.rows) * s.OC;
       const std::vector<float> dout_v = test::round_to<T>(test::random_floats(n_out, seed + 3));
       const std::vector<float> pre_v = test::round_to<T>(test::random_floats(n_out, seed + 4, 1.5f));

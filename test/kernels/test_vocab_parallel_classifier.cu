@@ -6,7 +6,9 @@
 // fused_classifier over the whole matrix: tp = 1, 2, 3 (an odd split), 4, 5, 8, slices without a
 // real column, V's boundary inside a vector and on a slice boundary, rows = 1 and odd, a target
 // in every slice, large offsets, padding poisoned with NaN (exact zeros out), write_dlogits
-// false (logits untouched), every output poisoned before its launch, bit-identical reruns.
+// false (logits untouched), every output poisoned before its launch, bit-identical reruns; two rows
+// of every preset's vocabulary whole (tp = 1) and in two slices (test/preset_shapes.h).
+#include "test/preset_shapes.h"
 #include "test/test_util.h"
 #include "kernels/vocab_parallel_classifier.cuh"
 #include "test/classifier_reference.h"
@@ -225,6 +227,15 @@ TEMPLATE_TEST_CASE("vocab_parallel_classifier over tp slices matches fused_class
                    "[vocab_parallel_classifier]", float, bf16) {
   uint64_t seed = 101;
   for (const TpShape& s : kShapes) check_tp<TestType>(s, seed += 7);
+}
+
+TEMPLATE_TEST_CASE("vocab_parallel_classifier launches and matches at every preset's vocabulary",
+                   "[vocab_parallel_classifier]", float, bf16) {
+  uint64_t seed = 301;
+  for (const test::PresetShape& p : test::preset_shapes()) {
+    INFO("presets " << p.presets);
+    for (int tp : {1, 2}) check_tp<TestType>({2, p.V, p.Vp, tp, 0.0f}, seed += 7);
+  }
 }
 
 TEST_CASE("vocab_parallel_classifier launchers reject bad shapes in one line", "[vocab_parallel_classifier]") {
