@@ -28,20 +28,30 @@ std::string checkpoint_dir_name(long long step) {
   return buf;
 }
 
+std::string state_file_name(int rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "state_r%05d.bin", rank);
+  return buf;
+}
+
+bool is_checkpoint_dir_name(const std::string& name) {
+  const size_t prefix = std::strlen(kCheckpointPrefix);
+  if (name.size() <= prefix || name.compare(0, prefix, kCheckpointPrefix) != 0) return false;
+  const std::string digits = name.substr(prefix);
+  return digits.size() <= 18 && digits.find_first_not_of("0123456789") == std::string::npos;
+}
+
 std::vector<CheckpointDir> list_checkpoint_dirs(const std::string& out_dir) {
   std::vector<CheckpointDir> found;
   DIR* dir = ::opendir(out_dir.c_str());
   if (dir == nullptr) return found;
-  const size_t prefix = std::strlen(kCheckpointPrefix);
   while (const dirent* entry = ::readdir(dir)) {
     const std::string name = entry->d_name;
-    if (name.size() <= prefix || name.compare(0, prefix, kCheckpointPrefix) != 0) continue;
-    const std::string digits = name.substr(prefix);
-    if (digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (!is_checkpoint_dir_name(name)) continue;
     const std::string path = out_dir + "/" + name;
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
-    found.push_back({std::stoll(digits), path});
+    found.push_back({std::stoll(name.substr(std::strlen(kCheckpointPrefix))), path});
   }
   ::closedir(dir);
   std::sort(found.begin(), found.end(), [](const CheckpointDir& a, const CheckpointDir& b) { return a.step > b.step; });

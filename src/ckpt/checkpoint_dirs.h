@@ -33,6 +33,12 @@ constexpr char kCheckpointPrefix[] = "checkpoint_";
 
 std::string checkpoint_dir_name(long long step);
 
+// "state_r00003.bin": rank R's training state in a checkpoint directory.
+std::string state_file_name(int rank);
+
+// Whether NAME (a directory entry, no slash) is a checkpoint directory's name: checkpoint_<digits>.
+bool is_checkpoint_dir_name(const std::string& name);
+
 struct CheckpointDir {
   long long step;
   std::string path;

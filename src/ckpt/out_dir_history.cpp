@@ -9,13 +9,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cerrno>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <vector>
 
 namespace {
@@ -56,6 +60,30 @@ void copy_file(const std::string& from, const std::string& to) {
   out.commit();
 }
 
+// Whether DIR is a checkpoint directory: one holding a checkpoint manifest, or named
+// checkpoint_<digits> holding what a checkpoint writes first (one cut short before its manifest).
+bool is_checkpoint(const std::filesystem::path& dir) {
+  std::ifstream manifest(dir / kManifestName);
+  if (manifest) {
+    const nlohmann::json m = nlohmann::json::parse(manifest, nullptr, false);
+    if (m.is_object() && m.value("format", "") == kManifestFormat) return true;
+  }
+  return is_checkpoint_dir_name(dir.filename().string()) &&
+         (exists((dir / kModelFileName).string()) || exists((dir / state_file_name(0)).string()));
+}
+
+// The checkpoint directory that `dir` is or lies inside (resolved: symlinks, "..", a relative
+// path), or "" for none.
+std::string enclosing_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::path p = std::filesystem::weakly_canonical(dir, ec);
+  if (ec) return "";
+  for (;; p = p.parent_path()) {
+    if (is_checkpoint(p)) return p.string();
+    if (p == p.root_path() || p.empty()) return "";
+  }
+}
+
 }  // namespace
 
 bool writes_out_dir(const TrainConfig& cfg) { return cfg.max_steps > 0 && !cfg.eval && !cfg.generate; }
@@ -67,6 +95,12 @@ OutDirPlan plan_out_dir(const TrainConfig& cfg, const std::optional<Checkpoint>&
     throw std::runtime_error("--init-from " + cfg.init_from +
                              " is --out-dir's model.bin, which this run writes at its end: copy it elsewhere or "
                              "choose another --out-dir");
+  const std::string checkpoint = enclosing_checkpoint(out);
+  if (!checkpoint.empty())
+    throw std::runtime_error("--out-dir " + out + (same_file(checkpoint, out) ? " is" : " is inside") +
+                             " the checkpoint directory " + checkpoint +
+                             ", which a run never writes into: choose another --out-dir (to continue it: "
+                             "--resume " + checkpoint + " --out-dir " + parent_directory(checkpoint) + ")");
   OutDirPlan plan;
   const std::vector<CheckpointDir> dirs = list_checkpoint_dirs(out);
   const bool has_metrics = exists(metrics_path), has_model = exists(model_path);
@@ -88,7 +122,13 @@ OutDirPlan plan_out_dir(const TrainConfig& cfg, const std::optional<Checkpoint>&
   // A new history: a fresh run, or a checkpoint from another directory.
   if (dirs.empty() && !has_metrics && !has_model) return plan;
   if (cfg.overwrite) {
-    for (const CheckpointDir& d : dirs) plan.remove.push_back(d.path);
+    for (const CheckpointDir& d : dirs) {
+      if (resume_from && same_file(d.path, resume_from->path))
+        throw std::runtime_error("--overwrite would delete --resume's checkpoint " + resume_from->path + " (it is " +
+                                 d.path + "): name it as " + d.path + " to continue --out-dir's run, or choose "
+                                 "another --out-dir");
+      plan.remove.push_back(d.path);
+    }
     if (has_model) plan.remove.push_back(model_path);
     return plan;  // metrics.jsonl is started anew
   }
