@@ -40,7 +40,7 @@ for i in $(seq 3001); do printf '{"text": "document %d of many, long enough to f
 printf '{"text": oops}\n' >>"$tmp/bad.jsonl"
 expect_refused "bad JSON line" "bad.jsonl:3002: invalid JSON" \
   "$tok" --quiet --format jsonl --out-dir "$out" --name t --val-tokens 1000 --shard-tokens 1000 --threads 2 "$tmp/bad.jsonl"
-[ "$(tree_digest "$out")" = "$before" ] || fail "the failed run changed $out: $(ls "$out" | tr "\n" " ")"
+[ "$(tree_digest "$out")" = "$before" ] || fail "the failed run changed $out: $(cd "$out" && echo *)"
 
 # ---- SIGTERM while shards are being written (the input is a pipe that stays open)
 mkfifo "$tmp/fifo"
@@ -59,7 +59,7 @@ rc=$?
 kill "$writer" 2>/dev/null
 wait "$writer" 2>/dev/null
 [ "$rc" -eq 143 ] || fail "SIGTERM: exit status $rc, expected 143"
-[ "$(tree_digest "$out")" = "$before" ] || fail "SIGTERM changed $out: $(ls "$out" | tr "\n" " ")"
+[ "$(tree_digest "$out")" = "$before" ] || fail "SIGTERM changed $out: $(cd "$out" && echo *)"
 
 # ---- inputs that are outputs
 cp "$tmp/book.txt" "$out/t_train_000009.bin"  # named like a stale shard the run would remove
