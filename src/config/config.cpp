@@ -344,17 +344,28 @@ nlohmann::json config_json(const TrainConfig& cfg) {
 
 namespace config_detail {
 
-// The whole of a --config file; errors name the file (a directory, for one, opens but cannot be read).
+// The whole of a --config file; errors name the file. Only a regular file of at most
+// kMaxConfigBytes is read: a directory opens but cannot be read, a named pipe blocks until
+// someone writes to it, a device (/dev/zero) never ends.
 std::string read_config_file(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0)
     throw std::invalid_argument("--config " + path + ": cannot open the file: " + std::strerror(errno));
   if (S_ISDIR(st.st_mode)) throw std::invalid_argument("--config " + path + ": is a directory, expected a JSON file");
+  if (!S_ISREG(st.st_mode))
+    throw std::invalid_argument("--config " + path + ": is " + (S_ISFIFO(st.st_mode) ? "a named pipe" : "not a regular file") +
+                                ", expected a JSON file");
+  if (st.st_size > kMaxConfigBytes)
+    throw std::invalid_argument("--config " + path + ": " + std::to_string(st.st_size) + " bytes, more than the " +
+                                std::to_string(kMaxConfigBytes) + " a file of flag values may have");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::invalid_argument("--config " + path + ": cannot open the file: " + std::strerror(errno));
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad() || text.fail()) throw std::invalid_argument("--config " + path + ": cannot read the file");
+  if (static_cast<long long>(text.tellp()) > kMaxConfigBytes)  // it grew since stat
+    throw std::invalid_argument("--config " + path + ": more than the " + std::to_string(kMaxConfigBytes) +
+                                " bytes a file of flag values may have");
   return text.str();
 }
 
