@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -111,6 +112,11 @@ std::optional<Checkpoint> verify_checkpoint(const std::string& dir, std::string*
     return std::nullopt;
   }
   return c;
+}
+
+bool is_incomplete_checkpoint(const std::string& dir) {
+  struct stat st {};
+  return ::stat((dir + "/" + kManifestName).c_str(), &st) != 0 && errno == ENOENT;
 }
 
 std::optional<Checkpoint> find_latest_checkpoint(const std::string& out_dir, std::vector<std::string>* skipped) {

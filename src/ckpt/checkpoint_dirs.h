@@ -60,6 +60,11 @@ struct Checkpoint {
 std::optional<Checkpoint> verify_checkpoint(const std::string& dir, std::string* problem,
                                                    bool check_files = true);
 
+// Whether DIR is a checkpoint whose writing never finished: it has no manifest (written last), as
+// when a run crashed during the checkpoint. A directory with a manifest that does not verify is
+// damaged, not incomplete.
+bool is_incomplete_checkpoint(const std::string& dir);
+
 // --resume auto: the newest complete checkpoint in out_dir. Every newer directory that is not a
 // complete checkpoint is reported through `skipped` ("DIR: why") and passed over.
 std::optional<Checkpoint> find_latest_checkpoint(const std::string& out_dir, std::vector<std::string>* skipped);

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <ctime>
 #include <filesystem>
@@ -132,6 +133,22 @@ OutDirPlan plan_out_dir(const TrainConfig& cfg, const std::optional<Checkpoint>&
     if (has_model) plan.remove.push_back(model_path);
     return plan;  // metrics.jsonl is started anew
   }
+  const bool all_incomplete =
+      std::all_of(dirs.begin(), dirs.end(), [](const CheckpointDir& d) { return is_incomplete_checkpoint(d.path); });
+  if (cfg.resume == "auto" && all_incomplete) {  // not one complete checkpoint: an earlier attempt stopped before
+    for (const CheckpointDir& d : dirs) plan.set_aside.push_back(d.path);
+    if (has_metrics) plan.set_aside.push_back(metrics_path);
+    if (has_model) plan.set_aside.push_back(model_path);
+    const std::string what = (dirs.empty() ? "" : "incomplete checkpoint(s)") +
+                             std::string(!dirs.empty() && (has_metrics || has_model) ? " and " : "") +
+                             (has_metrics && has_model ? "metrics.jsonl and model.bin"
+                              : has_metrics            ? "metrics.jsonl"
+                              : has_model              ? "model.bin"
+                                                       : "");
+    plan.reason = "--resume auto: " + out + " holds no " + (dirs.empty() ? "" : "complete ") +
+                  "checkpoint, so the run starts afresh and the earlier " + what;
+    return plan;
+  }
   if (!dirs.empty())
     throw std::runtime_error("--out-dir " + out + " holds checkpoints (newest: " + dirs.front().path +
                              ") of another run: continue it with --resume auto, choose another --out-dir, or pass "
@@ -139,12 +156,6 @@ OutDirPlan plan_out_dir(const TrainConfig& cfg, const std::optional<Checkpoint>&
   const std::string files = has_metrics && has_model ? "metrics.jsonl and model.bin"
                             : has_metrics            ? "metrics.jsonl"
                                                      : "model.bin";
-  if (cfg.resume == "auto") {  // not one checkpoint: an earlier attempt stopped before its first
-    if (has_metrics) plan.set_aside.push_back(metrics_path);
-    if (has_model) plan.set_aside.push_back(model_path);
-    plan.reason = "--resume auto: " + out + " holds no checkpoint, so the run starts afresh and the earlier " + files;
-    return plan;
-  }
   throw std::runtime_error("--out-dir " + out + " holds " + files +
                            " of another run: choose another --out-dir, or pass --overwrite to replace " +
                            (has_metrics && has_model ? "them" : "it"));

@@ -32,20 +32,27 @@ inline std::optional<Checkpoint> resolve_resume(const TrainConfig& cfg, Communic
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   std::optional<Checkpoint> found;
   std::string error;  // rank 0's reason to stop
+  bool fresh_past_incomplete = false;  // rank 0: only incomplete checkpoints, moved aside
   if (lead) {
     try {
       if (writes_out_dir(cfg)) with_context("--out-dir", [&] { OutDirLock::check_free(cfg.out_dir); });
       if (cfg.resume == "auto") {
         std::vector<std::string> skipped;
         found = find_latest_checkpoint(cfg.out_dir, &skipped);
-        // Checkpoints but none usable: a fresh start would bury them (and retention delete them).
-        if (!found && !skipped.empty() && !(cfg.overwrite && writes_out_dir(cfg))) {
+        // Checkpoints but none usable: a fresh start would bury them (and retention delete them),
+        // unless every one is incomplete (a crash during the first checkpoint): a run that trains
+        // then moves them aside and starts afresh, so a requeued job goes on by itself.
+        bool only_incomplete = true;
+        for (const CheckpointDir& d : list_checkpoint_dirs(cfg.out_dir))
+          only_incomplete = only_incomplete && is_incomplete_checkpoint(d.path);
+        fresh_past_incomplete = !found && !skipped.empty() && only_incomplete && writes_out_dir(cfg);
+        if (!found && !skipped.empty() && !(cfg.overwrite && writes_out_dir(cfg)) && !fresh_past_incomplete) {
           std::string all;
           for (const std::string& s : skipped) all += (all.empty() ? "" : "; ") + s;
           throw std::runtime_error("--resume auto: " + cfg.out_dir + " holds checkpoints but none is complete: " +
                                    all + " (nothing was changed; --overwrite starts afresh and deletes them)");
         }
-        if (found)
+        if (found || fresh_past_incomplete)
           for (const std::string& s : skipped) std::fprintf(stderr, "warning: --resume auto: skipping %s\n", s.c_str());
       } else if (!cfg.resume.empty()) {
         std::string problem;
@@ -65,7 +72,8 @@ inline std::optional<Checkpoint> resolve_resume(const TrainConfig& cfg, Communic
   if (choice == -1.0) {
     if (cfg.resume.empty()) return std::nullopt;
     if (cfg.generate) throw std::runtime_error("--resume auto: no complete checkpoint in " + cfg.out_dir + " to generate from");
-    std::printf("--resume auto: no checkpoint in %s; starting from scratch\n", cfg.out_dir.c_str());
+    std::printf("--resume auto: no %scheckpoint in %s; starting from scratch\n", fresh_past_incomplete ? "complete " : "",
+                cfg.out_dir.c_str());
     return std::nullopt;
   }
   if (!lead) {
