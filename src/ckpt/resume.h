@@ -4,6 +4,7 @@
 #include "src/base/error_context.h"
 #include "src/base/out_dir_lock.h"
 #include "src/ckpt/checkpoint_dirs.h"
+#include "src/ckpt/checkpoint_load.h"
 #include "src/ckpt/out_dir_history.h"
 #include "src/dist/comm.h"
 #include "src/config/config.h"
@@ -25,7 +26,7 @@
 // --out-dir, chooses the checkpoint and verifies every file's size and CRC-32C, the other ranks
 // learn its choice (the step) through the communicator and read that checkpoint's manifest, so
 // every rank resumes from the same one, or all start fresh, or all stop.
-inline std::optional<Checkpoint> resolve_resume(const TrainConfig& cfg, Communicator& comm, OutDirPlan* out_dir_plan) {
+inline std::optional<Checkpoint> resolve_resume(TrainConfig& cfg, Communicator& comm, OutDirPlan* out_dir_plan) {
   const int world_size = comm.world_size(), zero = effective_zero_stage(cfg.zero, world_size / cfg.tp);
   const bool lead = comm.rank() == 0;
   std::string dir = cfg.resume;
@@ -96,18 +97,31 @@ inline std::optional<Checkpoint> resolve_resume(const TrainConfig& cfg, Communic
   if (dtype != cfg.dtype)
     throw std::runtime_error("--resume " + found->path + ": the checkpoint holds " + dtype +
                              " training state; run with --dtype " + dtype);
+  // One seed per history: the checkpoint's goes on everywhere (stochastic rounding, the data
+  // order, samples, the manifests this run writes); another --seed is not used, and said so.
+  const long long seed = static_cast<long long>(with_context("--resume", [&] { return read_checkpoint_seed(*found); }));
+  if (seed != cfg.seed) {
+    if (lead && cfg.was_set("seed"))
+      std::fprintf(stderr, "warning: --seed %lld ignored: resuming uses the checkpoint's seed %lld\n", cfg.seed, seed);
+    cfg.seed = seed;
+  }
+  // The weights are the checkpoint's: --init-from and --model are not used.
+  for (const char* flag : {"init-from", "model"})
+    if (lead && cfg.was_set(flag))
+      std::fprintf(stderr, "warning: --%s ignored: --resume takes the model and its weights from the checkpoint\n",
+                   flag);
   // Other flags may change on resume (e.g. a longer --max-steps); each change to what is trained
   // is reported (flags about files and checkpointing are not).
   const std::set<std::string> unreported = {"config", "resume", "out-dir", "checkpoint-every", "keep-checkpoints",
-                                            "keep-every", "save-dtype", "overwrite"};
+                                            "keep-every", "save-dtype", "overwrite", "seed", "init-from", "model"};
   const nlohmann::json now = config_json(cfg), then = m.value("config", nlohmann::json::object());
   for (const auto& item : now.items()) {
     if (!lead) break;  // reported once
     if (unreported.count(item.key()) != 0 || !then.contains(item.key()) || !then[item.key()].is_string()) continue;
     const std::string before = then[item.key()].get<std::string>(), after = item.value().get<std::string>();
     if (before != after)
-      std::fprintf(stderr, "warning: --resume: --%s is %s, the checkpointed run had %s\n", item.key().c_str(),
-                   after.c_str(), before.c_str());
+      std::fprintf(stderr, "warning: --resume: --%s is %s%s, the checkpointed run had %s\n", item.key().c_str(),
+                   after.c_str(), cfg.was_set(item.key()) ? "" : " (its default: not given)", before.c_str());
   }
   return found;
 }
