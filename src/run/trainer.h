@@ -85,6 +85,7 @@ class Trainer {
     if (lead_)
       for (const std::string& w : config_warnings(cfg_, setup_.grad_accum_steps, data_.val ? data_.val->batches_per_epoch() : 0))
         std::fprintf(stderr, "warning: %s\n", w.c_str());
+    if (lead_ && data_.train && data_.val) warn_if_validation_is_trained_on(*data_.train, *data_.val);
     print_startup_report(setup_, model_, data_, comm_, flops_per_token_, peak_);
     stop_if_signalled_during_start_up();
     if (lead_ && !eval_only_ && !cfg_.eval) prepare_out_dir();
@@ -117,6 +118,7 @@ class Trainer {
       }
     }
     const long long first_step = state_.step + 1;
+    const uint64_t skipped_before = state_.guards.skipped_total();
     for (long long step = first_step; step <= cfg_.max_steps; ++step) {
       maybe_hang_for_test(comm_.rank(), step);
       maybe_signal_for_test(comm_.rank(), step);
@@ -160,6 +162,11 @@ class Trainer {
     print_skipped_updates();
     print_throughput();
     if (cfg_.profile > 0) report_profile();
+    // A model no update reached (a --lr beyond what training survives, broken data) is not a result.
+    if (state_.guards.skipped_total() - skipped_before == static_cast<uint64_t>(cfg_.max_steps - first_step + 1))
+      throw std::runtime_error("every update of this run's " + std::to_string(cfg_.max_steps - first_step + 1) +
+                               " step(s) was skipped (see 'updates skipped'): the model did not train, so " +
+                               model_path_ + " was not written (check --lr and the data)");
     finish();
   }
 
