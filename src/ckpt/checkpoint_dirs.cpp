@@ -132,20 +132,24 @@ std::optional<Checkpoint> find_latest_checkpoint(const std::string& out_dir, std
 void remove_checkpoint_dir(const std::string& dir) {
   const std::string manifest = dir + "/" + kManifestName;
   if (::unlink(manifest.c_str()) == 0) fsync_directory(dir);
-  if (DIR* d = ::opendir(dir.c_str())) {
-    std::vector<std::string> names;
-    while (const dirent* entry = ::readdir(d)) {
-      const std::string name = entry->d_name;
-      if (name != "." && name != "..") names.push_back(name);
-    }
-    ::closedir(d);
-    for (const std::string& name : names) ::unlink((dir + "/" + name).c_str());
+  else if (errno != ENOENT) throw file_error(manifest, "cannot delete it (nothing of the checkpoint was deleted)", errno);
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) throw file_error(dir, "cannot list the checkpoint directory to delete it", errno);
+  std::vector<std::string> names;
+  while (const dirent* entry = ::readdir(d)) {
+    const std::string name = entry->d_name;
+    if (name != "." && name != "..") names.push_back(name);
   }
-  ::rmdir(dir.c_str());
+  ::closedir(d);
+  for (const std::string& name : names)
+    if (::unlink((dir + "/" + name).c_str()) != 0 && errno != ENOENT)
+      throw file_error(dir + "/" + name, "cannot delete", errno);
+  if (::rmdir(dir.c_str()) != 0) throw file_error(dir, "cannot delete the directory", errno);
 }
 
 std::vector<std::string> prune_checkpoints(const std::string& out_dir, long long current_step,
-                                                  long long keep_last, long long keep_every) {
+                                                  long long keep_last, long long keep_every,
+                                                  std::vector<std::string>* failed) {
   std::vector<std::string> removed;
   if (keep_last == 0) return removed;
   long long kept = 0;
@@ -156,8 +160,13 @@ std::vector<std::string> prune_checkpoints(const std::string& out_dir, long long
       continue;
     }
     if (keep_every > 0 && d.step % keep_every == 0) continue;
-    remove_checkpoint_dir(d.path);
-    removed.push_back(d.path);
+    try {
+      remove_checkpoint_dir(d.path);
+      removed.push_back(d.path);
+    } catch (const std::runtime_error& e) {
+      if (failed == nullptr) throw;
+      failed->push_back(e.what());
+    }
   }
   return removed;
 }

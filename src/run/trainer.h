@@ -433,9 +433,11 @@ class Trainer {
     last_checkpoint_step_ = state_.step;
     last_checkpoint_dir_ = dir;
     std::printf("checkpoint %s\n", dir.c_str());
+    std::vector<std::string> failed;
     if (lead_)
-      for (const std::string& old : prune_checkpoints(cfg_.out_dir, state_.step, cfg_.keep_checkpoints, cfg_.keep_every))
+      for (const std::string& old : prune_checkpoints(cfg_.out_dir, state_.step, cfg_.keep_checkpoints, cfg_.keep_every, &failed))
         std::printf("deleted old checkpoint %s\n", old.c_str());
+    for (const std::string& f : failed) std::fprintf(stderr, "warning: --keep-checkpoints: an old checkpoint was not deleted: %s\n", f.c_str());
     std::fflush(stdout);
   }
 
