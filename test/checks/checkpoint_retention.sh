@@ -21,7 +21,7 @@ if "$bin" "${common[@]}" --max-steps 3 --keep-checkpoints 1 --resume "$run/check
   ! grep -q "deleted old checkpoint $stuck" "$tmp/second.log" || fail "retention said it deleted $stuck"
   grep -q "^warning: --keep-checkpoints: an old checkpoint was not deleted: $stuck/manifest.json: cannot delete" "$tmp/second.err" ||
     fail "no warning naming $stuck/manifest.json: $(cat "$tmp/second.err")"
-  [ -f "$stuck/model.bin" ] && [ -f "$stuck/state_r00000.bin" ] || fail "files of $stuck were deleted: $(ls "$stuck")"
+  { [ -f "$stuck/model.bin" ] && [ -f "$stuck/state_r00000.bin" ]; } || fail "files of $stuck were deleted: $(cd "$stuck" && echo *)"
   grep -q "deleted old checkpoint $run/checkpoint_00000002" "$tmp/second.log" || fail "checkpoint_00000002 was not deleted"
   [ ! -e "$run/checkpoint_00000002" ] || fail "checkpoint_00000002 is still there"
 else
