@@ -105,11 +105,17 @@ inline std::optional<Checkpoint> resolve_resume(TrainConfig& cfg, Communicator& 
       std::fprintf(stderr, "warning: --seed %lld ignored: resuming uses the checkpoint's seed %lld\n", cfg.seed, seed);
     cfg.seed = seed;
   }
-  // The weights are the checkpoint's: --init-from and --model are not used.
-  for (const char* flag : {"init-from", "model"})
+  // The weights are the checkpoint's: --init-from and --model are not used; the run records the
+  // history's (where its model came from), as the checkpoint does.
+  const nlohmann::json& history = m.value("config", nlohmann::json::object());
+  for (const char* flag : {"init-from", "model"}) {
     if (lead && cfg.was_set(flag))
       std::fprintf(stderr, "warning: --%s ignored: --resume takes the model and its weights from the checkpoint\n",
                    flag);
+    const std::string then_value = history.is_object() && history.contains(flag) && history[flag].is_string()
+                                       ? history[flag].get<std::string>() : "";
+    (std::string(flag) == "model" ? cfg.model : cfg.init_from) = then_value;
+  }
   // Other flags may change on resume (e.g. a longer --max-steps); each change to what is trained
   // is reported (flags about files and checkpointing are not).
   const std::set<std::string> unreported = {"config", "resume", "out-dir", "checkpoint-every", "keep-checkpoints",

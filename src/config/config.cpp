@@ -353,6 +353,7 @@ std::string value_text(const TrainConfig& cfg, const Flag& flag) {
 nlohmann::json config_json(const TrainConfig& cfg) {
   nlohmann::json j = nlohmann::json::object();
   for (const Flag& f : flag_table()) j[f.name] = config_detail::value_text(cfg, f);
+  if (!cfg.init_from.empty()) j["model"] = "-";  // the architecture is --init-from's, not a preset's
   return j;
 }
 

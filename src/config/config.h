@@ -146,7 +146,8 @@ std::string value_text(const TrainConfig& cfg, const Flag& flag);
 
 }  // namespace config_detail
 
-// The run's flags as the manifest records them ({"lr": "0.0006", ...}).
+// The run's flags as the manifest records them ({"lr": "0.0006", ...}); "model" is "-" when the
+// architecture came from --init-from.
 nlohmann::json config_json(const TrainConfig& cfg);
 
 // Applies a JSON config file (an object of flag values) to cfg.
