@@ -10,6 +10,10 @@
 #                   the GPT-2 vocabulary a bare GPU machine needs → build/gpu-deps/ (scripts/gpu_deps.sh)
 #   make gpu-acceptance  on a GPU machine: build, test-gpu, sanitizers, PyTorch parity, determinism,
 #                   ceilings, throughput → build/acceptance/summary.md (scripts/gpu_acceptance.sh)
+#   make gpu-pack   here (the CUDA toolkit, no GPU): gpu-pack/, everything a GPU node needs to run
+#                   scripts/gpu_quick.sh, the short-job proof (scripts/gpu_pack.sh; docs/GPU.md)
+#   make gpu-quick  on a GPU node, from gpu-pack/: scripts/gpu_quick.sh $(QUICK_SECONDS) (420) →
+#                   gpu-quick/summary.md
 #   make bench      build/bench_attention (nvcc): attention timings, flash vs simple vs PyTorch, run on a GPU
 
 CUDA_HOME ?= /usr/local/cuda
@@ -31,13 +35,15 @@ CPU_LIBS  := -rdynamic -lboost_context -lopenblas -ldl -pthread $(MPI_LINK)
 # compiles at load time on GPUs newer than both (sm_90a code runs on sm_90 chips only).
 GPU_ARCH  := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a \
              -gencode arch=compute_90,code=compute_90
-GPU_FLAGS := -std=c++17 -O3 -lineinfo $(GPU_ARCH) -Werror all-warnings -Xcompiler -Wall,-Wextra \
+# Device code compressed for size (a driver of CUDA 13's 580 series or later decompresses it at load):
+# half the bytes, so that the binaries and tests a GPU node needs travel in make gpu-pack's 48 MiB.
+GPU_FLAGS := -std=c++17 -O3 -lineinfo $(GPU_ARCH) -compress-mode=size -Werror all-warnings -Xcompiler -Wall,-Wextra \
              -I. $(MPI_COMPILE) -MMD -MP
 GPU_LIBS  := -lcublasLt -lnccl $(MPI_LINK)
 
 # Host-only code (src/*/*.cpp: no CUDA, no element-type templates), compiled once by the host
 # compiler into one archive that both trainers, the tests and tokenize link: touching one of these
-# files recompiles it alone. The GPT-2 tokenizer (src/tokenizer/) needs pcre2.
+# files recompiles it alone. The tokenizer (src/tokenizer/) needs pcre2.
 HOST_SRCS  := $(wildcard src/*/*.cpp)
 HOST_OBJS  := $(HOST_SRCS:%.cpp=$(BUILD)/host/%.o)
 HOST_LIB   := $(BUILD)/host/libtrain_gpt_host.a
@@ -60,7 +66,8 @@ GPU_MPI_TEST_BINS := $(MPI_TESTS:test/%.cu=$(BUILD)/gpu/test/%)
 # What a check script may need: the binaries, the tests it runs and the PyTorch reference.
 CHECK_DEPS = train_gpt_cpu tokenize $(CPU_MPI_TEST_BINS) $(REFERENCES)
 
-.PHONY: all gpu cpu test test-one check test-gpu gpu-check ptx-report bench run clean check-nvcc gpu-deps gpu-acceptance
+.PHONY: all gpu cpu test test-one check test-gpu gpu-check ptx-report bench run clean check-nvcc gpu-deps gpu-acceptance \
+        gpu-pack gpu-quick
 .DEFAULT_GOAL := all
 
 all: gpu
@@ -159,14 +166,21 @@ gpu-deps:
 gpu-acceptance:
 	@bash scripts/gpu_acceptance.sh
 
+gpu-pack: check-nvcc
+	@bash scripts/gpu_pack.sh
+
+QUICK_SECONDS ?= 420
+gpu-quick:
+	@bash scripts/gpu_quick.sh $(QUICK_SECONDS)
+
 clean:
-	rm -rf $(BUILD) train_gpt train_gpt_cpu tokenize
+	rm -rf $(BUILD) train_gpt train_gpt_cpu tokenize gpu-pack gpu-quick
 
 # Dependency files of the objects only (build/ also holds other trees, e.g. make gpu-acceptance's
 # unpacked packages, whose etc/libibverbs.d is a directory).
 -include $(shell find $(BUILD)/cpu $(BUILD)/gpu $(BUILD)/host -name '*.d' -type f 2>/dev/null)
 
-# ---- tokenize: GPT-2 BPE text → token shards (host-only tool; sources in data/tokenize/, the
+# ---- tokenize: GPT-2 or Llama 3 BPE text → token shards (host-only tool; sources in data/tokenize/, the
 # tokenizer library in src/tokenizer/)
 TOKENIZE_OBJS := $(patsubst %.cpp,$(BUILD)/host/%.o,$(wildcard data/tokenize/*.cpp))
 

@@ -85,6 +85,7 @@ template <typename T>
 __global__ void __launch_bounds__(kAdamWThreads)
     adamw_kernel(const AdamWSegment* segments, int num_segments, T* params, float* master, const T* grads, float* m,
                  float* v, AdamWHyper h, AdamWSeeds seeds) {
+  LAUNCH_BOUNDS_GUARD(kAdamWThreads);
   constexpr int W = Vec128<T>::size;
   constexpr int F = W / Vec128<float>::size;  // fp32 vectors per chunk
   __shared__ int segment;

@@ -1,7 +1,10 @@
 // attention.cuh — causal multi-head self-attention, forward and backward, fp32 math on CUDA cores.
 //
-// Layout: qkv is (B, T, 3C), the output of the qkv linear layer: q = channels [0, C),
-// k = [C, 2C), v = [2C, 3C); head h owns channels h*HS .. h*HS+HS-1 of each, HS = C/NH.
+// Layout: qkv is (B, T, C + 2·NKV·HS), the output of the qkv linear layer: NH query heads
+// (channels [0, C), C = NH·HS), then NKV key heads, then NKV value heads, HS channels each. With
+// NKV = NH (multi-head attention) that is (B, T, 3C): q = [0, C), k = [C, 2C), v = [2C, 3C). With
+// NKV < NH (grouped-query attention) query head h reads K/V head h / (NH / NKV), and a K/V head's
+// gradient is the sum over its group's query heads, taken in ascending head order.
 // out is (B, T, C), head h's output in channels h*HS.. (the input of the attention projection).
 // The forward keeps only the per-row log-sum-exp of the scaled scores, lse (B, NH, T) in fp32;
 // the backward recomputes the probabilities from it instead of storing a T×T matrix.
@@ -114,21 +117,22 @@ struct AttentionOnlineSoftmax {
 // One warp per (b, h, t): online softmax over keys s <= t. Each group keeps its own running
 // max, sum and weighted sum of v over the keys it visited; the groups are merged at the end.
 template <typename T>
-__global__ void attention_forward_kernel(T* out, float* lse, const T* qkv, int B, int seq_len, int NH, int head_size,
-                                         float scale) {
+__global__ void attention_forward_kernel(T* out, float* lse, const T* qkv, int B, int seq_len, int NH, int NKV,
+                                         int head_size, float scale) {
   constexpr int V = Vec128<T>::size;
   int warp = blockIdx.x * kAttentionWarpsPerBlock + static_cast<int>(threadIdx.x) / 32;
   if (warp >= B * NH * seq_len) return;  // whole warps only: the grid is rounded up in warps
   // Long causal prefixes first, so the slowest rows do not form the tail of the launch.
   int t = seq_len - 1 - warp % seq_len;
   int h = (warp / seq_len) % NH, b = warp / seq_len / NH;
-  int C = NH * head_size;
-  size_t row_stride = 3 * static_cast<size_t>(C);
+  int C = NH * head_size, kv_C = NKV * head_size;
+  size_t row_stride = static_cast<size_t>(C) + 2 * kv_C;
   AttentionLane lane = attention_lane(head_size, V);
 
-  const T* q_chunk = qkv + static_cast<size_t>(b) * seq_len * row_stride + h * head_size + lane.chunk * V;
-  const T* k_chunk = q_chunk + C;
-  const T* v_chunk = q_chunk + 2 * C;
+  const T* b_chunk = qkv + static_cast<size_t>(b) * seq_len * row_stride + lane.chunk * V;
+  const T* q_chunk = b_chunk + h * head_size;
+  const T* k_chunk = b_chunk + C + h / (NH / NKV) * head_size;
+  const T* v_chunk = k_chunk + kv_C;
   float q[V];
   attention_load_floats<T>(q, q_chunk + t * row_stride, lane.owns_chunk);
 
@@ -158,22 +162,23 @@ __global__ void attention_forward_kernel(T* out, float* lse, const T* qkv, int B
 // dQ_t = scale · sum_{s<=t} P_ts (dout_t · v_s - D_t) k_s.
 template <typename T>
 __global__ void attention_backward_query_kernel(T* dqkv, float* delta, const T* dout, const T* qkv, const T* out,
-                                                const float* lse, int B, int seq_len, int NH, int head_size,
+                                                const float* lse, int B, int seq_len, int NH, int NKV, int head_size,
                                                 float scale) {
   constexpr int V = Vec128<T>::size;
   int warp = blockIdx.x * kAttentionWarpsPerBlock + static_cast<int>(threadIdx.x) / 32;
   if (warp >= B * NH * seq_len) return;
   int t = seq_len - 1 - warp % seq_len;  // long prefixes first
   int h = (warp / seq_len) % NH, b = warp / seq_len / NH;
-  int C = NH * head_size;
-  size_t row_stride = 3 * static_cast<size_t>(C);
+  int C = NH * head_size, kv_C = NKV * head_size;
+  size_t row_stride = static_cast<size_t>(C) + 2 * kv_C;
   size_t bh_row = (static_cast<size_t>(b) * NH + h) * seq_len;
   AttentionLane lane = attention_lane(head_size, V);
 
   size_t head_offset = static_cast<size_t>(h) * head_size + lane.chunk * V;
-  const T* q_chunk = qkv + static_cast<size_t>(b) * seq_len * row_stride + head_offset;
-  const T* k_chunk = q_chunk + C;
-  const T* v_chunk = q_chunk + 2 * C;
+  const T* b_chunk = qkv + static_cast<size_t>(b) * seq_len * row_stride + lane.chunk * V;
+  const T* q_chunk = b_chunk + h * head_size;
+  const T* k_chunk = b_chunk + C + h / (NH / NKV) * head_size;
+  const T* v_chunk = k_chunk + kv_C;
   size_t out_row = (static_cast<size_t>(b) * seq_len + t) * C + head_offset;
   float q[V], dout_t[V], out_t[V];
   attention_load_floats<T>(q, q_chunk + t * row_stride, lane.owns_chunk);
@@ -209,45 +214,50 @@ __global__ void attention_backward_query_kernel(T* dqkv, float* delta, const T* 
   }
 }
 
-// One warp per (b, h, s): dV_s = sum_{t>=s} P_ts dout_t and
-// dK_s = scale · sum_{t>=s} P_ts (dout_t · v_s - D_t) q_t.
+// One warp per (b, K/V head, s): dV_s = sum_h sum_{t>=s} P_ts dout_t and
+// dK_s = scale · sum_h sum_{t>=s} P_ts (dout_t · v_s - D_t) q_t over the query heads h of the K/V
+// head's group, one head after the other in ascending order (each lane group's partial sums run
+// on across heads; the groups are merged once at the end): a fixed order, no atomics.
 template <typename T>
 __global__ void attention_backward_key_value_kernel(T* dqkv, const float* delta, const T* dout, const T* qkv,
-                                                    const float* lse, int B, int seq_len, int NH, int head_size,
-                                                    float scale) {
+                                                    const float* lse, int B, int seq_len, int NH, int NKV,
+                                                    int head_size, float scale) {
   constexpr int V = Vec128<T>::size;
   int warp = blockIdx.x * kAttentionWarpsPerBlock + static_cast<int>(threadIdx.x) / 32;
-  if (warp >= B * NH * seq_len) return;
+  if (warp >= B * NKV * seq_len) return;
   int s = warp % seq_len;  // early keys see the most queries: they go first
-  int h = (warp / seq_len) % NH, b = warp / seq_len / NH;
-  int C = NH * head_size;
-  size_t row_stride = 3 * static_cast<size_t>(C);
-  size_t bh_row = (static_cast<size_t>(b) * NH + h) * seq_len;
+  int kv_h = (warp / seq_len) % NKV, b = warp / seq_len / NKV;
+  int C = NH * head_size, kv_C = NKV * head_size, group = NH / NKV;
+  size_t row_stride = static_cast<size_t>(C) + 2 * kv_C;
   AttentionLane lane = attention_lane(head_size, V);
 
-  size_t head_offset = static_cast<size_t>(h) * head_size + lane.chunk * V;
-  const T* q_chunk = qkv + static_cast<size_t>(b) * seq_len * row_stride + head_offset;
-  const T* dout_chunk = dout + static_cast<size_t>(b) * seq_len * C + head_offset;
+  const T* b_chunk = qkv + static_cast<size_t>(b) * seq_len * row_stride + lane.chunk * V;
+  const T* k_chunk = b_chunk + C + kv_h * head_size;
   float k[V], v[V];
-  attention_load_floats<T>(k, q_chunk + C + s * row_stride, lane.owns_chunk);
-  attention_load_floats<T>(v, q_chunk + 2 * C + s * row_stride, lane.owns_chunk);
+  attention_load_floats<T>(k, k_chunk + s * row_stride, lane.owns_chunk);
+  attention_load_floats<T>(v, k_chunk + kv_C + s * row_stride, lane.owns_chunk);
 
   float dk[V], dv[V];
   for (int i = 0; i < V; ++i) dk[i] = dv[i] = 0.0f;
-  for (int step = s; step < seq_len; step += lane.groups) {
-    int t = step + lane.group;
-    bool query_valid = t < seq_len;
-    float q[V], dout_t[V];
-    attention_load_floats<T>(q, q_chunk + t * row_stride, query_valid && lane.owns_chunk);
-    attention_load_floats<T>(dout_t, dout_chunk + static_cast<size_t>(t) * C, query_valid && lane.owns_chunk);
-    float score = attention_group_sum(attention_dot<V>(k, q), lane.group_lanes) * scale;
-    float dp = attention_group_sum(attention_dot<V>(v, dout_t), lane.group_lanes);
-    if (query_valid) {
-      float p = expf(score - lse[bh_row + t]);
-      float ds = p * (dp - delta[bh_row + t]);
-      for (int i = 0; i < V; ++i) {
-        dv[i] += p * dout_t[i];
-        dk[i] += ds * q[i];
+  for (int h = kv_h * group; h < (kv_h + 1) * group; ++h) {
+    size_t bh_row = (static_cast<size_t>(b) * NH + h) * seq_len;
+    const T* q_chunk = b_chunk + h * head_size;
+    const T* dout_chunk = dout + static_cast<size_t>(b) * seq_len * C + h * head_size + lane.chunk * V;
+    for (int step = s; step < seq_len; step += lane.groups) {
+      int t = step + lane.group;
+      bool query_valid = t < seq_len;
+      float q[V], dout_t[V];
+      attention_load_floats<T>(q, q_chunk + t * row_stride, query_valid && lane.owns_chunk);
+      attention_load_floats<T>(dout_t, dout_chunk + static_cast<size_t>(t) * C, query_valid && lane.owns_chunk);
+      float score = attention_group_sum(attention_dot<V>(k, q), lane.group_lanes) * scale;
+      float dp = attention_group_sum(attention_dot<V>(v, dout_t), lane.group_lanes);
+      if (query_valid) {
+        float p = expf(score - lse[bh_row + t]);
+        float ds = p * (dp - delta[bh_row + t]);
+        for (int i = 0; i < V; ++i) {
+          dv[i] += p * dout_t[i];
+          dk[i] += ds * q[i];
+        }
       }
     }
   }
@@ -262,17 +272,18 @@ __global__ void attention_backward_key_value_kernel(T* dqkv, const float* delta,
       gk[i] = from_float<T>(dk[i] * scale);
       gv[i] = from_float<T>(dv[i]);
     }
-    T* dk_row = dqkv + (static_cast<size_t>(b) * seq_len + s) * row_stride + C + head_offset;
+    T* dk_row = dqkv + (static_cast<size_t>(b) * seq_len + s) * row_stride + C + kv_h * head_size + lane.chunk * V;
     store128(dk_row, gk);
-    store128(dk_row + C, gv);
+    store128(dk_row + kv_C, gv);
   }
 }
 
 // Validates the shape and alignment shared by forward and backward; returns HS.
-int attention_check(const char* who, int B, int seq_len, int C, int NH, std::initializer_list<const void*> tensors) {
-  if (B < 1 || seq_len < 1 || NH < 1 || C < 1 || C % NH != 0) {
-    throw_errorf("%s: need B, T, NH >= 1 and C divisible by NH; got B=%d T=%d C=%d NH=%d", who, B, seq_len,
-                 C, NH);
+int attention_check(const char* who, int B, int seq_len, int C, int NH, int NKV,
+                    std::initializer_list<const void*> tensors) {
+  if (B < 1 || seq_len < 1 || NH < 1 || C < 1 || C % NH != 0 || NKV < 1 || NH % NKV != 0) {
+    throw_errorf("%s: need B, T, NH, NKV >= 1, C divisible by NH and NH by NKV; got B=%d T=%d C=%d NH=%d NKV=%d",
+                 who, B, seq_len, C, NH, NKV);
   }
   int head_size = C / NH;
   if (head_size % 8 != 0 || head_size > 128) {
@@ -287,17 +298,19 @@ int attention_check(const char* who, int B, int seq_len, int C, int NH, std::ini
   return head_size;
 }
 
-dim3 attention_grid(int B, int seq_len, int NH) {
-  return dim3(static_cast<unsigned>(ceil_div(B * NH * seq_len, kAttentionWarpsPerBlock)));
+// One warp per (b, head, row) for `heads` heads.
+dim3 attention_grid(int B, int seq_len, int heads) {
+  return dim3(static_cast<unsigned>(ceil_div(B * heads * seq_len, kAttentionWarpsPerBlock)));
 }
 
-// out (B, T, C) and lse (B, NH, T) from qkv (B, T, 3C); see the top of this file.
+// out (B, T, C) and lse (B, NH, T) from qkv (B, T, C + 2·NKV·C/NH); see the top of this file.
 template <typename T>
-void attention_forward(T* out, float* lse, const T* qkv, int B, int seq_len, int C, int NH, cudaStream_t stream) {
-  int head_size = attention_check("attention_forward", B, seq_len, C, NH, {out, qkv});
+void attention_forward(T* out, float* lse, const T* qkv, int B, int seq_len, int C, int NH, int NKV,
+                       cudaStream_t stream) {
+  int head_size = attention_check("attention_forward", B, seq_len, C, NH, NKV, {out, qkv});
   float scale = 1.0f / sqrtf(static_cast<float>(head_size));
   launch(attention_forward_kernel<T>, attention_grid(B, seq_len, NH), dim3(32 * kAttentionWarpsPerBlock), 0, stream,
-         out, lse, qkv, B, seq_len, NH, head_size, scale);
+         out, lse, qkv, B, seq_len, NH, NKV, head_size, scale);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -306,19 +319,19 @@ size_t attention_backward_scratch_bytes(int B, int seq_len, int NH) {
   return static_cast<size_t>(B) * NH * seq_len * sizeof(float);
 }
 
-// dqkv (B, T, 3C) is overwritten with dL/dqkv given dout = dL/dout, the forward's inputs and
+// dqkv (qkv's shape) is overwritten with dL/dqkv given dout = dL/dout, the forward's inputs and
 // outputs (qkv, out, lse) and scratch of attention_backward_scratch_bytes(B, T, NH) bytes.
 template <typename T>
 void attention_backward(T* dqkv, float* scratch, const T* dout, const T* qkv, const T* out, const float* lse, int B,
-                        int seq_len, int C, int NH, cudaStream_t stream) {
-  int head_size = attention_check("attention_backward", B, seq_len, C, NH, {dqkv, dout, qkv, out});
+                        int seq_len, int C, int NH, int NKV, cudaStream_t stream) {
+  int head_size = attention_check("attention_backward", B, seq_len, C, NH, NKV, {dqkv, dout, qkv, out});
   float scale = 1.0f / sqrtf(static_cast<float>(head_size));
-  dim3 grid = attention_grid(B, seq_len, NH), block(32 * kAttentionWarpsPerBlock);
+  dim3 block(32 * kAttentionWarpsPerBlock);
   // The key/value pass reads D_t of every later row, so it runs after the query pass wrote them all.
-  launch(attention_backward_query_kernel<T>, grid, block, 0, stream, dqkv, scratch, dout, qkv, out, lse, B, seq_len,
-         NH, head_size, scale);
+  launch(attention_backward_query_kernel<T>, attention_grid(B, seq_len, NH), block, 0, stream, dqkv, scratch, dout,
+         qkv, out, lse, B, seq_len, NH, NKV, head_size, scale);
   CUDA_CHECK(cudaGetLastError());
-  launch(attention_backward_key_value_kernel<T>, grid, block, 0, stream, dqkv, scratch, dout, qkv, lse, B, seq_len,
-         NH, head_size, scale);
+  launch(attention_backward_key_value_kernel<T>, attention_grid(B, seq_len, NKV), block, 0, stream, dqkv, scratch,
+         dout, qkv, lse, B, seq_len, NH, NKV, head_size, scale);
   CUDA_CHECK(cudaGetLastError());
 }

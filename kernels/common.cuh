@@ -39,7 +39,8 @@ inline void launch_on_device(void (*kernel)(Params...), dim3 grid, dim3 block, s
   T* name = reinterpret_cast<T*>(name##_bytes)
 
 // A kernel declared __launch_bounds__(N) opens with LAUNCH_BOUNDS_GUARD(N): nothing here, where a
-// launch over the bound fails on its own; the CPU build fails the launch the same way.
+// launch over the bound fails on its own; the CPU build fails the launch the same way
+// (test/lint/launch_bounds.sh fails a kernel without it).
 #define LAUNCH_BOUNDS_GUARD(max_threads_per_block)
 
 // 128-bit global/shared access primitives; the shared Vec128 helpers below build on them.

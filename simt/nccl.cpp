@@ -68,6 +68,10 @@
 // Groups (ncclGroupStart/End, per thread) nest; the calls inside are queued (and started) in call
 // order and return ncclSuccess; the outermost ncclGroupEnd completes them (blocking) or returns
 // ncclInProgress while any of them runs (non-blocking).
+// Stream order: each collective is an operation of its stream for the stream-ordering checker
+//   (streams.h: its buffers, and its order against the other live communicators' operations, with
+//   the number of the outermost group it was issued in); communicators are tracked from their
+//   creation (ncclCommInitRank*, ncclCommSplit) to ncclCommDestroy or ncclCommAbort.
 // Limits: one message per peer is at most INT_MAX bytes (MPI counts are int).
 // Anything else — other types, ops, devices, config fields — returns ncclInvalidArgument or
 // ncclInvalidUsage with a message for ncclGetLastError; nothing is ignored.
@@ -80,9 +84,11 @@
 #include "streams.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -128,6 +134,8 @@ constexpr char kIdTag[] = "simt-nccl-id";
 
 thread_local std::string last_error;
 thread_local int group_depth = 0;
+thread_local unsigned long long current_group = 0;  // the outermost open group's number
+std::atomic<unsigned long long> groups_started{0};
 thread_local std::vector<ncclComm*> group_comms;  // communicators the current group issued on
 
 ncclResult_t fail(ncclResult_t status, const std::string& message) {
@@ -136,6 +144,22 @@ ncclResult_t fail(ncclResult_t status, const std::string& message) {
 }
 
 bool valid(const ncclComm* comm) { return comm != nullptr && comm->magic == kCommMagic; }
+
+// The stream-ordering checker (simt/streams.h) watches `comm` from now on; `origin` says how it
+// was made.
+void track(const ncclComm* comm, const std::string& origin) {
+  char address[32];
+  std::snprintf(address, sizeof address, "%p", static_cast<const void*>(comm));
+  simt::track_communicator(comm, std::string("communicator ") + address + " (rank " + std::to_string(comm->rank) +
+                                     " of " + std::to_string(comm->nranks) + ", " + origin + ")");
+}
+
+// An operation on `stream`, as the stream-ordering checker sees it: its device-memory accesses,
+// and its order against the other communicators' operations.
+void on_stream(const ncclComm* comm, cudaStream_t stream, const char* what,
+               std::initializer_list<simt::MemoryAccess> accesses) {
+  simt::nccl_operation(stream, what, comm, group_depth > 0 ? current_group : 0, accesses);
+}
 
 // With comm->mutex held: the communicator's sticky error is this thread's last failure.
 ncclResult_t record_failure(ncclComm* comm, ncclResult_t status) {
@@ -460,6 +484,7 @@ Operation split_operation(ncclComm* parent, int color, int key, ncclComm_t* newc
       MPI_Comm_rank(mpi, &child->rank);
       MPI_Comm_size(mpi, &child->nranks);
     }
+    track(child, "split with color " + std::to_string(s->color));
     *newcomm = child;
     return ncclSuccess;
   });
@@ -543,6 +568,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId c
   c->rank = rank;
   c->nranks = nranks;
   c->blocking = blocking;
+  track(c, "made by ncclCommInitRank");
   *comm = c;
   if (nranks == 1) return ncclSuccess;
   // Issued outside any group of the caller's: the set-up is not one of its collectives.
@@ -622,6 +648,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (comm->mpi != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm->mpi);
+  simt::untrack_communicator(comm);
   comm->magic = 0;
   delete comm;
   return ncclSuccess;
@@ -632,6 +659,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
   if (!valid(comm)) return fail(ncclInvalidArgument, "ncclCommAbort: invalid communicator");
   std::lock_guard<std::mutex> lock(comm->mutex);
+  simt::untrack_communicator(comm);
   comm->magic = kAbortedMagic;
   return ncclSuccess;
 }
@@ -659,7 +687,7 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
 }
 
 ncclResult_t ncclGroupStart() {
-  ++group_depth;
+  if (group_depth++ == 0) current_group = ++groups_started;
   return ncclSuccess;
 }
 
@@ -705,7 +733,7 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, n
   }
   Operation o;
   o.name = "ncclAllReduce";
-  simt::stream_operation(stream, "ncclAllReduce", {{sendbuff, count * es, false}, {recvbuff, count * es, true}});
+  on_stream(comm, stream, "ncclAllReduce", {{sendbuff, count * es, false}, {recvbuff, count * es, true}});
   o.steps.push_back([=](MPI_Request* request) { return start_exchange(sendbuff, datatype, comm, x.get(), request); });
   o.steps.push_back([=](MPI_Request* request) {
     x->reduced.resize(x->counts[rank] * es);
@@ -741,7 +769,7 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
   for (int q = 0; q < R; ++q) x->offsets[q] = q * recvcount;
   Operation o;
   o.name = "ncclReduceScatter";
-  simt::stream_operation(stream, "ncclReduceScatter", {{sendbuff, bytes * R, false}, {recvbuff, bytes, true}});
+  on_stream(comm, stream, "ncclReduceScatter", {{sendbuff, bytes * R, false}, {recvbuff, bytes, true}});
   o.steps.push_back([=](MPI_Request* request) { return start_exchange(sendbuff, datatype, comm, x.get(), request); });
   o.steps.push_back([=](MPI_Request*) {
     reduce_in_rank_order(recvbuff, x->gathered.data(), recvcount, R, datatype, op);
@@ -768,7 +796,7 @@ ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, nccl
   x->counts[root] = count;
   Operation o;
   o.name = "ncclReduce";
-  simt::stream_operation(stream, "ncclReduce",
+  on_stream(comm, stream, "ncclReduce",
                          {{sendbuff, bytes, false}, {recvbuff, comm->rank == root ? bytes : 0, true}});
   o.steps.push_back([=](MPI_Request* request) { return start_exchange(sendbuff, datatype, comm, x.get(), request); });
   o.steps.push_back([=](MPI_Request*) {
@@ -789,7 +817,7 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
   if (status != ncclSuccess) return status;
   Operation o;
   o.name = "ncclAllGather";
-  simt::stream_operation(stream, "ncclAllGather", {{sendbuff, bytes, false}, {recvbuff, bytes * comm->nranks, true}});
+  on_stream(comm, stream, "ncclAllGather", {{sendbuff, bytes, false}, {recvbuff, bytes * comm->nranks, true}});
   o.steps.push_back([=](MPI_Request* request) {
     if (comm->nranks == 1) {
       if (own != sendbuff && bytes > 0) std::memmove(own, sendbuff, bytes);
@@ -816,7 +844,7 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, n
   if (status != ncclSuccess) return status;
   Operation o;
   o.name = "ncclBroadcast";
-  simt::stream_operation(stream, "ncclBroadcast",
+  on_stream(comm, stream, "ncclBroadcast",
                          {{sendbuff, comm->rank == root ? bytes : 0, false}, {recvbuff, bytes, true}});
   o.steps.push_back([=](MPI_Request* request) {
     if (comm->rank == root && sendbuff != recvbuff && bytes > 0) std::memmove(recvbuff, sendbuff, bytes);

@@ -18,7 +18,14 @@
 //   (cudaStreamPerThread) is one blocking stream per host thread.
 // Each device allocation keeps, per byte range, the last write and the reads since it, each with
 // its (stream, counter). A write must come after all of them, a read after the write; otherwise
-// the process ends with one "simt: stream hazard:" line. Kernel pointer arguments reach from the
+// the process ends with one "simt: stream hazard:" line.
+// NCCL operations are also checked against each other: NCCL gives no forward-progress guarantee
+// to the kernels of two communicators that run at once on one GPU (NCCL user guide, "Using
+// multiple NCCL communicators concurrently": they may deadlock), so an operation of one
+// communicator must come after every earlier operation of every other live communicator of the
+// process (each communicator keeps its latest operation per stream), unless both were issued in
+// one ncclGroupStart/ncclGroupEnd (NCCL launches a group's operations together); otherwise one
+// "simt: stream hazard:" line names the two operations and communicators. Kernel pointer arguments reach from the
 // pointer to the end of its allocation (their extent is unknown); copies, memsets and library
 // calls give exact ranges.
 #include "state.h"  // first: simt.h must precede the CUDA headers
@@ -87,6 +94,16 @@ struct Allocation {
   std::map<size_t, Segment> segments;  // start offset → history up to the next start
 };
 
+// A communicator's latest NCCL operation on one stream, and the group it was issued in (0: none).
+struct CommunicatorMark {
+  Mark mark;
+  unsigned long long group;
+};
+struct Communicator {
+  std::string name;
+  std::vector<CommunicatorMark> latest;  // at most one per stream: the latest covers the earlier ones
+};
+
 std::mutex mutex;  // everything below
 Stream legacy{0, true, "the legacy default stream", {}};
 std::vector<Stream*> blocking_streams;  // blocking streams besides the legacy one
@@ -94,6 +111,7 @@ size_t next_stream_id = 1;
 Clock latest;  // each stream's last operation: what cudaDeviceSynchronize waits for
 std::map<const void*, Clock> events;
 std::map<const char*, Allocation> allocations;
+std::map<const void*, Communicator> communicators;  // live ones, by handle
 thread_local Clock host;
 thread_local Stream* per_thread = nullptr;
 
@@ -193,13 +211,38 @@ void check(const char* start, Allocation& a, size_t lo, size_t hi, bool write, c
   }
 }
 
-void issue(cudaStream_t handle, std::string what, const MemoryAccess* accesses, size_t count) {
+// The NCCL operation `mark` of communicator `comm` on `s` against the other communicators' (see the
+// file comment), then recorded as comm's latest on s.
+void check_communicators(const void* comm, unsigned long long group, const Stream& s, const Mark& mark) {
+  for (const auto& [other, c] : communicators) {
+    if (other == comm) continue;
+    for (const CommunicatorMark& m : c.latest) {
+      if (s.clock.at(m.mark.stream) >= m.mark.counter || (group != 0 && m.group == group)) continue;
+      std::fprintf(stderr,
+                   "simt: stream hazard: %s of %s on %s and %s of %s on %s earlier, with nothing ordering the two (an "
+                   "event, a stream or host synchronization, or one ncclGroupStart/ncclGroupEnd): NCCL operations of "
+                   "two communicators that may run at once on one GPU can deadlock\n",
+                   mark.op->what.c_str(), communicators.at(comm).name.c_str(), mark.op->stream.c_str(),
+                   m.mark.op->what.c_str(), c.name.c_str(), m.mark.op->stream.c_str());
+      std::fflush(stderr);
+      std::_Exit(1);
+    }
+  }
+  std::vector<CommunicatorMark>& mine = communicators.at(comm).latest;
+  auto same = std::find_if(mine.begin(), mine.end(), [&](const CommunicatorMark& m) { return m.mark.stream == s.id; });
+  if (same != mine.end()) *same = CommunicatorMark{mark, group};
+  else mine.push_back(CommunicatorMark{mark, group});
+}
+
+void issue(cudaStream_t handle, std::string what, const MemoryAccess* accesses, size_t count,
+           const void* comm = nullptr, unsigned long long group = 0) {
   std::lock_guard<std::mutex> lock(mutex);
   Stream& s = stream_of(handle);
   order_issue(s);
   const uint64_t counter = s.clock.tick(s.id);
   latest.tick(s.id);
   const Mark mark{s.id, counter, std::make_shared<const Operation>(Operation{std::move(what), s.name})};
+  if (comm != nullptr) check_communicators(comm, group, s, mark);
   for (size_t i = 0; i < count; ++i) {
     const char* p = static_cast<const char*>(accesses[i].address);
     auto it = allocations.upper_bound(p);
@@ -216,6 +259,21 @@ void issue(cudaStream_t handle, std::string what, const MemoryAccess* accesses, 
 
 void stream_operation(cudaStream_t stream, const char* what, const MemoryAccess* accesses, size_t count) {
   issue(stream, what, accesses, count);
+}
+
+void nccl_operation(cudaStream_t stream, const char* what, const void* comm, unsigned long long group,
+                    std::initializer_list<MemoryAccess> accesses) {
+  issue(stream, what, accesses.begin(), accesses.size(), comm, group);
+}
+
+void track_communicator(const void* comm, std::string name) {
+  std::lock_guard<std::mutex> lock(mutex);
+  communicators[comm] = Communicator{std::move(name), {}};
+}
+
+void untrack_communicator(const void* comm) {
+  std::lock_guard<std::mutex> lock(mutex);
+  communicators.erase(comm);
 }
 
 void kernel_operation(cudaStream_t stream, const void* kernel, const MemoryAccess* accesses, size_t count) {

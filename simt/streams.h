@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <string>
 
 namespace simt {
 
@@ -27,6 +28,15 @@ void stream_operation(cudaStream_t stream, const char* what, const MemoryAccess*
 inline void stream_operation(cudaStream_t stream, const char* what, std::initializer_list<MemoryAccess> accesses) {
   stream_operation(stream, what, accesses.begin(), accesses.size());
 }
+// The same for an NCCL operation of communicator `comm` (tracked, below) issued in group `group`
+// (the outermost ncclGroupStart's number; 0 outside any group), also checked against the
+// operations of the other communicators: one that may run at once with an earlier one of another
+// communicator, outside their common group, ends the process with a "simt: stream hazard:" line.
+void nccl_operation(cudaStream_t stream, const char* what, const void* comm, unsigned long long group,
+                    std::initializer_list<MemoryAccess> accesses);
+// A communicator from its creation to its destruction or abort; `name` names it in reports.
+void track_communicator(const void* comm, std::string name);
+void untrack_communicator(const void* comm);
 // The same for a kernel launch: `kernel` names it in a report.
 void kernel_operation(cudaStream_t stream, const void* kernel, const MemoryAccess* accesses, size_t count);
 

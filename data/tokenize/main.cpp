@@ -1,8 +1,8 @@
-// tokenize — text or JSON-lines files -> GPT-2 token shards (llm.c format), and back.
+// tokenize — text or JSON-lines files -> GPT-2 or Llama 3 token shards (llm.c formats), and back.
 // Run `tokenize --help` for the interface. Work is split into ~1 MiB items that worker
 // threads encode independently; results are written strictly in input order, so the output
 // does not depend on the thread count.
-#include "src/tokenizer/gpt2_bpe.h"
+#include "encodings.h"
 #include "shards.h"
 #include "src/base/same_file.h"
 #include "staged_output.h"
@@ -36,6 +36,9 @@ constexpr const char* kUsage = R"(usage: tokenize [options] FILE...        encod
 Encodes text with GPT-2's byte-level BPE, giving the same ids as tiktoken's "gpt2"
 encoding, into llm.c token shards: a 1024-byte header (20240520, 1, token count) then
 uint16 tokens. Every document is preceded by the end-of-text token 50256.
+With --encoding llama3: Llama 3's BPE (the ids of Meta's tokenizer), into llm.c's Llama 3
+shards: header (20240801, 7, token count) then uint32 tokens; every document is preceded
+by <|begin_of_text|> 128000.
 
 Input (FILE "-" is standard input):
   --format text|jsonl    text: each FILE is one document (default)
@@ -43,7 +46,8 @@ Input (FILE "-" is standard input):
                          --jsonl-key is one document (blank lines are skipped)
   --jsonl-key KEY        key of the document text in jsonl lines (default: text)
   Any bytes are accepted: invalid UTF-8 is encoded byte by byte and decodes back to the
-  same bytes. The text "<|endoftext|>" inside a document is ordinary text.
+  same bytes. Special tokens' text ("<|endoftext|>", ...) inside a document is ordinary text.
+  --encoding gpt2|llama3 the vocabulary (default: gpt2)
 
 Output:
   --out-dir DIR          directory for the shards, created if missing (default: .)
@@ -56,28 +60,28 @@ Output:
   input that is one of the files a run writes or removes is refused before anything is read.
   --val-tokens N         the first N tokens go to the validation shard(s) (default: 0)
   --shard-tokens N       tokens per shard, at most 2147483647 (default: 100000000)
-  Also writes DIR/gpt2_tokenizer.bin (llm.c tokenizer file, for decoding samples).
-  --print-ids            write no files: print each document's ids (without 50256) as one
-                         line of space-separated numbers on standard output
+  Also writes DIR/gpt2_tokenizer.bin (llama3: DIR/llama3_tokenizer.bin), llm.c's tokenizer
+  file, for decoding samples.
+  --print-ids            write no files: print each document's ids (without 50256 or 128000)
+                         as one line of space-separated numbers on standard output
 
 Other:
   --threads N            encoding threads (default: number of CPUs)
-  --bpe-dir DIR          directory with encoder.json and vocab.bpe, checked by sha256
-                         (default: data/gpt2_bpe beside this program; scripts/install_deps.sh
-                         fetches them)
+  --bpe-dir DIR          directory with encoder.json and vocab.bpe (llama3: tokenizer.model),
+                         checked by sha256 (default: data/gpt2_bpe, llama3: data/llama3_bpe,
+                         beside this program; scripts/install_deps.sh fetches them)
   --quiet                no progress or summary on standard error
-  --decode               FILEs are shards: write the bytes of their tokens to standard
-                         output (50256 as "<|endoftext|>"), checking each shard's header
-  --tokenizer FILE       tokenizer file for --decode (default: gpt2_tokenizer.bin beside
-                         each shard)
+  --decode               FILEs are shards of either encoding (the header says which): write
+                         the bytes of their tokens to standard output (special tokens as
+                         their text, e.g. "<|endoftext|>"), checking each shard's header
+  --tokenizer FILE       tokenizer file for --decode (default: gpt2_tokenizer.bin or
+                         llama3_tokenizer.bin, by the shard's format, beside each shard)
   -h, --help             this text
 )";
 
 // Target size of one unit of work: ~2 ms of encoding, far above the cost of a thread
 // hand-off, and small enough that even a single large document keeps every thread busy.
 constexpr size_t kItemBytes = 64 << 10;
-
-constexpr char kTokenizerFileName[] = "gpt2_tokenizer.bin";
 
 struct Options {
   std::string out_dir = ".";
@@ -87,6 +91,8 @@ struct Options {
   int64_t shard_tokens = 100000000;
   int64_t val_tokens = 0;
   int threads = 0;
+  const Encoding* encoding = &kEncodings[0];
+  bool encoding_given = false;
   std::string bpe_dir;
   std::string tokenizer_file;
   bool decode = false;
@@ -109,11 +115,11 @@ int64_t parse_count(const std::string& flag, const std::string& text, int64_t mi
   return value;
 }
 
-std::string default_bpe_dir() {
+std::string default_bpe_dir(const Encoding& encoding) {
   std::error_code error;
   auto exe = std::filesystem::read_symlink("/proc/self/exe", error);
-  if (!error) return (exe.parent_path() / "data" / "gpt2_bpe").string();
-  return "data/gpt2_bpe";
+  if (!error) return (exe.parent_path() / "data" / encoding.vocab_dir).string();
+  return std::string("data/") + encoding.vocab_dir;
 }
 
 Options parse_options(int argc, char** argv) {
@@ -167,6 +173,14 @@ Options parse_options(int argc, char** argv) {
       options.val_tokens = parse_count(flag, next_value(), 0, int64_t(1) << 50);
     } else if (flag == "--threads") {
       options.threads = static_cast<int>(parse_count(flag, next_value(), 1, 1024));
+    } else if (flag == "--encoding") {
+      std::string name = next_value();
+      auto found = std::find_if(std::begin(kEncodings), std::end(kEncodings),
+                                [&](const Encoding& encoding) { return name == encoding.name; });
+      if (found == std::end(kEncodings))
+        usage_error("--encoding expects gpt2 or llama3, got \"" + name + "\"");
+      options.encoding = found;
+      options.encoding_given = true;
     } else if (flag == "--bpe-dir") {
       options.bpe_dir = next_value();
     } else if (flag == "--tokenizer") {
@@ -186,10 +200,12 @@ Options parse_options(int argc, char** argv) {
   }
   if (options.files.empty()) usage_error(options.decode ? "no SHARD given" : "no FILE given");
   if (options.decode && options.print_ids) usage_error("--decode and --print-ids exclude each other");
+  if (options.decode && options.encoding_given)
+    usage_error("--encoding does not apply to --decode (each shard's header says its encoding)");
   if (std::count(options.files.begin(), options.files.end(), "-") > 1)
     usage_error("standard input (-) given more than once");
   if (options.threads == 0) options.threads = std::max(1u, std::thread::hardware_concurrency());
-  if (options.bpe_dir.empty()) options.bpe_dir = default_bpe_dir();
+  if (options.bpe_dir.empty()) options.bpe_dir = default_bpe_dir(*options.encoding);
   return options;
 }
 
@@ -198,12 +214,16 @@ Options parse_options(int argc, char** argv) {
 int run_decode(const Options& options) {
   std::map<std::string, std::vector<std::string>> tokenizers;  // by file, loaded once each
   for (const auto& shard : options.files) {
+    auto [format, tokens] = read_shard(shard);
     std::string tokenizer_path = options.tokenizer_file;
-    if (tokenizer_path.empty())
-      tokenizer_path = (std::filesystem::path(shard).parent_path() / kTokenizerFileName).string();
+    if (tokenizer_path.empty()) {
+      auto written_by = std::find_if(std::begin(kEncodings), std::end(kEncodings), [&](const Encoding& encoding) {
+        return encoding.shards.magic == format.magic;
+      });
+      tokenizer_path = (std::filesystem::path(shard).parent_path() / written_by->tokenizer_file).string();
+    }
     auto& vocab = tokenizers[tokenizer_path];
     if (vocab.empty()) vocab = read_tokenizer_file(tokenizer_path);
-    std::vector<uint16_t> tokens = read_shard(shard);
     std::string text;
     for (size_t i = 0; i < tokens.size(); ++i) {
       if (tokens[i] >= vocab.size())
@@ -231,7 +251,7 @@ struct WorkItem {
 };
 
 struct WorkResult {
-  std::vector<uint16_t> tokens;
+  std::vector<uint32_t> tokens;
   size_t input_bytes = 0;
   uint64_t documents = 0;
   std::string error;
@@ -239,7 +259,7 @@ struct WorkResult {
 
 class Pipeline {
  public:
-  Pipeline(const Options& options, const Gpt2Bpe& bpe) : options_(options), bpe_(bpe) {}
+  Pipeline(const Options& options, const ByteBpe& bpe) : options_(options), bpe_(bpe) {}
 
   // Runs everything; `consume` is called for each result in input order on this thread and
   // may throw to stop the run.
@@ -254,7 +274,7 @@ class Pipeline {
   WorkResult process(const WorkItem& item, PieceEncoder& encoder) const;
 
   const Options& options_;
-  const Gpt2Bpe& bpe_;
+  const ByteBpe& bpe_;
   std::mutex mutex_;
   std::condition_variable changed_;
   std::deque<std::pair<uint64_t, WorkItem>> pending_;
@@ -320,22 +340,6 @@ void Pipeline::read_all() {
   changed_.notify_all();
 }
 
-bool is_ascii_space(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
-bool is_ascii_graphic(char c) { return c > ' ' && c < 0x7F; }
-
-// A cut between an ASCII graphic character and ASCII whitespace is a piece boundary of the
-// GPT-2 regex in any context: no alternative matches non-space followed by space; the pattern
-// has no lookbehind, so the piece starting at the cut ignores what precedes it; and its one
-// lookahead, (?!\S), follows whitespace, so the piece ending at the cut (non-space) ends there
-// whatever follows. The cut also cannot fall inside a UTF-8 sequence. So the text on either
-// side encodes exactly as in the whole document.
-// Returns the last such cut at or after `from` (0 if none).
-size_t last_safe_cut(const std::string& text, size_t from) {
-  for (size_t i = text.size(); i-- > std::max<size_t>(from, 1);)
-    if (is_ascii_space(text[i]) && is_ascii_graphic(text[i - 1])) return i;
-  return 0;
-}
-
 // Last cut after a newline at or after `from` (0 if none): jsonl items hold whole lines.
 size_t last_line_cut(const std::string& text, size_t from) {
   size_t newline = text.rfind('\n');
@@ -370,7 +374,7 @@ void Pipeline::read_file(size_t index) {
     if (!at_end && buffer.size() < kItemBytes) continue;
     size_t cut = at_end ? buffer.size()
                  : options_.jsonl ? last_line_cut(buffer, unsearched)
-                                  : last_safe_cut(buffer, unsearched);
+                                  : bpe_.last_safe_cut(buffer, unsearched);
     // A text file always yields at least one item, so an empty file is an empty document.
     bool empty_document = at_end && first_item && !options_.jsonl;
     if (cut == 0 && !empty_document) {  // no cut in this stretch: read on
@@ -424,7 +428,7 @@ WorkResult Pipeline::process(const WorkItem& item, PieceEncoder& encoder) const 
   result.tokens.reserve(item.data.size() / 3);
   if (!options_.jsonl) {
     if (item.starts_document) {
-      result.tokens.push_back(kEndOfText);
+      result.tokens.push_back(options_.encoding->document_start);
       result.documents = 1;
     }
     encoder.encode(item.data, result.tokens);
@@ -451,7 +455,7 @@ WorkResult Pipeline::process(const WorkItem& item, PieceEncoder& encoder) const 
       result.error = where() + "expected a JSON object with a string under \"" + options_.jsonl_key + "\"";
       return result;
     }
-    result.tokens.push_back(kEndOfText);
+    result.tokens.push_back(options_.encoding->document_start);
     ++result.documents;
     encoder.encode(text->get_ref<const std::string&>(), result.tokens);
   }
@@ -522,12 +526,12 @@ bool is_shard_suffix(const std::string& suffix) {  // "val_000000.bin" or "train
 }
 
 // Whether FILE (a name in --out-dir) is one an encoding run may write, replace or remove: a shard
-// of this --name, the tokenizer file, or the temporary name either is written under.
+// of this --name, this --encoding's tokenizer file, or the temporary name either is written under.
 bool is_output_name(const Options& options, std::string file) {
   const std::string temp = ".tmp";
   if (file.size() > temp.size() && file.compare(file.size() - temp.size(), temp.size(), temp) == 0)
     file.resize(file.size() - temp.size());
-  return file == kTokenizerFileName ||
+  return file == options.encoding->tokenizer_file ||
          (file.rfind(options.name + "_", 0) == 0 && is_shard_suffix(file.substr(options.name.size() + 1)));
 }
 
@@ -539,27 +543,28 @@ void check_inputs_are_not_outputs(const Options& options) {
   for (const auto& entry : std::filesystem::directory_iterator(options.out_dir, error)) {
     const std::string file = entry.path().filename().string();
     if (!is_output_name(options, file)) continue;
+    const std::string what_run_does =
+        file == options.encoding->tokenizer_file
+            ? "writes"
+            : "writes or removes (--out-dir " + options.out_dir + ", --name " + options.name + ")";
     for (const auto& input : options.files) {
       const std::string spelled = input == "-" ? "/dev/stdin" : input;
       if (same_file(spelled, entry.path().string()))
         throw std::runtime_error((input == "-" ? std::string("standard input") : input) + " is " +
-                                 entry.path().string() + ", which this run " +
-                                 (file == kTokenizerFileName ? "writes" : "writes or removes (--out-dir " +
-                                                                              options.out_dir + ", --name " +
-                                                                              options.name + ")") +
+                                 entry.path().string() + ", which this run " + what_run_does +
                                  ": copy it elsewhere, or choose another --out-dir or --name");
     }
   }
 }
 
-int run_print_ids(const Options& options, const Gpt2Bpe& bpe) {
+int run_print_ids(const Options& options, const ByteBpe& bpe) {
   Pipeline pipeline(options, bpe);
   bool in_document = false, document_empty = true;  // a document's ids may span results
   std::string text;
   pipeline.run([&](const WorkResult& result) {
     text.clear();
-    for (uint16_t token : result.tokens) {
-      if (token == kEndOfText) {
+    for (uint32_t token : result.tokens) {
+      if (token == options.encoding->document_start) {
         if (in_document) text += '\n';
         in_document = true;
         document_empty = true;
@@ -592,12 +597,14 @@ int remove_stale_shards(const Options& options, const std::vector<std::string>& 
   return removed;
 }
 
-int run_encode(const Options& options, const Gpt2Bpe& bpe) {
+int run_encode(const Options& options, const ByteBpe& bpe) {
   std::error_code error;
   std::filesystem::create_directories(options.out_dir, error);
   if (error) throw std::runtime_error("cannot create " + options.out_dir + ": " + error.message());
+  const Encoding& encoding = *options.encoding;
   StagedOutput output;  // before the pipeline's threads: they inherit its blocked signals
-  ShardWriter writer(output, options.out_dir, options.name, options.val_tokens, options.shard_tokens);
+  ShardWriter writer(output, options.out_dir, options.name, encoding.shards, options.val_tokens,
+                     options.shard_tokens);
   Progress progress(options.quiet);
   Pipeline pipeline(options, bpe);
   pipeline.run([&](const WorkResult& result) {
@@ -605,7 +612,8 @@ int run_encode(const Options& options, const Gpt2Bpe& bpe) {
     progress.add(result);
   });
   const std::vector<std::string> written = writer.finish();
-  write_tokenizer_file(output.create(options.out_dir + "/" + kTokenizerFileName), bpe.token_bytes(), kEndOfText);
+  write_tokenizer_file(output.create(options.out_dir + "/" + encoding.tokenizer_file), bpe.token_bytes(),
+                       static_cast<int>(encoding.end_of_text));
   output.publish();
   int removed = remove_stale_shards(options, written);
   std::string prefix = options.out_dir + "/" + options.name;
@@ -629,8 +637,8 @@ int main(int argc, char** argv) {
     if (options.decode) return run_decode(options);
     check_inputs(options);
     if (!options.print_ids) check_inputs_are_not_outputs(options);
-    Gpt2Bpe bpe(options.bpe_dir);
-    return options.print_ids ? run_print_ids(options, bpe) : run_encode(options, bpe);
+    std::unique_ptr<ByteBpe> bpe = options.encoding->load(options.bpe_dir);
+    return options.print_ids ? run_print_ids(options, *bpe) : run_encode(options, *bpe);
   } catch (const std::exception& error) {
     std::fflush(stdout);
     std::fprintf(stderr, "tokenize: %s\n", error.what());

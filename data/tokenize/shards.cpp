@@ -34,9 +34,9 @@ std::string read_file_bytes(const std::string& path) {
 
 }  // namespace
 
-ShardWriter::ShardWriter(StagedOutput& output, std::string dir, std::string prefix, int64_t val_tokens,
-                         int64_t shard_tokens)
-    : output_(output), dir_(std::move(dir)), prefix_(std::move(prefix)), val_limit_(val_tokens),
+ShardWriter::ShardWriter(StagedOutput& output, std::string dir, std::string prefix, ShardFormat format,
+                         int64_t val_tokens, int64_t shard_tokens)
+    : output_(output), dir_(std::move(dir)), prefix_(std::move(prefix)), format_(format), val_limit_(val_tokens),
       shard_limit_(shard_tokens) {}
 
 void ShardWriter::open_next() {
@@ -47,7 +47,7 @@ void ShardWriter::open_next() {
   file_ = &output_.create(dir_ + "/" + prefix_ + name);
   written_.push_back(file_->path());
   in_file_ = 0;
-  write_header(*file_, kShardMagic, kShardVersion, 0, 0);  // count patched on close
+  write_header(*file_, format_.magic, format_.version, 0, 0);  // count patched on close
 }
 
 void ShardWriter::close_current() {
@@ -59,13 +59,19 @@ void ShardWriter::close_current() {
   else ++train_shards_;
 }
 
-void ShardWriter::write(const uint16_t* tokens, size_t count) {
+void ShardWriter::write(const uint32_t* tokens, size_t count) {
+  std::vector<uint16_t> narrow;  // GPT-2's shards hold uint16
   while (count > 0) {
     if (file_ == nullptr) open_next();
     int64_t capacity = in_val_ ? std::min(shard_limit_, val_limit_ - val_written_ + in_file_)
                                : shard_limit_;
     auto take = static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(count), capacity - in_file_));
-    file_->write(tokens, take * sizeof(uint16_t));
+    if (format_.token_size == sizeof(uint16_t)) {
+      narrow.assign(tokens, tokens + take);
+      file_->write(narrow.data(), take * sizeof(uint16_t));
+    } else {
+      file_->write(tokens, take * sizeof(uint32_t));
+    }
     in_file_ += static_cast<int64_t>(take);
     (in_val_ ? val_written_ : train_written_) += static_cast<int64_t>(take);
     tokens += take;
@@ -79,25 +85,39 @@ std::vector<std::string> ShardWriter::finish() {
   return written_;
 }
 
-std::vector<uint16_t> read_shard(const std::string& path) {
+Shard read_shard(const std::string& path) {
   std::string content = read_file_bytes(path);
   int32_t header[kHeaderInts] = {};
   if (content.size() < sizeof header)
     throw std::runtime_error(path + ": " + std::to_string(content.size()) +
                              " bytes, shorter than the 1024-byte shard header");
   std::memcpy(header, content.data(), sizeof header);
-  if (header[0] != kShardMagic || header[1] != kShardVersion)
+  Shard shard{};
+  if (header[0] == kGpt2Shards.magic && header[1] == kGpt2Shards.version)
+    shard.format = kGpt2Shards;
+  else if (header[0] == kLlama3Shards.magic && header[1] == kLlama3Shards.version)
+    shard.format = kLlama3Shards;
+  else
     throw std::runtime_error(path + ": header starts " + std::to_string(header[0]) + " " +
-                             std::to_string(header[1]) + ", expected a token shard (20240520 1)");
+                             std::to_string(header[1]) +
+                             ", expected a token shard (20240520 1: GPT-2, or 20240801 7: Llama 3)");
   if (header[2] < 0) throw std::runtime_error(path + ": negative token count " + std::to_string(header[2]));
-  size_t expected = sizeof header + 2 * size_t(header[2]);
+  size_t token_size = shard.format.token_size;
+  size_t expected = sizeof header + token_size * size_t(header[2]);
   if (content.size() != expected)
     throw std::runtime_error(path + ": header says " + std::to_string(header[2]) + " tokens, so " +
                              std::to_string(expected) + " bytes, but the file has " +
                              std::to_string(content.size()));
-  std::vector<uint16_t> tokens(static_cast<size_t>(header[2]));
-  std::memcpy(tokens.data(), content.data() + sizeof header, 2 * tokens.size());
-  return tokens;
+  shard.tokens.resize(static_cast<size_t>(header[2]));
+  const char* body = content.data() + sizeof header;
+  if (token_size == sizeof(uint32_t)) {
+    std::memcpy(shard.tokens.data(), body, sizeof(uint32_t) * shard.tokens.size());
+  } else {
+    std::vector<uint16_t> narrow(shard.tokens.size());
+    std::memcpy(narrow.data(), body, sizeof(uint16_t) * narrow.size());
+    shard.tokens.assign(narrow.begin(), narrow.end());
+  }
+  return shard;
 }
 
 void write_tokenizer_file(AtomicFileWriter& file, const std::vector<std::string>& token_bytes, int end_of_text) {

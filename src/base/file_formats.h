@@ -8,8 +8,10 @@
 constexpr size_t kHeaderInts = 256;
 constexpr size_t kHeaderBytes = kHeaderInts * sizeof(int32_t);
 
-constexpr int32_t kShardMagic = 20240520;      // token shard
+constexpr int32_t kShardMagic = 20240520;      // token shard (GPT-2: uint16 tokens)
 constexpr int32_t kShardVersion = 1;
+constexpr int32_t kLlamaShardMagic = 20240801;  // token shard (Llama 3: uint32 tokens)
+constexpr int32_t kLlamaShardVersion = 7;
 constexpr int32_t kModelMagic = 20240326;      // model file
 constexpr int32_t kModelVersionFp32 = 3;
 constexpr int32_t kModelVersionBf16 = 5;

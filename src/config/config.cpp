@@ -97,6 +97,9 @@ const std::vector<Flag>& flag_table() {
        "the longest a rank waits for the others: a start-up wait fails naming the missing ranks, a collective "
        "not finished by then aborts the run naming it and the step",
        &TrainConfig::comm_timeout, {0, HUGE_VAL, true, false}},
+      {"save", "0|1", "write checkpoints and the final DIR/model.bin (0: a measurement that writes only metrics.jsonl "
+       "and --profile's profile.json; a stop signal then ends the run with nothing to resume)", &TrainConfig::save, {},
+       {}, "1"},
       {"checkpoint-every", "N",
        "write a checkpoint (DIR/checkpoint_<step>) after every N-th step; one is always written at the end (0 = only then)",
        &TrainConfig::checkpoint_every, {0, (double)LLONG_MAX}},

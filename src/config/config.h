@@ -71,6 +71,7 @@ struct TrainConfig {
   double comm_timeout = 600.0;  // every wait for the other ranks (start-up, each collective)
   // checkpoints and bad-step guards (src/ckpt/checkpoint.h, src/model/step_guards.h)
   long long checkpoint_every = 0;  // 0: only the final checkpoint (last step or signal)
+  bool save = true;                // checkpoints and the final model.bin; false: a measurement run
   long long keep_checkpoints = 3;  // 0: keep all
   long long keep_every = 0;        // 0: none kept for good
   std::string resume;              // "", "auto" or a checkpoint directory

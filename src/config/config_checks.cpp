@@ -32,6 +32,12 @@ int validate_config(TrainConfig& cfg, int world_size) {
                                   "--out-dir, with --init-from a checkpoint's model.bin");
     cfg.max_steps = cfg.profile;
   }
+  if (!cfg.save) {
+    for (const char* flag : {"checkpoint-every", "keep-checkpoints", "keep-every", "save-dtype"})
+      if (cfg.was_set(flag))
+        throw std::invalid_argument(std::string("--") + flag + " and --save 0 contradict each other: --save 0 writes "
+                                    "no checkpoint and no model.bin");
+  }
   if (!cfg.eval_losses.empty() && !cfg.eval)
     throw std::invalid_argument("--eval-losses is written by --eval runs only (add --eval)");
   if (world_size % cfg.tp != 0)

@@ -94,7 +94,7 @@ std::vector<float> gpt2_initial_values(const ParameterLayout& layout, int i, Nor
       const float residual_std = 0.02f / std::sqrt(2.0f * static_cast<float>(layout.num_layers));
       const float stddev = (i == kAttprojw || i == kFcprojw) ? residual_std : 0.02f;
       const size_t drawn = i == kWte ? static_cast<size_t>(layout.vocab_size) * layout.channels : values.size();
-      for (size_t k = 0; k < drawn; ++k) values[k] = static_cast<float>(normal.next()) * stddev;
+      normal.fill(values.data(), drawn, stddev);
     }
   }
   return values;

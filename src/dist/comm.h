@@ -39,6 +39,15 @@
 // rendezvous files stay the launch's). Destroy split communicators before the one they were split
 // from (a parent destroyed first ends the process with a message): the launch's communicator
 // finalizes MPI.
+// One order for all communicators of the process: NCCL gives the kernels of two communicators
+// that run at once on one GPU no forward-progress guarantee (they may deadlock: NCCL user guide,
+// "Using multiple NCCL communicators concurrently"), so a collective issued on one communicator's
+// stream after another communicator's runs after the work queued so far on that one's stream
+// (an event): the process's collectives run in the order the host issued them, the same on every
+// rank, as with NCCL_LAUNCH_ORDER_IMPLICIT (e.g. the data-parallel sum of a gradient bucket and
+// the tensor-parallel collectives of the next layer's backward; the world's sums and ZeRO-1's
+// parameter gather). Computation still overlaps communication; two communicators' transfers do
+// not overlap each other. The CPU build's stream checker fails any pair left unordered.
 // Collectives run on stream() (a stream of their own); wait_for(s) orders the communication
 // after the work already queued on s, and order_before(s) orders the work queued next on s after
 // the communication issued so far. set_purpose(what, when) names what the collectives issued next
@@ -97,9 +106,12 @@ struct FailedOnAnotherRank : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Collectives issued through a Communicator, by kind (tests check how gradients travel).
+// Collectives issued through a Communicator, by kind (tests check how gradients travel; the trainer
+// reports them per step), and the bytes of the whole buffers they covered: an all-reduce's or a
+// broadcast's n elements, a reduce-scatter's send and an all-gather's recv (every rank's part).
 struct CollectiveCounts {
   long long all_reduce = 0, reduce_scatter = 0, all_gather = 0, broadcast = 0;
+  long long all_reduce_bytes = 0, reduce_scatter_bytes = 0, all_gather_bytes = 0, broadcast_bytes = 0;
 };
 
 class Communicator {
@@ -137,7 +149,7 @@ class Communicator {
   // collectives.
   Communicator(Communicator& parent, int color, int key, std::string name)
       : options_(parent.options_), launch_(parent.launch_), watchdog_(options_.timeout_seconds),
-        name_(std::move(name)), parent_(&parent) {
+        name_(std::move(name)), parent_(&parent), order_(parent.order_) {
     if (color < 0)
       throw CommArgumentError("split of the " + name_ + " communicator: color " + std::to_string(color) +
                               " is negative (colors are 0 or above)");
@@ -164,6 +176,7 @@ class Communicator {
   // torn down collectively, which could block.
   ~Communicator() {
     if (parent_ != nullptr) --parent_->children_;
+    if (order_->latest == this) order_->latest = nullptr;
     if (std::uncaught_exceptions() > 0) return;
     if (children_ > 0) {
       std::fprintf(stderr, "%s: the %s communicator was destroyed before the %d communicator(s) split from it\n",
@@ -204,6 +217,8 @@ class Communicator {
   cudaStream_t stream() const { return stream_; }
   // Since construction or the last reset (counts = {}).
   CollectiveCounts& counts() { return counts_; }
+  // The host's waits for this communicator's non-blocking calls (comm_watchdog.h); reset the same way.
+  SettleCounts& settle_counts() { return watchdog_.settle_counts(); }
 
   // Communication issued from now on runs after the work already queued on `producer`.
   void wait_for(cudaStream_t producer) {
@@ -235,6 +250,7 @@ class Communicator {
     require_buffer("all-reduce", data, n);
     require_op("all-reduce", op);
     ++counts_.all_reduce;
+    counts_.all_reduce_bytes += static_cast<long long>(n * sizeof(T));
     collective("all-reduce", "ncclAllReduce",
                [&] { return ncclAllReduce(data, data, n, comm_detail::nccl_type<T>(), op, comm_, stream_); });
   }
@@ -244,6 +260,7 @@ class Communicator {
                    "recv == send + rank·recvcount");
     require_op("reduce-scatter", op);
     ++counts_.reduce_scatter;
+    counts_.reduce_scatter_bytes += static_cast<long long>(recvcount * world_size() * sizeof(T));
     collective("reduce-scatter", "ncclReduceScatter", [&] {
       return ncclReduceScatter(send, recv, recvcount, comm_detail::nccl_type<T>(), op, comm_, stream_);
     });
@@ -253,6 +270,7 @@ class Communicator {
     require_layout("all-gather", send, sendcount, recv, sendcount * world_size(), send == recv + rank() * sendcount,
                    "send == recv + rank·sendcount");
     ++counts_.all_gather;
+    counts_.all_gather_bytes += static_cast<long long>(sendcount * world_size() * sizeof(T));
     collective("all-gather", "ncclAllGather",
                [&] { return ncclAllGather(send, recv, sendcount, comm_detail::nccl_type<T>(), comm_, stream_); });
   }
@@ -263,6 +281,7 @@ class Communicator {
       throw CommArgumentError(call("broadcast") + ": root " + std::to_string(root) + " is not a rank of " +
                               std::to_string(world_size()));
     ++counts_.broadcast;
+    counts_.broadcast_bytes += static_cast<long long>(n * sizeof(T));
     collective("broadcast", "ncclBroadcast",
                [&] { return ncclBroadcast(data, data, n, comm_detail::nccl_type<T>(), root, comm_, stream_); });
   }
@@ -358,8 +377,15 @@ class Communicator {
     return id;
   }
 
-  // Issues one collective, watched by the watchdog from now until its event completes.
+  // Issues one collective, watched by the watchdog from now until its event completes; after the
+  // process's previous collective where another communicator issued it (the file comment).
   template <typename Call> void collective(const std::string& kind, const char* nccl_name, Call&& call) {
+    Communicator* previous = order_->latest;
+    if (previous != nullptr && previous != this) {
+      cuda_check(cudaEventRecord(previous->event_, previous->stream_), "recording a communication event");
+      cuda_check(cudaStreamWaitEvent(stream_, previous->event_, 0), "ordering communicators");
+    }
+    order_->latest = this;
     watchdog_.begin(kind + " of " + purpose_what_ + " " + purpose_when_);
     const ncclResult_t status = watchdog_.run(call);
     if (status != ncclSuccess) {
@@ -377,12 +403,20 @@ class Communicator {
                              ncclGetErrorString(status) + " (" + ncclGetLastError(comm_) + ")");
   }
 
+  // The communicator whose stream got the process's latest collective (nullptr: none yet, or it
+  // was destroyed); one for the launch's communicator and those split from it.
+  struct IssueOrder {
+    Communicator* latest = nullptr;
+  };
+
   CommOptions options_;
   LaunchInfo launch_;
   CommWatchdog watchdog_;
   std::string name_;                // a split communicator's ("tensor-parallel"); "" for the launch's
   Communicator* parent_ = nullptr;  // what a split communicator was split from
   int children_ = 0;                // communicators split from this one and not yet destroyed
+  IssueOrder own_order_;            // the launch's communicator's
+  IssueOrder* order_ = &own_order_;  // shared by a split communicator with its parent
   int rank_ = 0, world_size_ = 1;   // within this communicator
   bool owns_mpi_ = false;
   ncclComm_t comm_ = nullptr;

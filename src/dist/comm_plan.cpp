@@ -12,7 +12,7 @@ namespace {
 // or all-gather, 2: all-reduce).
 void add_call(CollectiveTraffic& t, size_t elements, int ranks, size_t elem_bytes, int passes) {
   ++t.calls;
-  t.bytes_sent += passes * static_cast<double>(elements * elem_bytes) * (ranks - 1) / ranks;
+  t.bytes_sent += ring_bytes_sent(static_cast<double>(elements * elem_bytes), ranks, passes);
 }
 
 }  // namespace

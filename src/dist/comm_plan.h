@@ -1,7 +1,8 @@
 // comm_plan.h — what one rank's gradient and parameter collectives move in an optimizer step at
 // each ZeRO stage, from the gradient buckets alone, and what its tensor-parallel group's
 // activation collectives move: --plan's communication lines, and the counts the communicators'
-// own tallies are checked against (test/mpi/mpi_grad_sync.cu, test/mpi/mpi_tensor_parallel.cu).
+// own tallies are checked against (test/mpi/mpi_grad_sync.cu, test/mpi/mpi_tensor_parallel.cu;
+// a run's, src/run/step_traffic.h, in test/checks/tensor_parallel.sh).
 #pragma once
 #include "src/config/gpt2_config.h"
 #include "src/dist/grad_buckets.h"
@@ -19,6 +20,12 @@ struct CollectiveTraffic {
 struct StepTraffic {
   CollectiveTraffic all_reduce, reduce_scatter, all_gather;
 };
+
+// Bytes each of `ranks` ranks sends in one ring collective over a buffer of `buffer_bytes` (every
+// rank's part): `passes` 1 for a reduce-scatter or an all-gather, 2 for an all-reduce.
+inline double ring_bytes_sent(double buffer_bytes, int ranks, int passes) {
+  return passes * buffer_bytes * (ranks - 1) / ranks;
+}
 
 // One training step of `micro_steps` micro-steps over `world_size` ranks at ZeRO `stage` (the
 // effective one: 0 on one rank) over `buckets` (as gradient_buckets() makes them for the run),

@@ -3,10 +3,15 @@
 // NCCL call on the communicator takes, and a host thread that ends the process when communication
 // stalls or fails.
 //
-// The communicator is non-blocking (comm.h): an NCCL call may return ncclInProgress, and then
-// ncclCommGetAsyncError is polled (short sleeps, no core spinning) until it reports the call's
-// end. Every collective is registered before it is issued, and an event
-// is recorded after it on the communication stream. Every 100 ms the watchdog thread asks
+// The communicator is non-blocking (comm.h): an NCCL call may return ncclInProgress (NCCL's own
+// thread is still enqueueing it), and then ncclCommGetAsyncError is polled until it reports the
+// call's end: at once and, yielding the core between polls, for up to kSpin, where NCCL usually
+// finishes; only a call still in progress after that (a set-up, a late peer on the CPU build's
+// stand-in) is polled with sleeps that grow to a millisecond. A collective thus costs the host
+// its polls and no sleep: with hundreds of tensor-parallel collectives per micro-step, a sleep
+// of 20 us to 1 ms each would cost tens of milliseconds of host time per step (settle_counts()
+// counts the host time and the sleeps). Every collective is registered before it is issued, and
+// an event is recorded after it on the communication stream. Every 100 ms the watchdog thread asks
 // ncclCommGetAsyncError and the oldest unfinished collective's event. When NCCL reports an error,
 // or a collective (or the communicator's set-up) has not finished --comm-timeout seconds after it
 // was issued, the thread prints one line that names the communicator as start() was told, e.g.
@@ -35,9 +40,18 @@
 #include <utility>
 #include <vector>
 
+// The host's waits for non-blocking NCCL calls to leave ncclInProgress (CommWatchdog::settle).
+struct SettleCounts {
+  long long in_progress = 0;  // calls that returned ncclInProgress
+  long long sleeps = 0;       // sleeps while polling them
+  double seconds = 0.0;       // host time from their return to their end
+};
+
 class CommWatchdog {
  public:
   static constexpr int kExitStatus = 1;
+  // How long a call in progress is polled without sleeping.
+  static constexpr auto kSpin = std::chrono::microseconds(500);
 
   explicit CommWatchdog(double timeout_seconds) : timeout_seconds_(timeout_seconds) {}
   CommWatchdog(const CommWatchdog&) = delete;
@@ -110,21 +124,35 @@ class CommWatchdog {
     }
     return settle(status);
   }
-  // While a call's status is ncclInProgress, polls ncclCommGetAsyncError with sleeps that grow to
-  // a millisecond; returns the final status. Once the watchdog has fired it never returns: the
-  // process is ending.
+  // While a call's status is ncclInProgress, polls ncclCommGetAsyncError: at once, then yielding
+  // the core between polls for kSpin, then with sleeps that grow to a millisecond; returns the
+  // final status. Once the watchdog has fired it never returns: the process is ending.
   ncclResult_t settle(ncclResult_t status) {
+    if (status != ncclInProgress) return status;
+    const Clock::time_point since = Clock::now();
+    ++settle_counts_.in_progress;
     auto pause = std::chrono::microseconds(20);
-    while (status == ncclInProgress) {
+    for (;;) {
+      wait_if_fired();
+      {
+        std::lock_guard<std::timed_mutex> lock(nccl_mutex_);
+        const ncclResult_t polled = ncclCommGetAsyncError(comm_, &status);
+        if (polled != ncclSuccess) status = polled;
+      }
+      if (status != ncclInProgress) break;
+      if (Clock::now() - since < kSpin) {
+        std::this_thread::yield();
+        continue;
+      }
+      ++settle_counts_.sleeps;
       std::this_thread::sleep_for(pause);
       pause = std::min(pause * 2, std::chrono::microseconds(1000));
-      wait_if_fired();
-      std::lock_guard<std::timed_mutex> lock(nccl_mutex_);
-      const ncclResult_t polled = ncclCommGetAsyncError(comm_, &status);
-      if (polled != ncclSuccess) status = polled;
     }
+    settle_counts_.seconds += rendezvous::seconds_since(since);
     return status;
   }
+  // Since construction or the last reset (= {}); the calling thread's (the one issuing NCCL calls).
+  SettleCounts& settle_counts() { return settle_counts_; }
 
   // After the watchdog fired, an NCCL call may fail because the communicator was aborted under
   // it: the caller waits here for the exit instead of reporting that as an error of its own.
@@ -204,5 +232,6 @@ class CommWatchdog {
   std::deque<InFlight> in_flight_;
   std::vector<cudaEvent_t> spare_events_;
   std::atomic<bool> fired_{false};
+  SettleCounts settle_counts_;
   std::thread thread_;
 };

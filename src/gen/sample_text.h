@@ -31,7 +31,7 @@ class TextSampler {
     if (cfg.prompt.empty()) {
       prompt_ = {kEndOfText};
     } else {
-      std::vector<uint16_t> ids;
+      std::vector<uint32_t> ids;
       PieceEncoder(*bpe_).encode(cfg.prompt, ids);
       prompt_.assign(ids.begin(), ids.end());
     }

@@ -32,14 +32,15 @@ inline AttentionKernel choose_attention(const std::string& requested, DType dtyp
   return AttentionKernel::flash;
 }
 
-// out (B, T, C) and lse (B, NH, T) from qkv (B, T, 3C).
+// out (B, T, C) and lse (B, NH, T) from qkv (B, T, 3C). The model is multi-head (NKV = NH): the
+// kernels' grouped-query layout is wired in with the Llama configuration.
 template <typename Elem>
 void model_attention_forward(AttentionKernel kernel, Elem* out, float* lse, const Elem* qkv, int B, int seq_len, int C,
                              int NH, cudaStream_t stream) {
   if constexpr (std::is_same<Elem, bf16>::value) {
-    if (kernel == AttentionKernel::flash) return flash_attention_forward(out, lse, qkv, B, seq_len, C, NH, stream);
+    if (kernel == AttentionKernel::flash) return flash_attention_forward(out, lse, qkv, B, seq_len, C, NH, NH, stream);
   }
-  attention_forward(out, lse, qkv, B, seq_len, C, NH, stream);
+  attention_forward(out, lse, qkv, B, seq_len, C, NH, NH, stream);
 }
 
 // dqkv (B, T, 3C) from dout (B, T, C); scratch: (attention|flash_attention)_backward_scratch_bytes,
@@ -50,7 +51,7 @@ void model_attention_backward(AttentionKernel kernel, Elem* dqkv, float* scratch
                               cudaStream_t stream) {
   if constexpr (std::is_same<Elem, bf16>::value) {
     if (kernel == AttentionKernel::flash)
-      return flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, B, seq_len, C, NH, stream);
+      return flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, B, seq_len, C, NH, NH, stream);
   }
-  attention_backward(dqkv, scratch, dout, qkv, out, lse, B, seq_len, C, NH, stream);
+  attention_backward(dqkv, scratch, dout, qkv, out, lse, B, seq_len, C, NH, NH, stream);
 }

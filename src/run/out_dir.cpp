@@ -27,6 +27,10 @@ OpenOutDir open_out_dir(const TrainConfig& cfg, long long step, const OutDirPlan
   with_context("--out-dir", [&] {
     out.lock = std::make_unique<OutDirLock>(cfg.out_dir);
     for (const std::string& line : carry_out(cfg.out_dir, plan)) std::printf("%s\n", line.c_str());
+    if (!cfg.save) {
+      std::printf("disk: --save 0: only %s is written\n", kMetricsFileName);
+      return;
+    }
     std::vector<long long> existing;
     for (const CheckpointDir& d : list_checkpoint_dirs(cfg.out_dir))
       if (d.step <= step) existing.push_back(d.step);

@@ -71,14 +71,20 @@ inline std::string fitting_batch_sizes(const TrainConfig& cfg, const GPT2Config&
   return out;
 }
 
-// " all-reduce 1.2 GiB in 13 call(s), reduce-scatter ..., all-gather ...".
-inline std::string format_traffic(const StepTraffic& t) {
+// " all-reduce 1.2 GiB in 13 call(s), reduce-scatter ..., all-gather ..." per step of `t`, the
+// traffic of `steps` steps (a mean number of calls that is not whole shows two decimals).
+inline std::string format_traffic(const StepTraffic& t, long long steps = 1) {
   std::string out;
   const std::pair<const char*, const CollectiveTraffic*> kinds[] = {
       {"all-reduce", &t.all_reduce}, {"reduce-scatter", &t.reduce_scatter}, {"all-gather", &t.all_gather}};
-  for (const auto& [name, c] : kinds)
-    out += std::string(" ") + name + " " + format_bytes(static_cast<size_t>(c->bytes_sent)) + " in " +
-           std::to_string(c->calls) + " call(s)" + (c == &t.all_gather ? "" : ",");
+  for (const auto& [name, c] : kinds) {
+    char calls[32];
+    if (c->calls % steps == 0) std::snprintf(calls, sizeof calls, "%lld", c->calls / steps);
+    else std::snprintf(calls, sizeof calls, "%.2f", static_cast<double>(c->calls) / static_cast<double>(steps));
+    const size_t bytes = static_cast<size_t>(c->bytes_sent / static_cast<double>(steps));
+    out += std::string(" ") + name + " " + format_bytes(bytes) + " in " + calls + " call(s)" +
+           (c == &t.all_gather ? "" : ",");
+  }
   return out;
 }
 

@@ -19,6 +19,7 @@
 #include "src/run/profile_report.h"
 #include "src/run/run_setup.h"
 #include "src/run/startup_report.h"
+#include "src/run/step_traffic.h"
 #include "src/run/stop_signals.h"
 #include "src/run/test_hooks.h"
 #include "src/run/throughput.h"
@@ -127,7 +128,7 @@ class Trainer {
       if (profiled) DeviceProfiler::get().start();
       StepRecord record;
       try {
-        record = train_step(step);
+        record = traffic_.measure([&] { return train_step(step); });
       } catch (const ShardDataError& e) {
         stop_on_bad_shard("--train-data", e);
       }
@@ -148,13 +149,15 @@ class Trainer {
       if (data_.eval && (step % cfg_.eval_every == 0 || step == cfg_.max_steps)) evaluate_choices(step);
       if (samples() && step % cfg_.sample_every == 0) log_sample(step);
       const int stop_signal = agreed_stop_signal();
-      if (stop_signal != 0 || step == cfg_.max_steps || (cfg_.checkpoint_every > 0 && step % cfg_.checkpoint_every == 0))
+      if (cfg_.save &&
+          (stop_signal != 0 || step == cfg_.max_steps || (cfg_.checkpoint_every > 0 && step % cfg_.checkpoint_every == 0)))
         save_checkpoint();
       if (stop_signal != 0) {
-        save_final_model();
+        if (cfg_.save) save_final_model();
         print_throughput();
-        std::printf("received %s: stopped after step %lld of %lld, checkpoint written; continue with --resume auto\n",
-                    signal_name(stop_signal), step, cfg_.max_steps);
+        std::printf("received %s: stopped after step %lld of %lld, %s\n", signal_name(stop_signal), step,
+                    cfg_.max_steps,
+                    cfg_.save ? "checkpoint written; continue with --resume auto" : "nothing written (--save 0)");
         comm_.barrier();
         return;
       }
@@ -289,7 +292,7 @@ class Trainer {
     // every rank takes the same skip and stop decisions; the update is queued behind it and runs
     // while the host reads the next batch.
     groups_.set_purpose("the loss, gradient norm and stop votes", at_step);
-    const auto figures = model_.step_figures(pending_stop_signal() != 0 ? 1.0 : 0.0);
+    const auto figures = traffic_.left_out([&] { return model_.step_figures(pending_stop_signal() != 0 ? 1.0 : 0.0); });
     stop_votes_ = static_cast<int>(figures.summed_with_loss);
     StepRecord record;
     record.train_loss = figures.loss;
@@ -383,7 +386,8 @@ class Trainer {
     if (lead_) out_dir_.metrics->hellaswag(step, result);
   }
 
-  // The mean throughput after the warm-up (ThroughputMeter), one line.
+  // The mean throughput after the warm-up (ThroughputMeter), one line; then what the communicators
+  // did per step (StepTrafficMeter).
   void print_throughput() const {
     if (throughput_.steps() == 0) return;
     const double tokens_per_s = throughput_.tokens_per_s();
@@ -397,6 +401,7 @@ class Trainer {
     std::printf("throughput: %.0f tokens/s, %.1f ms/step, %s (mean over %lld step(s)%s)\n", tokens_per_s,
                 throughput_.ms_per_step(), mfu_text.c_str(), throughput_.measured_steps(),
                 warmup > 0 ? (", after " + std::to_string(warmup) + " warm-up step(s)").c_str() : ", no warm-up left out");
+    std::printf("%s", traffic_.report().c_str());
   }
 
   // A shard of `flag` found bad mid-run (a token id outside the vocabulary, a failed read): the
@@ -453,8 +458,10 @@ class Trainer {
   // another still needs it.
   void finish() {
     groups_.set_purpose("the end of the run", after_step());
-    save_final_model();
-    std::printf("saved %s\n", model_path_.c_str());
+    if (cfg_.save) {
+      save_final_model();
+      std::printf("saved %s\n", model_path_.c_str());
+    }
     comm_.barrier();
   }
 
@@ -470,6 +477,7 @@ class Trainer {
   const double flops_per_token_;
   const std::optional<Peak> peak_ = device_peak(device_properties().name, cfg_.peak_tflops);  // none: unknown GPU
   ThroughputMeter throughput_;
+  StepTrafficMeter traffic_{groups_, setup_.grad_accum_steps};  // the communicators' work per step
   long long profiled_steps_ = 0;  // --profile: steps recorded, and their wall time
   double profiled_ms_ = 0;
   std::vector<int> inputs_, targets_;  // validation's batches

@@ -6,8 +6,10 @@
 # relative, bf16 to 2e-3 (the ranks' gradients are summed in another grouping). ZeRO 3 (sharded
 # parameters) on either side: 4 ranks at ZeRO 3 resume on 2 at ZeRO 1, and 2 ranks at ZeRO 1 on 4
 # at ZeRO 3, continuing the uninterrupted run of the stage they resume at; and across
-# tensor-parallel sizes (TP 2 -> 1 rank, 2 ranks -> TP 2 and TP 2 x DP 2 at ZeRO 3). A resume
-# whose global batch differs is refused in one line that names the --batch-size to use.
+# tensor-parallel sizes (TP 2 -> 1 rank, 2 ranks -> TP 2 and TP 2 x DP 2 at ZeRO 3) and from a
+# checkpoint of two TP groups (fp32 TP 2 x DP 2 at ZeRO 1 -> 1 rank and -> the same grid, against
+# that run: each rank's state file holds the TP part and DP shard of its place in the grid). A
+# resume whose global batch differs is refused in one line that names the --batch-size to use.
 # usage: checkpoint_reshard.sh cpu|gpu   (gpu: needs 4 GPUs, else skipped)
 set -u
 # shellcheck source=test/checks/lib/trainer.sh
@@ -114,6 +116,18 @@ for dtype in fp32 bf16; do
       --zero "$z" --bucket-mib 0.1
   done
 done
+
+# A checkpoint of two TP groups (ranks 0-1 and 2-3), ZeRO 1 over each DP group's two ranks.
+tpdp=$tmp/fp32-tp2dp2
+if ranks 4 --tp 2 --batch-size 2 --dtype fp32 --zero 1 --bucket-mib 0.1 --checkpoint-every 3 --out-dir "$tpdp" \
+    >"$tpdp.log" 2>&1; then
+  resume "fp32 TP 2 x DP 2 -> 1 rank" "$tpdp/checkpoint_00000003" "$tpdp" "$tmp/fp32-tp2dp2-to-1" 1e-5 1 \
+    --batch-size 4 --dtype fp32 --bucket-mib 0.1
+  resume "fp32 TP 2 x DP 2 -> TP 2 x DP 2" "$tpdp/checkpoint_00000003" "$tpdp" "$tmp/fp32-tp2dp2-to-tp2dp2" 1e-5 4 \
+    --tp 2 --batch-size 2 --dtype fp32 --zero 1 --bucket-mib 0.1
+else
+  fail "fp32 TP 2 x DP 2: the run failed"; tail -n 20 "$tpdp.log"
+fi
 
 # Another global micro-batch is refused, naming the --batch-size that keeps it.
 ckpt=$tmp/fp32-zero1/checkpoint_00000003

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Exact resume (docs/CHECKPOINTS.md): for bf16 and fp32 with shuffling on, a 12-step run equals
-#   - a run killed (SIGKILL) after its step-4 checkpoint, then --resume auto to step 12, and
+#   - a run killed (SIGKILL) after its step-4 checkpoint, then --resume auto to step 12 under
+#     another --seed (the checkpoint's seed is the run's: the bf16 rounding continues its stream), and
 #   - a run stopped by SIGTERM or Ctrl-C (SIGINT; bf16) or SIGUSR1 (fp32) mid-run (exit 0,
 #     complete checkpoint), then --resume auto:
 # every metrics.jsonl record (timing fields aside) and the final model.bin byte for byte. The bf16
@@ -73,8 +74,8 @@ for dtype in bf16 fp32; do
     rm -r "$killed/checkpoint_00000012" "$killed/checkpoint_00000008/manifest.json"
     printf '{"step": 10, "train_lo' >>"$killed/metrics.jsonl"
   fi
-  if "$bin" "${common[@]}" "${guard[@]}" --dtype "$dtype" --checkpoint-every 4 --resume auto --out-dir "$killed" \
-      >"$killed.resume.log" 2>&1; then
+  if "$bin" "${common[@]}" "${guard[@]}" --dtype "$dtype" --checkpoint-every 4 --seed 7 --resume auto \
+      --out-dir "$killed" >"$killed.resume.log" 2>&1; then
     grep -qE 'resumed from .*checkpoint_0000000[48]: [48] step' "$killed.resume.log" ||
       fail "$dtype: the killed run did not resume from step 4 or 8: $(grep -m1 resumed "$killed.resume.log")"
     same_metrics "$straight" "$killed" || fail "$dtype: killed + resumed metrics differ from the straight run"

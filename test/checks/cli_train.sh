@@ -4,7 +4,8 @@
 # per-step log lines, model.bin, truncation of a previous run's metrics, gradient
 # accumulation equal to the bigger batch, and a random-init preset run. Also: the start-up
 # warnings (and none for a sensible run or README's CPU example, which can run twice),
-# evaluation only (--max-steps 0) and an fp32 final model file from a bf16 run (--save-dtype).
+# evaluation only (--max-steps 0), an fp32 final model file from a bf16 run (--save-dtype), and a
+# measurement run (--save 0) that leaves only metrics.jsonl, at the same losses as a saving run.
 # usage: cli_train.sh cpu|gpu   (run from anywhere; uses the tiny reference that `make test` builds)
 set -u
 # shellcheck source=test/checks/lib/trainer.sh
@@ -207,6 +208,23 @@ EOF
   grep -q "^val loss $val2 " "$tmp/eval_fp32.log" || fail "the fp32 model file evaluates to $(tail -n 1 "$tmp/eval_fp32.log"), the run had $val2"
 else
   fail "--save-dtype fp32 run failed"; cat "$fp32out.log"
+fi
+
+# --save 0: the same steps, nothing but metrics.jsonl on disk.
+nosave=$tmp/nosave
+if "$bin" --init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$ref/train.bin" --batch-size 2 \
+     --seq-len 32 --max-steps 2 --val-every 0 --save 0 --out-dir "$nosave" > "$nosave.log" 2>&1 &&
+   "$bin" --init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$ref/train.bin" --batch-size 2 \
+     --seq-len 32 --max-steps 2 --val-every 0 --out-dir "$nosave-saved" > "$nosave-saved.log" 2>&1; then
+  [ "$(cd "$nosave" && find . -type f ! -name .train_gpt.lock | sort | paste -sd ' ')" = "./metrics.jsonl" ] ||
+    fail "--save 0 left $(cd "$nosave" && find . -type f | paste -sd ' ') (expected metrics.jsonl alone)"
+  grep -q '^disk: --save 0: only metrics.jsonl is written$' "$nosave.log" || fail "--save 0: no 'disk: --save 0' line"
+  "$python" -c 'import json, sys
+a, b = ([(r["train_loss"], r["grad_norm"]) for r in map(json.loads, open(p))] for p in sys.argv[1:3])
+sys.exit(0 if a == b and len(a) == 2 else 1)' "$nosave/metrics.jsonl" "$nosave-saved/metrics.jsonl" ||
+    fail "--save 0 changed the steps' losses or norms"
+else
+  fail "--save 0 run failed: $(tail -n 2 "$nosave.log")"
 fi
 
 [ "$failures" -eq 0 ] && echo "cli_train: all checks passed"

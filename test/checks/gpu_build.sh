@@ -58,6 +58,12 @@ require_vector_access test/kernels/test_layernorm.cu residual_layernorm_forward_
 require_vector_access test/kernels/test_layernorm.cu layernorm_backward_kernel
 require_vector_access test/kernels/test_adamw.cu adamw_kernel
 require_vector_access test/kernels/test_attention.cu attention_forward_kernel
+require_vector_access test/kernels/test_swiglu.cu swiglu_forward_kernel
+require_vector_access test/kernels/test_swiglu.cu swiglu_backward_kernel
+require_vector_access test/kernels/test_rmsnorm.cu rmsnorm_forward_kernel
+require_vector_access test/kernels/test_rmsnorm.cu residual_rmsnorm_forward_kernel
+require_vector_access test/kernels/test_rmsnorm.cu rmsnorm_backward_input_kernel
+require_vector_access test/kernels/test_rope.cu rope_kernel
 
 warp_ptx=$(ptx_of test/kernels/test_warp_ops.cu)
 for instruction in 'mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32' 'ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16' \

@@ -10,8 +10,9 @@
 #     (not replaced); with no checkpoint at all it starts afresh and moves the earlier attempt's
 #     metrics.jsonl aside, unchanged;
 #   - a rewind (--resume DIR/checkpoint_S with later checkpoints, here through a symlinked path)
-#     moves the later checkpoints aside into DIR/abandoned_*/, so --resume auto never continues
-#     the abandoned branch, and metrics.jsonl shows one history;
+#     moves the later checkpoints and the later model.bin (byte for byte) aside into
+#     DIR/abandoned_*/, so --resume auto never continues the abandoned branch, and metrics.jsonl
+#     shows one history;
 #   - --resume of another --out-dir's checkpoint into an --out-dir holding a run of its own refuses
 #     (--overwrite: that run's checkpoints are deleted).
 # usage: out_dir_ownership.sh cpu|gpu
@@ -118,6 +119,7 @@ run=$tmp/rewind
   { fail "the run to rewind failed"; cat "$run.log"; exit 1; }
 ln -s "$run" "$tmp/rewind_link"
 digest6=$(tree_digest "$run/checkpoint_00000006")
+cp "$run/model.bin" "$tmp/model6.bin"
 with_flags common --lr 1e-3  # new settings from step 2 on
 if "$bin" "${flags[@]}" --max-steps 3 --checkpoint-every 2 --resume "$tmp/rewind_link/checkpoint_00000002" \
     --out-dir "$run" >"$run.rewind.log" 2>&1; then
@@ -126,6 +128,8 @@ if "$bin" "${flags[@]}" --max-steps 3 --checkpoint-every 2 --resume "$tmp/rewind
   aside=("$run"/abandoned_*/checkpoint_00000006)
   { [ -d "${aside[0]}" ] && [ "$(tree_digest "${aside[0]}")" = "$digest6" ]; } ||
     fail "the abandoned checkpoint_00000006 was not moved aside whole: $(ls "$run")"
+  aside=("$run"/abandoned_*/model.bin)
+  cmp -s "${aside[0]}" "$tmp/model6.bin" || fail "the abandoned branch's model.bin is not under abandoned_*/ as it was"
   grep -q "abandoned" "$run.rewind.log" || fail "the rewind did not say where the later checkpoints went"
   [ "$(train_steps "$run")" = "1 2 3" ] || fail "after the rewind: metrics.jsonl steps $(train_steps "$run")"
 else

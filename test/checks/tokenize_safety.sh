@@ -6,7 +6,9 @@
 #     included: no shard half-written, no temporary file left; SIGTERM ends it with status 143;
 #   - an input that is one of the files the run would write, replace or remove (a shard of its
 #     --name, the higher-numbered shard it would remove as stale, the tokenizer file) is refused in
-#     one line before anything is read, however it is named (a symlink, a hard link, standard input).
+#     one line before anything is read, however it is named (a symlink, a hard link, standard input);
+#   - the same for --encoding llama3 (a failed run, its llama3_tokenizer.bin and its shards as
+#     inputs), when data/llama3_bpe/tokenizer.model is there.
 # usage: tokenize_safety.sh cpu|gpu   (gpu: skipped, the tool is host-only; TOKENIZE=PATH runs
 # another build, e.g. an older one to show a check fails on it)
 set -u
@@ -80,6 +82,26 @@ expect_refused "standard input from a shard" "^tokenize: standard input is $out/
 [ "$(tree_digest "$out")" = "$before" ] || fail "a refused run changed $out"
 # Not an output: a shard of another --name is an ordinary input.
 "$tok" --quiet --out-dir "$out" --name u "$out/t_train_000009.bin" || fail "an input named like another --name's shard was refused"
+
+# ---- --encoding llama3: its uint32 shards and llama3_tokenizer.bin are staged and protected alike
+if [ -f data/llama3_bpe/tokenizer.model ]; then
+  lout=$tmp/llama3
+  "$tok" --quiet --encoding llama3 --out-dir "$lout" --name t --val-tokens 1000 --shard-tokens 1000 "$tmp/book.txt" ||
+    fail "llama3: the first run failed"
+  before=$(tree_digest "$lout")
+  expect_refused "llama3: bad JSON line" "bad.jsonl:3002: invalid JSON" \
+    "$tok" --quiet --encoding llama3 --format jsonl --out-dir "$lout" --name t --val-tokens 1000 --shard-tokens 1000 \
+    --threads 2 "$tmp/bad.jsonl"
+  [ "$(tree_digest "$lout")" = "$before" ] || fail "llama3: the failed run changed $lout: $(cd "$lout" && echo *)"
+  expect_refused "llama3: tokenizer file" \
+    "^tokenize: $lout/llama3_tokenizer.bin is $lout/llama3_tokenizer.bin, which this run writes" \
+    "$tok" --quiet --encoding llama3 --out-dir "$lout" --name other "$lout/llama3_tokenizer.bin"
+  expect_refused "llama3: a shard" "^tokenize: $lout/t_train_000000.bin is $lout/t_train_000000.bin, which this run writes" \
+    "$tok" --quiet --encoding llama3 --out-dir "$lout" --name t "$lout/t_train_000000.bin"
+  [ "$(tree_digest "$lout")" = "$before" ] || fail "llama3: a refused run changed $lout"
+else
+  echo "tokenize_safety: no data/llama3_bpe/tokenizer.model (scripts/install_deps.sh): the --encoding llama3 part is skipped"
+fi
 
 [ "$failures" -eq 0 ] && echo "tokenize_safety: all checks passed"
 [ "$failures" -eq 0 ]

@@ -255,7 +255,9 @@ expect_error "out dir under a file" "cannot create $tmp/b.txt/sub" ./tokenize --
 expect_error "truncated shard" "truncated.bin: header says 100000 tokens, so 201024 bytes, but the file has 2000" ./tokenize --decode "$tmp/truncated.bin"
 expect_error "bad magic" "magic.bin: header starts" ./tokenize --decode "$tmp/magic.bin"
 expect_error "id outside the vocabulary" "big_id.bin: token 0 is 60000" ./tokenize --decode "$tmp/big_id.bin"
-expect_error "missing tokenizer file" "cannot open $tmp/none/gpt2_tokenizer.bin" ./tokenize --decode "$tmp/none/x.bin"
+mkdir -p "$tmp/lonely" && cp data/default/kjv_val_000000.bin "$tmp/lonely/x.bin"
+expect_error "missing tokenizer file" "cannot open $tmp/lonely/gpt2_tokenizer.bin" ./tokenize --decode "$tmp/lonely/x.bin"
+expect_error "missing shard" "cannot open $tmp/none/x.bin" ./tokenize --decode "$tmp/none/x.bin"
 passed "bad inputs: one-line errors, non-zero exit"
 
 if [ "$failures" -ne 0 ]; then

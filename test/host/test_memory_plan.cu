@@ -1,9 +1,11 @@
 // The memory planner (src/run/memory_plan.h) against figures computed here by hand from the GPT-2
 // architecture: GPT-2 124M's terms at ZeRO stages 0 to 3, the table's text, and the largest
 // batch that fits. (That the plan equals what the model allocates is checked on the CPU build
-// by simt_counters.cpp, where simt counts cudaMalloc.)
+// by simt_counters.cpp, where simt counts cudaMalloc.) And --plan's traffic words (format_traffic), which
+// the trainer's measured communication also uses, over one step and as a mean over several.
 #include "test/test_util.h"
 #include "src/run/memory_plan.h"
+#include "src/run/plan_report.h"
 
 namespace {
 
@@ -104,4 +106,16 @@ TEST_CASE("the lm head's chunk is the largest of the plan's ladder that fits the
   CHECK(rows(64, at_2048 - 1) == 1024);
   CHECK(rows(64, 1) == 1024);  // the floor: the fit check then reports what does not fit
   CHECK(rows(2, 0) == 2048);   // B·T = 2,048 rows: one chunk
+}
+
+TEST_CASE("format_traffic: --plan's words, per step of several steps' traffic", "[memory_plan]") {
+  StepTraffic t;
+  t.all_reduce = {12, 3.0 * 1024};
+  t.reduce_scatter = {0, 0};
+  t.all_gather = {9, 6.0 * 1048576};
+  CHECK(format_traffic(t) == " all-reduce 3072 B in 12 call(s), reduce-scatter 0 B in 0 call(s), all-gather 6.0 MiB in "
+                             "9 call(s)");
+  // Over 2 steps: a whole mean as an integer, the others with two decimals.
+  CHECK(format_traffic(t, 2) == " all-reduce 1536 B in 6 call(s), reduce-scatter 0 B in 0 call(s), all-gather 3.0 MiB in "
+                                "4.50 call(s)");
 }

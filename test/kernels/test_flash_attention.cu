@@ -1,7 +1,8 @@
 // Flash attention (kernels/flash_attention.cuh), forward (out, lse) and backward (dQ, dK, dV),
 // against a plain double-precision CPU loop and against the simple kernel of attention.cuh;
-// head dims 64 and 128, sequence lengths with and without tails, several batches and heads;
-// every output poisoned first and reproduced bit for bit by a second run.
+// head dims 64 and 128, sequence lengths with and without tails, several batches and heads,
+// multi-head and grouped-query (NKV < NH K/V heads, each serving NH/NKV query heads, dK and dV
+// summed over them); every output poisoned first and reproduced bit for bit by a second run.
 #include "test/test_util.h"
 #include "kernels/attention.cuh"
 #include "kernels/flash_attention.cuh"
@@ -15,10 +16,14 @@ namespace {
 struct FlashShape {
   int B, T, NH, HD;
   float input_std;  // std of the random q, k, v; large values make the softmax nearly one-hot
+  int NKV = 0;      // K/V heads, dividing NH; 0: NH (multi-head attention)
+  int kv_heads() const { return NKV ? NKV : NH; }
 };
 
 // Exact attention over the (bf16-valued) inputs, in double, plus two magnitudes per output
 // element that bound what the kernels' roundings can do to it (see the tolerances below):
+// qkv rows hold NH query heads, then NKV key and NKV value heads; query head h attends with K/V
+// head h / (NH / NKV), so a K/V head's dK and dV add up the terms of all its query heads.
 //  mag: the sum of the absolute values of the terms the element adds up, Σ|P_tu v_u| for O,
 //       Σ|P_ut dout_u| for dV, scale·Σ|dS_tu k_u| for dQ and scale·Σ|dS_ut q_u| for dK, where the
 //       kernels round P or dS to bf16 before the last product;
@@ -33,16 +38,20 @@ struct Reference {
 // backward is handed (as the kernels do), so the reference differentiates what they see.
 Reference reference(const std::vector<float>& qkv, const std::vector<float>& dout, const std::vector<float>& out_seen,
                     const FlashShape& s) {
-  const int T = s.T, NH = s.NH, HD = s.HD, C = NH * HD;
+  const int T = s.T, NH = s.NH, HD = s.HD, C = NH * HD, NKV = s.kv_heads(), W = (NH + 2 * NKV) * HD;
   const double scale = 1.0 / std::sqrt(static_cast<double>(HD));
+  // Channel i of row t: part 0 of query head h, part 1 (k) and 2 (v) of K/V head h / (NH / NKV).
+  auto channel = [&](int part, int h, int i) {
+    return part == 0 ? h * HD + i : C + (part - 1) * NKV * HD + h / (NH / NKV) * HD + i;
+  };
   auto x = [&](int b, int t, int part, int h, int i) -> double {
-    return qkv[(static_cast<size_t>(b) * T + t) * 3 * C + part * C + h * HD + i];
+    return qkv[(static_cast<size_t>(b) * T + t) * W + channel(part, h, i)];
   };
   Reference r;
   r.out.assign(static_cast<size_t>(s.B) * T * C, 0.0);
   r.out_mag = r.out;
   r.lse.assign(static_cast<size_t>(s.B) * NH * T, 0.0);
-  r.dqkv.assign(static_cast<size_t>(s.B) * T * 3 * C, 0.0);
+  r.dqkv.assign(static_cast<size_t>(s.B) * T * W, 0.0);
   r.dqkv_mag = r.dqkv;
   r.dqkv_cancel = r.dqkv;
   std::vector<double> P(static_cast<size_t>(T) * T), dS(static_cast<size_t>(T) * T), dS_mag(static_cast<size_t>(T) * T);
@@ -95,7 +104,7 @@ Reference reference(const std::vector<float>& qkv, const std::vector<float>& dou
         }
       }
       for (int t = 0; t < T; ++t) {
-        const size_t at = (static_cast<size_t>(b) * T + t) * 3 * C + h * HD;
+        const size_t at = (static_cast<size_t>(b) * T + t) * W;
         for (int i = 0; i < HD; ++i) {
           double dq = 0, dq_mag = 0, dq_cancel = 0, dk = 0, dk_mag = 0, dk_cancel = 0, dv = 0, dv_mag = 0;
           for (int u = 0; u <= t; ++u) {  // dQ_t = scale · Σ_{u<=t} dS_tu k_u
@@ -110,14 +119,15 @@ Reference reference(const std::vector<float>& qkv, const std::vector<float>& dou
             dv += P[u * T + t] * dy(u, i);
             dv_mag += P[u * T + t] * std::fabs(dy(u, i));
           }
-          r.dqkv[at + i] = scale * dq;
-          r.dqkv_mag[at + i] = scale * dq_mag;
-          r.dqkv_cancel[at + i] = scale * dq_cancel;
-          r.dqkv[at + C + i] = scale * dk;
-          r.dqkv_mag[at + C + i] = scale * dk_mag;
-          r.dqkv_cancel[at + C + i] = scale * dk_cancel;
-          r.dqkv[at + 2 * C + i] = dv;
-          r.dqkv_mag[at + 2 * C + i] = dv_mag;
+          const size_t q = at + channel(0, h, i), k = at + channel(1, h, i), v = at + channel(2, h, i);
+          r.dqkv[q] = scale * dq;
+          r.dqkv_mag[q] = scale * dq_mag;
+          r.dqkv_cancel[q] = scale * dq_cancel;
+          r.dqkv[k] += scale * dk;  // K/V heads: the sum over the query heads sharing them
+          r.dqkv_mag[k] += scale * dk_mag;
+          r.dqkv_cancel[k] += scale * dk_cancel;
+          r.dqkv[v] += dv;
+          r.dqkv_mag[v] += dv_mag;
         }
       }
     }
@@ -147,14 +157,14 @@ struct Worst {
   }
 };
 
-// Elements [part·C, part·C + C) of every (B·T) row of a (B, T, parts·C) tensor.
+// Elements [begin, begin + width) of every row of a tensor with rows of `row` elements.
 template <typename V>
-std::vector<V> part_of(const std::vector<V>& v, int parts, int part, int C) {
+std::vector<V> columns(const std::vector<V>& v, size_t row, size_t begin, size_t width) {
   std::vector<V> r;
-  r.reserve(v.size() / parts);
-  for (size_t row = 0; row < v.size() / (static_cast<size_t>(parts) * C); ++row) {
-    auto begin = v.begin() + static_cast<std::ptrdiff_t>((row * parts + part) * C);
-    r.insert(r.end(), begin, begin + C);
+  r.reserve(v.size() / row * width);
+  for (size_t at = 0; at < v.size(); at += row) {
+    auto first = v.begin() + static_cast<std::ptrdiff_t>(at + begin);
+    r.insert(r.end(), first, first + static_cast<std::ptrdiff_t>(width));
   }
   return r;
 }
@@ -219,9 +229,9 @@ struct Report {
 };
 
 void check_shape(const FlashShape& s, uint64_t seed, Report& report) {
-  const int B = s.B, T = s.T, NH = s.NH, HD = s.HD, C = NH * HD;
-  INFO("B=" << B << " T=" << T << " NH=" << NH << " HD=" << HD << " input std=" << s.input_std);
-  const size_t qkv_n = static_cast<size_t>(B) * T * 3 * C, out_n = static_cast<size_t>(B) * T * C;
+  const int B = s.B, T = s.T, NH = s.NH, HD = s.HD, C = NH * HD, NKV = s.kv_heads(), W = C + 2 * NKV * HD;
+  INFO("B=" << B << " T=" << T << " NH=" << NH << " NKV=" << NKV << " HD=" << HD << " input std=" << s.input_std);
+  const size_t qkv_n = static_cast<size_t>(B) * T * W, out_n = static_cast<size_t>(B) * T * C;
   const size_t lse_n = static_cast<size_t>(B) * NH * T;
   const std::vector<float> qkv_host = test::round_to<bf16>(test::random_floats(qkv_n, seed, s.input_std));
   const std::vector<float> dout_host = test::round_to<bf16>(test::random_floats(out_n, seed + 1));
@@ -229,9 +239,9 @@ void check_shape(const FlashShape& s, uint64_t seed, Report& report) {
   test::DeviceBuffer<bf16> qkv(test::from_floats<bf16>(qkv_host)), dout(test::from_floats<bf16>(dout_host));
   test::DeviceBuffer<bf16> out(out_n), dqkv(qkv_n);
   test::DeviceBuffer<float> lse(lse_n), scratch(flash_attention_backward_scratch_bytes(B, T, NH) / sizeof(float));
-  flash_attention_forward(out, lse, qkv, B, T, C, NH, nullptr);
+  flash_attention_forward(out, lse, qkv, B, T, C, NH, NKV, nullptr);
   test::require_no_cuda_error();
-  flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH, nullptr);
+  flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH, NKV, nullptr);
   test::require_no_cuda_error();
   const std::vector<bf16> out_got = out.download(), dqkv_got = dqkv.download();
   const std::vector<float> lse_got = lse.download();
@@ -243,15 +253,17 @@ void check_shape(const FlashShape& s, uint64_t seed, Report& report) {
                                                      [](double a, double b) { return std::fabs(a) < std::fabs(b); }));
   const double lse_tol = 2 * 0x1p-24 * (HD * want.score_mag + T + 4 * max_lse + 8);
   const std::vector<double> no_cancel(out_n, 0.0);  // O = P V has no difference inside
-  const int terms = HD + T;
+  const int terms = HD + NH / NKV * T;  // a K/V head's gradients add up T rows of each of its query heads
   CHECK(close_by_magnitude("out vs double", out_f, want.out, want.out_mag, no_cancel, terms, report.out));
   CHECK(close_absolute("lse vs double", lse_got, want.lse, lse_tol, report.lse));
   Worst* grads[3] = {&report.dq, &report.dk, &report.dv};
   const char* names[3] = {"dq", "dk", "dv"};
+  const size_t part_begin[3] = {0, static_cast<size_t>(C), static_cast<size_t>(C) + NKV * HD};
+  const size_t part_width[3] = {static_cast<size_t>(C), static_cast<size_t>(NKV) * HD, static_cast<size_t>(NKV) * HD};
+  auto part_of = [&](const auto& v, int part) { return columns(v, W, part_begin[part], part_width[part]); };
   for (int part = 0; part < 3; ++part) {
-    CHECK(close_by_magnitude(std::string(names[part]) + " vs double", part_of(dqkv_f, 3, part, C),
-                             part_of(want.dqkv, 3, part, C), part_of(want.dqkv_mag, 3, part, C),
-                             part_of(want.dqkv_cancel, 3, part, C), terms, *grads[part]));
+    CHECK(close_by_magnitude(std::string(names[part]) + " vs double", part_of(dqkv_f, part), part_of(want.dqkv, part),
+                             part_of(want.dqkv_mag, part), part_of(want.dqkv_cancel, part), terms, *grads[part]));
   }
 
   // (a) the simple kernel: its own forward; its backward on the flash forward's out and lse, so
@@ -259,8 +271,8 @@ void check_shape(const FlashShape& s, uint64_t seed, Report& report) {
   test::DeviceBuffer<bf16> simple_out(out_n), simple_dqkv(qkv_n);
   test::DeviceBuffer<float> simple_lse(lse_n);
   test::DeviceBuffer<float> simple_scratch(attention_backward_scratch_bytes(B, T, NH) / sizeof(float));
-  attention_forward<bf16>(simple_out, simple_lse, qkv, B, T, C, NH, nullptr);
-  attention_backward<bf16>(simple_dqkv, simple_scratch, dout, qkv, out, lse, B, T, C, NH, nullptr);
+  attention_forward<bf16>(simple_out, simple_lse, qkv, B, T, C, NH, NKV, nullptr);
+  attention_backward<bf16>(simple_dqkv, simple_scratch, dout, qkv, out, lse, B, T, C, NH, NKV, nullptr);
   test::require_no_cuda_error();
   const std::vector<float> simple_dqkv_f = test::to_floats(simple_dqkv.download());
   CHECK(close_by_magnitude("out vs simple", out_f, doubles(test::to_floats(simple_out.download())), want.out_mag,
@@ -268,9 +280,9 @@ void check_shape(const FlashShape& s, uint64_t seed, Report& report) {
   CHECK(close_absolute("lse vs simple", lse_got, doubles(simple_lse.download()), 2 * lse_tol, report.simple_lse));
   Worst* simple_grads[3] = {&report.simple_dq, &report.simple_dk, &report.simple_dv};
   for (int part = 0; part < 3; ++part) {
-    CHECK(close_by_magnitude(std::string(names[part]) + " vs simple", part_of(dqkv_f, 3, part, C),
-                             doubles(part_of(simple_dqkv_f, 3, part, C)), part_of(want.dqkv_mag, 3, part, C),
-                             part_of(want.dqkv_cancel, 3, part, C), terms, *simple_grads[part]));
+    CHECK(close_by_magnitude(std::string(names[part]) + " vs simple", part_of(dqkv_f, part),
+                             doubles(part_of(simple_dqkv_f, part)), part_of(want.dqkv_mag, part),
+                             part_of(want.dqkv_cancel, part), terms, *simple_grads[part]));
   }
 
   // Same inputs → same bits, every output re-poisoned in between.
@@ -278,8 +290,8 @@ void check_shape(const FlashShape& s, uint64_t seed, Report& report) {
   lse.poison();
   dqkv.poison();
   scratch.poison();
-  flash_attention_forward(out, lse, qkv, B, T, C, NH, nullptr);
-  flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH, nullptr);
+  flash_attention_forward(out, lse, qkv, B, T, C, NH, NKV, nullptr);
+  flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH, NKV, nullptr);
   test::require_no_cuda_error();
   CHECK(test::same_bits(out.download(), out_got));
   CHECK(test::same_bits(lse.download(), lse_got));
@@ -327,4 +339,34 @@ TEST_CASE("flash attention HD 64 matches double-precision loops and the simple k
 
 TEST_CASE("flash attention HD 128 matches double-precision loops and the simple kernel", "[flash]") {
   check_head_dim(128);
+}
+
+// Grouped-query attention: NKV = 1 (one K/V head for all), NH/2 and NH K/V heads, with a T of 1,
+// odd T, T exactly a tile, one row past it and several tiles with a tail; sharp inputs on a
+// group of 2; a group of 3 (NH 6, NKV 2); then Llama 3.1 8B's heads (NH 32, NKV 8) on a few rows.
+namespace {
+void check_grouped_query(int HD) {
+  const FlashShape shapes[] = {
+      {1, 1, 4, HD, 1.0f, 1},   {2, 1, 4, HD, 1.0f, 2},   {2, 7, 4, HD, 1.0f, 1},  {1, 7, 4, HD, 1.0f, 4},
+      {1, 64, 4, HD, 1.0f, 2},  {2, 65, 4, HD, 1.0f, 1},  {1, 65, 4, HD, 1.0f, 2}, {1, 130, 4, HD, 4.0f, 2},
+      {1, 200, 4, HD, 1.0f, 1}, {1, 33, 6, HD, 1.0f, 2},  {1, 5, 32, HD, 1.0f, 8},
+  };
+  Report report;
+  uint64_t seed = 2000 + HD;
+  for (const FlashShape& s : shapes) {
+    check_shape(s, seed, report);
+    seed += 2;
+  }
+  report.print(HD);
+}
+}  // namespace
+
+TEST_CASE("flash attention GQA HD 64 (K/V heads shared by NH/NKV query heads) matches double loops and simple",
+          "[flash]") {
+  check_grouped_query(64);
+}
+
+TEST_CASE("flash attention GQA HD 128, up to Llama 3.1 8B's NH 32 NKV 8, matches double loops and simple",
+          "[flash]") {
+  check_grouped_query(128);
 }

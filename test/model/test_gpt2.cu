@@ -3,10 +3,11 @@
 // the step-1 logits, loss and gradients and 10 steps of clipped AdamW. The Makefile generates
 // the directory before `make test`; tests run from the repository root.
 //
-// Checked for T = float and T = bf16: step-1 logits and loss, every gradient tensor (also when
-// accumulated over two micro-steps), per-step losses and gradient norms over 10 AdamW steps and
-// the final parameters; that padded vocabulary rows stay zero and padded logit columns have no
-// effect; save/load round trips; model file, token and configuration errors; init_random.
+// Checked for T = float and T = bf16: step-1 logits and loss, every gradient tensor (also with
+// lm-head chunks that do not divide B·T, and when accumulated over two micro-steps), per-step
+// losses and gradient norms over 10 AdamW steps and the final parameters; that padded vocabulary
+// rows stay zero and padded logit columns have no effect; save/load round trips; model file,
+// token and configuration errors; init_random.
 #include "test/test_util.h"
 #include "src/model/gpt2.h"
 
@@ -313,6 +314,32 @@ TEMPLATE_TEST_CASE("GPT2 wte gradient: its error does not grow with the lm head'
     CHECK(chunked <= one_chunk * 1.02 + 1e-7);
   }
   CHECK_THROWS_WITH(model.set_logits_chunk_rows(0), Catch::Contains("set_logits_chunk_rows"));
+}
+
+TEMPLATE_TEST_CASE("GPT2 lm-head chunks that do not divide B·T: loss, logits and every gradient match PyTorch",
+                   "[gpt2]", float, bf16) {
+  // Real runs chunk B·T rows that the chunk does not divide (12,288 = 8,192 + 4,096): the last,
+  // partial chunk must be computed too. Here 64 rows in chunks of 24: 24 + 24 + 16.
+  const Reference& r = reference();
+  GPT2<TestType> model(r.config, r.B, r.T);
+  model.load(model_path());
+  const int rows = r.B * r.T, chunk = 24;
+  model.set_logits_chunk_rows(chunk);
+  REQUIRE(rows % chunk != 0);
+  REQUIRE(model.lm_head_chunks() == 3);
+  const Batch b = batch(r, 0);
+  const float loss = model.forward(b.inputs.data(), b.targets.data());
+  INFO("loss " << loss << " vs PyTorch " << r.loss);
+  CHECK(std::fabs(loss - r.loss) <= loss_tolerance<TestType>() * r.loss);
+  // logits() holds the partial chunk: the micro-batch's last 16 rows.
+  const size_t Vp = r.config.padded_vocab_size, last = rows % chunk;
+  const std::vector<float> want(r.logits.end() - static_cast<std::ptrdiff_t>(last * Vp), r.logits.end());
+  CHECK(test::all_close("last chunk's logits", model.logits(), want, LogitTolerance<TestType>::rel,
+                        LogitTolerance<TestType>::abs));
+  model.zero_grad();
+  model.forward_backward(b.inputs.data(), b.targets.data(), 1);
+  CHECK(model.mean_loss() == loss);
+  check_gradients<TestType>(model.gradients(), r, model.layout());
 }
 
 TEMPLATE_TEST_CASE("GPT2 trains like PyTorch: 10 AdamW steps", "[gpt2]", float, bf16) {

@@ -8,8 +8,11 @@
 // (color = rank / G: {0,1} {2,3} with 4 ranks, a tensor-parallel layout) and "strided" ones
 // (color = rank % (R / G): {0,2} {1,3}, the data-parallel groups of the same grid). A group's ranks
 // are ordered by key, ties by rank in the parent; its collectives involve its ranks only.
+// src/dist/parallel_groups.h's grid for every --tp that divides the world: which world ranks form
+// each TP and DP group, in which order (the checkpoint loader takes TP rank = world rank mod --tp).
 #include "test/test_util.h"
 #include "src/dist/comm.h"
+#include "src/dist/parallel_groups.h"
 
 #include <algorithm>
 #include <chrono>
@@ -129,6 +132,17 @@ void check_all_gather(ncclComm_t c, const std::vector<int>& members, size_t n, c
   REQUIRE(settle(c, ncclAllGather(send.ptr, recv.ptr, n, ncclFloat32, c, stream)) == ncclSuccess);
   CUDA_CHECK(cudaStreamSynchronize(stream));
   CHECK(test::all_close<float>("all-gather", recv.download(), concatenated(members, n)));
+}
+
+// The world ranks of `c`'s members in its rank order, as they tell each other (an all-gather).
+std::vector<int> world_ranks_of(Communicator& c) {
+  test::DeviceBuffer<float> ranks_in(std::vector<float>(c.world_size(), -1.0f));
+  const float mine = static_cast<float>(me());
+  CUDA_CHECK(cudaMemcpy(ranks_in.ptr + c.rank(), &mine, sizeof(float), cudaMemcpyHostToDevice));
+  c.ordered_with(cudaStreamLegacy, [&] { c.all_gather(ranks_in.ptr + c.rank(), ranks_in.ptr, 1); });
+  std::vector<int> members;
+  for (float r : ranks_in.download()) members.push_back(static_cast<int>(r));
+  return members;
 }
 
 }  // namespace
@@ -318,6 +332,39 @@ TEST_CASE("Communicator split: ranks, sizes and group-local collectives", "[nccl
   CHECK(world().counts().all_reduce == 2);
 }
 
+// NCCL kernels of two communicators that run at once on one GPU may deadlock: a collective issued
+// on one communicator after another's runs after it (comm.h), with no ordering by the caller. The
+// CPU build's stream checker ends this process ("simt: stream hazard: ... two communicators")
+// where two of them are left unordered; the results are checked on both builds.
+TEST_CASE("Communicator split: collectives of several communicators run in the order the host issued them",
+          "[nccl][split][communicator]") {
+  const int G = group_size();
+  Communicator tp(world(), me() / G, me(), "tensor-parallel");
+  Communicator dp(world(), me() % G, me(), "data-parallel");
+  const RankFn by_rank = [](int r) { return r; };
+  const std::vector<int> tp_members = group_of(me(), [G](int r) { return r / G; }, by_rank);
+  const std::vector<int> dp_members = group_of(me(), [G](int r) { return r % G; }, by_rank);
+  std::vector<int> everyone(ranks());
+  for (int r = 0; r < ranks(); ++r) everyone[r] = r;
+  test::DeviceBuffer<float> a(inputs_of(me(), 33)), b(inputs_of(me(), 17)), c(inputs_of(me(), 9));
+  for (Communicator* comm : {&tp, &dp, &world()}) comm->wait_for(cudaStreamLegacy);
+  for (int round = 0; round < 2; ++round) {  // the second round: each after the other two's first
+    tp.all_reduce(a.ptr, 33, ncclAvg);
+    dp.all_reduce(b.ptr, 17, ncclAvg);
+    world().all_reduce(c.ptr, 9, ncclAvg);
+  }
+  CUDA_CHECK(cudaDeviceSynchronize());
+  // An average of averages over the same ranks is the average.
+  const auto average = [](const std::vector<int>& members, size_t n) {
+    std::vector<float> sum = sum_over(members, n);
+    for (float& x : sum) x /= static_cast<float>(members.size());
+    return sum;
+  };
+  CHECK(test::all_close<float>("tensor-parallel all-reduces", a.download(), average(tp_members, 33)));
+  CHECK(test::all_close<float>("data-parallel all-reduces", b.download(), average(dp_members, 17)));
+  CHECK(test::all_close<float>("world all-reduces", c.download(), average(everyone, 9)));
+}
+
 TEST_CASE("Communicator split: keys order the group; a split of a split", "[nccl][split][communicator]") {
   Communicator reversed(world(), 0, ranks() - me(), "reversed");
   CHECK(reversed.world_size() == ranks());
@@ -349,5 +396,33 @@ TEST_CASE("Communicator split: bad arguments name the communicator", "[nccl][spl
                     Catch::Contains("on the tensor-parallel communicator: root " + std::to_string(group_size()) +
                                     " is not a rank of " + std::to_string(group_size())));
   tp.barrier();  // still usable, the ranks still in step
+  world().barrier();
+}
+
+TEST_CASE("ParallelGroups: TP groups of consecutive ranks, DP groups of one TP rank each", "[nccl][split][groups]") {
+  for (int tp = 1; tp <= ranks(); ++tp) {
+    if (ranks() % tp != 0) continue;
+    INFO("--tp " << tp << " over " << ranks() << " ranks");
+    ParallelGroups groups(world(), tp);
+    // Group k of TP holds world ranks [k·tp, (k+1)·tp); DP group t holds t, t + tp, t + 2·tp, ...;
+    // each in world-rank order.
+    std::vector<int> tp_members, dp_members;
+    for (int r = 0; r < ranks(); ++r) {
+      if (r / tp == me() / tp) tp_members.push_back(r);
+      if (r % tp == me() % tp) dp_members.push_back(r);
+    }
+    CHECK(groups.tp_size() == tp);
+    CHECK(groups.dp().world_size() == ranks() / tp);
+    CHECK(groups.dp().rank() == me() / tp);
+    CHECK(world_ranks_of(groups.dp()) == dp_members);
+    if (tp == 1) {
+      CHECK(groups.tp() == nullptr);
+      CHECK(&groups.dp() == &world());
+      continue;
+    }
+    REQUIRE(groups.tp() != nullptr);
+    CHECK(groups.tp()->rank() == me() % tp);
+    CHECK(world_ranks_of(*groups.tp()) == tp_members);
+  }
   world().barrier();
 }

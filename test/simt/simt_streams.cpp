@@ -352,6 +352,69 @@ std::map<std::string, std::function<void()>> probes() {
     copy(s.a, y, x);
     ncclCommDestroy(comm);
   };
+  // ---- NCCL: operations of two communicators (each on its own buffers: only their order is checked)
+  p["all-reduces of two communicators on two streams unordered"] = [one_rank] {
+    Streams s;
+    ncclComm_t first = one_rank(), second = one_rank();
+    Buffer x(kN), y(kN);
+    REQUIRE(ncclAllReduce(x.ptr, x.ptr, kN, ncclFloat32, ncclSum, first, s.a) == ncclSuccess);
+    REQUIRE(ncclAllReduce(y.ptr, y.ptr, kN, ncclFloat32, ncclSum, second, s.b) == ncclSuccess);
+  };
+  p["all-reduces of two communicators on two streams ordered by an event"] = [one_rank] {
+    Streams s;
+    ncclComm_t first = one_rank(), second = one_rank();
+    Buffer x(kN), y(kN);
+    REQUIRE(ncclAllReduce(x.ptr, x.ptr, kN, ncclFloat32, ncclSum, first, s.a) == ncclSuccess);
+    CUDA_CHECK(cudaEventRecord(s.event, s.a));
+    CUDA_CHECK(cudaStreamWaitEvent(s.b, s.event, 0));
+    REQUIRE(ncclAllReduce(y.ptr, y.ptr, kN, ncclFloat32, ncclSum, second, s.b) == ncclSuccess);
+    REQUIRE(ncclAllReduce(x.ptr, x.ptr, kN, ncclFloat32, ncclSum, first, s.b) == ncclSuccess);
+  };
+  p["an event recorded before the first all-reduce, then another communicator unordered"] = [one_rank] {
+    Streams s;
+    ncclComm_t first = one_rank(), second = one_rank();
+    Buffer x(kN), y(kN);
+    CUDA_CHECK(cudaEventRecord(s.event, s.a));
+    REQUIRE(ncclAllReduce(x.ptr, x.ptr, kN, ncclFloat32, ncclSum, first, s.a) == ncclSuccess);
+    CUDA_CHECK(cudaStreamWaitEvent(s.b, s.event, 0));
+    REQUIRE(ncclAllGather(y.ptr, y.ptr, kN, ncclFloat32, second, s.b) == ncclSuccess);
+  };
+  p["all-reduces of two communicators, stream synchronize between"] = [one_rank] {
+    Streams s;
+    ncclComm_t first = one_rank(), second = one_rank();
+    Buffer x(kN), y(kN);
+    REQUIRE(ncclAllReduce(x.ptr, x.ptr, kN, ncclFloat32, ncclSum, first, s.a) == ncclSuccess);
+    CUDA_CHECK(cudaStreamSynchronize(s.a));
+    REQUIRE(ncclAllReduce(y.ptr, y.ptr, kN, ncclFloat32, ncclSum, second, s.b) == ncclSuccess);
+  };
+  p["all-reduces of two communicators in one group"] = [one_rank] {
+    Streams s;
+    ncclComm_t first = one_rank(), second = one_rank();
+    Buffer x(kN), y(kN);
+    REQUIRE(ncclGroupStart() == ncclSuccess);
+    REQUIRE(ncclAllReduce(x.ptr, x.ptr, kN, ncclFloat32, ncclSum, first, s.a) == ncclSuccess);
+    REQUIRE(ncclAllReduce(y.ptr, y.ptr, kN, ncclFloat32, ncclSum, second, s.b) == ncclSuccess);
+    REQUIRE(ncclGroupEnd() == ncclSuccess);
+  };
+  p["all-reduces of two communicators in two groups unordered"] = [one_rank] {
+    Streams s;
+    ncclComm_t first = one_rank(), second = one_rank();
+    Buffer x(kN), y(kN);
+    REQUIRE(ncclGroupStart() == ncclSuccess);
+    REQUIRE(ncclAllReduce(x.ptr, x.ptr, kN, ncclFloat32, ncclSum, first, s.a) == ncclSuccess);
+    REQUIRE(ncclGroupEnd() == ncclSuccess);
+    REQUIRE(ncclGroupStart() == ncclSuccess);
+    REQUIRE(ncclAllReduce(y.ptr, y.ptr, kN, ncclFloat32, ncclSum, second, s.b) == ncclSuccess);
+    REQUIRE(ncclGroupEnd() == ncclSuccess);
+  };
+  p["all-reduce of a destroyed communicator, then of another unordered"] = [one_rank] {
+    Streams s;
+    ncclComm_t first = one_rank(), second = one_rank();
+    Buffer x(kN), y(kN);
+    REQUIRE(ncclAllReduce(x.ptr, x.ptr, kN, ncclFloat32, ncclSum, first, s.a) == ncclSuccess);
+    REQUIRE(ncclCommDestroy(first) == ncclSuccess);  // waits for its operations
+    REQUIRE(ncclAllReduce(y.ptr, y.ptr, kN, ncclFloat32, ncclSum, second, s.b) == ncclSuccess);
+  };
   return p;
 }
 
@@ -389,6 +452,16 @@ void expect_hazard(const std::string& name, std::vector<std::string> names) {
   for (const std::string& n : names) CHECK(o.hazard.find(n) != std::string::npos);
   CHECK(o.hazard.find("device allocation") != std::string::npos);
 }
+// The violation of the communicators' order ends its child with one hazard line naming `names`.
+void expect_communicator_hazard(const std::string& name, std::vector<std::string> names) {
+  INFO("case: " << name);
+  const Outcome o = run_probe(name);
+  CHECK_FALSE(o.exited_zero);
+  INFO("hazard line: " << o.hazard);
+  REQUIRE_FALSE(o.hazard.empty());
+  for (const std::string& n : names) CHECK(o.hazard.find(n) != std::string::npos);
+  CHECK(o.hazard.find("two communicators") != std::string::npos);
+}
 void expect_clean(const std::string& name) {
   INFO("case: " << name);
   const Outcome o = run_probe(name);
@@ -399,6 +472,7 @@ void expect_clean(const std::string& name) {
 }  // namespace stream_probe
 
 using stream_probe::expect_clean;
+using stream_probe::expect_communicator_hazard;
 using stream_probe::expect_hazard;
 
 TEST_CASE("stream ordering probe", "[.]") {
@@ -474,4 +548,16 @@ TEST_CASE("stream checker: cuBLASLt and NCCL calls", "[simt][streams]") {
   expect_hazard("kernel write, all-reduce on another stream unordered", {"ncclAllReduce", "reads", "fill_kernel"});
   expect_hazard("all-reduce, read of its result on another stream unordered", {"copy_kernel", "ncclAllReduce", "wrote"});
   expect_clean("kernel write, event, all-reduce, event, read");
+}
+
+TEST_CASE("stream checker: NCCL operations of two communicators", "[simt][streams]") {
+  expect_communicator_hazard("all-reduces of two communicators on two streams unordered",
+                             {"ncclAllReduce of communicator", "rank 0 of 1", "cudaStreamNonBlocking"});
+  expect_clean("all-reduces of two communicators on two streams ordered by an event");
+  expect_communicator_hazard("an event recorded before the first all-reduce, then another communicator unordered",
+                             {"ncclAllGather", "ncclAllReduce"});
+  expect_clean("all-reduces of two communicators, stream synchronize between");
+  expect_clean("all-reduces of two communicators in one group");
+  expect_communicator_hazard("all-reduces of two communicators in two groups unordered", {"ncclAllReduce"});
+  expect_clean("all-reduce of a destroyed communicator, then of another unordered");
 }
