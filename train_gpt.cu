@@ -22,7 +22,7 @@
 // Checkpoints (src/ckpt/checkpoint.h): after every --checkpoint-every-th step, after the last step, after
 // the step during which SIGTERM, SIGUSR1 or SIGINT arrived (before its figures were read; later:
 // after the next step; the run then exits 0; a second SIGINT ends it at once; one during start-up
-// ends the command before anything is written, status 0), and before a run
+// ends the command before anything is written, status 0, interrupting a read that blocks), and before a run
 // stops on a shard found bad mid-run (a token id outside the vocabulary: the loader checks each
 // shard as it opens it, before its first batch is used).
 //
@@ -74,6 +74,8 @@ namespace {
 
 // "rank N: " once there is more than one rank, for error messages.
 std::string error_prefix;
+// What a stop signal during start-up keeps from happening ("stopped before training").
+const char* start_up_stage = "training";
 
 // --generate: the training flags (--seq-len, --batch-size) do not apply. A stop signal during
 // start-up ends it before it prints; one while it generates ends the process (default actions).
@@ -105,6 +107,7 @@ int dispatch_command(int argc, char** argv) {
   }
   RunSetup setup;
   setup.cfg = args.config;
+  start_up_stage = setup.cfg.generate ? "generating" : setup.cfg.eval || setup.cfg.max_steps == 0 ? "evaluating" : "training";
   if (setup.cfg.plan) return print_memory_plan(setup.cfg);
 
   int devices = 0;
@@ -164,6 +167,18 @@ int main(int argc, char** argv) {
     std::printf("%s\n", stop.what());
     return 0;
   } catch (const std::exception& e) {
+    if (in_start_up() && pending_stop_signal() != 0) {
+      // The signal interrupted a start-up read (a named pipe, a stalled file system): the stop it
+      // asked for, not an error. Peers that wait in a collective for this rank are ended with it.
+      std::printf("%s\n", StopDuringStartUp(pending_stop_signal(), start_up_stage).what());
+      std::fflush(stdout);
+      int initialized = 0, finalized = 0, world = 1;
+      MPI_Initialized(&initialized);
+      MPI_Finalized(&finalized);
+      if (initialized && !finalized) MPI_Comm_size(MPI_COMM_WORLD, &world);
+      if (world > 1) MPI_Abort(MPI_COMM_WORLD, 0);
+      return 0;
+    }
     std::fflush(stdout);
     std::fprintf(stderr, "%serror: %s\n", error_prefix.c_str(), e.what());
     // The rank that failed ends the job with its own message: give it the time to (an abort from

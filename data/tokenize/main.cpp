@@ -4,6 +4,8 @@
 // does not depend on the thread count.
 #include "encodings.h"
 #include "shards.h"
+#include "src/base/same_file.h"
+#include "staged_output.h"
 
 #include <nlohmann/json.hpp>
 
@@ -52,6 +54,10 @@ Output:
   --name PREFIX          shard names: DIR/PREFIX_val_000000.bin, DIR/PREFIX_train_000000.bin, ...
                          (default: tokens); shards left from an earlier run with the same
                          PREFIX and higher numbers are removed
+  Every file is written under a temporary name (NAME.tmp) and renamed into place only once
+  the whole dataset is complete: a failed or interrupted run (an error, a full disk, SIGINT,
+  SIGTERM) leaves --out-dir as it was, an earlier dataset of the same PREFIX included. An
+  input that is one of the files a run writes or removes is refused before anything is read.
   --val-tokens N         the first N tokens go to the validation shard(s) (default: 0)
   --shard-tokens N       tokens per shard, at most 2147483647 (default: 100000000)
   Also writes DIR/gpt2_tokenizer.bin (llama3: DIR/llama3_tokenizer.bin), llm.c's tokenizer
@@ -513,6 +519,44 @@ void check_inputs(const Options& options) {
   }
 }
 
+bool is_shard_suffix(const std::string& suffix) {  // "val_000000.bin" or "train_000000.bin"
+  size_t digits = suffix.rfind("val_", 0) == 0 ? 4 : suffix.rfind("train_", 0) == 0 ? 6 : 0;
+  return digits > 0 && suffix.size() == digits + 10 && suffix.compare(digits + 6, 4, ".bin") == 0 &&
+         suffix.find_first_not_of("0123456789", digits) == digits + 6;
+}
+
+// Whether FILE (a name in --out-dir) is one an encoding run may write, replace or remove: a shard
+// of this --name, this --encoding's tokenizer file, or the temporary name either is written under.
+bool is_output_name(const Options& options, std::string file) {
+  const std::string temp = ".tmp";
+  if (file.size() > temp.size() && file.compare(file.size() - temp.size(), temp.size(), temp) == 0)
+    file.resize(file.size() - temp.size());
+  return file == options.encoding->tokenizer_file ||
+         (file.rfind(options.name + "_", 0) == 0 && is_shard_suffix(file.substr(options.name.size() + 1)));
+}
+
+// An input that is one of the files the run writes or removes would be destroyed before (or
+// while) it is read: refused, comparing files (device and inode), not names.
+void check_inputs_are_not_outputs(const Options& options) {
+  std::error_code error;
+  if (!std::filesystem::is_directory(options.out_dir, error)) return;
+  for (const auto& entry : std::filesystem::directory_iterator(options.out_dir, error)) {
+    const std::string file = entry.path().filename().string();
+    if (!is_output_name(options, file)) continue;
+    const std::string what_run_does =
+        file == options.encoding->tokenizer_file
+            ? "writes"
+            : "writes or removes (--out-dir " + options.out_dir + ", --name " + options.name + ")";
+    for (const auto& input : options.files) {
+      const std::string spelled = input == "-" ? "/dev/stdin" : input;
+      if (same_file(spelled, entry.path().string()))
+        throw std::runtime_error((input == "-" ? std::string("standard input") : input) + " is " +
+                                 entry.path().string() + ", which this run " + what_run_does +
+                                 ": copy it elsewhere, or choose another --out-dir or --name");
+    }
+  }
+}
+
 int run_print_ids(const Options& options, const ByteBpe& bpe) {
   Pipeline pipeline(options, bpe);
   bool in_document = false, document_empty = true;  // a document's ids may span results
@@ -538,12 +582,6 @@ int run_print_ids(const Options& options, const ByteBpe& bpe) {
   return 0;
 }
 
-bool is_shard_suffix(const std::string& suffix) {  // "val_000000.bin" or "train_000000.bin"
-  size_t digits = suffix.rfind("val_", 0) == 0 ? 4 : suffix.rfind("train_", 0) == 0 ? 6 : 0;
-  return digits > 0 && suffix.size() == digits + 10 && suffix.compare(digits + 6, 4, ".bin") == 0 &&
-         suffix.find_first_not_of("0123456789", digits) == digits + 6;
-}
-
 // Earlier runs may have produced more shards under this prefix; left in place, a trainer that
 // globs PREFIX_train_*.bin would mix them in.
 int remove_stale_shards(const Options& options, const std::vector<std::string>& written) {
@@ -564,22 +602,19 @@ int run_encode(const Options& options, const ByteBpe& bpe) {
   std::filesystem::create_directories(options.out_dir, error);
   if (error) throw std::runtime_error("cannot create " + options.out_dir + ": " + error.message());
   const Encoding& encoding = *options.encoding;
-  ShardWriter writer(options.out_dir, options.name, encoding.shards, options.val_tokens, options.shard_tokens);
+  StagedOutput output;  // before the pipeline's threads: they inherit its blocked signals
+  ShardWriter writer(output, options.out_dir, options.name, encoding.shards, options.val_tokens,
+                     options.shard_tokens);
   Progress progress(options.quiet);
-  std::vector<std::string> written;
-  try {
-    Pipeline pipeline(options, bpe);
-    pipeline.run([&](const WorkResult& result) {
-      writer.write(result.tokens.data(), result.tokens.size());
-      progress.add(result);
-    });
-    written = writer.finish();
-    write_tokenizer_file(options.out_dir + "/" + encoding.tokenizer_file, bpe.token_bytes(),
-                         static_cast<int>(encoding.end_of_text));
-  } catch (...) {
-    writer.discard();
-    throw;
-  }
+  Pipeline pipeline(options, bpe);
+  pipeline.run([&](const WorkResult& result) {
+    writer.write(result.tokens.data(), result.tokens.size());
+    progress.add(result);
+  });
+  const std::vector<std::string> written = writer.finish();
+  write_tokenizer_file(output.create(options.out_dir + "/" + encoding.tokenizer_file), bpe.token_bytes(),
+                       static_cast<int>(encoding.end_of_text));
+  output.publish();
   int removed = remove_stale_shards(options, written);
   std::string prefix = options.out_dir + "/" + options.name;
   std::string outcome = "\n  " + prefix + "_val_*.bin: " + std::to_string(writer.val_tokens_written()) +
@@ -601,6 +636,7 @@ int main(int argc, char** argv) {
     Options options = parse_options(argc, argv);
     if (options.decode) return run_decode(options);
     check_inputs(options);
+    if (!options.print_ids) check_inputs_are_not_outputs(options);
     std::unique_ptr<ByteBpe> bpe = options.encoding->load(options.bpe_dir);
     return options.print_ids ? run_print_ids(options, *bpe) : run_encode(options, *bpe);
   } catch (const std::exception& error) {

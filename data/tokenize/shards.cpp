@@ -14,14 +14,9 @@ std::runtime_error io_error(const std::string& what, const std::string& path) {
   return std::runtime_error(what + " " + path + ": " + std::strerror(errno));
 }
 
-void write_all(std::FILE* file, const void* data, size_t bytes, const std::string& path) {
-  if (std::fwrite(data, 1, bytes, file) != bytes) throw io_error("cannot write", path);
-}
-
-void write_header(std::FILE* file, int32_t magic, int32_t version, int32_t value2, int32_t value3,
-                  const std::string& path) {
+void write_header(AtomicFileWriter& file, int32_t magic, int32_t version, int32_t value2, int32_t value3) {
   int32_t header[kHeaderInts] = {magic, version, value2, value3};
-  write_all(file, header, sizeof header, path);
+  file.write(header, sizeof header);
 }
 
 std::string read_file_bytes(const std::string& path) {
@@ -39,34 +34,27 @@ std::string read_file_bytes(const std::string& path) {
 
 }  // namespace
 
-ShardWriter::ShardWriter(std::string dir, std::string prefix, ShardFormat format, int64_t val_tokens,
-                         int64_t shard_tokens)
-    : dir_(std::move(dir)), prefix_(std::move(prefix)), format_(format), val_limit_(val_tokens),
+ShardWriter::ShardWriter(StagedOutput& output, std::string dir, std::string prefix, ShardFormat format,
+                         int64_t val_tokens, int64_t shard_tokens)
+    : output_(output), dir_(std::move(dir)), prefix_(std::move(prefix)), format_(format), val_limit_(val_tokens),
       shard_limit_(shard_tokens) {}
-
-ShardWriter::~ShardWriter() {
-  if (file_ != nullptr) std::fclose(file_);
-}
 
 void ShardWriter::open_next() {
   in_val_ = val_written_ < val_limit_;
   char name[64];
   std::snprintf(name, sizeof name, "_%s_%06d.bin", in_val_ ? "val" : "train",
                 in_val_ ? val_shards_ : train_shards_);
-  path_ = dir_ + "/" + prefix_ + name;
-  file_ = std::fopen(path_.c_str(), "wb");
-  if (file_ == nullptr) throw io_error("cannot create", path_);
-  written_.push_back(path_);
+  file_ = &output_.create(dir_ + "/" + prefix_ + name);
+  written_.push_back(file_->path());
   in_file_ = 0;
-  write_header(file_, format_.magic, format_.version, 0, 0, path_);  // count patched on close
+  write_header(*file_, format_.magic, format_.version, 0, 0);  // count patched on close
 }
 
 void ShardWriter::close_current() {
-  if (std::fseek(file_, 0, SEEK_SET) != 0) throw io_error("cannot seek in", path_);
-  write_header(file_, format_.magic, format_.version, static_cast<int32_t>(in_file_), 0, path_);
-  int closed = std::fclose(file_);
+  const int32_t count = static_cast<int32_t>(in_file_);
+  file_->patch(2 * sizeof(int32_t), &count, sizeof count);
+  file_->close_synced();
   file_ = nullptr;
-  if (closed != 0) throw io_error("cannot write", path_);
   if (in_val_) ++val_shards_;
   else ++train_shards_;
 }
@@ -80,9 +68,9 @@ void ShardWriter::write(const uint32_t* tokens, size_t count) {
     auto take = static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(count), capacity - in_file_));
     if (format_.token_size == sizeof(uint16_t)) {
       narrow.assign(tokens, tokens + take);
-      write_all(file_, narrow.data(), take * sizeof(uint16_t), path_);
+      file_->write(narrow.data(), take * sizeof(uint16_t));
     } else {
-      write_all(file_, tokens, take * sizeof(uint32_t), path_);
+      file_->write(tokens, take * sizeof(uint32_t));
     }
     in_file_ += static_cast<int64_t>(take);
     (in_val_ ? val_written_ : train_written_) += static_cast<int64_t>(take);
@@ -95,13 +83,6 @@ void ShardWriter::write(const uint32_t* tokens, size_t count) {
 std::vector<std::string> ShardWriter::finish() {
   if (file_ != nullptr) close_current();
   return written_;
-}
-
-void ShardWriter::discard() {
-  if (file_ != nullptr) std::fclose(file_);
-  file_ = nullptr;
-  for (const auto& path : written_) std::remove(path.c_str());
-  written_.clear();
 }
 
 Shard read_shard(const std::string& path) {
@@ -139,27 +120,16 @@ Shard read_shard(const std::string& path) {
   return shard;
 }
 
-void write_tokenizer_file(const std::string& path, const std::vector<std::string>& token_bytes,
-                          int end_of_text) {
-  std::FILE* file = std::fopen(path.c_str(), "wb");
-  if (file == nullptr) throw io_error("cannot create", path);
-  try {
-    write_header(file, kTokenizerMagic, kTokenizerVersion, static_cast<int32_t>(token_bytes.size()),
-                 end_of_text, path);
-    for (const auto& bytes : token_bytes) {
-      if (bytes.empty() || bytes.size() > 255)
-        throw std::runtime_error(path + ": a token of " + std::to_string(bytes.size()) +
-                                 " bytes does not fit the format's length byte");
-      auto length = static_cast<unsigned char>(bytes.size());
-      write_all(file, &length, 1, path);
-      write_all(file, bytes.data(), bytes.size(), path);
-    }
-  } catch (...) {
-    std::fclose(file);
-    std::remove(path.c_str());
-    throw;
+void write_tokenizer_file(AtomicFileWriter& file, const std::vector<std::string>& token_bytes, int end_of_text) {
+  write_header(file, kTokenizerMagic, kTokenizerVersion, static_cast<int32_t>(token_bytes.size()), end_of_text);
+  for (const auto& bytes : token_bytes) {
+    if (bytes.empty() || bytes.size() > 255)
+      throw std::runtime_error(file.path() + ": a token of " + std::to_string(bytes.size()) +
+                               " bytes does not fit the format's length byte");
+    auto length = static_cast<unsigned char>(bytes.size());
+    file.write(&length, 1);
+    file.write(bytes.data(), bytes.size());
   }
-  if (std::fclose(file) != 0) throw io_error("cannot write", path);
 }
 
 std::vector<std::string> read_tokenizer_file(const std::string& path) {

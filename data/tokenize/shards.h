@@ -2,6 +2,7 @@
 // Every function throws std::runtime_error with a one-line message naming the file.
 #pragma once
 #include "src/base/file_formats.h"
+#include "staged_output.h"
 
 #include <cstdint>
 #include <cstdio>
@@ -19,21 +20,19 @@ constexpr ShardFormat kGpt2Shards{kShardMagic, kShardVersion, 2};
 constexpr ShardFormat kLlama3Shards{kLlamaShardMagic, kLlamaShardVersion, 4};
 
 // Writes a token stream as DIR/PREFIX_val_%06d.bin (the first val_tokens tokens) then
-// DIR/PREFIX_train_%06d.bin, each shard holding at most shard_tokens tokens.
+// DIR/PREFIX_train_%06d.bin, each shard holding at most shard_tokens tokens, as files of `output`
+// (they appear when it publishes).
 class ShardWriter {
  public:
-  ShardWriter(std::string dir, std::string prefix, ShardFormat format, int64_t val_tokens,
-              int64_t shard_tokens);
-  ~ShardWriter();
+  ShardWriter(StagedOutput& output, std::string dir, std::string prefix, ShardFormat format,
+              int64_t val_tokens, int64_t shard_tokens);
   ShardWriter(const ShardWriter&) = delete;
   ShardWriter& operator=(const ShardWriter&) = delete;
 
   // Tokens must fit the format's width (GPT-2's ids do fit 16 bits).
   void write(const uint32_t* tokens, size_t count);
-  // Completes the open shard (its header gets the final count); returns every file written.
+  // Completes the open shard (its header gets the final count); returns every shard's path.
   std::vector<std::string> finish();
-  // After a failure: closes and deletes every shard this writer created.
-  void discard();
 
   int64_t val_tokens_written() const { return val_written_; }
   int64_t train_tokens_written() const { return train_written_; }
@@ -44,13 +43,13 @@ class ShardWriter {
   void open_next();
   void close_current();
 
+  StagedOutput& output_;
   std::string dir_, prefix_;
   ShardFormat format_;
   int64_t val_limit_, shard_limit_;
   int64_t val_written_ = 0, train_written_ = 0;
   int val_shards_ = 0, train_shards_ = 0;
-  std::FILE* file_ = nullptr;
-  std::string path_;
+  AtomicFileWriter* file_ = nullptr;
   int64_t in_file_ = 0;  // tokens in the open shard
   bool in_val_ = false;
   std::vector<std::string> written_;
@@ -64,7 +63,7 @@ struct Shard {
 };
 Shard read_shard(const std::string& path);
 
-// Tokenizer file: header then, per id, a length byte and the token's bytes.
-void write_tokenizer_file(const std::string& path, const std::vector<std::string>& token_bytes,
-                          int end_of_text);
+// Tokenizer file: header then, per id, a length byte and the token's bytes (`file`: a staged
+// file, DIR/gpt2_tokenizer.bin or DIR/llama3_tokenizer.bin).
+void write_tokenizer_file(AtomicFileWriter& file, const std::vector<std::string>& token_bytes, int end_of_text);
 std::vector<std::string> read_tokenizer_file(const std::string& path);

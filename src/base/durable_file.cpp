@@ -76,13 +76,12 @@ std::string parent_directory(const std::string& path) {
 }
 
 AtomicFileWriter::~AtomicFileWriter() {
-  if (fd_ >= 0) {
-    ::close(fd_);
-    ::unlink(temp_.c_str());
-  }
+  if (fd_ >= 0) ::close(fd_);
+  if (!committed_) ::unlink(temp_.c_str());
 }
 
 void AtomicFileWriter::write(const void* data, size_t bytes) {
+  if (fd_ < 0) throw std::logic_error(temp_ + ": written after close_synced()");
   crc_.update(data, bytes);
   const char* p = static_cast<const char*>(data);
   while (bytes > 0) {
@@ -95,20 +94,37 @@ void AtomicFileWriter::write(const void* data, size_t bytes) {
   }
 }
 
-void AtomicFileWriter::commit() {
+void AtomicFileWriter::patch(uint64_t offset, const void* data, size_t bytes) {
+  if (fd_ < 0 || offset + bytes > size_) throw std::logic_error(temp_ + ": patch outside what was written");
+  patched_ = true;
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::pwrite(fd_, p, bytes, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw file_error(temp_, "write failed", n < 0 ? errno : ENOSPC);
+    p += n;
+    bytes -= static_cast<size_t>(n);
+    offset += static_cast<uint64_t>(n);
+  }
+}
+
+uint32_t AtomicFileWriter::crc32c() const {
+  if (patched_) throw std::logic_error(temp_ + ": CRC-32C asked for after patch()");
+  return crc_.value();
+}
+
+void AtomicFileWriter::close_synced() {
+  if (fd_ < 0) return;
   if (::fsync(fd_) != 0) throw file_error(temp_, "fsync failed", errno);
   const int status = ::close(fd_);
   fd_ = -1;
-  if (status != 0) {
-    const int err = errno;
-    ::unlink(temp_.c_str());
-    throw file_error(temp_, "close failed", err);
-  }
-  if (std::rename(temp_.c_str(), path_.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(temp_.c_str());
-    throw file_error(path_, "cannot rename " + temp_ + " into place", err);
-  }
+  if (status != 0) throw file_error(temp_, "close failed", errno);
+}
+
+void AtomicFileWriter::commit() {
+  close_synced();
+  if (std::rename(temp_.c_str(), path_.c_str()) != 0) throw file_error(path_, "cannot rename " + temp_ + " into place", errno);
+  committed_ = true;
   fsync_directory(parent_directory(path_));
 }
 

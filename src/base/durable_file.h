@@ -46,7 +46,8 @@ std::string parent_directory(const std::string& path);
 // A file that appears complete or not at all. Bytes go to PATH.tmp (same directory, so the
 // rename cannot cross file systems); commit() syncs it, renames it to PATH and syncs the
 // directory. Destroyed without commit() (an error, an exception): the temp file is removed and
-// PATH is untouched.
+// PATH is untouched. A set of files that must appear together (a tokenized dataset) calls
+// close_synced() on each as it is complete and commit() on all once every one is.
 class AtomicFileWriter {
  public:
   explicit AtomicFileWriter(std::string path) : path_(std::move(path)), temp_(path_ + ".tmp") {
@@ -58,15 +59,24 @@ class AtomicFileWriter {
   ~AtomicFileWriter();
 
   void write(const void* data, size_t bytes);
+  // Rewrites bytes already written at `offset` (a header whose counts are known at the end);
+  // crc32c() is then no longer the file's and may not be asked for.
+  void patch(uint64_t offset, const void* data, size_t bytes);
 
+  // Syncs and closes the temp file; nothing more may be written.
+  void close_synced();
+  // close_synced() if not yet, then the rename into place and the directory's sync.
   void commit();
 
   uint64_t size() const { return size_; }
-  uint32_t crc32c() const { return crc_.value(); }
+  uint32_t crc32c() const;
+  const std::string& path() const { return path_; }
+  const std::string& temp_path() const { return temp_; }
 
  private:
   std::string path_, temp_;
   int fd_ = -1;
+  bool committed_ = false, patched_ = false;
   uint64_t size_ = 0;
   Crc32c crc_;
 };

@@ -98,12 +98,6 @@ inline uint64_t configuration_hash(const nlohmann::json& config) {
   return h;
 }
 
-inline std::string state_file_name(int rank) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "state_r%05d.bin", rank);
-  return buf;
-}
-
 // Bytes of one checkpoint of a P-parameter model (model file + world_size state files of at most
 // state_count parameters each + manifest).
 inline uint64_t checkpoint_bytes(size_t num_parameters, size_t param_element_bytes, size_t state_count,

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -28,20 +29,30 @@ std::string checkpoint_dir_name(long long step) {
   return buf;
 }
 
+std::string state_file_name(int rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "state_r%05d.bin", rank);
+  return buf;
+}
+
+bool is_checkpoint_dir_name(const std::string& name) {
+  const size_t prefix = std::strlen(kCheckpointPrefix);
+  if (name.size() <= prefix || name.compare(0, prefix, kCheckpointPrefix) != 0) return false;
+  const std::string digits = name.substr(prefix);
+  return digits.size() <= 18 && digits.find_first_not_of("0123456789") == std::string::npos;
+}
+
 std::vector<CheckpointDir> list_checkpoint_dirs(const std::string& out_dir) {
   std::vector<CheckpointDir> found;
   DIR* dir = ::opendir(out_dir.c_str());
   if (dir == nullptr) return found;
-  const size_t prefix = std::strlen(kCheckpointPrefix);
   while (const dirent* entry = ::readdir(dir)) {
     const std::string name = entry->d_name;
-    if (name.size() <= prefix || name.compare(0, prefix, kCheckpointPrefix) != 0) continue;
-    const std::string digits = name.substr(prefix);
-    if (digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (!is_checkpoint_dir_name(name)) continue;
     const std::string path = out_dir + "/" + name;
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
-    found.push_back({std::stoll(digits), path});
+    found.push_back({std::stoll(name.substr(std::strlen(kCheckpointPrefix))), path});
   }
   ::closedir(dir);
   std::sort(found.begin(), found.end(), [](const CheckpointDir& a, const CheckpointDir& b) { return a.step > b.step; });
@@ -103,6 +114,11 @@ std::optional<Checkpoint> verify_checkpoint(const std::string& dir, std::string*
   return c;
 }
 
+bool is_incomplete_checkpoint(const std::string& dir) {
+  struct stat st {};
+  return ::stat((dir + "/" + kManifestName).c_str(), &st) != 0 && errno == ENOENT;
+}
+
 std::optional<Checkpoint> find_latest_checkpoint(const std::string& out_dir, std::vector<std::string>* skipped) {
   for (const CheckpointDir& d : list_checkpoint_dirs(out_dir)) {
     std::string problem;
@@ -116,20 +132,24 @@ std::optional<Checkpoint> find_latest_checkpoint(const std::string& out_dir, std
 void remove_checkpoint_dir(const std::string& dir) {
   const std::string manifest = dir + "/" + kManifestName;
   if (::unlink(manifest.c_str()) == 0) fsync_directory(dir);
-  if (DIR* d = ::opendir(dir.c_str())) {
-    std::vector<std::string> names;
-    while (const dirent* entry = ::readdir(d)) {
-      const std::string name = entry->d_name;
-      if (name != "." && name != "..") names.push_back(name);
-    }
-    ::closedir(d);
-    for (const std::string& name : names) ::unlink((dir + "/" + name).c_str());
+  else if (errno != ENOENT) throw file_error(manifest, "cannot delete it (nothing of the checkpoint was deleted)", errno);
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) throw file_error(dir, "cannot list the checkpoint directory to delete it", errno);
+  std::vector<std::string> names;
+  while (const dirent* entry = ::readdir(d)) {
+    const std::string name = entry->d_name;
+    if (name != "." && name != "..") names.push_back(name);
   }
-  ::rmdir(dir.c_str());
+  ::closedir(d);
+  for (const std::string& name : names)
+    if (::unlink((dir + "/" + name).c_str()) != 0 && errno != ENOENT)
+      throw file_error(dir + "/" + name, "cannot delete", errno);
+  if (::rmdir(dir.c_str()) != 0) throw file_error(dir, "cannot delete the directory", errno);
 }
 
 std::vector<std::string> prune_checkpoints(const std::string& out_dir, long long current_step,
-                                                  long long keep_last, long long keep_every) {
+                                                  long long keep_last, long long keep_every,
+                                                  std::vector<std::string>* failed) {
   std::vector<std::string> removed;
   if (keep_last == 0) return removed;
   long long kept = 0;
@@ -140,8 +160,13 @@ std::vector<std::string> prune_checkpoints(const std::string& out_dir, long long
       continue;
     }
     if (keep_every > 0 && d.step % keep_every == 0) continue;
-    remove_checkpoint_dir(d.path);
-    removed.push_back(d.path);
+    try {
+      remove_checkpoint_dir(d.path);
+      removed.push_back(d.path);
+    } catch (const std::runtime_error& e) {
+      if (failed == nullptr) throw;
+      failed->push_back(e.what());
+    }
   }
   return removed;
 }

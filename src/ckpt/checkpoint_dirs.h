@@ -33,6 +33,12 @@ constexpr char kCheckpointPrefix[] = "checkpoint_";
 
 std::string checkpoint_dir_name(long long step);
 
+// "state_r00003.bin": rank R's training state in a checkpoint directory.
+std::string state_file_name(int rank);
+
+// Whether NAME (a directory entry, no slash) is a checkpoint directory's name: checkpoint_<digits>.
+bool is_checkpoint_dir_name(const std::string& name);
+
 struct CheckpointDir {
   long long step;
   std::string path;
@@ -54,20 +60,28 @@ struct Checkpoint {
 std::optional<Checkpoint> verify_checkpoint(const std::string& dir, std::string* problem,
                                                    bool check_files = true);
 
+// Whether DIR is a checkpoint whose writing never finished: it has no manifest (written last), as
+// when a run crashed during the checkpoint. A directory with a manifest that does not verify is
+// damaged, not incomplete.
+bool is_incomplete_checkpoint(const std::string& dir);
+
 // --resume auto: the newest complete checkpoint in out_dir. Every newer directory that is not a
 // complete checkpoint is reported through `skipped` ("DIR: why") and passed over.
 std::optional<Checkpoint> find_latest_checkpoint(const std::string& out_dir, std::vector<std::string>* skipped);
 
 // Removes a checkpoint directory: the manifest first, so a removal cut short leaves an
-// incomplete directory rather than a "complete" one with missing files.
+// incomplete directory rather than a "complete" one with missing files. Throws naming the file
+// that could not be deleted (one that cannot lose its manifest loses nothing).
 void remove_checkpoint_dir(const std::string& dir);
 
 // Deletes the checkpoints at or before `current_step` that are neither among the newest
 // keep_last (0 = keep all) nor at a multiple of keep_every (0 = none kept for good). Later
 // directories (an abandoned timeline a resumed run will overwrite) are left alone. Returns the
-// deleted directories.
+// deleted directories; one that could not be deleted is reported through `failed` ("FILE: why";
+// without it, thrown).
 std::vector<std::string> prune_checkpoints(const std::string& out_dir, long long current_step,
-                                                  long long keep_last, long long keep_every);
+                                                  long long keep_last, long long keep_every,
+                                                  std::vector<std::string>* failed = nullptr);
 
 // How many more checkpoints than there are at its start a run has on disk at once, at most. It
 // writes one after every `every`-th step in (start, max_steps) (every 0: none) and one after

@@ -178,6 +178,19 @@ inline void check_same_run(const Checkpoint& c, const std::vector<std::unique_pt
 
 }  // namespace checkpoint_detail
 
+// The seed of the run that wrote checkpoint `c`, as rank 0's state file records it (the state the
+// run's stochastic rounding and data order came from; a manifest written by an older build may
+// name a --seed given on resume that was never used).
+inline uint64_t read_checkpoint_seed(const Checkpoint& c) {
+  const std::string path = c.path + "/" + state_file_name(0);
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
+  if (!f) throw file_error(path, "cannot open", errno);
+  StateHeader h{};
+  checkpoint_detail::read_exact(f.get(), &h, kStateHeaderBytesWithoutConfigHash, path, "the header");
+  if (std::memcmp(h.magic, kStateMagic, sizeof h.magic) != 0) throw std::runtime_error(path + ": not a train_gpt state file");
+  return h.seed;
+}
+
 // Loads a verified checkpoint into a model built with the checkpoint's architecture and dtype:
 // parameters from model.bin, fp32 weights (master weights for bf16) and AdamW moments of the
 // parameters this rank owns, and the rest into *state (guard limits are left as they are). The

@@ -9,13 +9,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
 #include <cerrno>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <vector>
 
 namespace {
@@ -56,6 +61,30 @@ void copy_file(const std::string& from, const std::string& to) {
   out.commit();
 }
 
+// Whether DIR is a checkpoint directory: one holding a checkpoint manifest, or named
+// checkpoint_<digits> holding what a checkpoint writes first (one cut short before its manifest).
+bool is_checkpoint(const std::filesystem::path& dir) {
+  std::ifstream manifest(dir / kManifestName);
+  if (manifest) {
+    const nlohmann::json m = nlohmann::json::parse(manifest, nullptr, false);
+    if (m.is_object() && m.value("format", "") == kManifestFormat) return true;
+  }
+  return is_checkpoint_dir_name(dir.filename().string()) &&
+         (exists((dir / kModelFileName).string()) || exists((dir / state_file_name(0)).string()));
+}
+
+// The checkpoint directory that `dir` is or lies inside (resolved: symlinks, "..", a relative
+// path), or "" for none.
+std::string enclosing_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::path p = std::filesystem::weakly_canonical(dir, ec);
+  if (ec) return "";
+  for (;; p = p.parent_path()) {
+    if (is_checkpoint(p)) return p.string();
+    if (p == p.root_path() || p.empty()) return "";
+  }
+}
+
 }  // namespace
 
 bool writes_out_dir(const TrainConfig& cfg) { return cfg.max_steps > 0 && !cfg.eval && !cfg.generate; }
@@ -67,6 +96,12 @@ OutDirPlan plan_out_dir(const TrainConfig& cfg, const std::optional<Checkpoint>&
     throw std::runtime_error("--init-from " + cfg.init_from +
                              " is --out-dir's model.bin, which this run writes at its end: copy it elsewhere or "
                              "choose another --out-dir");
+  const std::string checkpoint = enclosing_checkpoint(out);
+  if (!checkpoint.empty())
+    throw std::runtime_error("--out-dir " + out + (same_file(checkpoint, out) ? " is" : " is inside") +
+                             " the checkpoint directory " + checkpoint +
+                             ", which a run never writes into: choose another --out-dir (to continue it: "
+                             "--resume " + checkpoint + " --out-dir " + parent_directory(checkpoint) + ")");
   OutDirPlan plan;
   const std::vector<CheckpointDir> dirs = list_checkpoint_dirs(out);
   const bool has_metrics = exists(metrics_path), has_model = exists(model_path);
@@ -88,9 +123,31 @@ OutDirPlan plan_out_dir(const TrainConfig& cfg, const std::optional<Checkpoint>&
   // A new history: a fresh run, or a checkpoint from another directory.
   if (dirs.empty() && !has_metrics && !has_model) return plan;
   if (cfg.overwrite) {
-    for (const CheckpointDir& d : dirs) plan.remove.push_back(d.path);
+    for (const CheckpointDir& d : dirs) {
+      if (resume_from && same_file(d.path, resume_from->path))
+        throw std::runtime_error("--overwrite would delete --resume's checkpoint " + resume_from->path + " (it is " +
+                                 d.path + "): name it as " + d.path + " to continue --out-dir's run, or choose "
+                                 "another --out-dir");
+      plan.remove.push_back(d.path);
+    }
     if (has_model) plan.remove.push_back(model_path);
     return plan;  // metrics.jsonl is started anew
+  }
+  const bool all_incomplete =
+      std::all_of(dirs.begin(), dirs.end(), [](const CheckpointDir& d) { return is_incomplete_checkpoint(d.path); });
+  if (cfg.resume == "auto" && all_incomplete) {  // not one complete checkpoint: an earlier attempt stopped before
+    for (const CheckpointDir& d : dirs) plan.set_aside.push_back(d.path);
+    if (has_metrics) plan.set_aside.push_back(metrics_path);
+    if (has_model) plan.set_aside.push_back(model_path);
+    const std::string what = (dirs.empty() ? "" : "incomplete checkpoint(s)") +
+                             std::string(!dirs.empty() && (has_metrics || has_model) ? " and " : "") +
+                             (has_metrics && has_model ? "metrics.jsonl and model.bin"
+                              : has_metrics            ? "metrics.jsonl"
+                              : has_model              ? "model.bin"
+                                                       : "");
+    plan.reason = "--resume auto: " + out + " holds no " + (dirs.empty() ? "" : "complete ") +
+                  "checkpoint, so the run starts afresh and the earlier " + what;
+    return plan;
   }
   if (!dirs.empty())
     throw std::runtime_error("--out-dir " + out + " holds checkpoints (newest: " + dirs.front().path +
@@ -99,12 +156,6 @@ OutDirPlan plan_out_dir(const TrainConfig& cfg, const std::optional<Checkpoint>&
   const std::string files = has_metrics && has_model ? "metrics.jsonl and model.bin"
                             : has_metrics            ? "metrics.jsonl"
                                                      : "model.bin";
-  if (cfg.resume == "auto") {  // not one checkpoint: an earlier attempt stopped before its first
-    if (has_metrics) plan.set_aside.push_back(metrics_path);
-    if (has_model) plan.set_aside.push_back(model_path);
-    plan.reason = "--resume auto: " + out + " holds no checkpoint, so the run starts afresh and the earlier " + files;
-    return plan;
-  }
   throw std::runtime_error("--out-dir " + out + " holds " + files +
                            " of another run: choose another --out-dir, or pass --overwrite to replace " +
                            (has_metrics && has_model ? "them" : "it"));

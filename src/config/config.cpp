@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cerrno>
+#include <cfloat>
 #include <climits>
 #include <cmath>
 #include <cstdio>
@@ -25,6 +26,9 @@
 #include <utility>
 #include <variant>
 #include <vector>
+
+// The largest value an fp32 holds: flags the optimizer and the sampler use as fp32 stay finite.
+constexpr double kMaxFp32 = FLT_MAX;
 
 const std::vector<Flag>& flag_table() {
   static const std::vector<Flag> flags = {
@@ -53,16 +57,16 @@ const std::vector<Flag>& flag_table() {
        "attention kernel: flash (tensor cores; bf16, head size C/NH of 16, 32, 64 or 128) or simple (CUDA cores; "
        "fp32 and every head size); auto picks flash wherever it can run",
        &TrainConfig::attention, {}, {"auto", "flash", "simple"}},
-      {"lr", "X", "peak learning rate", &TrainConfig::lr, {0, HUGE_VAL}},
+      {"lr", "X", "peak learning rate", &TrainConfig::lr, {0, kMaxFp32}},
       {"lr-schedule", "NAME", "cosine | linear | constant | wsd (warmup-stable-decay, decay over the last 20% of steps)",
        &TrainConfig::lr_schedule, {}, lr_schedule_names()},
       {"warmup-steps", "N", "steps of linear warmup from lr/N to lr", &TrainConfig::warmup_steps, {0, (double)LLONG_MAX}},
       {"final-lr-frac", "X", "learning rate at the last step, as a fraction of --lr", &TrainConfig::final_lr_frac, {0, 1}},
-      {"weight-decay", "X", "AdamW weight decay (matrices and embeddings only)", &TrainConfig::weight_decay, {0, HUGE_VAL}},
+      {"weight-decay", "X", "AdamW weight decay (matrices and embeddings only)", &TrainConfig::weight_decay, {0, kMaxFp32}},
       {"beta1", "X", "AdamW beta1", &TrainConfig::beta1, {0, 1, false, true}},
       {"beta2", "X", "AdamW beta2", &TrainConfig::beta2, {0, 1, false, true}},
-      {"adam-eps", "X", "AdamW epsilon", &TrainConfig::adam_eps, {0, HUGE_VAL, true, false}},
-      {"grad-clip", "X", "clip the global gradient norm to X (0 = off)", &TrainConfig::grad_clip, {0, HUGE_VAL}},
+      {"adam-eps", "X", "AdamW epsilon", &TrainConfig::adam_eps, {0, kMaxFp32, true, false}},
+      {"grad-clip", "X", "clip the global gradient norm to X (0 = off)", &TrainConfig::grad_clip, {0, kMaxFp32}},
       {"max-steps", "N", "optimizer steps to run (0 = only evaluate the model on --val-data and exit, writing nothing)",
        &TrainConfig::max_steps, {0, INT_MAX}},
       {"val-every", "N", "validate after every N-th step and after the last (0 = never)", &TrainConfig::val_every,
@@ -143,7 +147,7 @@ const std::vector<Flag>& flag_table() {
       {"max-new-tokens", "N", "tokens to generate; the prompt and these must fit the model's context (max_seq_len)",
        &TrainConfig::max_new_tokens, {1, INT_MAX}},
       {"temperature", "X", "sampling temperature (0 = greedy: always the most likely token)", &TrainConfig::temperature,
-       {0, HUGE_VAL}},
+       {0, kMaxFp32}},
       {"top-k", "K", "sample among the K most likely tokens (0 = the whole vocabulary)", &TrainConfig::top_k,
        {0, INT_MAX}},
       {"vocab-dir", "DIR", "GPT-2 BPE files (encoder.json, vocab.bpe) for the prompt and the generated text",
@@ -186,7 +190,10 @@ std::string expectation(const Flag& flag) {
         } else {
           const char* kind = std::is_same_v<V, double> ? "a number" : "an integer";
           const Range& r = flag.range;
-          bool has_lo = std::isfinite(r.lo), has_hi = std::isfinite(r.hi) && r.hi != static_cast<double>(LLONG_MAX);
+          // A type's limit (LLONG_MAX, fp32's largest value) is no chosen bound: fp32's is said only
+          // to a value beyond it (assign).
+          bool has_lo = std::isfinite(r.lo),
+               has_hi = std::isfinite(r.hi) && r.hi != static_cast<double>(LLONG_MAX) && r.hi != kMaxFp32;
           if (has_lo && has_hi)
             return std::string(kind) + " in " + (r.lo_open ? "(" : "[") + format_number(r.lo) + ", " +
                    format_number(r.hi) + (r.hi_open ? ")" : "]");
@@ -277,6 +284,10 @@ void assign(TrainConfig& cfg, const Flag& flag, const RawValue& raw, const std::
           if (raw.json && !raw.json->is_string()) throw bad();
           if (!raw.json) check_utf8(raw.text, where);  // a JSON file's strings are UTF-8 already
           std::string v = raw.json ? raw.json->template get<std::string>() : raw.text;
+          // Only a JSON file can carry one ("\u0000"); no path, choice or prompt text holds it.
+          if (v.find('\0') != std::string::npos)
+            throw std::invalid_argument(where + ": contains a NUL character (\\u0000 at offset " +
+                                        std::to_string(v.find('\0')) + ")");
           if (v.empty() && !flag.command_line_only && std::string(flag.name) != "init-from") throw bad();
           if (!flag.choices.empty()) {
             bool known = false;
@@ -306,6 +317,9 @@ void assign(TrainConfig& cfg, const Flag& flag, const RawValue& raw, const std::
           } else if (!parse_real(raw.text, &v)) {
             throw bad();
           }
+          if (v > kMaxFp32 && flag.range.hi == kMaxFp32)
+            throw std::invalid_argument(where + ": expected " + expectation(flag) + " that fits an fp32 (at most " +
+                                        config_detail::format_number(kMaxFp32) + "), got " + shown);
           if (!std::isfinite(v) || !flag.range.contains(v)) throw bad();
           cfg.*member = v;
         } else {
@@ -342,22 +356,34 @@ std::string value_text(const TrainConfig& cfg, const Flag& flag) {
 nlohmann::json config_json(const TrainConfig& cfg) {
   nlohmann::json j = nlohmann::json::object();
   for (const Flag& f : flag_table()) j[f.name] = config_detail::value_text(cfg, f);
+  if (!cfg.init_from.empty()) j["model"] = "-";  // the architecture is --init-from's, not a preset's
   return j;
 }
 
 namespace config_detail {
 
-// The whole of a --config file; errors name the file (a directory, for one, opens but cannot be read).
+// The whole of a --config file; errors name the file. Only a regular file of at most
+// kMaxConfigBytes is read: a directory opens but cannot be read, a named pipe blocks until
+// someone writes to it, a device (/dev/zero) never ends.
 std::string read_config_file(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0)
     throw std::invalid_argument("--config " + path + ": cannot open the file: " + std::strerror(errno));
   if (S_ISDIR(st.st_mode)) throw std::invalid_argument("--config " + path + ": is a directory, expected a JSON file");
+  if (!S_ISREG(st.st_mode))
+    throw std::invalid_argument("--config " + path + ": is " + (S_ISFIFO(st.st_mode) ? "a named pipe" : "not a regular file") +
+                                ", expected a JSON file");
+  if (st.st_size > kMaxConfigBytes)
+    throw std::invalid_argument("--config " + path + ": " + std::to_string(st.st_size) + " bytes, more than the " +
+                                std::to_string(kMaxConfigBytes) + " a file of flag values may have");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::invalid_argument("--config " + path + ": cannot open the file: " + std::strerror(errno));
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad() || text.fail()) throw std::invalid_argument("--config " + path + ": cannot read the file");
+  if (static_cast<long long>(text.tellp()) > kMaxConfigBytes)  // it grew since stat
+    throw std::invalid_argument("--config " + path + ": more than the " + std::to_string(kMaxConfigBytes) +
+                                " bytes a file of flag values may have");
   return text.str();
 }
 

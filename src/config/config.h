@@ -4,7 +4,7 @@
 // Command line: GNU-style long flags, `--flag value` or `--flag=value`, each flag at most once.
 // `--config FILE` reads a JSON object whose keys are the flag names without the dashes
 // ({"lr": 3e-4, "lr-schedule": "wsd"}), each key at most once; flags on the command line
-// override the file. A repeated flag or key is an error: one of the two values would be
+// override the file. The file must be a regular file of at most 1 MiB (kMaxConfigBytes). A repeated flag or key is an error: one of the two values would be
 // dropped without a word.
 // Every bad input is a std::invalid_argument with one line naming the flag, key or file
 // and what was expected.
@@ -20,6 +20,10 @@
 #include <utility>
 #include <variant>
 #include <vector>
+
+// The largest --config file: a JSON object of flag values is a few KiB; a larger "file" is a mistake
+// (a log, a data shard, a device that never ends).
+constexpr long long kMaxConfigBytes = 1 << 20;
 
 // The largest --gpu-memory (GiB): 1 PiB, far above any device, and its bytes fit a size_t.
 constexpr double kMaxGpuMemoryGiB = 1048576.0;
@@ -143,7 +147,8 @@ std::string value_text(const TrainConfig& cfg, const Flag& flag);
 
 }  // namespace config_detail
 
-// The run's flags as the manifest records them ({"lr": "0.0006", ...}).
+// The run's flags as the manifest records them ({"lr": "0.0006", ...}); "model" is "-" when the
+// architecture came from --init-from.
 nlohmann::json config_json(const TrainConfig& cfg);
 
 // Applies a JSON config file (an object of flag values) to cfg.

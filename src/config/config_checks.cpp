@@ -25,6 +25,11 @@ int validate_config(TrainConfig& cfg, int world_size) {
   if (cfg.profile > 0) {
     if (cfg.was_set("max-steps"))
       throw std::invalid_argument("--profile N trains N steps: drop --max-steps");
+    // Its N steps in place of --max-steps would rewrite a history: the schedule, checkpoints, model.bin.
+    if (!cfg.resume.empty())
+      throw std::invalid_argument("--profile N trains N steps in place of --max-steps, which would change the history "
+                                  "--resume continues (its schedule, checkpoints and model.bin): profile into a fresh "
+                                  "--out-dir, with --init-from a checkpoint's model.bin");
     cfg.max_steps = cfg.profile;
   }
   if (!cfg.save) {

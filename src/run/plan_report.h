@@ -5,8 +5,10 @@
 #include "src/base/units.h"
 #include "src/config/config_checks.h"
 #include "src/dist/comm_plan.h"
+#include "src/dist/rendezvous.h"
 #include "src/dist/tensor_split.h"
 #include "src/model/activations.h"
+#include "src/model/attention.h"
 #include "src/run/memory_plan.h"
 #include "src/run/run_setup.h"
 
@@ -116,17 +118,20 @@ inline std::string communication_lines(const TrainConfig& cfg, const GPT2Config&
 // --plan's exit status when the plan exceeds the budget (scripts can test it; 1 is a bad input).
 constexpr int kPlanDoesNotFitStatus = 2;
 
-// --plan: each rank's device memory for --world-size ranks, against --gpu-memory or the device's
+// --plan: each rank's device memory for --world-size ranks (else the launch's), against --gpu-memory or the device's
 // total memory (none without a device). Reads only the model's architecture: no data, no GPU
 // needed, nothing written. Returns the exit status: 0, or kPlanDoesNotFitStatus.
 inline int print_memory_plan(TrainConfig cfg) {
   if (!cfg.resume.empty())
     throw std::invalid_argument("--plan takes the architecture from --model or --init-from, not --resume");
-  const int world = cfg.world_size > 0 ? cfg.world_size : 1;
+  // Without --world-size: the launch's (mpirun, srun), as the run would have.
+  const int world = cfg.world_size > 0 ? cfg.world_size
+                                        : with_context("--plan", [] { return detect_launch().world_size; });
   const int micro_steps = validate_config(cfg, world);
   std::string source;
   const GPT2Config model = resolve_model(cfg, std::nullopt, &source);
   validate_against_model(cfg, model.max_seq_len, source);
+  with_context("model " + source, [&] { choose_attention(cfg.attention, dtype_named(cfg.dtype), model); });
   gpt2_check_micro_batch(model, cfg.batch_size, cfg.seq_len, cfg.recompute);
   check_tensor_split(model, cfg.tp, "--tp");
   const size_t budget = chunk_budget(cfg);

@@ -4,6 +4,7 @@
 #pragma once
 #include "src/base/durable_file.h"
 #include "src/base/error_context.h"
+#include "src/base/same_file.h"
 #include "src/base/units.h"
 #include "src/ckpt/checkpoint_dirs.h"
 #include "src/ckpt/out_dir_history.h"
@@ -15,6 +16,7 @@
 #include "src/model/model_file.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdint>
 #include <memory>
 #include <new>
@@ -116,4 +118,20 @@ inline TrainingData open_training_data(const RunSetup& setup, int rank, int worl
     });
   }
   return data;
+}
+
+// A validation loss measured on shards the run also trains on says little about generalization:
+// a warning when --train-data's files include any of --val-data's (by device and inode).
+inline void warn_if_validation_is_trained_on(const DataLoader& train, const DataLoader& val) {
+  size_t shared = 0;
+  std::string first;
+  for (const std::string& v : val.files())
+    for (const std::string& t : train.files())
+      if (same_file(v, t)) {
+        if (shared++ == 0) first = v;
+        break;
+      }
+  if (shared > 0)
+    std::fprintf(stderr, "warning: --train-data includes %zu of the %zu --val-data shard(s) (%s): the validation loss is "
+                 "measured on text the model trains on\n", shared, val.files().size(), first.c_str());
 }

@@ -10,6 +10,7 @@ namespace {
 
 volatile std::sig_atomic_t g_stop_signal = 0;  // the signal that asked for the stop
 volatile std::sig_atomic_t g_interrupted = 0;  // a Ctrl-C came
+volatile std::sig_atomic_t g_start_up = 1;    // training has not begun
 
 void write_note(const char* note, size_t bytes) {
   if (write(STDERR_FILENO, note, bytes) < 0) return;
@@ -31,20 +32,25 @@ void request_stop(int signal) {
     return;
   }
   g_interrupted = 1;
+  static const char ending[] = "\nSIGINT: ending the command during its start-up, nothing written (Ctrl-C again: at once)\n";
   static const char stopping[] = "\nSIGINT: stopping after this step with a checkpoint (Ctrl-C again: stop at once)\n";
   static const char after_term[] = "\nSIGINT: already stopping after this step (SIGTERM); Ctrl-C again: stop at once\n";
   static const char after_usr1[] = "\nSIGINT: already stopping after this step (SIGUSR1); Ctrl-C again: stop at once\n";
-  if (g_stop_signal == SIGTERM) write_note(after_term, sizeof after_term - 1);
+  if (g_start_up != 0) write_note(ending, sizeof ending - 1);
+  else if (g_stop_signal == SIGTERM) write_note(after_term, sizeof after_term - 1);
   else if (g_stop_signal == SIGUSR1) write_note(after_usr1, sizeof after_usr1 - 1);
   else write_note(stopping, sizeof stopping - 1);
   if (g_stop_signal == 0) g_stop_signal = SIGINT;
 }
 
-void set_stop_handlers(void (*handler)(int)) {
+// restart: whether an interrupted system call is restarted (training: reads and writes in flight
+// continue; the loop checks the flag) or fails with EINTR (start-up: a read that blocks, from a
+// named pipe, say, ends).
+void set_stop_handlers(void (*handler)(int), bool restart) {
   struct sigaction action {};
   action.sa_handler = handler;
   sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_RESTART;  // reads and writes in flight continue; the loop checks the flag
+  action.sa_flags = restart ? SA_RESTART : 0;
   sigaction(SIGTERM, &action, nullptr);
   sigaction(SIGUSR1, &action, nullptr);
   sigaction(SIGINT, &action, nullptr);
@@ -52,9 +58,16 @@ void set_stop_handlers(void (*handler)(int)) {
 
 }  // namespace
 
-void install_stop_handlers() { set_stop_handlers(request_stop); }
+void install_stop_handlers() { set_stop_handlers(request_stop, false); }
 
-void restore_default_stop_handlers() { set_stop_handlers(SIG_DFL); }
+void end_start_up() {
+  g_start_up = 0;
+  set_stop_handlers(request_stop, true);
+}
+
+bool in_start_up() { return g_start_up != 0; }
+
+void restore_default_stop_handlers() { set_stop_handlers(SIG_DFL, true); }
 
 int pending_stop_signal() { return static_cast<int>(g_stop_signal); }
 

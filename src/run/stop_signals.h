@@ -1,11 +1,20 @@
 // stop_signals.h — SIGTERM, SIGUSR1 and SIGINT as requests to stop after the current step (with a
 // checkpoint) or, during start-up, before anything is written; a second Ctrl-C as "stop now".
+// During start-up a signal also interrupts a blocking read (a named pipe, a stalled file system):
+// the read fails, and the command ends as the signal asked (main turns that failure into the stop).
 #pragma once
 #include <exception>
 
 // Installs the handlers (main's first instruction); from then on a stop signal is recorded instead
-// of ending the process.
+// of ending the process. Until end_start_up(), a stop signal interrupts the system call in flight.
 void install_stop_handlers();
+
+// Training begins: a stop signal now means "after this step", and system calls it interrupts
+// are restarted.
+void end_start_up();
+
+// Whether end_start_up() has not been called yet.
+bool in_start_up();
 
 // Back to the default actions (a signal ends the process), for commands that write nothing and
 // have passed their start-up: --eval, --max-steps 0, --generate.

@@ -86,6 +86,7 @@ class Trainer {
     if (lead_)
       for (const std::string& w : config_warnings(cfg_, setup_.grad_accum_steps, data_.val ? data_.val->batches_per_epoch() : 0))
         std::fprintf(stderr, "warning: %s\n", w.c_str());
+    if (lead_ && data_.train && data_.val) warn_if_validation_is_trained_on(*data_.train, *data_.val);
     print_startup_report(setup_, model_, data_, comm_, flops_per_token_, peak_);
     stop_if_signalled_during_start_up();
     if (lead_ && !eval_only_ && !cfg_.eval) prepare_out_dir();
@@ -118,6 +119,7 @@ class Trainer {
       }
     }
     const long long first_step = state_.step + 1;
+    const uint64_t skipped_before = state_.guards.skipped_total();
     for (long long step = first_step; step <= cfg_.max_steps; ++step) {
       maybe_hang_for_test(comm_.rank(), step);
       maybe_signal_for_test(comm_.rank(), step);
@@ -163,6 +165,11 @@ class Trainer {
     print_skipped_updates();
     print_throughput();
     if (cfg_.profile > 0) report_profile();
+    // A model no update reached (a --lr beyond what training survives, broken data) is not a result.
+    if (state_.guards.skipped_total() - skipped_before == static_cast<uint64_t>(cfg_.max_steps - first_step + 1))
+      throw std::runtime_error("every update of this run's " + std::to_string(cfg_.max_steps - first_step + 1) +
+                               " step(s) was skipped (see 'updates skipped'): the model did not train, so " +
+                               model_path_ + " was not written (check --lr and the data)");
     finish();
   }
 
@@ -258,6 +265,7 @@ class Trainer {
     const int signal = pending_stop_signal();
     const double votes = comm_.world_size() > 1 ? comm_.sum(signal != 0 ? 1.0 : 0.0) : (signal != 0 ? 1.0 : 0.0);
     if (votes > 0) throw StopDuringStartUp(signal != 0 ? signal : SIGTERM, trains ? "training" : "evaluating");
+    if (trains) end_start_up();
   }
 
   // Rank 0: --out-dir claimed for this run, with room for its checkpoints (src/run/out_dir.h).
@@ -430,9 +438,11 @@ class Trainer {
     last_checkpoint_step_ = state_.step;
     last_checkpoint_dir_ = dir;
     std::printf("checkpoint %s\n", dir.c_str());
+    std::vector<std::string> failed;
     if (lead_)
-      for (const std::string& old : prune_checkpoints(cfg_.out_dir, state_.step, cfg_.keep_checkpoints, cfg_.keep_every))
+      for (const std::string& old : prune_checkpoints(cfg_.out_dir, state_.step, cfg_.keep_checkpoints, cfg_.keep_every, &failed))
         std::printf("deleted old checkpoint %s\n", old.c_str());
+    for (const std::string& f : failed) std::fprintf(stderr, "warning: --keep-checkpoints: an old checkpoint was not deleted: %s\n", f.c_str());
     std::fflush(stdout);
   }
 

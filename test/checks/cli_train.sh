@@ -11,6 +11,9 @@ set -u
 # shellcheck source=test/checks/lib/trainer.sh
 source "$(dirname "$0")/lib/trainer.sh" "$@"
 require_files "$bin" "$ref/model.bin" "$ref/train.bin"
+# Validation on a copy of the training shard: the same file would draw the warning that the
+# validation loss measures text the model trains on.
+cp "$ref/train.bin" "$tmp/val.bin"
 
 # Checks DIR/metrics.jsonl of a run: train records for steps 1..N in order with exactly the
 # documented keys and finite values, lr(k) per the documented schedule, and a validation
@@ -57,7 +60,7 @@ model_header() { "$python" -c 'import struct,sys; print(*struct.unpack("<8i", op
 
 # 1. bf16 (the default dtype) from the tiny model: warmup + cosine, validation every 3 steps.
 run1=$tmp/run1
-if ! "$bin" --init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$ref/train.bin" \
+if ! "$bin" --init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$tmp/val.bin" \
     --batch-size 2 --seq-len 32 --max-steps 7 --lr 1e-3 --warmup-steps 2 --final-lr-frac 0.1 \
     --val-every 3 --val-steps 2 --out-dir "$run1" >"$tmp/run1.log" 2>&1; then
   fail "bf16 run exited non-zero"; cat "$tmp/run1.log"
@@ -88,7 +91,7 @@ fi
 # Evaluation only: the checkpoint's model gives the validation loss the run recorded after that
 # step, and nothing is written.
 val7=$("$python" -c 'import json,sys; print("%.6f" % [json.loads(l) for l in open(sys.argv[1])][-1]["val_loss"])' "$run1/metrics.jsonl")
-if "$bin" --resume "$run1/checkpoint_00000007" --train-data "$ref/train.bin" --val-data "$ref/train.bin" \
+if "$bin" --resume "$run1/checkpoint_00000007" --train-data "$ref/train.bin" --val-data "$tmp/val.bin" \
     --batch-size 2 --seq-len 32 --max-steps 0 --val-steps 2 --out-dir "$tmp/eval" >"$tmp/eval.log" 2>&1; then
   grep -q "^val loss $val7 (2 batch(es) of 2 x 32 tokens per rank, the model after step 7); --max-steps 0: evaluation only, nothing written$" \
     "$tmp/eval.log" || fail "evaluating the step-7 checkpoint: $(tail -n 1 "$tmp/eval.log"), the run had $val7"
@@ -100,7 +103,7 @@ fi
 # 2. A second run into the same directory with --overwrite (without it: refused, see
 # out_dir_ownership.sh) deletes the first run's checkpoints and starts metrics.jsonl anew;
 # validation at the last step.
-if "$bin" --init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$ref/train.bin" \
+if "$bin" --init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$tmp/val.bin" \
     --batch-size 2 --seq-len 32 --max-steps 2 --lr-schedule wsd --warmup-steps 0 --val-every 5 --val-steps 1 \
     --out-dir "$run1" --overwrite >"$tmp/run2.log" 2>&1; then
   check_metrics "$run1" 2 5 6e-4 0 0.1 wsd || fail "rerun: metrics.jsonl was not truncated or is wrong"
@@ -150,7 +153,7 @@ fi
 # 5. Start-up warnings: warm-up as long as the run, more validation batches than the data holds
 # (641 tokens: 10 batches of 2 x 32), more than 64 accumulation steps. The --out-dir cannot be
 # created, so the run stops right after them.
-if "$bin" --init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$ref/train.bin" --batch-size 2 \
+if "$bin" --init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$tmp/val.bin" --batch-size 2 \
     --seq-len 32 --max-steps 20 --val-steps 11 --total-batch-tokens $((65 * 64)) --out-dir /proc/self/none \
     >"$tmp/warn.log" 2>"$tmp/warn.err"; then
   fail "the run into /proc/self/none succeeded"
@@ -186,7 +189,7 @@ grep -q "nothing to train" "$tmp/example2.log" || fail "README's CPU example, ru
 # 6. --save-dtype fp32: a bf16 run's final model file in fp32 (version 3), the same values as the
 # bf16 model file of its checkpoint; it loads again (--init-from) to the same validation loss.
 fp32out=$tmp/save_fp32
-if "$bin" --init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$ref/train.bin" --batch-size 2 \
+if "$bin" --init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$tmp/val.bin" --batch-size 2 \
     --seq-len 32 --max-steps 2 --warmup-steps 1 --val-every 2 --val-steps 2 --save-dtype fp32 --out-dir "$fp32out" \
     >"$fp32out.log" 2>&1; then
   [ "$(model_header "$fp32out/model.bin")" = "20240326 3 64 500 2 4 64 512" ] ||
@@ -200,7 +203,7 @@ sys.exit(0 if wide == widened else 1)
 EOF
   val2=$("$python" -c 'import json,sys; print("%.6f" % [json.loads(l) for l in open(sys.argv[1])][-1]["val_loss"])' "$fp32out/metrics.jsonl")
   # (evaluation only into a directory with checkpoints: it writes nothing, so it is no second run there)
-  "$bin" --init-from "$fp32out/model.bin" --train-data "$ref/train.bin" --val-data "$ref/train.bin" --batch-size 2 \
+  "$bin" --init-from "$fp32out/model.bin" --train-data "$ref/train.bin" --val-data "$tmp/val.bin" --batch-size 2 \
     --seq-len 32 --max-steps 0 --val-steps 2 --out-dir "$fp32out" >"$tmp/eval_fp32.log" 2>&1
   grep -q "^val loss $val2 " "$tmp/eval_fp32.log" || fail "the fp32 model file evaluates to $(tail -n 1 "$tmp/eval_fp32.log"), the run had $val2"
 else

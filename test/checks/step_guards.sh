@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Bad-step guards in a real run (docs/CHECKPOINTS.md, "Bad-step guards"): a model file whose huge
-# (finite) weights make every loss non-finite, so every update is skipped, logged and counted,
-# and the fp32 run's final model.bin is the input file byte for byte (nothing was applied).
+# (finite) weights make every loss non-finite, so every update is skipped, logged and counted; the
+# fp32 run's last checkpoint holds the input file byte for byte (nothing was applied), and the run
+# ends with a non-zero status without writing model.bin (a model no update reached is no result).
 # Then a z-score guard that trips: skipped steps are logged with their z-score.
 # usage: step_guards.sh cpu|gpu
 set -u
@@ -24,7 +25,7 @@ open(sys.argv[2], "wb").write(data)
 EOF
 
 run=(--train-data "$ref/train.bin" --val-data "$ref/train.bin" --batch-size 2 --seq-len 32 --val-every 0)
-if "$bin" "${run[@]}" --init-from "$tmp/huge.bin" --dtype fp32 --max-steps 3 --lr 1e-3 --out-dir "$tmp/huge" >"$tmp/huge.log" 2>&1; then
+if ! "$bin" "${run[@]}" --init-from "$tmp/huge.bin" --dtype fp32 --max-steps 3 --lr 1e-3 --out-dir "$tmp/huge" >"$tmp/huge.log" 2>&1; then
   "$python" - "$tmp/huge/metrics.jsonl" <<'EOF' || fail "non-finite steps: metrics.jsonl"
 import json, sys
 records = [json.loads(l) for l in open(sys.argv[1])]
@@ -35,9 +36,12 @@ EOF
   [ "$(grep -c '| update skipped: non-finite' "$tmp/huge.log")" -eq 3 ] || fail "non-finite steps: expected 3 log lines"
   grep -q '^updates skipped: 3 (non-finite 3, loss z-score 0, gradient-norm z-score 0)' "$tmp/huge.log" ||
     fail "non-finite steps: no count at the end"
-  cmp -s "$tmp/huge.bin" "$tmp/huge/model.bin" || fail "non-finite steps changed the parameters"
+  cmp -s "$tmp/huge.bin" "$tmp/huge/checkpoint_00000003/model.bin" || fail "non-finite steps changed the parameters"
+  [ ! -e "$tmp/huge/model.bin" ] || fail "a run whose every update was skipped wrote model.bin"
+  tail -n 1 "$tmp/huge.log" | grep -q "^error: every update of this run's 3 step(s) was skipped" ||
+    fail "a run whose every update was skipped did not end with its error: $(tail -n 1 "$tmp/huge.log")"
 else
-  fail "run with overflowing weights failed"; cat "$tmp/huge.log"
+  fail "a run whose every update was skipped exited 0"; cat "$tmp/huge.log"
 fi
 
 # A tight gradient-norm guard skips a step of this run, never one of the first 8 (the guard waits

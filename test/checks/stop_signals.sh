@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Stop signals from the first instruction of main to the end of a run:
-#   - SIGTERM or SIGUSR1 during start-up (here: while the trainer reads its --config file, a FIFO
-#     this script opens only once the trainer waits on it, so the signal lands in start-up every
-#     time) stops the run cleanly: exit 0, nothing written, an --out-dir being resumed unchanged;
+#   - SIGTERM or SIGUSR1 during start-up (here: while the trainer reads the sampler's vocabulary, a
+#     FIFO this script opens only once the trainer waits on it, so the signal lands in start-up
+#     every time) stops the run cleanly: exit 0, nothing written, an --out-dir being resumed
+#     unchanged;
 #   - SIGTERM, then one Ctrl-C (SIGINT) during the same step: the Ctrl-C is not "the second
 #     Ctrl-C" — the run still stops after the step with a checkpoint and exits 0. Both signals are
 #     raised in order inside the trainer by the test hook TRAIN_GPT_TEST_SIGNALS_AT_STEP
@@ -17,18 +18,21 @@ common=(--init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$
         --seq-len 32 --lr 2e-3 --warmup-steps 2 --val-every 2 --val-steps 1)
 tree_digest() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 md5sum); }
 
-# signal_in_start_up NAME SIGNAL FLAGS...: starts the trainer with --config FIFO and FLAGS, sends
-# SIGNAL once the trainer has opened the FIFO (start-up), then gives it its config; sets status.
+# signal_in_start_up NAME SIGNAL FLAGS...: starts the trainer with FLAGS and --sample-every, whose
+# vocabulary's encoder.json is a FIFO, sends SIGNAL once the trainer has opened the FIFO (start-up:
+# the signal may interrupt the read or come just before it), then closes it; sets status.
 signal_in_start_up() {
   local name=$1 signal=$2 pid
   shift 2
-  rm -f "$tmp/config.json"
-  mkfifo "$tmp/config.json"
-  "$bin" --config "$tmp/config.json" "$@" >"$tmp/$name.log" 2>"$tmp/$name.err" &
+  rm -rf "$tmp/vocab"
+  mkdir "$tmp/vocab"
+  cp data/gpt2_bpe/vocab.bpe "$tmp/vocab/"
+  mkfifo "$tmp/vocab/encoder.json"
+  "$bin" --sample-every 100 --vocab-dir "$tmp/vocab" "$@" >"$tmp/$name.log" 2>"$tmp/$name.err" &
   pid=$!
-  exec 3>"$tmp/config.json"  # returns when the trainer has opened the FIFO: it is in start-up
+  exec 3>"$tmp/vocab/encoder.json"  # returns when the trainer has opened the FIFO: it is in start-up
   kill "-$signal" "$pid"
-  (echo '{"max-steps": 4}' >&3) 2>/dev/null  # a subshell: a reader that died is its SIGPIPE, not ours
+  (echo '{}' >&3) 2>/dev/null  # a subshell: a reader that died is its SIGPIPE, not ours
   exec 3>&-
   status=0
   wait "$pid" || status=$?

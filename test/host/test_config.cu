@@ -7,6 +7,8 @@
 #include "src/config/config_warnings.h"
 #include "src/config/lr_schedule.h"
 
+#include <sys/stat.h>
+
 #include <cstdio>
 #include <fstream>
 #include <initializer_list>
@@ -139,6 +141,11 @@ TEST_CASE("bad command-line values name the flag and the expectation") {
       {{"--lr", "1e-3x"}, {"--lr", "'1e-3x'"}},
       {{"--lr", "nan"}, {"--lr", "expected a number"}},
       {{"--lr", "-1"}, {"--lr", ">= 0"}},
+      {{"--lr", "1e39"}, {"--lr", ">= 0 that fits an fp32 (at most 3.402823466e+38)", "'1e39'"}},
+      {{"--weight-decay", "4e38"}, {"--weight-decay", "fits an fp32"}},
+      {{"--adam-eps", "1e300"}, {"--adam-eps", "> 0 that fits an fp32"}},
+      {{"--grad-clip", "1e39"}, {"--grad-clip", "fits an fp32"}},
+      {{"--temperature", "1e39"}, {"--temperature", "fits an fp32"}},
       {{"--batch-size", "0"}, {"--batch-size", "an integer in [1, 2147483647]"}},
       {{"--batch-size", "2.5"}, {"--batch-size", "an integer"}},
       {{"--batch-size", "99999999999"}, {"--batch-size", "2147483647"}},
@@ -216,6 +223,21 @@ TEST_CASE("bad JSON config files name the file, the key and the expectation") {
   CHECK(contains(missing, "cannot open"));
   TempJson file("{}");
   CHECK(parse_error({"--config", file.dir.c_str()}) == "--config " + file.dir + ": is a directory, expected a JSON file");
+  // Only a regular file of at most 1 MiB: a device never ends, a named pipe blocks.
+  CHECK(parse_error({"--config", "/dev/null"}) == "--config /dev/null: is not a regular file, expected a JSON file");
+  const std::string fifo = file.dir + "/pipe.json";
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK(parse_error({"--config", fifo.c_str()}) == "--config " + fifo + ": is a named pipe, expected a JSON file");
+  std::remove(fifo.c_str());
+  TempJson big("{\"lr\": 0.1}" + std::string(kMaxConfigBytes, ' '));
+  CHECK(contains(parse_error({"--config", big.path.c_str()}), "bytes, more than the 1048576 a file of flag values may have"));
+  TempJson at_limit("{\"lr\": 0.1}" + std::string(kMaxConfigBytes - 11, ' '));
+  CHECK(parse({"--config", at_limit.path.c_str()}).config.lr == 0.1);
+}
+
+TEST_CASE("a NUL character in a string value is refused") {
+  CHECK(contains(json_error(R"({"prompt": "one\u0000two"})"), "key \"prompt\": contains a NUL character (\\u0000 at offset 3)"));
+  CHECK(contains(json_error(R"({"out-dir": "runs/a\u0000b"})"), "contains a NUL character"));
 }
 
 TEST_CASE("a JSON key given twice is an error naming it, however it is spelled") {
