@@ -124,9 +124,10 @@ constexpr int kPlanDoesNotFitStatus = 2;
 inline int print_memory_plan(TrainConfig cfg) {
   if (!cfg.resume.empty())
     throw std::invalid_argument("--plan takes the architecture from --model or --init-from, not --resume");
-  // Without --world-size: the launch's (mpirun, srun), as the run would have.
-  const int world = cfg.world_size > 0 ? cfg.world_size
-                                        : with_context("--plan", [] { return detect_launch().world_size; });
+  // Without --world-size: the launch's (mpirun, srun), as the run would have. Every rank of a launch
+  // plans the same run; rank 0 alone prints it.
+  const LaunchInfo launch = with_context("--plan", [] { return detect_launch(); });
+  const int world = cfg.world_size > 0 ? cfg.world_size : launch.world_size;
   const int micro_steps = validate_config(cfg, world);
   std::string source;
   const GPT2Config model = resolve_model(cfg, std::nullopt, &source);
@@ -137,6 +138,8 @@ inline int print_memory_plan(TrainConfig cfg) {
   const size_t budget = chunk_budget(cfg);
   const int sampling = sampling_positions(cfg, model, nullptr);
   const MemoryPlan plan = run_memory_plan(cfg, model, cfg.batch_size, cfg.recompute, world, sampling);
+  const int status = budget > 0 && plan.total() > budget ? kPlanDoesNotFitStatus : 0;
+  if (launch.rank != 0) return status;
   std::printf("memory plan per rank: %s (%s parameters) from %s, --batch-size %d --seq-len %d, %s, --recompute %d, "
               "ZeRO stage %d over %d rank(s)%s\n%s",
               describe(model).c_str(), thousands(ParameterLayout(model).total).c_str(), source.c_str(), cfg.batch_size,
@@ -149,7 +152,7 @@ inline int print_memory_plan(TrainConfig cfg) {
   else std::printf("no device and no --gpu-memory: pass --gpu-memory GiB to see what fits\n");
   std::printf("not counted: the CUDA context and NCCL's buffers (leave ~1 GiB per GPU)\n");
   std::printf("%s", communication_lines(cfg, model, world, micro_steps).c_str());
-  return budget > 0 && plan.total() > budget ? kPlanDoesNotFitStatus : 0;
+  return status;
 }
 
 // Before a run allocates: its plan against --gpu-memory or the device's free memory. A run that

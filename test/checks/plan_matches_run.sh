@@ -2,6 +2,7 @@
 # --plan plans the run that would start:
 #   - started by mpirun or srun without --world-size, it plans for the launch's world size (here
 #     the launchers' environment on one process), so --tp 2 over 2 ranks is planned, not refused;
+#   - the launch's rank 0 alone prints it (rank 1 of the same launch prints nothing, same status);
 #   - it refuses what the run refuses: --attention flash with --dtype fp32.
 # usage: plan_matches_run.sh cpu|gpu
 set -u
@@ -19,6 +20,13 @@ for launcher in mpirun srun; do
       fail "$launcher: not planned for 2 ranks: $(head -n 1 "$tmp/$launcher.log")"
   else
     fail "$launcher: --plan --tp 2 over 2 launched ranks failed: $(cat "$tmp/$launcher.err")"
+  fi
+  if [ "$launcher" = mpirun ]; then env=(OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=1)
+  else env=(SLURM_NTASKS=2 SLURM_PROCID=1); fi
+  if env "${env[@]}" "$bin" "${plan[@]}" >"$tmp/$launcher-1.log" 2>&1; then
+    [ ! -s "$tmp/$launcher-1.log" ] || fail "$launcher: rank 1 printed the plan too: $(head -n 1 "$tmp/$launcher-1.log")"
+  else
+    fail "$launcher: rank 1's --plan failed: $(cat "$tmp/$launcher-1.log")"
   fi
 done
 
