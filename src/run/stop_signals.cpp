@@ -11,6 +11,7 @@ namespace {
 volatile std::sig_atomic_t g_stop_signal = 0;  // the signal that asked for the stop
 volatile std::sig_atomic_t g_interrupted = 0;  // a Ctrl-C came
 volatile std::sig_atomic_t g_start_up = 1;    // training has not begun
+volatile std::sig_atomic_t g_saves = 1;       // the stop writes a checkpoint (not --save 0)
 
 void write_note(const char* note, size_t bytes) {
   if (write(STDERR_FILENO, note, bytes) < 0) return;
@@ -34,12 +35,15 @@ void request_stop(int signal) {
   g_interrupted = 1;
   static const char ending[] = "\nSIGINT: ending the command during its start-up, nothing written (Ctrl-C again: at once)\n";
   static const char stopping[] = "\nSIGINT: stopping after this step with a checkpoint (Ctrl-C again: stop at once)\n";
+  static const char stopping_unsaved[] =
+      "\nSIGINT: stopping after this step, nothing written (--save 0; Ctrl-C again: stop at once)\n";
   static const char after_term[] = "\nSIGINT: already stopping after this step (SIGTERM); Ctrl-C again: stop at once\n";
   static const char after_usr1[] = "\nSIGINT: already stopping after this step (SIGUSR1); Ctrl-C again: stop at once\n";
   if (g_start_up != 0) write_note(ending, sizeof ending - 1);
   else if (g_stop_signal == SIGTERM) write_note(after_term, sizeof after_term - 1);
   else if (g_stop_signal == SIGUSR1) write_note(after_usr1, sizeof after_usr1 - 1);
-  else write_note(stopping, sizeof stopping - 1);
+  else if (g_saves != 0) write_note(stopping, sizeof stopping - 1);
+  else write_note(stopping_unsaved, sizeof stopping_unsaved - 1);
   if (g_stop_signal == 0) g_stop_signal = SIGINT;
 }
 
@@ -60,7 +64,8 @@ void set_stop_handlers(void (*handler)(int), bool restart) {
 
 void install_stop_handlers() { set_stop_handlers(request_stop, false); }
 
-void end_start_up() {
+void end_start_up(bool saves) {
+  g_saves = saves ? 1 : 0;
   g_start_up = 0;
   set_stop_handlers(request_stop, true);
 }

@@ -9,9 +9,9 @@
 // of ending the process. Until end_start_up(), a stop signal interrupts the system call in flight.
 void install_stop_handlers();
 
-// Training begins: a stop signal now means "after this step", and system calls it interrupts
-// are restarted.
-void end_start_up();
+// Training begins: a stop signal now means "after this step" (with a checkpoint where the run
+// `saves`: not --save 0), and system calls it interrupts are restarted.
+void end_start_up(bool saves);
 
 // Whether end_start_up() has not been called yet.
 bool in_start_up();

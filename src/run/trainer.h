@@ -265,7 +265,7 @@ class Trainer {
     const int signal = pending_stop_signal();
     const double votes = comm_.world_size() > 1 ? comm_.sum(signal != 0 ? 1.0 : 0.0) : (signal != 0 ? 1.0 : 0.0);
     if (votes > 0) throw StopDuringStartUp(signal != 0 ? signal : SIGTERM, trains ? "training" : "evaluating");
-    if (trains) end_start_up();
+    if (trains) end_start_up(cfg_.save);
   }
 
   // Rank 0: --out-dir claimed for this run, with room for its checkpoints (src/run/out_dir.h).

@@ -64,6 +64,16 @@ grep -q "^received SIGTERM: stopped after step 2 of 4, checkpoint written" "$tmp
 grep -q "^SIGINT: already stopping after this step (SIGTERM); Ctrl-C again: stop at once" "$tmp/term_int.err" ||
   fail "SIGTERM then Ctrl-C: no note for the Ctrl-C: $(cat "$tmp/term_int.err")"
 [ -f "$tmp/term_int/checkpoint_00000002/manifest.json" ] || fail "SIGTERM then Ctrl-C: no checkpoint of step 2"
+# --save 0: the Ctrl-C's note and the last line say nothing is written, and nothing is.
+status=0
+TRAIN_GPT_TEST_SIGNALS_AT_STEP=0:2:INT "$bin" "${common[@]}" --max-steps 4 --save 0 --out-dir "$tmp/int_nosave" \
+  >"$tmp/int_nosave.log" 2>"$tmp/int_nosave.err" || status=$?
+[ "$status" -eq 0 ] || fail "Ctrl-C at --save 0: exit status $status, expected 0"
+grep -q "^SIGINT: stopping after this step, nothing written (--save 0; Ctrl-C again: stop at once)" "$tmp/int_nosave.err" ||
+  fail "Ctrl-C at --save 0: the note promised otherwise: $(cat "$tmp/int_nosave.err")"
+grep -q "^received SIGINT: stopped after step 2 of 4, nothing written (--save 0)" "$tmp/int_nosave.log" ||
+  fail "Ctrl-C at --save 0: $(tail -n 1 "$tmp/int_nosave.log")"
+[ -z "$(find "$tmp/int_nosave" -name 'checkpoint_*' -o -name model.bin)" ] || fail "Ctrl-C at --save 0 wrote a checkpoint or model.bin"
 # Two Ctrl-Cs still end the run at once (killed by SIGINT: status 130).
 status=0
 TRAIN_GPT_TEST_SIGNALS_AT_STEP=0:2:INT,INT "$bin" "${common[@]}" --max-steps 4 --out-dir "$tmp/int_int" \
