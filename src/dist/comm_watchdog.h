@@ -50,8 +50,11 @@ struct SettleCounts {
 class CommWatchdog {
  public:
   static constexpr int kExitStatus = 1;
-  // How long a call in progress is polled without sleeping.
+  // How long a call in progress is polled without sleeping: kSpin, and at least kSpinPolls polls
+  // (on a loaded host a yield hands the core to the peers the call waits for, and may take longer
+  // than kSpin; sleeping then would only add the sleep).
   static constexpr auto kSpin = std::chrono::microseconds(500);
+  static constexpr int kSpinPolls = 256;
 
   explicit CommWatchdog(double timeout_seconds) : timeout_seconds_(timeout_seconds) {}
   CommWatchdog(const CommWatchdog&) = delete;
@@ -125,14 +128,15 @@ class CommWatchdog {
     return settle(status);
   }
   // While a call's status is ncclInProgress, polls ncclCommGetAsyncError: at once, then yielding
-  // the core between polls for kSpin, then with sleeps that grow to a millisecond; returns the
+  // the core between polls for kSpin and kSpinPolls polls, then with sleeps that grow to a
+  // millisecond; returns the
   // final status. Once the watchdog has fired it never returns: the process is ending.
   ncclResult_t settle(ncclResult_t status) {
     if (status != ncclInProgress) return status;
     const Clock::time_point since = Clock::now();
     ++settle_counts_.in_progress;
     auto pause = std::chrono::microseconds(20);
-    for (;;) {
+    for (int polls = 1;; ++polls) {
       wait_if_fired();
       {
         std::lock_guard<std::timed_mutex> lock(nccl_mutex_);
@@ -140,7 +144,7 @@ class CommWatchdog {
         if (polled != ncclSuccess) status = polled;
       }
       if (status != ncclInProgress) break;
-      if (Clock::now() - since < kSpin) {
+      if (polls < kSpinPolls || Clock::now() - since < kSpin) {
         std::this_thread::yield();
         continue;
       }
