@@ -12,19 +12,6 @@ source "$(dirname "$0")/lib/trainer.sh" "$@"
 require_files "$bin" "$ref/model.bin" "$ref/train.bin"
 
 common=(--train-data "$ref/train.bin" --val-every 0 --batch-size 2 --seq-len 32)
-tree_digest() { (cd "$1" && find . -print0 | sort -z | xargs -0 md5sum 2>/dev/null; find . | sort); }
-# expect_refused NAME PATTERN FLAGS...: exits non-zero, one line on stderr matching PATTERN, no step.
-expect_refused() {
-  local name=$1 pattern=$2
-  shift 2
-  if "$bin" "$@" >"$tmp/refused.log" 2>"$tmp/refused.err"; then
-    fail "$name: exited 0"
-    return
-  fi
-  { [ "$(wc -l <"$tmp/refused.err")" -eq 1 ] && grep -qE "$pattern" "$tmp/refused.err"; } ||
-    fail "$name: expected one line matching '$pattern', got: $(cat "$tmp/refused.err")"
-  ! grep -q '^step ' "$tmp/refused.log" || fail "$name: it trained"
-}
 
 run=$tmp/run
 "$bin" --init-from "$ref/model.bin" "${common[@]}" --max-steps 2 --checkpoint-every 1 --out-dir "$run" \

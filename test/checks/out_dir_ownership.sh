@@ -25,26 +25,6 @@ common=(--train-data "$ref/train.bin" --val-data "$ref/train.bin" --batch-size 2
         --warmup-steps 2 --val-every 2 --val-steps 1)
 init=(--init-from "$ref/model.bin")
 
-# A digest of every file under DIR (names and contents): equal digests, nothing changed.
-tree_digest() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 md5sum); }
-# The steps of DIR/metrics.jsonl's training records, space-separated.
-train_steps() {
-  "$python" -c 'import json, sys; print(*[json.loads(l)["step"] for l in open(sys.argv[1]) if "train_loss" in l])' \
-    "$1/metrics.jsonl"
-}
-# expect_refused NAME PATTERN FLAGS...: a run exits non-zero with one line on stderr matching PATTERN
-# (extended regular expression) and trains no step.
-expect_refused() {
-  local name=$1 pattern=$2
-  shift 2
-  if "$bin" "$@" >"$tmp/refused.log" 2>"$tmp/refused.err"; then
-    fail "$name: exited 0"
-    return
-  fi
-  { [ "$(wc -l <"$tmp/refused.err")" -eq 1 ] && grep -qE "$pattern" "$tmp/refused.err"; } ||
-    fail "$name: expected one line matching '$pattern', got: $(cat "$tmp/refused.err")"
-  ! grep -q '^step ' "$tmp/refused.log" || fail "$name: it trained"
-}
 
 "$bin" --help | grep -q -- '--overwrite' || fail "--help does not list --overwrite"
 

@@ -9,7 +9,6 @@ source "$(dirname "$0")/lib/trainer.sh" "$@"
 require_files "$bin" "$ref/model.bin" "$ref/train.bin"
 
 common=(--train-data "$ref/train.bin" --val-every 0 --batch-size 2 --seq-len 32)
-tree_digest() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 md5sum; find . | sort); }
 
 "$bin" --init-from "$ref/model.bin" "${common[@]}" --max-steps 3 --checkpoint-every 1 --out-dir "$tmp/run" \
   >"$tmp/run.log" 2>&1 || { fail "the run failed"; cat "$tmp/run.log"; exit 1; }

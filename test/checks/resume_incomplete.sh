@@ -14,11 +14,6 @@ require_files "$bin" "$ref/model.bin" "$ref/train.bin"
 
 common=(--init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-every 0 --batch-size 2 --seq-len 32
         --checkpoint-every 1)
-tree_digest() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 md5sum; find . | sort); }
-train_steps() {
-  "$python" -c 'import json, sys; print(*[json.loads(l)["step"] for l in open(sys.argv[1]) if "train_loss" in l])' \
-    "$1/metrics.jsonl"
-}
 
 # ---- only incomplete checkpoints: an empty one and one cut short before its manifest
 out=$tmp/first

@@ -16,7 +16,6 @@ require_files "$bin" "$ref/model.bin" "$ref/train.bin"
 
 common=(--init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$ref/train.bin" --batch-size 2
         --seq-len 32 --lr 2e-3 --warmup-steps 2 --val-every 2 --val-steps 1)
-tree_digest() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 md5sum); }
 
 # signal_in_start_up NAME SIGNAL FLAGS...: starts the trainer with FLAGS and --sample-every, whose
 # vocabulary's encoder.json is a FIFO, sends SIGNAL once the trainer has opened the FIFO (start-up:

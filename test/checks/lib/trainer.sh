@@ -7,8 +7,9 @@
 # reference that make test generates), tmp (a directory removed at exit), failures and fail(),
 # require_files to stop early when something make test builds is missing, and with_flags to vary
 # a set of flags (the trainer refuses a flag given twice), wait_for_steps to wait for a running
-# trainer's N-th step, require_ranks for checks that run several ranks under mpirun, and for
-# checks that compare runs: run (one run of the check's `common` flags) and same_steps.
+# trainer's N-th step, require_ranks for checks that run several ranks under mpirun, for checks
+# that compare runs: run (one run of the check's `common` flags) and same_steps, and for checks
+# that nothing on disk changed or that a run is refused: tree_digest, train_steps and expect_refused.
 # shellcheck shell=bash disable=SC2034
 cd "$(dirname "${BASH_SOURCE[0]}")/../../.." || exit 1
 mode=${1:-cpu}
@@ -26,6 +27,30 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+# Every file's md5 and every path below DIR: equal before and after only if nothing was written,
+# replaced, removed or created there.
+tree_digest() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 md5sum; find . | sort); }
+
+# The steps of DIR/metrics.jsonl's training records, space-separated.
+train_steps() {
+  "$python" -c 'import json, sys; print(*[json.loads(l)["step"] for l in open(sys.argv[1]) if "train_loss" in l])' \
+    "$1/metrics.jsonl"
+}
+
+# expect_refused NAME PATTERN FLAGS...: a run exits non-zero with one line on stderr matching PATTERN
+# (extended regular expression) and trains no step.
+expect_refused() {
+  local name=$1 pattern=$2
+  shift 2
+  if "$bin" "$@" >"$tmp/refused.log" 2>"$tmp/refused.err"; then
+    fail "$name: exited 0"
+    return
+  fi
+  { [ "$(wc -l <"$tmp/refused.err")" -eq 1 ] && grep -qE "$pattern" "$tmp/refused.err"; } ||
+    fail "$name: expected one line matching '$pattern', got: $(cat "$tmp/refused.err")"
+  ! grep -q '^step ' "$tmp/refused.log" || fail "$name: it trained"
+}
 
 # The flags of the array named BASE (--flag value pairs) with each flag of OVERRIDES in place of
 # BASE's of the same name, then OVERRIDES: sets the array `flags`.  usage: with_flags BASE OVERRIDES...
