@@ -147,7 +147,7 @@ int dispatch_command(int argc, char** argv) {
   with_context("model " + setup.model_source,
                [&] { choose_attention(setup.cfg.attention, dtype_named(setup.cfg.dtype), setup.model); });
   with_context(model_sizing(setup), [&] {
-    gpt2_check_micro_batch(setup.model, setup.cfg.batch_size, setup.cfg.seq_len, setup.cfg.recompute);
+    check_micro_batch(setup.model, setup.cfg.batch_size, setup.cfg.seq_len, setup.cfg.recompute);
     check_tensor_split(setup.model, setup.cfg.tp, "--tp");
   });
   check_memory_fits(setup, comm->world_size());

@@ -1,11 +1,11 @@
-// preset_shapes.h — the widest shape each model preset gives the kernels, read from gpt2_presets(),
+// preset_shapes.h — the widest shape each model preset gives the kernels, read from model_presets(),
 // so that every kernel test launches at every preset's full width (C, all NH heads, the head size,
 // the padded vocabulary) and a new preset is covered without editing a test. The launch rules
 // (threads, grid, shared memory; registers too when SIMT_KERNEL_RESOURCES names the GPU build's
 // ptxas table) then judge each kernel at the shapes the trainer will use: a kernel whose resources
 // grow with a width fails here rather than at a recipe's first step on a GPU.
 #pragma once
-#include "src/config/gpt2_config.h"
+#include "src/config/model_config.h"
 
 #include <string>
 #include <vector>
@@ -19,12 +19,12 @@ struct PresetShape {
   int max_seq_len = 0;  // the largest maxT of these presets
 };
 
-// One entry per distinct (C, NH, V, Vp), in gpt2_presets()' order. Tensor parallelism only narrows
+// One entry per distinct (C, NH, V, Vp), in model_presets()' order. Tensor parallelism only narrows
 // these (heads and vocabulary are split, C never is), so a single rank's shape is the widest.
 inline std::vector<PresetShape> preset_shapes() {
   std::vector<PresetShape> shapes;
-  for (const GPT2Preset& p : gpt2_presets()) {
-    const GPT2Config& c = p.config;
+  for (const ModelPreset& p : model_presets()) {
+    const ModelConfig& c = p.config;
     PresetShape* same = nullptr;
     for (PresetShape& s : shapes)
       if (s.C == c.channels && s.NH == c.num_heads && s.V == c.vocab_size && s.Vp == c.padded_vocab_size) same = &s;

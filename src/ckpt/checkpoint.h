@@ -20,7 +20,7 @@
 #include "src/ckpt/checkpoint_dirs.h"
 #include "src/data/dataloader.h"
 #include "src/base/durable_file.h"
-#include "src/model/gpt2.h"
+#include "src/model/transformer.h"
 #include "src/model/model_file.h"
 #include "src/model/step_guards.h"
 

@@ -8,7 +8,7 @@
 #include "src/ckpt/checkpoint.h"
 #include "src/ckpt/checkpoint_dirs.h"
 #include "src/dist/comm.h"
-#include "src/model/gpt2.h"
+#include "src/model/transformer.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -59,7 +59,7 @@ void for_whole_model_runs(const TensorSplit& split, size_t param, size_t count, 
 // Reads and checks state file `rank` of a checkpoint written by `world_size` ranks in tensor-parallel
 // groups of `tp` (rank r held TP part r mod tp and sharded over data-parallel group r / tp's ranks).
 template <typename Elem>
-void open_state_source(const Checkpoint& c, int rank, int world_size, int tp, const GPT2<Elem>& model,
+void open_state_source(const Checkpoint& c, int rank, int world_size, int tp, const Transformer<Elem>& model,
                        StateSource* src) {
   src->path = c.path + "/" + state_file_name(rank);
   const std::string& path = src->path;
@@ -79,9 +79,9 @@ void open_state_source(const Checkpoint& c, int rank, int world_size, int tp, co
   if (h.rank != static_cast<uint32_t>(rank) || h.world_size != static_cast<uint32_t>(world_size))
     throw mismatch("belongs to rank " + std::to_string(h.rank) + " of " + std::to_string(h.world_size) +
                    ", the manifest lists it as rank " + std::to_string(rank) + " of " + std::to_string(world_size));
-  if (h.dtype != static_cast<uint32_t>(GPT2<Elem>::dtype))
+  if (h.dtype != static_cast<uint32_t>(Transformer<Elem>::dtype))
     throw mismatch(std::string("written by a --dtype ") + dtype_name(static_cast<DType>(h.dtype)) +
-                   " run, this run is " + dtype_name(GPT2<Elem>::dtype));
+                   " run, this run is " + dtype_name(Transformer<Elem>::dtype));
   if (h.num_parameters != model.num_parameters())
     throw mismatch("holds a model of " + std::to_string(h.num_parameters) + " parameters, this model has " +
                    std::to_string(model.num_parameters()));
@@ -198,7 +198,7 @@ inline uint64_t read_checkpoint_seed(const Checkpoint& c) {
 // owned segment's state is read from whichever state files hold it. The training state besides
 // the optimizer (step, seed, data position, guards) is the same on every rank: rank 0's is used.
 template <typename Elem>
-void load_checkpoint(const Checkpoint& c, GPT2<Elem>& model, TrainingState* state) {
+void load_checkpoint(const Checkpoint& c, Transformer<Elem>& model, TrainingState* state) {
   model.load(c.path + "/" + kModelFileName);
   const int old_world = c.manifest.value("world_size", 1);
   const int old_zero = c.manifest.value("zero_stage", 0);

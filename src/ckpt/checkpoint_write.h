@@ -6,7 +6,7 @@
 #include "src/ckpt/checkpoint.h"
 #include "src/ckpt/checkpoint_dirs.h"
 #include "src/dist/comm.h"
-#include "src/model/gpt2.h"
+#include "src/model/transformer.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -107,9 +107,9 @@ inline void prepare_checkpoint_dir(const std::string& out_dir, const std::string
 // Rank 0 (`lead`): DIR/model.bin, read back for its size and CRC. At ZeRO 3 every rank calls it
 // (the parameters are gathered).
 template <typename Elem>
-WrittenFile write_checkpoint_model(const std::string& dir, const GPT2<Elem>& model, bool lead) {
+WrittenFile write_checkpoint_model(const std::string& dir, const Transformer<Elem>& model, bool lead) {
   const std::string path = dir + "/" + kModelFileName;
-  model.save(path, GPT2<Elem>::dtype, lead);
+  model.save(path, Transformer<Elem>::dtype, lead);
   WrittenFile f;
   if (!lead) return f;
   if (!file_size_and_crc(path, &f.bytes, &f.crc)) throw file_error(path, "cannot read back", errno);
@@ -118,7 +118,7 @@ WrittenFile write_checkpoint_model(const std::string& dir, const GPT2<Elem>& mod
 
 // This rank's state file: its header, then its optimizer shard and the guards' windows.
 template <typename Elem>
-WrittenFile write_state_file(const std::string& dir, const GPT2<Elem>& model, const TrainingState& state,
+WrittenFile write_state_file(const std::string& dir, const Transformer<Elem>& model, const TrainingState& state,
                              const CheckpointWriteInfo& info) {
   const GradientSync<Elem>& owned = model.gradient_sync();
   StateHeader h{};
@@ -128,7 +128,7 @@ WrittenFile write_state_file(const std::string& dir, const GPT2<Elem>& model, co
   h.rank = static_cast<uint32_t>(info.rank);
   h.world_size = static_cast<uint32_t>(info.world_size);
   h.zero_stage = static_cast<uint32_t>(info.zero_stage);
-  h.dtype = static_cast<uint32_t>(GPT2<Elem>::dtype);
+  h.dtype = static_cast<uint32_t>(Transformer<Elem>::dtype);
   h.step = static_cast<uint64_t>(state.step);
   h.num_parameters = model.num_parameters();
   h.bucket_layers = static_cast<uint64_t>(owned.buckets().bucket_layers());
@@ -176,9 +176,9 @@ inline nlohmann::ordered_json manifest_files(Communicator* comm, int world_size,
 
 // Rank 0, last: DIR/manifest.json, which declares the checkpoint complete.
 template <typename Elem>
-void write_manifest(const std::string& dir, const GPT2<Elem>& model, const TrainingState& state,
+void write_manifest(const std::string& dir, const Transformer<Elem>& model, const TrainingState& state,
                     const CheckpointWriteInfo& info, const nlohmann::ordered_json& files) {
-  const GPT2Config& mc = model.config();
+  const ModelConfig& mc = model.config();
   nlohmann::ordered_json manifest = {
       {"format", kManifestFormat},
       {"version", kManifestVersion},
@@ -186,7 +186,7 @@ void write_manifest(const std::string& dir, const GPT2<Elem>& model, const Train
       {"world_size", info.world_size},
       {"tensor_parallel", info.tensor_parallel},
       {"zero_stage", info.zero_stage},
-      {"dtype", dtype_name(GPT2<Elem>::dtype)},
+      {"dtype", dtype_name(Transformer<Elem>::dtype)},
       {"num_parameters", model.num_parameters()},
       {"model",
        {{"max_seq_len", mc.max_seq_len},
@@ -214,7 +214,7 @@ void write_manifest(const std::string& dir, const GPT2<Elem>& model, const Train
 // be one shared directory for all ranks. If any rank fails, rank 0 removes the partial directory
 // and every rank throws; other checkpoints are never touched. Returns the directory.
 template <typename Elem>
-std::string write_checkpoint(const std::string& out_dir, const GPT2<Elem>& model, const TrainingState& state,
+std::string write_checkpoint(const std::string& out_dir, const Transformer<Elem>& model, const TrainingState& state,
                              const CheckpointWriteInfo& info, Communicator* comm = nullptr) {
   using namespace checkpoint_detail;
   const std::string dir = out_dir + "/" + checkpoint_dir_name(state.step);

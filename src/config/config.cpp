@@ -1,7 +1,7 @@
 // config.cpp — the flag table, parsing of the command line and --config files, the configuration as JSON
 #include "src/config/config.h"
 
-#include "src/config/gpt2_config.h"
+#include "src/config/model_config.h"
 #include "src/config/lr_schedule.h"
 
 #include <sys/stat.h>

@@ -9,7 +9,7 @@
 // Every bad input is a std::invalid_argument with one line naming the flag, key or file
 // and what was expected.
 #pragma once
-#include "src/config/gpt2_config.h"
+#include "src/config/model_config.h"
 #include "src/config/lr_schedule.h"
 
 #include <nlohmann/json_fwd.hpp>

@@ -1,7 +1,7 @@
 // comm_plan.cpp — a step's gradient and parameter collectives by ZeRO stage (comm_plan.h).
 #include "src/dist/comm_plan.h"
 
-#include "src/config/gpt2_config.h"
+#include "src/config/model_config.h"
 #include "src/dist/tensor_split.h"
 
 #include <vector>
@@ -46,7 +46,7 @@ StepTraffic step_traffic(const GradientBuckets& buckets, int world_size, int sta
   return t;
 }
 
-StepTraffic tp_step_traffic(const GPT2Config& cfg, int B, int T, const TensorParallelism& tp, int recompute,
+StepTraffic tp_step_traffic(const ModelConfig& cfg, int B, int T, const TensorParallelism& tp, int recompute,
                             int head_chunks, int micro_steps, const GradientBuckets& buckets, bool every_micro_step,
                             size_t elem_bytes) {
   StepTraffic t;

@@ -4,7 +4,7 @@
 // own tallies are checked against (test/mpi/mpi_grad_sync.cu, test/mpi/mpi_tensor_parallel.cu;
 // a run's, src/run/step_traffic.h, in test/checks/tensor_parallel.sh).
 #pragma once
-#include "src/config/gpt2_config.h"
+#include "src/config/model_config.h"
 #include "src/dist/grad_buckets.h"
 #include "src/dist/tensor_split.h"
 
@@ -52,6 +52,6 @@ StepTraffic step_traffic(const GradientBuckets& buckets, int world_size, int sta
 //     parallelism)
 // A reduction is a reduce-scatter under sequence parallelism, else an all-reduce. The step's own
 // scalars (loss, norm) are not counted.
-StepTraffic tp_step_traffic(const GPT2Config& cfg, int B, int T, const TensorParallelism& tp, int recompute,
+StepTraffic tp_step_traffic(const ModelConfig& cfg, int B, int T, const TensorParallelism& tp, int recompute,
                             int head_chunks, int micro_steps, const GradientBuckets& buckets, bool every_micro_step,
                             size_t elem_bytes);

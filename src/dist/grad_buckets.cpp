@@ -1,7 +1,7 @@
 // grad_buckets.cpp — gradient buckets and each rank's owned chunks and optimizer segments
 #include "src/dist/grad_buckets.h"
 
-#include "src/config/gpt2_config.h"
+#include "src/config/model_config.h"
 #include "src/dist/tensor_split.h"
 
 #include <algorithm>

@@ -11,7 +11,7 @@
 // needs one collective per bucket. The parameters themselves stay in llm.c order; an optimizer
 // segment maps a run of owned bucket elements to the parameters (one tensor slice) they belong to.
 #pragma once
-#include "src/config/gpt2_config.h"
+#include "src/config/model_config.h"
 
 #include <algorithm>
 #include <array>

@@ -39,7 +39,7 @@
 #include "kernels/global_norm.cuh"
 #include "src/dist/comm.h"
 #include "src/base/device.h"
-#include "src/config/gpt2_config.h"
+#include "src/config/model_config.h"
 #include "src/dist/grad_buckets.h"
 #include "src/dist/tensor_split.h"
 
@@ -52,7 +52,7 @@
 // The ZeRO stage a run of world_size ranks uses for the requested one.
 inline int effective_zero_stage(int requested, int world_size) { return world_size > 1 ? requested : 0; }
 
-// The step's device scalars summed over ranks in one all-reduce (gpt2.h): its loss sum and the
+// The step's device scalars summed over ranks in one all-reduce (transformer.h): its loss sum and the
 // ranks' stop votes.
 constexpr size_t kStepScalars = 2;
 

@@ -18,7 +18,7 @@
 // one gather per optimizer step.
 #pragma once
 #include "src/base/device.h"
-#include "src/config/gpt2_config.h"
+#include "src/config/model_config.h"
 #include "src/dist/comm.h"
 #include "src/dist/grad_buckets.h"
 

@@ -1,7 +1,7 @@
 // tensor_split.cpp — which parts of GPT-2's tensors a tensor-parallel rank holds
 #include "src/dist/tensor_split.h"
 
-#include "src/config/gpt2_config.h"
+#include "src/config/model_config.h"
 
 #include <algorithm>
 #include <stdexcept>
@@ -17,7 +17,7 @@ bool tp_replicated(int tensor) {
   }
 }
 
-void check_tensor_split(const GPT2Config& c, int size, const std::string& flag) {
+void check_tensor_split(const ModelConfig& c, int size, const std::string& flag) {
   if (size < 1) throw std::runtime_error(flag + ": expected at least 1, found " + std::to_string(size));
   if (c.num_heads % size != 0)
     throw std::runtime_error(flag + " " + std::to_string(size) + ": each rank holds whole heads, so it must divide NH = " +
@@ -28,7 +28,7 @@ void check_tensor_split(const GPT2Config& c, int size, const std::string& flag) 
                              " must divide the padded vocabulary Vp = " + std::to_string(c.padded_vocab_size));
 }
 
-TensorSplit::TensorSplit(const GPT2Config& c, int size, int rank) : config_(c), size_(size), rank_(rank), global_(c) {
+TensorSplit::TensorSplit(const ModelConfig& c, int size, int rank) : config_(c), size_(size), rank_(rank), global_(c) {
   const size_t C = c.channels, Cl = C / size, Fl = 4 * C / size, Vl = static_cast<size_t>(c.padded_vocab_size) / size;
   const size_t t = static_cast<size_t>(rank);
   for (int i = 0; i < kNumParameterTensors; ++i) {

@@ -16,7 +16,7 @@
 // The local layout keeps llm.c's tensor order with these counts, so a rank's parameters,
 // gradients, optimizer state and ZeRO buckets are those of an ordinary (smaller) model.
 #pragma once
-#include "src/config/gpt2_config.h"
+#include "src/config/model_config.h"
 
 #include <cstddef>
 #include <string>
@@ -34,7 +34,7 @@ bool tp_replicated(int tensor);
 
 // Throws unless `size` ranks can split `c`: whole heads per rank (NH % size == 0) and a vocabulary
 // slice of whole 128-bit vectors (Vp % (8·size) == 0). `flag` names the setting in the message.
-void check_tensor_split(const GPT2Config& c, int size, const std::string& flag);
+void check_tensor_split(const ModelConfig& c, int size, const std::string& flag);
 
 // One run of consecutive elements of a tensor slice held by a rank: local slice elements
 // [local, local + count) are global slice elements [global, global + count).
@@ -44,7 +44,7 @@ struct SplitRun {
 
 class TensorSplit {
  public:
-  TensorSplit(const GPT2Config& c, int size, int rank);
+  TensorSplit(const ModelConfig& c, int size, int rank);
 
   int size() const { return size_; }
   int rank() const { return rank_; }
@@ -73,7 +73,7 @@ class TensorSplit {
     for (const SplitRun& r : runs_[tensor])
       for (size_t k = 0; k < r.count; ++k) whole[r.global + k] = part[r.local + k];
   }
-  const GPT2Config& global_config() const { return config_; }
+  const ModelConfig& global_config() const { return config_; }
   // Local parameter `param` (an index into the local layout): its index in the global layout and
   // how many local elements from it continue consecutively there (*run_left).
   size_t to_global(size_t param, size_t* run_left) const;
@@ -87,7 +87,7 @@ class TensorSplit {
       for (const SplitRun& r : runs_[tensor]) f(l * local_slice + r.local, l * global_slice + r.global, r.count);
   }
 
-  GPT2Config config_;
+  ModelConfig config_;
   int size_, rank_;
   ParameterLayout local_, global_;
   std::vector<SplitRun> runs_[kNumParameterTensors];

@@ -22,7 +22,7 @@
 #include <string>
 
 // This rank's part of `cfg` in the TP group of `tp_comm` (nullptr: the whole model), checked.
-inline TensorSplit tensor_split_of(const GPT2Config& cfg, Communicator* tp_comm) {
+inline TensorSplit tensor_split_of(const ModelConfig& cfg, Communicator* tp_comm) {
   const int size = tp_comm != nullptr ? tp_comm->world_size() : 1;
   check_tensor_split(cfg, size, "--tp");
   return TensorSplit(cfg, size, tp_comm != nullptr ? tp_comm->rank() : 0);

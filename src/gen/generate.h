@@ -13,7 +13,7 @@
 #include "kernels/matmul.cuh"
 #include "src/model/attention.h"
 #include "src/base/device.h"
-#include "src/config/gpt2_config.h"
+#include "src/config/model_config.h"
 #include "src/base/rng.h"
 
 #include <algorithm>
@@ -66,7 +66,7 @@ struct KvDecoderCounts {
   size_t tokens = 0;       // int
   size_t bytes(size_t elem) const { return elem * (2 * cache + activations) + 4 * floats + sizeof(int) * tokens; }
 };
-inline KvDecoderCounts kv_decoder_counts(const GPT2Config& cfg, int max_len) {
+inline KvDecoderCounts kv_decoder_counts(const ModelConfig& cfg, int max_len) {
   const size_t rows = static_cast<size_t>(max_len), C = static_cast<size_t>(cfg.channels);
   KvDecoderCounts n;
   n.cache = static_cast<size_t>(cfg.num_layers) * rows * C;
@@ -83,7 +83,7 @@ inline KvDecoderCounts kv_decoder_counts(const GPT2Config& cfg, int max_len) {
 template <typename Elem>
 class KvCacheDecoder {
  public:
-  KvCacheDecoder(const GPT2Config& cfg, const Elem* params, int max_len, AttentionKernel attention,
+  KvCacheDecoder(const ModelConfig& cfg, const Elem* params, int max_len, AttentionKernel attention,
                  cudaStream_t stream)
       : cfg_(cfg), layout_(cfg), params_(params), max_len_(max_len), attention_(attention), stream_(stream) {
     if (max_len < 1 || max_len > cfg.max_seq_len)
@@ -173,7 +173,7 @@ class KvCacheDecoder {
     return copy_floats_to_host(logits_.get(), static_cast<size_t>(cfg_.vocab_size), s);
   }
 
-  const GPT2Config cfg_;
+  const ModelConfig cfg_;
   const ParameterLayout layout_;
   const Elem* params_;
   const int max_len_;

@@ -20,7 +20,7 @@
 template <typename Elem>
 void generate_text(const TrainConfig& cfg, const char* flag, const std::string& model_path,
                    const std::string& model_source, const TextSampler& sampler) {
-  GPT2Config model;
+  ModelConfig model;
   const DeviceArray<Elem> params = with_context(flag, [&] { return load_model_parameters<Elem>(model_path, &model); });
   const CudaStream stream("creating the generation's CUDA stream");
   const DType dtype = std::is_same<Elem, float>::value ? DType::fp32 : DType::bf16;

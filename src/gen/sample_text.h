@@ -6,7 +6,7 @@
 #include "src/tokenizer/gpt2_bpe.h"
 #include "src/config/config.h"
 #include "src/gen/generate.h"
-#include "src/config/gpt2_config.h"
+#include "src/config/model_config.h"
 #include "src/base/rng.h"
 
 #include <memory>
@@ -20,7 +20,7 @@ class TextSampler {
   // Reads the vocabulary and encodes --prompt (empty: the single token <|endoftext|>); the prompt
   // and --max-new-tokens must fit the context of `model` (from `model_source`): an error, not a
   // silently shortened output. Errors are one line naming the flag.
-  TextSampler(const TrainConfig& cfg, const GPT2Config& model, const std::string& model_source)
+  TextSampler(const TrainConfig& cfg, const ModelConfig& model, const std::string& model_source)
       : max_new_tokens_(cfg.max_new_tokens), temperature_(cfg.temperature), top_k_(cfg.top_k),
         seed_(static_cast<uint64_t>(cfg.seed)) {
     try {

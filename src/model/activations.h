@@ -7,7 +7,7 @@
 #include "kernels/global_norm.cuh"
 #include "kernels/layernorm.cuh"
 #include "src/base/device.h"
-#include "src/config/gpt2_config.h"
+#include "src/config/model_config.h"
 #include "src/dist/tensor_split.h"
 
 #include <algorithm>
@@ -33,7 +33,7 @@
 constexpr int kRecomputeMax = 3;
 constexpr int kRecomputeDefault = 1;
 
-inline void gpt2_check_recompute(int recompute) {
+inline void check_recompute(int recompute) {
   if (recompute < 0 || recompute > kRecomputeMax)
     throw std::runtime_error("recompute: expected 0, 1, 2 or 3, found " + std::to_string(recompute));
 }
@@ -59,9 +59,9 @@ struct ActivationCounts {
 
 // The configuration of a model that runs micro-batches of B×seq_len tokens at setting `recompute`,
 // after every check that needs no allocation.
-inline const GPT2Config& gpt2_check_micro_batch(const GPT2Config& cfg, int B, int seq_len, int recompute) {
-  gpt2_check_config(cfg, "model configuration");
-  gpt2_check_recompute(recompute);
+inline const ModelConfig& check_micro_batch(const ModelConfig& cfg, int B, int seq_len, int recompute) {
+  check_model_config(cfg, "model configuration");
+  check_recompute(recompute);
   if (B < 1) throw std::runtime_error("batch size: expected B >= 1, found " + std::to_string(B));
   if (seq_len < 1 || seq_len > cfg.max_seq_len)
     throw std::runtime_error("sequence length: expected 1 <= T <= max_seq_len (" + std::to_string(cfg.max_seq_len) +
@@ -103,10 +103,10 @@ constexpr size_t kLogitsChunkRowsMin = 1024;
 // units of every row, the logits its Vp/size columns; under sequence parallelism the residual
 // stream, residual2 and the LayerNorm statistics hold its B·T/size rows, while the LayerNorm
 // outputs, the branch and the residual gradient keep every row (they are gathered in place).
-inline ActivationCounts gpt2_activation_counts(const GPT2Config& cfg, int B, int seq_len, int recompute,
+inline ActivationCounts activation_counts(const ModelConfig& cfg, int B, int seq_len, int recompute,
                                                size_t logits_rows = kLogitsChunkRows,
                                                const TensorParallelism& tp = {}) {
-  gpt2_check_recompute(recompute);
+  check_recompute(recompute);
   const size_t L = cfg.num_layers, C = cfg.channels, N = static_cast<size_t>(B) * seq_len;
   const size_t ways = static_cast<size_t>(tp.size), Nl = tp.sequence_parallel ? N / ways : N;
   const size_t Cl = C / ways, NHl = cfg.num_heads / ways, Vl = cfg.padded_vocab_size / ways;
@@ -150,10 +150,10 @@ struct ActivationBytes {
   size_t total() const { return blocks + other; }
 };
 
-inline ActivationBytes gpt2_activation_bytes(const GPT2Config& cfg, int B, int seq_len, int recompute, DType dtype,
+inline ActivationBytes model_activation_bytes(const ModelConfig& cfg, int B, int seq_len, int recompute, DType dtype,
                                              size_t logits_rows = kLogitsChunkRows,
                                              const TensorParallelism& tp = {}) {
-  const ActivationCounts n = gpt2_activation_counts(cfg, B, seq_len, recompute, logits_rows, tp);
+  const ActivationCounts n = activation_counts(cfg, B, seq_len, recompute, logits_rows, tp);
   const size_t t = dtype == DType::fp32 ? sizeof(float) : sizeof(bf16), f = sizeof(float);
   ActivationBytes bytes;
   bytes.blocks = t * (n.encoded + n.residual3 + n.ln1 + n.atty + n.residual2 + n.ln2 + n.qkv + n.fch + n.fch_gelu) +
@@ -165,7 +165,7 @@ inline ActivationBytes gpt2_activation_bytes(const GPT2Config& cfg, int B, int s
 }
 
 
-// The activation buffers of one micro-batch, N = B·T rows, sized by gpt2_activation_counts.
+// The activation buffers of one micro-batch, N = B·T rows, sized by activation_counts.
 // Per-layer tensors hold L slices, or one slice reused by every layer when the recompute setting
 // does not keep them (block_keeps; layer_slice()).
 template <typename Elem>
@@ -223,7 +223,7 @@ struct Activations {
         targets(n.tokens, "target tokens"),
         buckets(n.buckets, "encoder-gradient buckets") {}
 
-  // The sum of the buffers allocated, which gpt2_activation_bytes(...).total() predicts.
+  // The sum of the buffers allocated, which model_activation_bytes(...).total() predicts.
   size_t bytes() const {
     size_t total = 0;
     for (size_t b : {encoded.bytes(), ln1.bytes(), atty.bytes(), residual2.bytes(), ln2.bytes(), residual3.bytes(),

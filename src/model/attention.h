@@ -6,7 +6,7 @@
 #pragma once
 #include "kernels/attention.cuh"
 #include "kernels/flash_attention.cuh"
-#include "src/config/gpt2_config.h"
+#include "src/config/model_config.h"
 
 #include <stdexcept>
 #include <string>
@@ -18,7 +18,7 @@ inline const char* attention_name(AttentionKernel k) { return k == AttentionKern
 
 // The kernel for --attention `requested`: "auto" picks flash wherever it can run, "flash" is an
 // error where it cannot, "simple" is always possible.
-inline AttentionKernel choose_attention(const std::string& requested, DType dtype, const GPT2Config& cfg) {
+inline AttentionKernel choose_attention(const std::string& requested, DType dtype, const ModelConfig& cfg) {
   const int head_size = cfg.channels / cfg.num_heads;
   const bool flash_runs = dtype == DType::bf16 && flash_attention_supports(head_size);
   if (requested == "simple") return AttentionKernel::simple;

@@ -5,7 +5,7 @@
 #include "src/base/file_formats.h"
 #include "src/base/device.h"
 #include "src/base/durable_file.h"
-#include "src/config/gpt2_config.h"
+#include "src/config/model_config.h"
 
 #include <sys/stat.h>
 
@@ -20,7 +20,7 @@
 #include <vector>
 
 struct ModelFileInfo {
-  GPT2Config config;
+  ModelConfig config;
   int version = 0;  // kModelVersionFp32 or kModelVersionBf16
   size_t element_bytes() const { return version == kModelVersionFp32 ? 4 : 2; }
 };
@@ -28,7 +28,7 @@ struct ModelFileInfo {
 inline int model_file_version(DType dtype) { return dtype == DType::fp32 ? kModelVersionFp32 : kModelVersionBf16; }
 
 // The header of a model file holding `config` with `dtype` values.
-inline std::array<int32_t, kHeaderInts> model_file_header(const GPT2Config& c, DType dtype) {
+inline std::array<int32_t, kHeaderInts> model_file_header(const ModelConfig& c, DType dtype) {
   std::array<int32_t, kHeaderInts> header{};
   header[0] = kModelMagic;
   header[1] = model_file_version(dtype);
@@ -46,7 +46,7 @@ inline std::array<int32_t, kHeaderInts> model_file_header(const GPT2Config& c, D
 // bf16. Values widen to fp32 exactly and narrow to bf16 by rounding to nearest even; with the
 // parameters' own dtype the body is their bytes.
 template <typename Elem, typename TensorValues>
-void write_model_file_of(const std::string& path, const GPT2Config& config, DType dtype, TensorValues&& tensor_values) {
+void write_model_file_of(const std::string& path, const ModelConfig& config, DType dtype, TensorValues&& tensor_values) {
   const ParameterLayout layout(config);
   AtomicFileWriter out(path);
   const auto header = model_file_header(config, dtype);
@@ -71,7 +71,7 @@ void write_model_file_of(const std::string& path, const GPT2Config& config, DTyp
 
 // The model file from parameters on the device (`params`, llm.c order).
 template <typename Elem>
-void write_model_file(const std::string& path, const GPT2Config& config, const Elem* params, DType dtype,
+void write_model_file(const std::string& path, const ModelConfig& config, const Elem* params, DType dtype,
                       cudaStream_t stream) {
   const ParameterLayout layout(config);
   write_model_file_of<Elem>(path, config, dtype, [&](int i, std::vector<Elem>& values) {
@@ -81,7 +81,7 @@ void write_model_file(const std::string& path, const GPT2Config& config, const E
 
 // The model file from parameters in host memory (`params`, llm.c order).
 template <typename Elem>
-void write_model_file(const std::string& path, const GPT2Config& config, const std::vector<Elem>& params,
+void write_model_file(const std::string& path, const ModelConfig& config, const std::vector<Elem>& params,
                       DType dtype) {
   const ParameterLayout layout(config);
   write_model_file_of<Elem>(path, config, dtype, [&](int i, std::vector<Elem>& values) {
@@ -115,8 +115,8 @@ inline ModelFileInfo read_model_file_info(const std::string& path) {
                              std::to_string(header[1]));
   ModelFileInfo info;
   info.version = header[1];
-  info.config = GPT2Config{header[2], header[3], header[7], header[4], header[5], header[6]};
-  gpt2_check_config(info.config, path);
+  info.config = ModelConfig{header[2], header[3], header[7], header[4], header[5], header[6]};
+  check_model_config(info.config, path);
   const size_t expected = kHeaderBytes + ParameterLayout(info.config).total * info.element_bytes();
   if (static_cast<size_t>(file_bytes) != expected)
     throw std::runtime_error(path + ": expected " + std::to_string(expected) + " bytes for a version " +
@@ -125,7 +125,7 @@ inline ModelFileInfo read_model_file_info(const std::string& path) {
   return info;
 }
 
-inline GPT2Config read_model_header(const std::string& path) { return read_model_file_info(path).config; }
+inline ModelConfig read_model_header(const std::string& path) { return read_model_file_info(path).config; }
 
 // A NaN or infinite weight makes every loss and sample of the model NaN: a model file holding one
 // (a run that diverged, a damaged file) is refused, naming the tensor and where in it.
@@ -176,7 +176,7 @@ inline void read_model_tensors(const std::string& path, const ModelFileInfo& inf
 // configuration; bf16 values widen to fp32 exactly, fp32 values round to nearest for bf16), for
 // inference: no gradients or optimizer state. *config receives the file's configuration.
 template <typename Elem>
-DeviceArray<Elem> load_model_parameters(const std::string& path, GPT2Config* config) {
+DeviceArray<Elem> load_model_parameters(const std::string& path, ModelConfig* config) {
   const ModelFileInfo info = read_model_file_info(path);
   const ParameterLayout layout(info.config);
   DeviceArray<Elem> params(layout.total, "the model's parameters");

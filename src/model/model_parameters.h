@@ -8,7 +8,7 @@
 // over the TP group (one all-gather per tensor slice) for copies, files and host floats.
 #pragma once
 #include "src/base/device.h"
-#include "src/config/gpt2_config.h"
+#include "src/config/model_config.h"
 #include "src/dist/comm.h"
 #include "src/dist/grad_buckets.h"
 #include "src/dist/grad_sync.h"
@@ -123,7 +123,7 @@ class ModelParameters {
   }
   // An llm.c model file of `file_dtype` values (model_file.h), written by `writer` ranks (at ZeRO 3
   // a collective: the parameters are gathered into the writers' host memory).
-  void save(const std::string& path, const GPT2Config& cfg, DType file_dtype, bool writer) const {
+  void save(const std::string& path, const ModelConfig& cfg, DType file_dtype, bool writer) const {
     if (!sharded_ && split_.size() == 1) {
       if (writer) write_model_file(path, cfg, full_.get(), file_dtype, stream_);
       return;

@@ -2,7 +2,7 @@
 // update of the parameters one rank owns, segment by segment.
 #pragma once
 #include "kernels/adamw.cuh"
-#include "src/config/gpt2_config.h"
+#include "src/config/model_config.h"
 #include "src/dist/grad_buckets.h"
 #include "src/base/device.h"
 #include "src/base/rng.h"

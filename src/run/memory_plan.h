@@ -8,7 +8,7 @@
 #include "src/model/activations.h"
 #include "src/model/optimizer.h"
 #include "src/gen/generate.h"
-#include "src/config/gpt2_config.h"
+#include "src/config/model_config.h"
 #include "src/base/units.h"
 #include "src/dist/grad_sync.h"
 #include "src/dist/param_shards.h"
@@ -47,7 +47,7 @@ inline size_t term_bytes(const MemoryPlan& plan, const std::string& name) {
 // logits_rows rows; at ZeRO 3, zero3_prefetch buckets gathered ahead. With tensor parallelism `tp`
 // (its size divides world_size) the rank holds its TP part of the model and activations, and the
 // ZeRO stage shards over its data-parallel group of world_size / tp.size ranks.
-inline MemoryPlan plan_memory(const GPT2Config& cfg, int B, int T, int recompute, DType dtype, int zero_stage,
+inline MemoryPlan plan_memory(const ModelConfig& cfg, int B, int T, int recompute, DType dtype, int zero_stage,
                               int world_size, double bucket_mib = kDefaultBucketMiB, int sample_positions = 0,
                               size_t logits_rows = kLogitsChunkRows, int zero3_prefetch = kDefaultZero3Prefetch,
                               const TensorParallelism& tp = {}) {
@@ -57,8 +57,8 @@ inline MemoryPlan plan_memory(const GPT2Config& cfg, int B, int T, int recompute
   const GradientBuckets buckets =
       gradient_buckets(layout, data_ranks, zero_stage, layers_per_bucket(layout, bucket_mib, elem), tp.size);
   const size_t state = buckets.state_count(0);
-  const ActivationCounts counts = gpt2_activation_counts(cfg, B, T, recompute, logits_rows, tp);
-  const ActivationBytes activations = gpt2_activation_bytes(cfg, B, T, recompute, dtype, logits_rows, tp);
+  const ActivationCounts counts = activation_counts(cfg, B, T, recompute, logits_rows, tp);
+  const ActivationBytes activations = model_activation_bytes(cfg, B, T, recompute, dtype, logits_rows, tp);
   const size_t logits = elem * counts.logits;
   const int stage = effective_zero_stage(zero_stage, data_ranks);
   const bool whole_elsewhere = stage == 3 || tp.size > 1;  // no rank holds every parameter
@@ -88,7 +88,7 @@ inline MemoryPlan plan_memory(const GPT2Config& cfg, int B, int T, int recompute
 // `budget` (0: no limit), down to kLogitsChunkRowsMin (or B·T when smaller). The budget is a
 // property of the device, not of the moment (the caller passes its total memory, not the free),
 // so a run's chunking, and with it the rounding of its fp32 wte gradient, is reproducible.
-inline size_t lm_head_chunk_rows(const GPT2Config& cfg, int B, int T, int recompute, DType dtype, int zero_stage,
+inline size_t lm_head_chunk_rows(const ModelConfig& cfg, int B, int T, int recompute, DType dtype, int zero_stage,
                                  int world_size, double bucket_mib, int sample_positions, size_t budget,
                                  int zero3_prefetch = kDefaultZero3Prefetch, const TensorParallelism& tp = {}) {
   const size_t N = static_cast<size_t>(B) * T;
@@ -102,7 +102,7 @@ inline size_t lm_head_chunk_rows(const GPT2Config& cfg, int B, int T, int recomp
 }
 
 // The largest micro-batch size (≤ limit) whose plan fits in `budget` bytes; 0 if not even B = 1.
-inline int largest_fitting_batch(const GPT2Config& cfg, int T, int recompute, DType dtype, int zero_stage,
+inline int largest_fitting_batch(const ModelConfig& cfg, int T, int recompute, DType dtype, int zero_stage,
                                  int world_size, size_t budget, double bucket_mib = kDefaultBucketMiB,
                                  int sample_positions = 0, int zero3_prefetch = kDefaultZero3Prefetch,
                                  const TensorParallelism& tp = {}, int limit = 1 << 16) {

@@ -22,7 +22,7 @@ constexpr double kBytesPerGiB = 1073741824.0;
 
 // Positions of rank 0's --sample-every decoder: the sampler's (prompt + --max-new-tokens - 1), or
 // without one (--plan reads no vocabulary) the model's context, the most it can be; 0: no sampling.
-inline int sampling_positions(const TrainConfig& cfg, const GPT2Config& model, const TextSampler* sampler) {
+inline int sampling_positions(const TrainConfig& cfg, const ModelConfig& model, const TextSampler* sampler) {
   if (cfg.sample_every == 0) return 0;
   return sampler != nullptr ? sampler->cache_positions() : model.max_seq_len;
 }
@@ -44,14 +44,14 @@ inline TensorParallelism run_tensor_parallelism(const TrainConfig& cfg) {
 
 // A run's lm-head chunk rows (memory_plan.h's lm_head_chunk_rows against chunk_budget); `world`:
 // every rank of the run.
-inline size_t run_logits_rows(const TrainConfig& cfg, const GPT2Config& model, int batch_size, int recompute,
+inline size_t run_logits_rows(const TrainConfig& cfg, const ModelConfig& model, int batch_size, int recompute,
                               int world, int sample_positions) {
   return lm_head_chunk_rows(model, batch_size, cfg.seq_len, recompute, dtype_named(cfg.dtype), cfg.zero, world,
                             cfg.bucket_mib, sample_positions, chunk_budget(cfg), cfg.zero3_prefetch,
                             run_tensor_parallelism(cfg));
 }
 
-inline MemoryPlan run_memory_plan(const TrainConfig& cfg, const GPT2Config& model, int batch_size, int recompute,
+inline MemoryPlan run_memory_plan(const TrainConfig& cfg, const ModelConfig& model, int batch_size, int recompute,
                                   int world, int sample_positions) {
   return plan_memory(model, batch_size, cfg.seq_len, recompute, dtype_named(cfg.dtype), cfg.zero, world,
                      cfg.bucket_mib, sample_positions,
@@ -60,7 +60,7 @@ inline MemoryPlan run_memory_plan(const TrainConfig& cfg, const GPT2Config& mode
 }
 
 // "largest --batch-size that fits: --recompute 0: 3, 1: 5, 2: 6, 3: 9" (0: not even 1).
-inline std::string fitting_batch_sizes(const TrainConfig& cfg, const GPT2Config& model, int world, size_t budget,
+inline std::string fitting_batch_sizes(const TrainConfig& cfg, const ModelConfig& model, int world, size_t budget,
                                        int sample_positions) {
   std::string out = "largest --batch-size that fits " + format_bytes(budget) + ":";
   for (int r = 0; r <= kRecomputeMax; ++r)
@@ -91,7 +91,7 @@ inline std::string format_traffic(const StepTraffic& t, long long steps = 1) {
 // "communication per optimizer step, sent by each rank: ..." (comm_plan.h) for a run of `world`
 // ranks: the gradients' and parameters' over the data-parallel group, and with --tp the
 // activations' over the tensor-parallel group (one line each; empty where a group has one rank).
-inline std::string communication_lines(const TrainConfig& cfg, const GPT2Config& model, int world, int micro_steps) {
+inline std::string communication_lines(const TrainConfig& cfg, const ModelConfig& model, int world, int micro_steps) {
   const TensorParallelism tp = run_tensor_parallelism(cfg);
   const ParameterLayout layout = TensorSplit(model, tp.size, 0).local();
   const size_t elem = dtype_named(cfg.dtype) == DType::fp32 ? sizeof(float) : sizeof(bf16);
@@ -130,10 +130,10 @@ inline int print_memory_plan(TrainConfig cfg) {
   const int world = cfg.world_size > 0 ? cfg.world_size : launch.world_size;
   const int micro_steps = validate_config(cfg, world);
   std::string source;
-  const GPT2Config model = resolve_model(cfg, std::nullopt, &source);
+  const ModelConfig model = resolve_model(cfg, std::nullopt, &source);
   validate_against_model(cfg, model.max_seq_len, source);
   with_context("model " + source, [&] { choose_attention(cfg.attention, dtype_named(cfg.dtype), model); });
-  gpt2_check_micro_batch(model, cfg.batch_size, cfg.seq_len, cfg.recompute);
+  check_micro_batch(model, cfg.batch_size, cfg.seq_len, cfg.recompute);
   check_tensor_split(model, cfg.tp, "--tp");
   const size_t budget = chunk_budget(cfg);
   const int sampling = sampling_positions(cfg, model, nullptr);

@@ -28,7 +28,7 @@
 struct RunSetup {
   TrainConfig cfg;
   int grad_accum_steps = 1;
-  GPT2Config model;
+  ModelConfig model;
   std::string model_source;  // "preset d12" or the --init-from path
   LrSchedule schedule;
   std::optional<Checkpoint> resume_from;  // --resume's checkpoint
@@ -39,7 +39,7 @@ struct RunSetup {
 
 // The architecture: --resume's model file, --init-from's header or the --model preset; *source
 // names which.
-inline GPT2Config resolve_model(const TrainConfig& cfg, const std::optional<Checkpoint>& resume_from,
+inline ModelConfig resolve_model(const TrainConfig& cfg, const std::optional<Checkpoint>& resume_from,
                                 std::string* source) {
   if (resume_from) {
     *source = resume_from->path + "/" + kModelFileName;
@@ -50,7 +50,7 @@ inline GPT2Config resolve_model(const TrainConfig& cfg, const std::optional<Chec
     return with_context("--init-from", [&] { return read_model_header(cfg.init_from); });
   }
   *source = "preset " + cfg.model;
-  return with_context("--model", [&] { return gpt2_preset(cfg.model); });
+  return with_context("--model", [&] { return model_preset(cfg.model); });
 }
 
 // "--batch-size 8 --seq-len 1024 --recompute 1 (d12 from preset d12)": what sizes the model's memory.

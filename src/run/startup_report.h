@@ -6,7 +6,7 @@
 #include "src/config/config_text.h"
 #include "src/dist/comm.h"
 #include "src/model/activations.h"
-#include "src/model/gpt2.h"
+#include "src/model/transformer.h"
 #include "src/run/plan_report.h"
 #include "src/run/run_setup.h"
 #include "src/run/throughput.h"
@@ -15,14 +15,14 @@
 #include <optional>
 
 template <typename Elem>
-void print_startup_report(const RunSetup& setup, const GPT2<Elem>& model, const TrainingData& data,
+void print_startup_report(const RunSetup& setup, const Transformer<Elem>& model, const TrainingData& data,
                           const Communicator& comm, double flops_per_token, const std::optional<Peak>& peak) {
   const TrainConfig& cfg = setup.cfg;
   const cudaDeviceProp prop = device_properties();
   const int B = cfg.batch_size, seq_len = cfg.seq_len, world_size = comm.world_size();
   const TensorParallelism& tp = model.tensor_parallelism();
   const ActivationBytes acts =
-      gpt2_activation_bytes(setup.model, B, seq_len, model.recompute(), GPT2<Elem>::dtype, kLogitsChunkRows, tp);
+      model_activation_bytes(setup.model, B, seq_len, model.recompute(), Transformer<Elem>::dtype, kLogitsChunkRows, tp);
   // What the model allocated, by the plan's terms (equal: test/simt/simt_counters.cpp).
   const MemoryPlan plan = run_memory_plan(cfg, setup.model, B, model.recompute(), world_size,
                                           sampling_positions(cfg, setup.model, setup.sampler.get()));
@@ -41,7 +41,7 @@ void print_startup_report(const RunSetup& setup, const GPT2<Elem>& model, const 
               model.recompute(), mib(acts.blocks).c_str(), mib(acts.other).c_str());
   for (int r = 0; r <= kRecomputeMax; ++r)
     std::printf(" %d: %s%s", r,
-                mib(gpt2_activation_bytes(setup.model, B, seq_len, r, GPT2<Elem>::dtype, kLogitsChunkRows, tp).blocks)
+                mib(model_activation_bytes(setup.model, B, seq_len, r, Transformer<Elem>::dtype, kLogitsChunkRows, tp).blocks)
                     .c_str(),
                 r < kRecomputeMax ? "," : "\n");
   std::printf("batch: %lld tokens per step = %d x %d tokens x %d rank(s) x %d accumulation step(s)\n",

@@ -10,7 +10,7 @@
 // square, halved, times 3). The model's FLOP count: recomputation (--recompute) does more work
 // but does not count.
 #pragma once
-#include "src/config/gpt2_config.h"
+#include "src/config/model_config.h"
 
 #include <algorithm>
 #include <cctype>
@@ -19,7 +19,7 @@
 #include <vector>
 
 // 6·N + 6·L·C·T for a sequence length T.
-inline double flops_per_token(const GPT2Config& c, int seq_len) {
+inline double flops_per_token(const ModelConfig& c, int seq_len) {
   const double parameters = static_cast<double>(ParameterLayout(c).total);
   return 6.0 * parameters + 6.0 * c.num_layers * static_cast<double>(c.channels) * seq_len;
 }

@@ -10,7 +10,7 @@
 #include "src/dist/comm.h"
 #include "src/dist/parallel_groups.h"
 #include "src/gen/generate.h"
-#include "src/model/gpt2.h"
+#include "src/model/transformer.h"
 #include "src/model/step_guards.h"
 #include "src/run/eval_report.h"
 #include "src/run/metrics.h"
@@ -37,19 +37,19 @@
 // The model, allocated; a failure names the flags that size it and, out of host memory, the bytes
 // of its activations (a device allocation's error names its own).
 template <typename Elem>
-GPT2<Elem> allocate_model(const RunSetup& setup, ParallelGroups& groups) {
+Transformer<Elem> allocate_model(const RunSetup& setup, ParallelGroups& groups) {
   const TrainConfig& cfg = setup.cfg;
   const size_t logits_rows = run_logits_rows(cfg, setup.model, cfg.batch_size, cfg.recompute, groups.world().world_size(),
                                              sampling_positions(cfg, setup.model, setup.sampler.get()));
   return with_context(model_sizing(setup), [&] {
     try {
-      return GPT2<Elem>(setup.model, cfg.batch_size, cfg.seq_len, cfg.recompute, &groups.dp(), cfg.zero,
+      return Transformer<Elem>(setup.model, cfg.batch_size, cfg.seq_len, cfg.recompute, &groups.dp(), cfg.zero,
                         cfg.attention, cfg.bucket_mib, logits_rows, cfg.zero3_prefetch, groups.tp(),
                         cfg.sequence_parallel);
     } catch (const std::bad_alloc&) {
       throw std::runtime_error(
           "out of host memory allocating the model (its activations alone take " +
-          thousands(gpt2_activation_bytes(setup.model, cfg.batch_size, cfg.seq_len, cfg.recompute, GPT2<Elem>::dtype,
+          thousands(model_activation_bytes(setup.model, cfg.batch_size, cfg.seq_len, cfg.recompute, Transformer<Elem>::dtype,
                                           logits_rows, run_tensor_parallelism(cfg))
                         .total()) +
           " bytes)");
@@ -76,7 +76,7 @@ class Trainer {
         data_(open_training_data(setup, groups.dp().rank(), groups.dp().world_size(), inputs_, targets_)),
         model_(allocate_model<Elem>(setup, groups)),
         model_path_(cfg_.out_dir + "/model.bin"),
-        save_dtype_(cfg_.save_dtype.empty() ? GPT2<Elem>::dtype
+        save_dtype_(cfg_.save_dtype.empty() ? Transformer<Elem>::dtype
                                             : dtype_named(cfg_.save_dtype)) {
     // The next batch's host work (id checks, encoder buckets) on the loader thread, ahead of its step.
     if (data_.train) data_.train->set_prepare(model_.batch_preparer());
@@ -483,7 +483,7 @@ class Trainer {
   std::vector<int> inputs_, targets_;  // validation's batches
   TokenBatch batch_;                   // the training micro-batch, swapped with the loader's
   TrainingData data_;
-  GPT2<Elem> model_;
+  Transformer<Elem> model_;
   const std::string model_path_;
   const DType save_dtype_;  // of model_path_
   TrainingState state_;

@@ -150,9 +150,9 @@ TEST_CASE("Bad-step guards skip non-finite and outlying steps and keep them out 
 TEMPLATE_TEST_CASE("A checkpoint restores parameters, fp32 weights, moments and state bit for bit", "[checkpoint]",
                    float, bf16) {
   TempDir dir;
-  const GPT2Config config{8, 20, 24, 1, 1, 8};  // maxT, V, Vp, L, NH, C
+  const ModelConfig config{8, 20, 24, 1, 1, 8};  // maxT, V, Vp, L, NH, C
   const int B = 2, T = 5;
-  GPT2<TestType> model(config, B, T);
+  Transformer<TestType> model(config, B, T);
   model.init_random(3);
   OptimizerSettings opt;
   opt.seed = 99;
@@ -190,7 +190,7 @@ TEMPLATE_TEST_CASE("A checkpoint restores parameters, fp32 weights, moments and 
   CHECK(c->manifest.at("dtype") == (std::is_same<TestType, bf16>::value ? "bf16" : "fp32"));
   CHECK(c->manifest.at("config").at("lr") == "0.01");
 
-  GPT2<TestType> loaded(config, B, T);
+  Transformer<TestType> loaded(config, B, T);
   TrainingState restored;
   load_checkpoint(*c, loaded, &restored);
   const size_t P = model.num_parameters();
@@ -209,7 +209,7 @@ TEMPLATE_TEST_CASE("A checkpoint restores parameters, fp32 weights, moments and 
   CHECK(restored.guards.norm_window.values() == std::vector<double>{0.125});
 
   // The restored model continues exactly like the original.
-  for (GPT2<TestType>* m : {&model, &loaded}) {
+  for (Transformer<TestType>* m : {&model, &loaded}) {
     m->zero_grad();
     m->forward_backward(inputs.data(), targets.data(), 1);
     test::optimizer_step(*m, opt, 1e-2f, 3);
@@ -221,18 +221,18 @@ TEMPLATE_TEST_CASE("A checkpoint restores parameters, fp32 weights, moments and 
 TEMPLATE_TEST_CASE("A checkpoint loads into other gradient buckets (resharding) and continues bit for bit",
                    "[checkpoint]", float, bf16) {
   TempDir dir;
-  const GPT2Config config{8, 20, 24, 3, 1, 8};  // maxT, V, Vp, L, NH, C
+  const ModelConfig config{8, 20, 24, 3, 1, 8};  // maxT, V, Vp, L, NH, C
   const int B = 2, T = 5;
-  GPT2<TestType> model(config, B, T);  // one bucket of all 3 layers
+  Transformer<TestType> model(config, B, T);  // one bucket of all 3 layers
   const double one_layer_mib = 1e-6;    // below one layer: a bucket per layer
-  GPT2<TestType> loaded(config, B, T, kRecomputeDefault, nullptr, 0, "auto", one_layer_mib);
+  Transformer<TestType> loaded(config, B, T, kRecomputeDefault, nullptr, 0, "auto", one_layer_mib);
   REQUIRE(model.gradient_sync().buckets().buckets().size() == 2);
   REQUIRE(loaded.gradient_sync().buckets().buckets().size() == 4);
   model.init_random(5);
   OptimizerSettings opt;
   const std::vector<int> inputs = test::random_tokens(B * T, config.vocab_size, 3);
   const std::vector<int> targets = test::random_tokens(B * T, config.vocab_size, 4);
-  auto step = [&](GPT2<TestType>& m, int s) {
+  auto step = [&](Transformer<TestType>& m, int s) {
     m.zero_grad();
     m.forward_backward(inputs.data(), targets.data(), 1);
     test::optimizer_step(m, opt, 1e-2f, s);
@@ -256,8 +256,8 @@ TEMPLATE_TEST_CASE("A checkpoint loads into other gradient buckets (resharding) 
 
 TEST_CASE("Damaged checkpoints are reported and the previous complete one is found", "[checkpoint]") {
   TempDir dir;
-  const GPT2Config config{8, 20, 24, 1, 1, 8};
-  GPT2<float> model(config, 1, 4);
+  const ModelConfig config{8, 20, 24, 1, 1, 8};
+  Transformer<float> model(config, 1, 4);
   model.init_random(1);
   TrainingState state;
   for (long long step : {1, 2}) {

@@ -9,7 +9,7 @@
 namespace {
 
 // Layers that do not fill buckets evenly, C not a multiple of 8.
-const GPT2Config kOdd{9, 13, 16, 5, 3, 12};  // maxT, V, Vp, L, NH, C
+const ModelConfig kOdd{9, 13, 16, 5, 3, 12};  // maxT, V, Vp, L, NH, C
 
 size_t layer_elements(const ParameterLayout& layout) {
   size_t n = 0;

@@ -19,7 +19,7 @@ size_t term(const MemoryPlan& plan, const std::string& name) {  // fails the tes
 }  // namespace
 
 TEST_CASE("memory plan of GPT-2 124M by hand", "[memory_plan]") {
-  const GPT2Config d12{1024, 50257, 50304, 12, 12, 768};
+  const ModelConfig d12{1024, 50257, 50304, 12, 12, 768};
   const size_t C = 768, L = 12, Vp = 50304, maxT = 1024;
   const size_t per_layer = 2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C + 4 * C * C + 4 * C + 4 * C * C + C;
   const size_t model_tensors = Vp * C + maxT * C + 2 * C;
@@ -82,7 +82,7 @@ TEST_CASE("memory plan of GPT-2 124M by hand", "[memory_plan]") {
 }
 
 TEST_CASE("largest_fitting_batch: the largest B whose plan fits", "[memory_plan]") {
-  const GPT2Config tiny{64, 500, 512, 3, 4, 64};
+  const ModelConfig tiny{64, 500, 512, 3, 4, 64};
   const size_t budget = plan_memory(tiny, 37, 64, 2, DType::bf16, 0, 1).total() + 100;
   const int B = largest_fitting_batch(tiny, 64, 2, DType::bf16, 0, 1, budget);
   CHECK(B == 37);
@@ -94,7 +94,7 @@ TEST_CASE("largest_fitting_batch: the largest B whose plan fits", "[memory_plan]
 TEST_CASE("the lm head's chunk is the largest of the plan's ladder that fits the device", "[memory_plan]") {
   // d12 at B = 64, T = 1024 (N = 65,536 rows): 8,192 rows where memory allows, fewer (halving, at
   // least 1,024) where the plan with 8,192 would not fit; never more rows than the micro-batch.
-  const GPT2Config d12{1024, 50257, 50304, 12, 12, 768};
+  const ModelConfig d12{1024, 50257, 50304, 12, 12, 768};
   auto rows = [&](int B, size_t budget) {
     return lm_head_chunk_rows(d12, B, 1024, 1, DType::bf16, 0, 1, kDefaultBucketMiB, 0, budget);
   };

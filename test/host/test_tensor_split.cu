@@ -14,7 +14,7 @@
 
 namespace {
 
-const GPT2Config kModel{8, 50, 64, 2, 4, 16};  // maxT, V, Vp, L, NH, C
+const ModelConfig kModel{8, 50, 64, 2, 4, 16};  // maxT, V, Vp, L, NH, C
 
 }  // namespace
 
@@ -114,7 +114,7 @@ TEST_CASE("A TP rank's buckets hold the replicated tensors first", "[tensor_spli
 
 TEST_CASE("A split the model cannot take is refused naming --tp", "[tensor_split]") {
   CHECK_THROWS_WITH(check_tensor_split(kModel, 3, "--tp"), Catch::Contains("must divide NH = 4"));
-  CHECK_THROWS_WITH(check_tensor_split(GPT2Config{8, 50, 72, 2, 4, 16}, 2, "--tp"),
+  CHECK_THROWS_WITH(check_tensor_split(ModelConfig{8, 50, 72, 2, 4, 16}, 2, "--tp"),
                     Catch::Contains("Vp = 72"));
   CHECK_NOTHROW(check_tensor_split(kModel, 4, "--tp"));
 }

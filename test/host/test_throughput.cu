@@ -9,8 +9,8 @@
 
 namespace {
 
-GPT2Config config(int maxT, int V, int Vp, int L, int NH, int C) {
-  GPT2Config c;
+ModelConfig config(int maxT, int V, int Vp, int L, int NH, int C) {
+  ModelConfig c;
   c.max_seq_len = maxT;
   c.vocab_size = V;
   c.padded_vocab_size = Vp;
@@ -23,7 +23,7 @@ GPT2Config config(int maxT, int V, int Vp, int L, int NH, int C) {
 // Training FLOPs per token of every matrix product, written out: forward 2 FLOPs per
 // multiply-add, backward twice the forward (the input's and the weight's gradient); attention's
 // two products over the causal triangle (half the T x T square).
-double matmul_flops_by_hand(const GPT2Config& c, int T) {
+double matmul_flops_by_hand(const ModelConfig& c, int T) {
   const double C = c.channels, Vp = c.padded_vocab_size;
   double layer = 0;
   layer += 2 * C * (3 * C);  // qkv projection
@@ -39,7 +39,7 @@ double matmul_flops_by_hand(const GPT2Config& c, int T) {
 }  // namespace
 
 TEST_CASE("FLOPs per token: every matrix product plus 6 per other parameter (llm.c's 6N + 6LCT)") {
-  for (const GPT2Config& c : {config(1024, 50257, 50304, 12, 12, 768), config(64, 300, 384, 3, 2, 48),
+  for (const ModelConfig& c : {config(1024, 50257, 50304, 12, 12, 768), config(64, 300, 384, 3, 2, 48),
                               config(32, 97, 128, 1, 1, 8)}) {
     for (int T : {1, 17, c.max_seq_len}) {
       const double C = c.channels;

@@ -292,7 +292,7 @@ uint16_t bf16_bits(bf16 x) {
 // A one-rank model (L = 1, C = 8, Vp = maxT = 16: wte and wpe have the same shape) whose
 // parameters, gradients (llm.c order) and optimizer state adamw_step updates.
 struct ModelOptimizer {
-  ParameterLayout layout{GPT2Config{16, 16, 16, 1, 1, 8}};
+  ParameterLayout layout{ModelConfig{16, 16, 16, 1, 1, 8}};
   GradientBuckets buckets{layout, 1, 1};
   std::vector<OptimizerSegment> segments = buckets.segments(0);
   test::DeviceBuffer<bf16> params{layout.total}, grads{layout.total};

@@ -1,6 +1,6 @@
 // Generation with a KV cache (src/gen/generate.h) on the tiny PyTorch reference model
 // (build/reference/tiny, written by dev/gpt2_reference.py before `make test`):
-//  - the decoder's greedy tokens and logits equal those of the training forward (src/model/gpt2.h)
+//  - the decoder's greedy tokens and logits equal those of the training forward (src/model/transformer.h)
 //    recomputed over the whole sequence without a cache: fp32 tightly, bf16 within its rounding;
 //  - they equal PyTorch's greedy decoding (generate.json, float64, full recomputation): fp32 the
 //    same tokens and logits to 1e-5; bf16, fed PyTorch's tokens, logits within bf16 error and the
@@ -9,7 +9,7 @@
 //  - the cache's capacity and token errors.
 #include "test/test_util.h"
 #include "src/gen/generate.h"
-#include "src/model/gpt2.h"
+#include "src/model/transformer.h"
 
 #include <nlohmann/json.hpp>
 
@@ -40,7 +40,7 @@ GreedyReference load_greedy_reference() {
 
 // The model's parameters from the reference model.bin, as Elem on the device.
 template <typename Elem>
-DeviceArray<Elem> reference_parameters(GPT2Config* config) {
+DeviceArray<Elem> reference_parameters(ModelConfig* config) {
   return load_model_parameters<Elem>(kReferenceDir + "/model.bin", config);
 }
 
@@ -62,10 +62,10 @@ TEMPLATE_TEST_CASE("KV-cache greedy decoding equals the training forward recompu
   using T = TestType;
   const bool is_bf16 = sizeof(T) == 2;
   const GreedyReference ref = load_greedy_reference();
-  GPT2Config cfg;
+  ModelConfig cfg;
   DeviceArray<T> params = reference_parameters<T>(&cfg);
   const int P = static_cast<int>(ref.prompt.size()), N = 12;
-  KvCacheDecoder<T> decoder(cfg, params.get(), P + N, choose_attention("auto", GPT2<T>::dtype, cfg), nullptr);
+  KvCacheDecoder<T> decoder(cfg, params.get(), P + N, choose_attention("auto", Transformer<T>::dtype, cfg), nullptr);
   std::vector<std::vector<float>> step_logits;
   const std::vector<int> generated = generate_tokens(
       decoder, ref.prompt, N, SamplingSettings{0.0, 0, 0},
@@ -77,7 +77,7 @@ TEMPLATE_TEST_CASE("KV-cache greedy decoding equals the training forward recompu
   // those generated[i] was chosen from (causal attention: later tokens do not change them).
   std::vector<int> sequence = ref.prompt;
   sequence.insert(sequence.end(), generated.begin(), generated.end() - 1);
-  GPT2<T> model(cfg, 1, static_cast<int>(sequence.size()));
+  Transformer<T> model(cfg, 1, static_cast<int>(sequence.size()));
   model.load(kReferenceDir + "/model.bin");
   model.forward(sequence.data(), nullptr);
   const std::vector<float> full = model.logits();
@@ -98,7 +98,7 @@ TEMPLATE_TEST_CASE("KV-cache greedy decoding equals the training forward recompu
 
 TEST_CASE("KV-cache greedy decoding in fp32 equals PyTorch's", "[generate]") {
   const GreedyReference ref = load_greedy_reference();
-  GPT2Config cfg;
+  ModelConfig cfg;
   DeviceArray<float> params = reference_parameters<float>(&cfg);
   const int N = static_cast<int>(ref.tokens.size());
   KvCacheDecoder<float> decoder(cfg, params.get(), static_cast<int>(ref.prompt.size()) + N, AttentionKernel::simple,
@@ -116,7 +116,7 @@ TEST_CASE("KV-cache greedy decoding in fp32 equals PyTorch's", "[generate]") {
 
 TEST_CASE("KV-cache decoding in bf16, fed PyTorch's tokens, gives PyTorch's logits within bf16 error", "[generate]") {
   const GreedyReference ref = load_greedy_reference();
-  GPT2Config cfg;
+  ModelConfig cfg;
   DeviceArray<bf16> params = reference_parameters<bf16>(&cfg);
   const int N = static_cast<int>(ref.tokens.size());
   KvCacheDecoder<bf16> decoder(cfg, params.get(), static_cast<int>(ref.prompt.size()) + N,
@@ -179,7 +179,7 @@ TEST_CASE("choose_token: greedy, top-k, temperature, seeded frequencies", "[gene
 
 TEST_CASE("KvCacheDecoder: seeded sampling is reproducible; the cache's limits are errors", "[generate]") {
   const GreedyReference ref = load_greedy_reference();
-  GPT2Config cfg;
+  ModelConfig cfg;
   DeviceArray<float> params = reference_parameters<float>(&cfg);
   const int P = static_cast<int>(ref.prompt.size());
   KvCacheDecoder<float> decoder(cfg, params.get(), P + 6, AttentionKernel::simple, nullptr);

@@ -1,4 +1,4 @@
-// The whole model (src/model/gpt2.h) against PyTorch: dev/gpt2_reference.py computes, for the tiny
+// The whole model (src/model/transformer.h) against PyTorch: dev/gpt2_reference.py computes, for the tiny
 // config in build/reference/tiny/ (L=2 NH=4 C=64 V=500 Vp=512, B=2 T=32, Markov-chain tokens),
 // the step-1 logits, loss and gradients and 10 steps of clipped AdamW. The Makefile generates
 // the directory before `make test`; tests run from the repository root.
@@ -9,7 +9,7 @@
 // rows stay zero and padded logit columns have no effect; save/load round trips; model file,
 // token and configuration errors; init_random.
 #include "test/test_util.h"
-#include "src/model/gpt2.h"
+#include "src/model/transformer.h"
 
 #include <algorithm>
 #include <cmath>
@@ -23,7 +23,7 @@ namespace {
 
 // A one-rank bf16 model's fp32 master weights in llm.c order (it keeps them in its state order).
 template <typename Elem>
-std::vector<float> master_weights(const GPT2<Elem>& model) {
+std::vector<float> master_weights(const Transformer<Elem>& model) {
   const size_t P = model.num_parameters();
   std::vector<float> state(P), master(P);
   CUDA_CHECK(cudaMemcpy(state.data(), model.master_device(), P * sizeof(float), cudaMemcpyDeviceToHost));
@@ -37,7 +37,7 @@ constexpr int kReferenceMagic = 20261121;
 
 // Everything dev/gpt2_reference.py wrote (layout in dev/README.md).
 struct Reference {
-  GPT2Config config;
+  ModelConfig config;
   int B = 0, T = 0, K = 0;
   size_t P = 0;
   std::vector<float> logits;    // B·T·Vp, step 1
@@ -75,7 +75,7 @@ Reference load_reference() {
   std::memcpy(h, bin.data(), sizeof h);
   if (h[0] != kReferenceMagic || h[1] != 1) throw std::runtime_error("reference.bin: bad magic/version");
   r.B = h[2], r.T = h[3], r.K = h[4];
-  r.config = GPT2Config{h[10], h[8], h[9], h[5], h[6], h[7]};
+  r.config = ModelConfig{h[10], h[8], h[9], h[5], h[6], h[7]};
   r.P = static_cast<size_t>(h[11]);
   const size_t logit_count = static_cast<size_t>(r.B) * r.T * r.config.padded_vocab_size;
   const size_t floats = logit_count + 1 + r.P + 2 * r.K + r.P;
@@ -190,7 +190,7 @@ void check_gradients(const std::vector<float>& got, const Reference& r, const Pa
 }
 
 // Padded vocabulary rows V..Vp-1 of wte (in a parameter-ordered vector) are exactly zero.
-bool padded_rows_zero(const std::vector<float>& values, const GPT2Config& c) {
+bool padded_rows_zero(const std::vector<float>& values, const ModelConfig& c) {
   for (size_t i = static_cast<size_t>(c.vocab_size) * c.channels;
        i < static_cast<size_t>(c.padded_vocab_size) * c.channels; ++i) {
     if (values[i] != 0.0f) return false;
@@ -224,10 +224,10 @@ std::string error_of(F&& f) {
 TEMPLATE_TEST_CASE("GPT2 step 1 matches PyTorch: logits, loss, every gradient", "[gpt2]", float, bf16) {
   const Reference& r = reference();
   REQUIRE(read_model_header(model_path()) == r.config);
-  GPT2<TestType> model(r.config, r.B, r.T);
+  Transformer<TestType> model(r.config, r.B, r.T);
   REQUIRE(model.num_parameters() == r.P);
   // The default attention: flash for bf16 (the reference's head size is one flash supports).
-  CHECK(model.attention() == (GPT2<TestType>::dtype == DType::bf16 ? AttentionKernel::flash : AttentionKernel::simple));
+  CHECK(model.attention() == (Transformer<TestType>::dtype == DType::bf16 ? AttentionKernel::flash : AttentionKernel::simple));
   model.load(model_path());
   const Batch b = batch(r, 0);
 
@@ -287,7 +287,7 @@ TEMPLATE_TEST_CASE("GPT2 wte gradient: its error does not grow with the lm head'
   // (64) with the fp32 sum; rounding per chunk gave 4.79e-3 (4) and 1.51e-2 (64). fp32: 1.1e-7,
   // 1.6e-7 and 1.2e-7 (summation order only).
   const Reference& r = reference();
-  GPT2<TestType> model(r.config, r.B, r.T);
+  Transformer<TestType> model(r.config, r.B, r.T);
   model.load(model_path());
   const Batch b = batch(r, 0);
   const ParameterInfo& wte = model.layout()[kWte];
@@ -321,7 +321,7 @@ TEMPLATE_TEST_CASE("GPT2 lm-head chunks that do not divide B·T: loss, logits an
   // Real runs chunk B·T rows that the chunk does not divide (12,288 = 8,192 + 4,096): the last,
   // partial chunk must be computed too. Here 64 rows in chunks of 24: 24 + 24 + 16.
   const Reference& r = reference();
-  GPT2<TestType> model(r.config, r.B, r.T);
+  Transformer<TestType> model(r.config, r.B, r.T);
   model.load(model_path());
   const int rows = r.B * r.T, chunk = 24;
   model.set_logits_chunk_rows(chunk);
@@ -346,7 +346,7 @@ TEMPLATE_TEST_CASE("GPT2 trains like PyTorch: 10 AdamW steps", "[gpt2]", float, 
   const Reference& r = reference();
   // The Markov-chain data is learnable: the reference loss falls clearly over the steps.
   REQUIRE(r.losses.back() < r.losses.front() - 0.5f);
-  GPT2<TestType> model(r.config, r.B, r.T);
+  Transformer<TestType> model(r.config, r.B, r.T);
   model.load(model_path());
   for (int k = 0; k < r.K; ++k) {
     const Batch b = batch(r, k);
@@ -402,7 +402,7 @@ TEMPLATE_TEST_CASE("GPT2 trains like PyTorch: 10 AdamW steps", "[gpt2]", float, 
 
 TEMPLATE_TEST_CASE("GPT2 padded vocabulary rows and logit columns have no effect", "[gpt2]", float, bf16) {
   const Reference& r = reference();
-  GPT2<TestType> model(r.config, r.B, r.T);
+  Transformer<TestType> model(r.config, r.B, r.T);
   model.load(model_path());
   const Batch b = batch(r, 0);
   model.zero_grad();
@@ -434,7 +434,7 @@ TEMPLATE_TEST_CASE("GPT2 padded vocabulary rows and logit columns have no effect
 
 TEMPLATE_TEST_CASE("GPT2 save then load is bit-exact", "[gpt2]", float, bf16) {
   const Reference& r = reference();
-  GPT2<TestType> model(r.config, r.B, r.T);
+  Transformer<TestType> model(r.config, r.B, r.T);
   model.load(model_path());
   for (int k = 0; k < 2; ++k) {  // trained values: for bf16, stochastically rounded ones
     const Batch b = batch(r, k);
@@ -455,17 +455,17 @@ TEMPLATE_TEST_CASE("GPT2 save then load is bit-exact", "[gpt2]", float, bf16) {
   CHECK(h[1] == (element == 4 ? 3 : 5));
   CHECK(read_model_header(path) == r.config);
 
-  GPT2<TestType> loaded(r.config, r.B, r.T);
+  Transformer<TestType> loaded(r.config, r.B, r.T);
   loaded.load(path);
   CHECK(bitwise_equal(loaded.parameters(), params));
 
   // Across dtypes: bf16 values load into fp32 exactly; fp32 values into bf16 rounded to nearest.
   if (element == 2) {
-    GPT2<float> widened(r.config, 1, 8);
+    Transformer<float> widened(r.config, 1, 8);
     widened.load(path);
     CHECK(bitwise_equal(widened.parameters(), params));
   } else {
-    GPT2<bf16> narrowed(r.config, 1, 8);
+    Transformer<bf16> narrowed(r.config, 1, 8);
     narrowed.load(path);
     CHECK(bitwise_equal(narrowed.parameters(), test::round_to<bf16>(params)));
   }
@@ -474,7 +474,7 @@ TEMPLATE_TEST_CASE("GPT2 save then load is bit-exact", "[gpt2]", float, bf16) {
 
 TEST_CASE("GPT2 model file errors name the file and what was expected", "[gpt2]") {
   const Reference& r = reference();
-  GPT2<float> model(r.config, 1, 8);
+  Transformer<float> model(r.config, 1, 8);
   const std::string good = read_file(model_path());
   const std::string path = temp_path("bad_model.bin");
   auto load_error = [&](const std::string& bytes) {
@@ -504,9 +504,9 @@ TEST_CASE("GPT2 model file errors name the file and what was expected", "[gpt2]"
   CHECK_THAT(e, Catch::Contains(path) && Catch::Contains("head size"));
 
   // A valid file of another configuration.
-  GPT2Config other = r.config;
+  ModelConfig other = r.config;
   other.num_layers = 1;
-  GPT2<float> small(other, 1, 8);
+  Transformer<float> small(other, 1, 8);
   small.init_random(1);
   small.save(path);
   e = error_of([&] { model.load(path); });
@@ -517,7 +517,7 @@ TEST_CASE("GPT2 model file errors name the file and what was expected", "[gpt2]"
 
 TEST_CASE("GPT2 rejects tokens outside the vocabulary and bad shapes", "[gpt2]") {
   const Reference& r = reference();
-  GPT2<float> model(r.config, r.B, r.T);
+  Transformer<float> model(r.config, r.B, r.T);
   model.load(model_path());
   Batch b = batch(r, 0);
   b.inputs[37] = r.config.vocab_size;
@@ -532,37 +532,37 @@ TEST_CASE("GPT2 rejects tokens outside the vocabulary and bad shapes", "[gpt2]")
              Catch::Contains("at least 1"));
   CHECK_THAT(error_of([&] { test::optimizer_step(model, r.opt, r.lr, 0); }), Catch::Contains("step >= 1"));
 
-  CHECK_THAT(error_of([&] { GPT2<float>(r.config, 1, r.config.max_seq_len + 1); }),
+  CHECK_THAT(error_of([&] { Transformer<float>(r.config, 1, r.config.max_seq_len + 1); }),
              Catch::Contains("1 <= T <= max_seq_len (64), found 65"));
-  GPT2Config bad = r.config;
+  ModelConfig bad = r.config;
   bad.num_heads = 3;
-  CHECK_THAT(error_of([&] { GPT2<float>(bad, 1, 8); }), Catch::Contains("C divisible by NH"));
+  CHECK_THAT(error_of([&] { Transformer<float>(bad, 1, 8); }), Catch::Contains("C divisible by NH"));
   bad = r.config;
   bad.padded_vocab_size = 499;
-  CHECK_THAT(error_of([&] { GPT2<float>(bad, 1, 8); }), Catch::Contains("Vp >= V"));
+  CHECK_THAT(error_of([&] { Transformer<float>(bad, 1, 8); }), Catch::Contains("Vp >= V"));
 }
 
 TEST_CASE("GPT2 presets", "[gpt2]") {
-  CHECK(gpt2_preset_names() == std::vector<std::string>{"nano", "micro", "d12", "d24", "d36", "d48", "gpt3-125m",
+  CHECK(model_preset_names() == std::vector<std::string>{"nano", "micro", "d12", "d24", "d36", "d48", "gpt3-125m",
                                                         "gpt3-350m", "gpt3-760m", "gpt3-2.7b", "gpt3-6.7b"});
-  const GPT2Config d12 = gpt2_preset("d12");
-  CHECK(d12 == GPT2Config{1024, 50257, 50304, 12, 12, 768});
+  const ModelConfig d12 = model_preset("d12");
+  CHECK(d12 == ModelConfig{1024, 50257, 50304, 12, 12, 768});
   CHECK(ParameterLayout(d12).total == 124475904u);  // docs/FORMATS.md
-  CHECK(gpt2_preset("d48") == GPT2Config{1024, 50257, 50304, 48, 25, 1600});
-  CHECK(gpt2_preset("nano") == GPT2Config{128, 50257, 50304, 2, 4, 64});
-  CHECK(gpt2_preset("micro") == GPT2Config{256, 50257, 50304, 4, 4, 128});
+  CHECK(model_preset("d48") == ModelConfig{1024, 50257, 50304, 48, 25, 1600});
+  CHECK(model_preset("nano") == ModelConfig{128, 50257, 50304, 2, 4, 64});
+  CHECK(model_preset("micro") == ModelConfig{256, 50257, 50304, 4, 4, 128});
   // GPT-3 (Brown et al. 2020, table 2.1: layers, d_model, heads; n_ctx 2048): 12·L·C² + 13·L·C
   // weights and biases per block, (Vp + 2048)·C embeddings and 2·C for lnf.
   const auto gpt3_total = [](size_t L, size_t C) { return 12 * L * C * C + 13 * L * C + (50304 + 2048) * C + 2 * C; };
-  CHECK(gpt2_preset("gpt3-2.7b") == GPT2Config{2048, 50257, 50304, 32, 32, 2560});
-  CHECK(ParameterLayout(gpt2_preset("gpt3-2.7b")).total == gpt3_total(32, 2560));
-  CHECK(gpt2_preset("gpt3-6.7b") == GPT2Config{2048, 50257, 50304, 32, 32, 4096});
-  CHECK(ParameterLayout(gpt2_preset("gpt3-6.7b")).total == gpt3_total(32, 4096));
-  CHECK(ParameterLayout(gpt2_preset("gpt3-6.7b")).total / 100000000 == 66);  // "6.7B": 6.66e9
-  CHECK(gpt2_preset("gpt3-760m").channels / gpt2_preset("gpt3-760m").num_heads == 96);
-  for (const std::string& name : gpt2_preset_names()) CHECK_NOTHROW(gpt2_check_config(gpt2_preset(name), name));
+  CHECK(model_preset("gpt3-2.7b") == ModelConfig{2048, 50257, 50304, 32, 32, 2560});
+  CHECK(ParameterLayout(model_preset("gpt3-2.7b")).total == gpt3_total(32, 2560));
+  CHECK(model_preset("gpt3-6.7b") == ModelConfig{2048, 50257, 50304, 32, 32, 4096});
+  CHECK(ParameterLayout(model_preset("gpt3-6.7b")).total == gpt3_total(32, 4096));
+  CHECK(ParameterLayout(model_preset("gpt3-6.7b")).total / 100000000 == 66);  // "6.7B": 6.66e9
+  CHECK(model_preset("gpt3-760m").channels / model_preset("gpt3-760m").num_heads == 96);
+  for (const std::string& name : model_preset_names()) CHECK_NOTHROW(check_model_config(model_preset(name), name));
   try {
-    gpt2_preset("gpt5");
+    model_preset("gpt5");
     FAIL("no exception");
   } catch (const std::invalid_argument& e) {
     CHECK_THAT(e.what(), Catch::Contains("gpt5") && Catch::Contains("nano, micro, d12, d24, d36, d48, gpt3-125m"));
@@ -581,8 +581,8 @@ TEST_CASE("GPT2 presets", "[gpt2]") {
 
 TEST_CASE("GPT2 init_random: GPT-2 initialization, seeded", "[gpt2]") {
   const Reference& r = reference();
-  const GPT2Config& c = r.config;
-  GPT2<float> model(c, 1, 8);
+  const ModelConfig& c = r.config;
+  Transformer<float> model(c, 1, 8);
   model.init_random(42);
   const std::vector<float> p = model.parameters();
   const ParameterLayout& layout = model.layout();
@@ -615,7 +615,7 @@ TEST_CASE("GPT2 init_random: GPT-2 initialization, seeded", "[gpt2]") {
   model.init_random(43);
   CHECK(!bitwise_equal(model.parameters(), p));
   // bf16: the same fp32 draws, rounded to nearest; the master weights keep them.
-  GPT2<bf16> narrow(c, 1, 8);
+  Transformer<bf16> narrow(c, 1, 8);
   narrow.init_random(42);
   CHECK(bitwise_equal(narrow.parameters(), test::round_to<bf16>(p)));
   CHECK(bitwise_equal(master_weights(narrow), p));

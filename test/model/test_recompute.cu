@@ -1,4 +1,4 @@
-// Activation recomputation (--recompute, src/model/gpt2.h): settings 1-3 keep fewer activations and
+// Activation recomputation (--recompute, src/model/transformer.h): settings 1-3 keep fewer activations and
 // recompute the rest in the backward pass with the same deterministic kernels, so a run must
 // give bit-identical losses, gradients, gradient norms and weights at every setting. Checked
 // for T = float and T = bf16 over several AdamW steps with two accumulated micro-steps each, on
@@ -8,7 +8,7 @@
 // the formula, and the errors for bad settings.
 #include "test/test_util.h"
 #include "src/config/config.h"
-#include "src/model/gpt2.h"
+#include "src/model/transformer.h"
 
 #include <cstring>
 #include <string>
@@ -17,7 +17,7 @@
 namespace {
 
 // L=2 NH=4 C=64 (head size 16), V=500 padded to 512, maxT=32.
-const GPT2Config kTiny{32, 500, 512, 2, 4, 64};
+const ModelConfig kTiny{32, 500, 512, 2, 4, 64};
 constexpr int kBatch = 2, kSeqLen = 13;  // 26 rows: partial LayerNorm (8-row) and warp blocks
 constexpr int kSteps = 3, kMicroSteps = 2;
 
@@ -33,7 +33,7 @@ struct Trace {
 
 template <typename T>
 Trace train(int recompute, size_t* activation_bytes) {
-  GPT2<T> model(kTiny, kBatch, kSeqLen, recompute);
+  Transformer<T> model(kTiny, kBatch, kSeqLen, recompute);
   *activation_bytes = model.activation_bytes();
   model.init_random(42);
   OptimizerSettings opt;
@@ -80,7 +80,7 @@ TEMPLATE_TEST_CASE("recompute 1-3: losses, every gradient, norms and weights bit
   const ParameterLayout layout(kTiny);
   size_t bytes0 = 0;
   const Trace want = train<TestType>(0, &bytes0);
-  CHECK(bytes0 == gpt2_activation_bytes(kTiny, kBatch, kSeqLen, 0, dtype_of<TestType>()).total());
+  CHECK(bytes0 == model_activation_bytes(kTiny, kBatch, kSeqLen, 0, dtype_of<TestType>()).total());
   // The run is not degenerate: it learns (weights move, gradients change from step to step).
   REQUIRE(!test::same_bits(want.grads[0], want.grads[1]));
   REQUIRE(want.eval_loss == want.eval_loss);
@@ -97,7 +97,7 @@ TEMPLATE_TEST_CASE("recompute 1-3: losses, every gradient, norms and weights bit
     size_t bytes = 0;
     const Trace got = train<TestType>(recompute, &bytes);
     // The allocation is what the formula says and shrinks with every setting.
-    CHECK(bytes == gpt2_activation_bytes(kTiny, kBatch, kSeqLen, recompute, dtype_of<TestType>()).total());
+    CHECK(bytes == model_activation_bytes(kTiny, kBatch, kSeqLen, recompute, dtype_of<TestType>()).total());
     CHECK(bytes < previous_bytes);
     previous_bytes = bytes;
 
@@ -114,7 +114,7 @@ TEMPLATE_TEST_CASE("recompute 1-3: losses, every gradient, norms and weights bit
 }
 
 TEST_CASE("recompute: activation bytes of GPT-2 124M at B=8, T=1024", "[recompute]") {
-  const GPT2Config d12 = gpt2_preset("d12");
+  const ModelConfig d12 = model_preset("d12");
   const int B = 8, T = 1024;
   const size_t N = static_cast<size_t>(B) * T, C = 768, L = 12, NH = 12, Vp = 50304;
   // Per row of the micro-batch, written out tensor by tensor. T-typed elements a block keeps for
@@ -148,7 +148,7 @@ TEST_CASE("recompute: activation bytes of GPT-2 124M at B=8, T=1024", "[recomput
       // encoded (the input of layer 0) + L kept layers + the one-layer slice.
       const size_t want_blocks = N * (t * (C + L * s.kept_t + s.slice_t) + 4 * (L * s.kept_f + s.slice_f));
       const size_t want_other = N * (t * 7 * C + 4 * 3 + 4 * 2) + t * 8192 * Vp + fixed_bytes;
-      const ActivationBytes got = gpt2_activation_bytes(d12, B, T, r, dtype);
+      const ActivationBytes got = model_activation_bytes(d12, B, T, r, dtype);
       CHECK(got.blocks == want_blocks);
       CHECK(got.other == want_other);
       CHECK(got.total() == want_blocks + want_other);
@@ -161,13 +161,13 @@ TEST_CASE("recompute: activation bytes of GPT-2 124M at B=8, T=1024", "[recomput
     CHECK(totals[3] * 2 <= totals[0]);  // the fixed part holds the 8,192-row logits chunk (TRAINING.md: 2.6x)
   }
   // bf16: 2322 MiB of block activations at 0, 1794 at 1, 1530 at 2, 336 at 3 (6.9x less).
-  CHECK(gpt2_activation_bytes(d12, B, T, 0, DType::bf16).blocks >> 20 == 2322);
-  CHECK(gpt2_activation_bytes(d12, B, T, 1, DType::bf16).blocks >> 20 == 1794);
-  CHECK(gpt2_activation_bytes(d12, B, T, 2, DType::bf16).blocks >> 20 == 1530);
-  CHECK(gpt2_activation_bytes(d12, B, T, 3, DType::bf16).blocks >> 20 == 336);
+  CHECK(model_activation_bytes(d12, B, T, 0, DType::bf16).blocks >> 20 == 2322);
+  CHECK(model_activation_bytes(d12, B, T, 1, DType::bf16).blocks >> 20 == 1794);
+  CHECK(model_activation_bytes(d12, B, T, 2, DType::bf16).blocks >> 20 == 1530);
+  CHECK(model_activation_bytes(d12, B, T, 3, DType::bf16).blocks >> 20 == 336);
   // All activations, bf16: 3193 MiB at 0, 1207 MiB at 3 (2.6x less; TRAINING.md, the 8,192-row logits chunk included).
-  CHECK(gpt2_activation_bytes(d12, B, T, 0, DType::bf16).total() >> 20 == 3193);
-  CHECK(gpt2_activation_bytes(d12, B, T, 3, DType::bf16).total() >> 20 == 1207);
+  CHECK(model_activation_bytes(d12, B, T, 0, DType::bf16).total() >> 20 == 3193);
+  CHECK(model_activation_bytes(d12, B, T, 3, DType::bf16).total() >> 20 == 1207);
 }
 
 TEST_CASE("recompute: bad settings are refused with one clear line", "[recompute]") {
@@ -179,9 +179,9 @@ TEST_CASE("recompute: bad settings are refused with one clear line", "[recompute
     }
     return "";
   };
-  CHECK(error_of([] { GPT2<float>(kTiny, 1, 8, 4); }) == "recompute: expected 0, 1, 2 or 3, found 4");
-  CHECK(error_of([] { GPT2<bf16>(kTiny, 1, 8, -1); }) == "recompute: expected 0, 1, 2 or 3, found -1");
-  CHECK(error_of([] { gpt2_activation_bytes(kTiny, 1, 8, 7, DType::bf16); }) ==
+  CHECK(error_of([] { Transformer<float>(kTiny, 1, 8, 4); }) == "recompute: expected 0, 1, 2 or 3, found 4");
+  CHECK(error_of([] { Transformer<bf16>(kTiny, 1, 8, -1); }) == "recompute: expected 0, 1, 2 or 3, found -1");
+  CHECK(error_of([] { model_activation_bytes(kTiny, 1, 8, 7, DType::bf16); }) ==
         "recompute: expected 0, 1, 2 or 3, found 7");
 
   // The flag: default kRecomputeDefault, range 0..3, also as a JSON key.
@@ -193,5 +193,5 @@ TEST_CASE("recompute: bad settings are refused with one clear line", "[recompute
   CHECK(error_of([&] { parse_args(3, high); }) == "--recompute: expected an integer in [0, 3], got '4'");
   const char* text[] = {"train_gpt", "--recompute=all"};
   CHECK(error_of([&] { parse_args(2, text); }) == "--recompute: expected an integer in [0, 3], got 'all'");
-  CHECK(GPT2<float>(kTiny, 1, 8).recompute() == kRecomputeDefault);
+  CHECK(Transformer<float>(kTiny, 1, 8).recompute() == kRecomputeDefault);
 }

@@ -8,7 +8,7 @@
 #include "test/test_util.h"
 #include "src/dist/comm.h"
 #include "src/dist/comm_plan.h"
-#include "src/model/gpt2.h"
+#include "src/model/transformer.h"
 #include "src/run/memory_plan.h"
 
 #include <vector>
@@ -20,7 +20,7 @@ Communicator& comm() {
   return instance;
 }
 
-const GPT2Config kModel{16, 37, 40, 3, 2, 16};  // maxT, V, Vp, L, NH, C: three one-layer buckets + model
+const ModelConfig kModel{16, 37, 40, 3, 2, 16};  // maxT, V, Vp, L, NH, C: three one-layer buckets + model
 const int kB = 2, kT = 7, kMicroSteps = 2;
 const double kLayerBucketMiB = 1e-6;  // below one layer: a bucket per layer
 
@@ -58,7 +58,7 @@ TEST_CASE("each bucket travels in one collective: all-reduce at ZeRO 0, reduce-s
   // gradients, so summation-order differences between the runs stay as small as they are.
   opt.eps = 1e-2f;
   // The reference: one process, the whole global batch in each micro-step.
-  GPT2<float> single(kModel, kB * R, kT);
+  Transformer<float> single(kModel, kB * R, kT);
   single.init_random(11);
   single.zero_grad();
   for (int m = 0; m < kMicroSteps; ++m)
@@ -69,7 +69,7 @@ TEST_CASE("each bucket travels in one collective: all-reduce at ZeRO 0, reduce-s
 
   for (const auto& [zero, prefetch] : {std::pair{0, 1}, {1, 1}, {2, 1}, {3, 1}, {3, 2}}) {
     INFO("ZeRO " << zero << ", " << R << " ranks, --zero3-prefetch " << prefetch);
-    GPT2<float> model(kModel, kB, kT, kRecomputeDefault, &comm(), zero, "auto", kLayerBucketMiB, kLogitsChunkRows,
+    Transformer<float> model(kModel, kB, kT, kRecomputeDefault, &comm(), zero, "auto", kLayerBucketMiB, kLogitsChunkRows,
                       prefetch);
     const size_t buckets = model.gradient_sync().buckets().buckets().size();
     REQUIRE(buckets == 4);

@@ -7,7 +7,7 @@
 #include "src/dist/comm.h"
 #include "src/dist/comm_plan.h"
 #include "src/dist/parallel_groups.h"
-#include "src/model/gpt2.h"
+#include "src/model/transformer.h"
 
 #include <algorithm>
 #include <cmath>
@@ -20,7 +20,7 @@ Communicator& world() {
   return instance;
 }
 
-const GPT2Config kModel{16, 37, 48, 3, 2, 16};  // maxT, V, Vp, L, NH, C: Vp/2 = 24 rows per TP rank
+const ModelConfig kModel{16, 37, 48, 3, 2, 16};  // maxT, V, Vp, L, NH, C: Vp/2 = 24 rows per TP rank
 const int kB = 2, kT = 7, kMicroSteps = 2, kTp = 2, kHeadRows = 5;
 const double kLayerBucketMiB = 1e-6;  // below one layer: a bucket per layer
 
@@ -45,7 +45,7 @@ TEST_CASE("tensor parallelism: each group's collectives are the plan's, the upda
   OptimizerSettings opt;
   opt.grad_clip = 0.0f;
   opt.eps = 1e-2f;  // keeps Adam's first step a smooth function of the gradients (mpi_grad_sync.cu)
-  GPT2<float> single(kModel, kB * data_ranks, kT);
+  Transformer<float> single(kModel, kB * data_ranks, kT);
   single.init_random(5);
   single.zero_grad();
   for (int m = 0; m < kMicroSteps; ++m)
@@ -59,7 +59,7 @@ TEST_CASE("tensor parallelism: each group's collectives are the plan's, the upda
       for (int recompute = 0; recompute <= kRecomputeMax; ++recompute) {
         INFO("sequence parallel " << sequence_parallel << ", ZeRO " << zero << ", --recompute " << recompute << ", "
                                   << data_ranks << " data-parallel rank(s)");
-        GPT2<float> model(kModel, kB, kT, recompute, &groups.dp(), zero, "auto", kLayerBucketMiB, kLogitsChunkRows, 1,
+        Transformer<float> model(kModel, kB, kT, recompute, &groups.dp(), zero, "auto", kLayerBucketMiB, kLogitsChunkRows, 1,
                           groups.tp(), sequence_parallel);
         model.set_logits_chunk_rows(kHeadRows);
         model.init_random(5);

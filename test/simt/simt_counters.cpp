@@ -2,20 +2,20 @@
 // host synchronisations and cuBLASLt heuristic queries. The counters exist only in the CPU build,
 // so this test does too.
 #include "test/test_util.h"
-#include "src/model/gpt2.h"
+#include "src/model/transformer.h"
 #include "src/run/memory_plan.h"
 
 #include <vector>
 
 namespace {
 
-const GPT2Config kTiny{32, 500, 512, 2, 4, 64};
+const ModelConfig kTiny{32, 500, 512, 2, 4, 64};
 constexpr int kBatch = 2, kSeqLen = 16, kMicroSteps = 4;
 
 // One optimizer step of kMicroSteps micro-steps on fresh random tokens, as the trainer runs it
 // (train_gpt.cu, Trainer::train_step): micro-steps, the step's figures, the update.
 template <typename Elem>
-typename GPT2<Elem>::StepFigures train_step(GPT2<Elem>& model, int step) {
+typename Transformer<Elem>::StepFigures train_step(Transformer<Elem>& model, int step) {
   const size_t rows = static_cast<size_t>(kBatch) * kSeqLen;
   model.zero_grad();
   for (int micro = 0; micro < kMicroSteps; ++micro) {
@@ -69,7 +69,7 @@ TEST_CASE("matmul makes one cuBLASLt plan per shape", "[simt][matmul]") {
 
 TEMPLATE_TEST_CASE("a training step of 4 micro-steps waits for the device once and queries no cuBLASLt heuristic "
                    "after the first step", "[simt][gpt2]", float, bf16) {
-  GPT2<TestType> model(kTiny, kBatch, kSeqLen);
+  Transformer<TestType> model(kTiny, kBatch, kSeqLen);
   model.init_random(7);
   train_step(model, 1);
   simt::counters() = simt::Counters{};
@@ -84,7 +84,7 @@ TEMPLATE_TEST_CASE("the step's figures: the mean of the micro-steps' losses and 
   // The same step twice from the same weights: once through step_figures(), once with every
   // micro-step's loss read back as it comes (mean_loss()), and the norm of the gradients copied to
   // the host (summed there in double).
-  GPT2<TestType> model(kTiny, kBatch, kSeqLen);
+  Transformer<TestType> model(kTiny, kBatch, kSeqLen);
   model.init_random(11);
   const auto figures = train_step(model, 1);
   model.init_random(11);
@@ -120,12 +120,12 @@ TEST_CASE("simt counts device bytes held, not pinned host memory", "[simt]") {
 TEMPLATE_TEST_CASE("the memory plan is what the model allocates", "[simt][memory_plan]", float, bf16) {
   // Single process (ZeRO stage 0); odd B and T. The plan counts the communicator's scalar, which
   // a model without a communicator does not allocate: 8 bytes apart at most.
-  const DType dtype = GPT2<TestType>::dtype;
+  const DType dtype = Transformer<TestType>::dtype;
   for (int recompute = 0; recompute <= kRecomputeMax; ++recompute)
     for (const auto& [B, T] : {std::pair{2, 16}, std::pair{3, 7}}) {
       matmul_destroy();  // the model's constructor allocates the cuBLASLt workspace again
       const long long before = simt::counters().device_bytes;
-      GPT2<TestType> model(kTiny, B, T, recompute);
+      Transformer<TestType> model(kTiny, B, T, recompute);
       const long long allocated = simt::counters().device_bytes - before;
       const long long planned = static_cast<long long>(plan_memory(kTiny, B, T, recompute, dtype, 0, 1).total());
       INFO("recompute " << recompute << " B=" << B << " T=" << T << ": allocated " << allocated << ", planned "
@@ -137,8 +137,8 @@ TEMPLATE_TEST_CASE("the memory plan is what the model allocates", "[simt][memory
 
 TEMPLATE_TEST_CASE("the plan's sampling term is what the --sample-every decoder allocates", "[simt][memory_plan]",
                    float, bf16) {
-  const DType dtype = GPT2<TestType>::dtype;
-  GPT2<TestType> model(kTiny, 1, 8);  // the decoder reads its parameters
+  const DType dtype = Transformer<TestType>::dtype;
+  Transformer<TestType> model(kTiny, 1, 8);  // the decoder reads its parameters
   for (int positions : {1, 13, kTiny.max_seq_len}) {
     matmul_destroy();  // the decoder's constructor allocates the cuBLASLt workspace again
     const long long before = simt::counters().device_bytes;

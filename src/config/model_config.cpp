@@ -1,5 +1,5 @@
-// gpt2_config.cpp — GPT-2 configurations, presets and checks; the parameter layout
-#include "src/config/gpt2_config.h"
+// model_config.cpp — GPT-2 configurations, presets and checks; the parameter layout
+#include "src/config/model_config.h"
 
 #include "src/base/rng.h"
 
@@ -12,20 +12,20 @@
 #include <string>
 #include <vector>
 
-bool operator==(const GPT2Config& a, const GPT2Config& b) {
+bool operator==(const ModelConfig& a, const ModelConfig& b) {
   return a.max_seq_len == b.max_seq_len && a.vocab_size == b.vocab_size &&
          a.padded_vocab_size == b.padded_vocab_size && a.num_layers == b.num_layers &&
          a.num_heads == b.num_heads && a.channels == b.channels;
 }
 
-std::string describe(const GPT2Config& c) {
+std::string describe(const ModelConfig& c) {
   return "L=" + std::to_string(c.num_layers) + " NH=" + std::to_string(c.num_heads) + " C=" +
          std::to_string(c.channels) + " maxT=" + std::to_string(c.max_seq_len) + " V=" + std::to_string(c.vocab_size) +
          " Vp=" + std::to_string(c.padded_vocab_size);
 }
 
-const std::vector<GPT2Preset>& gpt2_presets() {
-  static const std::vector<GPT2Preset> presets = {
+const std::vector<ModelPreset>& model_presets() {
+  static const std::vector<ModelPreset> presets = {
       {"nano", {128, 50257, 50304, 2, 4, 64}},     {"micro", {256, 50257, 50304, 4, 4, 128}},
       {"d12", {1024, 50257, 50304, 12, 12, 768}},  {"d24", {1024, 50257, 50304, 24, 16, 1024}},
       {"d36", {1024, 50257, 50304, 36, 20, 1280}}, {"d48", {1024, 50257, 50304, 48, 25, 1600}},
@@ -38,22 +38,22 @@ const std::vector<GPT2Preset>& gpt2_presets() {
   return presets;
 }
 
-std::vector<std::string> gpt2_preset_names() {
+std::vector<std::string> model_preset_names() {
   std::vector<std::string> names;
-  for (const GPT2Preset& p : gpt2_presets()) names.push_back(p.name);
+  for (const ModelPreset& p : model_presets()) names.push_back(p.name);
   return names;
 }
 
-GPT2Config gpt2_preset(const std::string& name) {
+ModelConfig model_preset(const std::string& name) {
   std::string valid;
-  for (const GPT2Preset& p : gpt2_presets()) {
+  for (const ModelPreset& p : model_presets()) {
     if (name == p.name) return p.config;
     valid += (valid.empty() ? "" : ", ") + std::string(p.name);
   }
   throw std::invalid_argument("unknown model preset '" + name + "' (valid: " + valid + ")");
 }
 
-void gpt2_check_config(const GPT2Config& c, const std::string& source) {
+void check_model_config(const ModelConfig& c, const std::string& source) {
   auto fail = [&](const std::string& what) {
     throw std::runtime_error(source + ": " + what + " (got " + describe(c) + ")");
   };
@@ -66,7 +66,7 @@ void gpt2_check_config(const GPT2Config& c, const std::string& source) {
     fail("expected padded vocab Vp >= V and a multiple of 8");
 }
 
-ParameterLayout::ParameterLayout(const GPT2Config& c) : num_layers(c.num_layers), vocab_size(c.vocab_size), channels(c.channels) {
+ParameterLayout::ParameterLayout(const ModelConfig& c) : num_layers(c.num_layers), vocab_size(c.vocab_size), channels(c.channels) {
   const size_t L = c.num_layers, C = c.channels, Vp = c.padded_vocab_size, maxT = c.max_seq_len;
   const struct { const char* name; size_t count; bool decayed; } specs[kNumParameterTensors] = {
       {"wte", Vp * C, true},         {"wpe", maxT * C, true},     {"ln1w", L * C, false},
@@ -82,7 +82,7 @@ ParameterLayout::ParameterLayout(const GPT2Config& c) : num_layers(c.num_layers)
   }
 }
 
-std::vector<float> gpt2_initial_values(const ParameterLayout& layout, int i, NormalSampler& normal) {
+std::vector<float> initial_values(const ParameterLayout& layout, int i, NormalSampler& normal) {
   std::vector<float> values(layout[i].count, 0.0f);
   switch (i) {
     case kLn1w: case kLn2w: case kLnfw:

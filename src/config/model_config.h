@@ -1,4 +1,4 @@
-// gpt2_config.h — what a GPT-2 model is: its architecture (GPT2Config), the presets, the checks
+// model_config.h — what a GPT-2 model is: its architecture (ModelConfig), the presets, the checks
 // that the kernels can run it, the storage dtype, and the parameter layout (the llm.c tensor order
 // of docs/FORMATS.md: one contiguous buffer, so a model file body, a ZeRO shard or an all-reduce is
 // a plain slice).
@@ -27,7 +27,7 @@ inline const char* dtype_name(DType d) { return d == DType::bf16 ? "bf16" : "fp3
 // The DType a --dtype / --save-dtype value names (the flags accept only "fp32" and "bf16").
 inline DType dtype_named(const std::string& name) { return name == "fp32" ? DType::fp32 : DType::bf16; }
 
-struct GPT2Config {
+struct ModelConfig {
   int max_seq_len = 0;        // rows of wpe (maxT)
   int vocab_size = 0;         // V: real tokens
   int padded_vocab_size = 0;  // Vp >= V: rows of wte / columns of the logits; rows V..Vp-1 stay zero
@@ -36,30 +36,30 @@ struct GPT2Config {
   int channels = 0;           // C
 };
 
-bool operator==(const GPT2Config& a, const GPT2Config& b);
-inline bool operator!=(const GPT2Config& a, const GPT2Config& b) { return !(a == b); }
+bool operator==(const ModelConfig& a, const ModelConfig& b);
+inline bool operator!=(const ModelConfig& a, const ModelConfig& b) { return !(a == b); }
 
 // "L=12 NH=12 C=768 maxT=1024 V=50257 Vp=50304"
-std::string describe(const GPT2Config& c);
+std::string describe(const ModelConfig& c);
 
-struct GPT2Preset {
+struct ModelPreset {
   const char* name;
-  GPT2Config config;
+  ModelConfig config;
 };
 
 // GPT-2 sizes (124M, 350M, 774M, 1.5B) and two small models on the GPT-2 vocabulary that train
 // on the CPU build.
-const std::vector<GPT2Preset>& gpt2_presets();
+const std::vector<ModelPreset>& model_presets();
 
-std::vector<std::string> gpt2_preset_names();
+std::vector<std::string> model_preset_names();
 
-GPT2Config gpt2_preset(const std::string& name);
+ModelConfig model_preset(const std::string& name);
 
 // Throws unless the kernels can run this configuration: C = NH·HS with the head size HS a
 // multiple of 8 and at most 128 (attention), which also makes C a multiple of 8 (matmul,
 // 128-bit row accesses); 1 <= V <= Vp with Vp a multiple of 8 (lm-head matmul, classifier).
 // `source` names where the configuration came from (a file, a flag).
-void gpt2_check_config(const GPT2Config& c, const std::string& source);
+void check_model_config(const ModelConfig& c, const std::string& source);
 
 // ---------------------------------------------------------------------------------------
 // Parameter layout (llm.c order; docs/FORMATS.md).
@@ -86,7 +86,7 @@ struct ParameterLayout {
   size_t num_layers = 0, vocab_size = 0, channels = 0;
 
   ParameterLayout() = default;
-  explicit ParameterLayout(const GPT2Config& c);
+  explicit ParameterLayout(const ModelConfig& c);
   const ParameterInfo& operator[](int i) const { return tensors[i]; }
 
   // Elements of one slice of tensor i: a layer's for per-layer tensors, else the whole tensor.
@@ -100,4 +100,4 @@ struct ParameterLayout {
 // GPT-2's initial values of tensor i, drawn from `normal` in llm.c tensor order (call for i = 0,
 // 1, ... in turn): weights N(0, 0.02), the residual-branch projections attprojw and fcprojw
 // N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weights 1 and biases 0, wte's padding rows 0 (not drawn).
-std::vector<float> gpt2_initial_values(const ParameterLayout& layout, int i, NormalSampler& normal);
+std::vector<float> initial_values(const ParameterLayout& layout, int i, NormalSampler& normal);

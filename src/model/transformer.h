@@ -1,6 +1,6 @@
-// gpt2.h — the GPT-2 model on the GPU: parameters, AdamW state and activations in device memory,
+// transformer.h — the GPT-2 model on the GPU: parameters, AdamW state and activations in device memory,
 // and the host code that runs kernels/ for the forward pass, the backward pass and the optimizer
-// step. The architecture and parameter layout are gpt2_config.h's, the files model_file.h's, the
+// step. The architecture and parameter layout are model_config.h's, the files model_file.h's, the
 // per-micro-batch buffers activations.h's, the gradients and their communication grad_sync.h's,
 // the lm head lm_head.h's; a tensor-parallel rank's part of each layer: tensor_split.h.
 // Parameters, gradients and activations are Elem (float: --dtype fp32, bf16: the default);
@@ -17,7 +17,7 @@
 #include "src/model/lm_head.h"
 #include "src/dist/comm.h"
 #include "src/base/device.h"
-#include "src/config/gpt2_config.h"
+#include "src/config/model_config.h"
 #include "src/dist/grad_sync.h"
 #include "src/dist/tensor_split.h"
 #include "src/dist/tp_collectives.h"
@@ -40,8 +40,8 @@
 #include <vector>
 
 template <typename Elem>
-class GPT2 {
-  static_assert(std::is_same<Elem, float>::value || std::is_same<Elem, bf16>::value, "GPT2<Elem>: float or bf16");
+class Transformer {
+  static_assert(std::is_same<Elem, float>::value || std::is_same<Elem, bf16>::value, "Transformer<Elem>: float or bf16");
 
  public:
   static constexpr DType dtype = std::is_same<Elem, float>::value ? DType::fp32 : DType::bf16;
@@ -56,11 +56,11 @@ class GPT2 {
   // lm_head_chunk_rows). With a tensor-parallel communicator `tp_comm` of several ranks, `comm` is
   // this rank's data-parallel group and each layer is split over the TP group (tensor_split.h,
   // tp_collectives.h), its LayerNorm/residual region too when `sequence_parallel`.
-  GPT2(const GPT2Config& cfg, int B, int seq_len, int recompute = kRecomputeDefault, Communicator* comm = nullptr,
+  Transformer(const ModelConfig& cfg, int B, int seq_len, int recompute = kRecomputeDefault, Communicator* comm = nullptr,
        int zero_stage = 0, const std::string& attention = "auto", double bucket_mib = kDefaultBucketMiB,
        size_t logits_rows = kLogitsChunkRows, int zero3_prefetch = kDefaultZero3Prefetch,
        Communicator* tp_comm = nullptr, bool sequence_parallel = false)
-      : cfg_(gpt2_check_micro_batch(cfg, B, seq_len, recompute)),
+      : cfg_(check_micro_batch(cfg, B, seq_len, recompute)),
         split_(tensor_split_of(cfg, tp_comm)),
         layout_(split_.local()),
         B_(B),
@@ -83,19 +83,19 @@ class GPT2 {
                    [this](const OptimizerSegment& s) { return grads_.gradient_offset(s); }, params_.owned_base(),
                    params_.master(), grads_.owned_gradients(), adam_m_.get(), adam_v_.get());
     reset_training_state();
-    const ActivationCounts counts = gpt2_activation_counts(cfg_, B_, seq_len_, recompute_, logits_rows, tp_.shape());
+    const ActivationCounts counts = activation_counts(cfg_, B_, seq_len_, recompute_, logits_rows, tp_.shape());
     acts_ = Activations<Elem>(counts);
     head_ = LmHead<Elem>(acts_, cfg_.vocab_size, vocab_begin(), vl_, layout_[kWte].count);
     staging_.emplace(counts.tokens, counts.buckets);
   }
-  GPT2(const GPT2&) = delete;
-  GPT2& operator=(const GPT2&) = delete;
-  ~GPT2() {
+  Transformer(const Transformer&) = delete;
+  Transformer& operator=(const Transformer&) = delete;
+  ~Transformer() {
     cudaStreamSynchronize(stream_.get());
     grads_.wait_idle();
   }
 
-  const GPT2Config& config() const { return cfg_; }
+  const ModelConfig& config() const { return cfg_; }
   // This rank's parameter layout (its tensor-parallel part: tensor_split.h).
   const ParameterLayout& layout() const { return layout_; }
   const TensorSplit& tensor_split() const { return split_; }
@@ -120,12 +120,12 @@ class GPT2 {
   float* adam_v_device() const { return adam_v_.get(); }
   float* master_device() const { return params_.master(); }
 
-  // GPT-2's initialization from `seed` (gpt2_initial_values); bf16 parameters are the values
+  // GPT-2's initialization from `seed` (initial_values); bf16 parameters are the values
   // rounded to nearest, the master weights the fp32 values. Gradients and optimizer state are reset.
   void init_random(uint64_t seed) {
     NormalSampler normal(seed);
     for (int i = 0; i < kNumParameterTensors; ++i)
-      params_.upload_tensor(i, gpt2_initial_values(split_.global(), i, normal));
+      params_.upload_tensor(i, initial_values(split_.global(), i, normal));
     reset_training_state();
   }
 
@@ -265,7 +265,7 @@ class GPT2 {
   // the float values). Gradients and optimizer state are kept.
   void set_parameters(const std::vector<float>& values) { params_.upload_all(values); }
 
-  // Device memory of the activations: gpt2_activation_bytes(...).total(). (All of it: memory_plan.h.)
+  // Device memory of the activations: model_activation_bytes(...).total(). (All of it: memory_plan.h.)
   size_t activation_bytes() const { return acts_.bytes(); }
 
   // Rows per lm-head chunk (lm_head.h): the logits buffer's height (min(B·T, the constructor's
@@ -478,7 +478,7 @@ class GPT2 {
                      dresidual_rows, B_, seq_len_, C, s);
   }
 
-  const GPT2Config cfg_;
+  const ModelConfig cfg_;
   const TensorSplit split_;
   const ParameterLayout layout_;  // this rank's (split_.local())
   const int B_, seq_len_, recompute_;
