@@ -283,7 +283,9 @@ void matmul_forward(T* out, const T* inp, const T* weight, const NonDeduced<T>* 
 
 // Backward of matmul_forward. With g = dout (rows × OC), or g = dout ⊙ gelu'(pre_gelu) when the
 // forward applied GELU (pre_gelu != nullptr):
-//   dinp    (rows × C)  = g @ weight                 written
+//   dinp    (rows × C)  = g @ weight                 written, or with accumulate_input_gradient
+//                                                    added (cuBLASLt beta = 1; one rounding of the
+//                                                    sum: the second of two products of one input)
 //   dweight (OC × C)   += g^T @ inp                  accumulated (cuBLASLt beta = 1); T, or float
 //                                                    (matmul_backward<T, float>) to sum row
 //                                                    blocks before one rounding
@@ -298,7 +300,8 @@ void matmul_forward(T* out, const T* inp, const T* weight, const NonDeduced<T>* 
 template <typename T, typename TW = T>
 void matmul_backward(T* dinp, NonDeduced<TW>* dweight, NonDeduced<T>* dbias, NonDeduced<T>* dpre_gelu, const T* dout, const T* inp,
                      const T* weight, const NonDeduced<T>* pre_gelu, int rows, int in_features, int out_features, cudaStream_t stream,
-                     const std::function<void()>& after_input_gradient = nullptr) {
+                     const std::function<void()>& after_input_gradient = nullptr,
+                     bool accumulate_input_gradient = false) {
   const int C = in_features, OC = out_features;
   matmul_check_shape("matmul_backward", rows, C, OC);
   if ((pre_gelu == nullptr) != (dpre_gelu == nullptr)) {
@@ -328,7 +331,8 @@ void matmul_backward(T* dinp, NonDeduced<TW>* dweight, NonDeduced<T>* dbias, Non
     }
   }
   const T* g = pre_gelu != nullptr ? dpre_gelu : dout;
-  matmul_cublaslt<T, T>(dinp, weight, false, g, false, nullptr, C, rows, OC, 0.0f, stream);
+  matmul_cublaslt<T, T>(dinp, weight, false, g, false, nullptr, C, rows, OC, accumulate_input_gradient ? 1.0f : 0.0f,
+                        stream);
   if (after_input_gradient) after_input_gradient();
   matmul_cublaslt<T, TW>(dweight, inp, false, g, true, nullptr, C, OC, rows, 1.0f, stream);
 }

@@ -14,20 +14,10 @@
 // one rounding to T; 128-bit accesses, so HS and row_stride must be multiples of 16 / sizeof(T).
 #pragma once
 #include "common.cuh"
+#include "rope_config.h"
 
 #include <cmath>
 #include <vector>
-
-// A model's RoPE settings (what a config carries): θ and, for Llama 3.1 and 3.2, the frequency
-// scaling (3.1: factor 8, low 1, high 4, original context 8192; 3.2: factor 32, the rest alike).
-struct RopeConfig {
-  float theta;
-  bool scaled;  // false: Llama 3's unscaled frequencies; the four fields below are then unused
-  float factor;
-  float low_freq_factor;
-  float high_freq_factor;
-  int original_context;
-};
 
 // The HS/2 frequencies f_i, in fp32 step by step as Meta's reference computes them (so the table
 // matches it to the last bit where fp32 allows): f_i = 1/θ^(2i/HS); with scaling, wavelength

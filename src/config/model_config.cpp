@@ -1,4 +1,4 @@
-// model_config.cpp — GPT-2 configurations, presets and checks; the parameter layout
+// model_config.cpp — model configurations (GPT-2's and Llama 3's), presets and checks; the parameter layout
 #include "src/config/model_config.h"
 
 #include "src/base/rng.h"
@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -15,13 +16,53 @@
 bool operator==(const ModelConfig& a, const ModelConfig& b) {
   return a.max_seq_len == b.max_seq_len && a.vocab_size == b.vocab_size &&
          a.padded_vocab_size == b.padded_vocab_size && a.num_layers == b.num_layers &&
-         a.num_heads == b.num_heads && a.channels == b.channels;
+         a.num_heads == b.num_heads && a.channels == b.channels && a.kv_heads() == b.kv_heads() &&
+         a.hidden() == b.hidden() && a.norm == b.norm && a.norm_eps == b.norm_eps && a.positions == b.positions &&
+         (a.positions != Positions::rope || a.rope == b.rope) && a.mlp == b.mlp && a.biases == b.biases &&
+         a.tied_embeddings == b.tied_embeddings;
 }
 
+namespace {
+std::string number_text(float v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", static_cast<double>(v));
+  return text;
+}
+}  // namespace
+
 std::string describe(const ModelConfig& c) {
-  return "L=" + std::to_string(c.num_layers) + " NH=" + std::to_string(c.num_heads) + " C=" +
-         std::to_string(c.channels) + " maxT=" + std::to_string(c.max_seq_len) + " V=" + std::to_string(c.vocab_size) +
-         " Vp=" + std::to_string(c.padded_vocab_size);
+  std::string text = "L=" + std::to_string(c.num_layers) + " NH=" + std::to_string(c.num_heads) + " C=" +
+                     std::to_string(c.channels) + " maxT=" + std::to_string(c.max_seq_len) + " V=" +
+                     std::to_string(c.vocab_size) + " Vp=" + std::to_string(c.padded_vocab_size);
+  if (!c.is_llama()) return text;
+  text += " NKV=" + std::to_string(c.kv_heads()) + " H=" + std::to_string(c.hidden()) + " llama3 (rope theta " +
+          number_text(c.rope.theta);
+  if (c.rope.scaled) text += " factor " + number_text(c.rope.factor);
+  return text + (c.tied_embeddings ? ", tied)" : ", untied)");
+}
+
+int llama_hidden_size(int channels, float ffn_dim_multiplier, int multiple_of) {
+  int hidden = static_cast<int>(2.0 * 4 * channels / 3);
+  hidden = static_cast<int>(ffn_dim_multiplier * static_cast<float>(hidden));
+  return multiple_of * ((hidden + multiple_of - 1) / multiple_of);
+}
+
+RopeConfig llama31_rope() { return RopeConfig{500000.0f, true, 8.0f, 1.0f, 4.0f, 8192}; }
+RopeConfig llama32_rope() { return RopeConfig{500000.0f, true, 32.0f, 1.0f, 4.0f, 8192}; }
+
+ModelConfig llama3_config(int max_seq_len, int vocab_size, int num_layers, int num_heads, int num_kv_heads,
+                          int channels, int hidden_size, const RopeConfig& rope, bool tied_embeddings) {
+  ModelConfig c{max_seq_len, vocab_size, vocab_size, num_layers, num_heads, channels};
+  c.num_kv_heads = num_kv_heads;
+  c.hidden_size = hidden_size;
+  c.norm = Norm::rmsnorm;
+  c.norm_eps = 1e-5f;
+  c.positions = Positions::rope;
+  c.rope = rope;
+  c.mlp = Mlp::swiglu;
+  c.biases = false;
+  c.tied_embeddings = tied_embeddings;
+  return c;
 }
 
 const std::vector<ModelPreset>& model_presets() {
@@ -34,6 +75,21 @@ const std::vector<ModelPreset>& model_presets() {
       {"gpt3-125m", {2048, 50257, 50304, 12, 12, 768}},  {"gpt3-350m", {2048, 50257, 50304, 24, 16, 1024}},
       {"gpt3-760m", {2048, 50257, 50304, 24, 16, 1536}}, {"gpt3-2.7b", {2048, 50257, 50304, 32, 32, 2560}},
       {"gpt3-6.7b", {2048, 50257, 50304, 32, 32, 4096}},
+      // Llama 3 (Meta's params.json: dim, n_layers, n_heads, n_kv_heads, ffn_dim_multiplier,
+      // multiple_of; 3.2 ties the embeddings) at their 131,072-token context, and two small ones.
+      {"llama-nano", llama3_config(128, 128256, 2, 4, 2, 64, 192, llama32_rope(), true)},
+      {"llama-micro", llama3_config(256, 128256, 4, 4, 1, 128, llama_hidden_size(128, 1.0f, 64), llama31_rope(),
+                                    false)},
+      {"llama3.2-1b", llama3_config(131072, 128256, 16, 32, 8, 2048, llama_hidden_size(2048, 1.5f, 256),
+                                    llama32_rope(), true)},
+      {"llama3.2-3b", llama3_config(131072, 128256, 28, 24, 8, 3072, llama_hidden_size(3072, 1.0f, 256),
+                                    llama32_rope(), true)},
+      {"llama3.1-8b", llama3_config(131072, 128256, 32, 32, 8, 4096, llama_hidden_size(4096, 1.3f, 1024),
+                                    llama31_rope(), false)},
+      {"llama3.1-70b", llama3_config(131072, 128256, 80, 64, 8, 8192, llama_hidden_size(8192, 1.3f, 4096),
+                                     llama31_rope(), false)},
+      {"llama3.1-405b", llama3_config(131072, 128256, 126, 128, 8, 16384, llama_hidden_size(16384, 1.2f, 4096),
+                                      llama31_rope(), false)},
   };
   return presets;
 }
@@ -64,17 +120,33 @@ void check_model_config(const ModelConfig& c, const std::string& source) {
   if (head_size % 8 != 0 || head_size > 128) fail("expected head size C/NH a multiple of 8 and at most 128");
   if (c.padded_vocab_size < c.vocab_size || c.padded_vocab_size % 8 != 0)
     fail("expected padded vocab Vp >= V and a multiple of 8");
+  if (c.num_kv_heads < 0 || c.num_heads % c.kv_heads() != 0) fail("expected NH a multiple of the K/V heads NKV");
+  if (c.hidden_size < 0 || c.hidden() % 8 != 0) fail("expected the MLP's hidden size H a multiple of 8");
+  const bool gpt2 = c.norm == Norm::layernorm && c.positions == Positions::learned && c.mlp == Mlp::gelu && c.biases &&
+                    c.tied_embeddings && c.kv_heads() == c.num_heads && c.hidden() == 4 * c.channels;
+  const bool llama = c.norm == Norm::rmsnorm && c.positions == Positions::rope && c.mlp == Mlp::swiglu && !c.biases;
+  if (!gpt2 && !llama)
+    fail("expected GPT-2's architecture (LayerNorm, learned positions, GELU, biases, tied, NKV = NH, H = 4C) or "
+         "Llama 3's (RMSNorm, RoPE, SwiGLU, no biases)");
+  if (llama && !(c.norm_eps > 0.0f && c.rope.theta > 0.0f))
+    fail("expected a positive RMSNorm eps and RoPE theta");
+  if (llama && c.rope.scaled &&
+      !(c.rope.factor > 0.0f && c.rope.high_freq_factor > c.rope.low_freq_factor && c.rope.original_context > 0))
+    fail("expected RoPE scaling with factor > 0, high_freq_factor > low_freq_factor and an original context > 0");
 }
 
 ParameterLayout::ParameterLayout(const ModelConfig& c) : num_layers(c.num_layers), vocab_size(c.vocab_size), channels(c.channels) {
-  const size_t L = c.num_layers, C = c.channels, Vp = c.padded_vocab_size, maxT = c.max_seq_len;
+  const size_t L = c.num_layers, C = c.channels, Vp = c.padded_vocab_size, H = c.hidden(), QKV = c.qkv_channels();
+  const size_t wpe = c.positions == Positions::learned ? c.max_seq_len * C : 0;
+  const size_t norm_bias = c.norm == Norm::layernorm ? 1 : 0, bias = c.biases ? 1 : 0;
+  const size_t fc2 = c.mlp == Mlp::swiglu ? 1 : 0, lm_head = c.tied_embeddings ? 0 : 1;
   const struct { const char* name; size_t count; bool decayed; } specs[kNumParameterTensors] = {
-      {"wte", Vp * C, true},         {"wpe", maxT * C, true},     {"ln1w", L * C, false},
-      {"ln1b", L * C, false},        {"qkvw", L * 3 * C * C, true}, {"qkvb", L * 3 * C, false},
-      {"attprojw", L * C * C, true}, {"attprojb", L * C, false},  {"ln2w", L * C, false},
-      {"ln2b", L * C, false},        {"fcw", L * 4 * C * C, true}, {"fcb", L * 4 * C, false},
-      {"fcprojw", L * C * 4 * C, true}, {"fcprojb", L * C, false}, {"lnfw", C, false},
-      {"lnfb", C, false},
+      {"wte", Vp * C, true},          {"wpe", wpe, true},               {"ln1w", L * C, false},
+      {"ln1b", norm_bias * L * C, false}, {"qkvw", L * QKV * C, true},  {"qkvb", bias * L * QKV, false},
+      {"attprojw", L * C * C, true},  {"attprojb", bias * L * C, false}, {"ln2w", L * C, false},
+      {"ln2b", norm_bias * L * C, false}, {"fcw", L * H * C, true},     {"fcb", bias * L * H, false},
+      {"fc2w", fc2 * L * H * C, true}, {"fcprojw", L * C * H, true},    {"fcprojb", bias * L * C, false},
+      {"lnfw", C, false},             {"lnfb", norm_bias * C, false},   {"lm_head", lm_head * Vp * C, true},
   };
   for (int i = 0; i < kNumParameterTensors; ++i) {
     tensors[i] = ParameterInfo{specs[i].name, specs[i].count, total, specs[i].decayed};
@@ -93,7 +165,9 @@ std::vector<float> initial_values(const ParameterLayout& layout, int i, NormalSa
     default: {
       const float residual_std = 0.02f / std::sqrt(2.0f * static_cast<float>(layout.num_layers));
       const float stddev = (i == kAttprojw || i == kFcprojw) ? residual_std : 0.02f;
-      const size_t drawn = i == kWte ? static_cast<size_t>(layout.vocab_size) * layout.channels : values.size();
+      const bool vocabulary_rows = i == kWte || i == kLmHead;
+      const size_t drawn = vocabulary_rows ? std::min(values.size(), static_cast<size_t>(layout.vocab_size) * layout.channels)
+                                           : values.size();
       normal.fill(values.data(), drawn, stddev);
     }
   }

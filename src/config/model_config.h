@@ -1,8 +1,9 @@
-// model_config.h — what a GPT-2 model is: its architecture (ModelConfig), the presets, the checks
-// that the kernels can run it, the storage dtype, and the parameter layout (the llm.c tensor order
-// of docs/FORMATS.md: one contiguous buffer, so a model file body, a ZeRO shard or an all-reduce is
-// a plain slice).
+// model_config.h — what a model is: its shape and architecture (ModelConfig: GPT-2 and Llama 3 are
+// two settings of one transformer), the presets, the checks that the kernels can run it, the
+// storage dtype, and the parameter layout (the llm.c tensor order of docs/FORMATS.md: one
+// contiguous buffer, so a model file body, a ZeRO shard or an all-reduce is a plain slice).
 #pragma once
+#include "kernels/rope_config.h"
 #include "src/base/rng.h"
 
 #include <algorithm>
@@ -27,19 +28,53 @@ inline const char* dtype_name(DType d) { return d == DType::bf16 ? "bf16" : "fp3
 // The DType a --dtype / --save-dtype value names (the flags accept only "fp32" and "bf16").
 inline DType dtype_named(const std::string& name) { return name == "fp32" ? DType::fp32 : DType::bf16; }
 
+// The architecture's choices, each a switch the transformer's blocks read (src/model/transformer.h).
+enum class Norm : uint8_t { layernorm, rmsnorm };  // LayerNorm with weight and bias | RMSNorm (weight only)
+enum class Positions : uint8_t { learned, rope };  // wpe added to the embeddings | RoPE on q and k
+enum class Mlp : uint8_t { gelu, swiglu };         // fcproj(gelu(fc·x)) | fcproj(silu(fc·x) ⊙ fc2·x)
+
 struct ModelConfig {
-  int max_seq_len = 0;        // rows of wpe (maxT)
+  int max_seq_len = 0;        // longest sequence: rows of wpe (maxT)
   int vocab_size = 0;         // V: real tokens
   int padded_vocab_size = 0;  // Vp >= V: rows of wte / columns of the logits; rows V..Vp-1 stay zero
   int num_layers = 0;         // L
-  int num_heads = 0;          // NH
+  int num_heads = 0;          // NH: query heads
   int channels = 0;           // C
+  // The architecture; the defaults are GPT-2's.
+  int num_kv_heads = 0;  // NKV: K/V heads, each serving NH/NKV query heads (0: NH, multi-head attention)
+  int hidden_size = 0;   // H: the MLP's hidden units (0: 4C)
+  Norm norm = Norm::layernorm;
+  float norm_eps = 1e-5f;
+  Positions positions = Positions::learned;
+  RopeConfig rope{};  // Positions::rope only
+  Mlp mlp = Mlp::gelu;
+  bool biases = true;           // the linear layers' biases (qkvb, attprojb, fcb, fcprojb)
+  bool tied_embeddings = true;  // the lm head is wte (else its own tensor lm_head)
+
+  int kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_heads; }
+  int hidden() const { return hidden_size > 0 ? hidden_size : 4 * channels; }
+  int head_size() const { return channels / num_heads; }
+  // Columns of the fused q|k|v product: (NH + 2·NKV)·HS.
+  int qkv_channels() const { return (num_heads + 2 * kv_heads()) * head_size(); }
+  // Llama 3's settings (RMSNorm, RoPE, SwiGLU, no biases): its model file and checkpoint names.
+  bool is_llama() const { return norm == Norm::rmsnorm; }
 };
+
+// Llama's MLP width: int(2·4C/3), times ffn_dim_multiplier, rounded up to a multiple of multiple_of
+// (Meta's model.py).
+int llama_hidden_size(int channels, float ffn_dim_multiplier, int multiple_of);
+// A Llama 3 configuration with Meta's settings (RMSNorm eps 1e-5, RoPE θ 500,000, SwiGLU, no
+// biases); rope scaling and tying as given. Vp = V (Llama's 128,256 is a multiple of 128).
+ModelConfig llama3_config(int max_seq_len, int vocab_size, int num_layers, int num_heads, int num_kv_heads,
+                          int channels, int hidden_size, const RopeConfig& rope, bool tied_embeddings);
+// Llama 3.1's and 3.2's RoPE scaling (factor 8 and 32; low 1, high 4, original context 8,192).
+RopeConfig llama31_rope();
+RopeConfig llama32_rope();
 
 bool operator==(const ModelConfig& a, const ModelConfig& b);
 inline bool operator!=(const ModelConfig& a, const ModelConfig& b) { return !(a == b); }
 
-// "L=12 NH=12 C=768 maxT=1024 V=50257 Vp=50304"
+// "L=12 NH=12 C=768 maxT=1024 V=50257 Vp=50304"; a Llama adds "NKV=8 H=8192 llama3 (rope factor 32, tied)".
 std::string describe(const ModelConfig& c);
 
 struct ModelPreset {
@@ -47,8 +82,8 @@ struct ModelPreset {
   ModelConfig config;
 };
 
-// GPT-2 sizes (124M, 350M, 774M, 1.5B) and two small models on the GPT-2 vocabulary that train
-// on the CPU build.
+// GPT-2 sizes (124M, 350M, 774M, 1.5B), GPT-3's, Llama 3.1 and 3.2's (Meta's shapes), and small
+// models on each vocabulary that train on the CPU build.
 const std::vector<ModelPreset>& model_presets();
 
 std::vector<std::string> model_preset_names();
@@ -57,16 +92,20 @@ ModelConfig model_preset(const std::string& name);
 
 // Throws unless the kernels can run this configuration: C = NH·HS with the head size HS a
 // multiple of 8 and at most 128 (attention), which also makes C a multiple of 8 (matmul,
-// 128-bit row accesses); 1 <= V <= Vp with Vp a multiple of 8 (lm-head matmul, classifier).
-// `source` names where the configuration came from (a file, a flag).
+// 128-bit row accesses); NH a multiple of NKV; H a multiple of 8; 1 <= V <= Vp with Vp a multiple
+// of 8 (lm-head matmul, classifier); and the architecture one of the two this project trains
+// (GPT-2's or Llama 3's). `source` names where the configuration came from (a file, a flag).
 void check_model_config(const ModelConfig& c, const std::string& source);
 
 // ---------------------------------------------------------------------------------------
 // Parameter layout (llm.c order; docs/FORMATS.md).
 
+// Every tensor either architecture has, in file order; a tensor the configuration lacks has no
+// elements (GPT-2: fc2w, lm_head; Llama: wpe, the biases). For Llama: ln1w/ln2w/lnfw are the
+// RMSNorm weights, qkvw is wq|wk|wv, attprojw wo, fcw w1, fc2w w3, fcprojw w2 (Meta's names).
 enum ParameterTensor : int {
   kWte, kWpe, kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb,
-  kLn2w, kLn2b, kFcw, kFcb, kFcprojw, kFcprojb, kLnfw, kLnfb,
+  kLn2w, kLn2b, kFcw, kFcb, kFc2w, kFcprojw, kFcprojb, kLnfw, kLnfb, kLmHead,
   kNumParameterTensors
 };
 
@@ -97,7 +136,8 @@ struct ParameterLayout {
   }
 };
 
-// GPT-2's initial values of tensor i, drawn from `normal` in llm.c tensor order (call for i = 0,
-// 1, ... in turn): weights N(0, 0.02), the residual-branch projections attprojw and fcprojw
-// N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weights 1 and biases 0, wte's padding rows 0 (not drawn).
+// The initial values of tensor i, drawn from `normal` in tensor order (call for i = 0, 1, ... in
+// turn): GPT-2's scheme for both architectures: weights N(0, 0.02), the residual-branch
+// projections attprojw and fcprojw N(0, 0.02/sqrt(2L)), biases 0, norm weights 1 and biases 0,
+// the padding rows of wte and lm_head 0 (not drawn). Tensors without elements draw nothing.
 std::vector<float> initial_values(const ParameterLayout& layout, int i, NormalSampler& normal);

@@ -40,8 +40,8 @@ GradientBuckets::GradientBuckets(const ParameterLayout& layout, int bucket_layer
     buckets_.push_back(b);
   }
   GradientBucket model;
-  add_pieces(model, 0, 0, {kWte, kWpe, kLnfw, kLnfb}, true);
-  if (replicated_first) add_pieces(model, 0, 0, {kWte, kWpe, kLnfw, kLnfb}, false);
+  add_pieces(model, 0, 0, {kWte, kWpe, kLnfw, kLnfb, kLmHead}, true);
+  if (replicated_first) add_pieces(model, 0, 0, {kWte, kWpe, kLnfw, kLnfb, kLmHead}, false);
   buckets_.push_back(model);
   for (GradientBucket& b : buckets_) {
     b.chunk = (b.elements + ranks_ - 1) / ranks_;
@@ -83,6 +83,7 @@ size_t GradientBuckets::state_count(int rank) const {
 
 void GradientBuckets::add_piece(GradientBucket& b, int i, int l) {
   piece_at_[index(i, l)] = b.elements;
+  if (layout_.slice_count(i) == 0) return;  // a tensor this architecture lacks
   b.pieces.push_back(GradientPiece{i, l, b.elements, layout_.slice_count(i)});
   b.elements += layout_.slice_count(i);
 }

@@ -1,4 +1,4 @@
-// tensor_split.cpp — which parts of GPT-2's tensors a tensor-parallel rank holds
+// tensor_split.cpp — which parts of the model's tensors a tensor-parallel rank holds
 #include "src/dist/tensor_split.h"
 
 #include "src/config/model_config.h"
@@ -22,6 +22,13 @@ void check_tensor_split(const ModelConfig& c, int size, const std::string& flag)
   if (c.num_heads % size != 0)
     throw std::runtime_error(flag + " " + std::to_string(size) + ": each rank holds whole heads, so it must divide NH = " +
                              std::to_string(c.num_heads));
+  if (c.kv_heads() % size != 0)
+    throw std::runtime_error(flag + " " + std::to_string(size) + ": each rank holds whole K/V heads, so it must divide "
+                             "NKV = " + std::to_string(c.kv_heads()));
+  if (c.hidden() % (8 * size) != 0)
+    throw std::runtime_error(flag + " " + std::to_string(size) + ": each rank holds H/" + std::to_string(size) +
+                             " MLP hidden units, a multiple of 8, so 8*" + std::to_string(size) +
+                             " must divide H = " + std::to_string(c.hidden()));
   if (c.padded_vocab_size % (8 * size) != 0)
     throw std::runtime_error(flag + " " + std::to_string(size) + ": each rank holds Vp/" + std::to_string(size) +
                              " vocabulary rows, a multiple of 8, so 8*" + std::to_string(size) +
@@ -29,25 +36,33 @@ void check_tensor_split(const ModelConfig& c, int size, const std::string& flag)
 }
 
 TensorSplit::TensorSplit(const ModelConfig& c, int size, int rank) : config_(c), size_(size), rank_(rank), global_(c) {
-  const size_t C = c.channels, Cl = C / size, Fl = 4 * C / size, Vl = static_cast<size_t>(c.padded_vocab_size) / size;
-  const size_t t = static_cast<size_t>(rank);
+  const size_t C = c.channels, HS = c.head_size(), H = c.hidden(), Fl = H / size;
+  const size_t Vl = static_cast<size_t>(c.padded_vocab_size) / size, t = static_cast<size_t>(rank);
+  // q, k and v: their rows in the fused product, and the rank's share of each (whole heads).
+  const size_t part_rows[3] = {c.num_heads * HS, c.kv_heads() * HS, c.kv_heads() * HS};
+  const size_t part_first[3] = {0, part_rows[0], part_rows[0] + part_rows[1]};
   for (int i = 0; i < kNumParameterTensors; ++i) {
     std::vector<SplitRun>& r = runs_[i];
+    if (global_[i].count == 0) continue;
+    size_t local = 0;
     switch (i) {
-      case kWte: r.push_back({0, t * Vl * C, Vl * C}); break;
-      case kQkvw:
-        for (size_t p = 0; p < 3; ++p) r.push_back({p * Cl * C, (p * C + t * Cl) * C, Cl * C});
+      case kWte: case kLmHead: r.push_back({0, t * Vl * C, Vl * C}); break;
+      case kQkvw: case kQkvb: {
+        const size_t width = i == kQkvw ? C : 1;
+        for (size_t p = 0; p < 3; ++p) {
+          const size_t rows = part_rows[p] / size;
+          r.push_back({local, (part_first[p] + t * rows) * width, rows * width});
+          local += rows * width;
+        }
         break;
-      case kQkvb:
-        for (size_t p = 0; p < 3; ++p) r.push_back({p * Cl, p * C + t * Cl, Cl});
-        break;
+      }
       case kAttprojw:
-        for (size_t o = 0; o < C; ++o) r.push_back({o * Cl, o * C + t * Cl, Cl});
+        for (size_t o = 0; o < C; ++o) r.push_back({o * (C / size), o * C + t * (C / size), C / size});
         break;
-      case kFcw: r.push_back({0, t * Fl * C, Fl * C}); break;
+      case kFcw: case kFc2w: r.push_back({0, t * Fl * C, Fl * C}); break;
       case kFcb: r.push_back({0, t * Fl, Fl}); break;
       case kFcprojw:
-        for (size_t o = 0; o < C; ++o) r.push_back({o * Fl, o * 4 * C + t * Fl, Fl});
+        for (size_t o = 0; o < C; ++o) r.push_back({o * Fl, o * H + t * Fl, Fl});
         break;
       default: r.push_back({0, 0, global_.slice_count(i)}); break;
     }
@@ -66,7 +81,7 @@ TensorSplit::TensorSplit(const ModelConfig& c, int size, int rank) : config_(c),
 
 size_t TensorSplit::to_global(size_t param, size_t* run_left) const {
   int i = kNumParameterTensors - 1;
-  while (i > 0 && local_[i].offset > param) --i;
+  while (i > 0 && (local_[i].offset > param || local_[i].count == 0)) --i;
   const size_t within = param - local_[i].offset, slice = local_.slice_count(i);
   const size_t layer = is_layer_tensor(i) ? within / slice : 0, q = within - layer * slice;
   const std::vector<SplitRun>& r = runs_[i];

@@ -4,14 +4,17 @@
 // files, checkpoints) and places them on write.
 //
 // Megatron's split of a block, over a group of `size` ranks, rank t holding part t:
-//   qkvw, qkvb  column-parallel by whole heads: rows [t·C/size, (t+1)·C/size) of each of q, k
-//               and v, kept as [q part; k part; v part], so the rank's qkv is an ordinary fused
-//               qkv of C/size channels and NH/size heads
+//   qkvw, qkvb  column-parallel by whole heads: the rank's NH/size query heads' rows of q and its
+//               NKV/size K/V heads' rows of k and of v (GQA splits by K/V heads), kept as
+//               [q part; k part; v part], so the rank's qkv is an ordinary fused qkv of NH/size
+//               query and NKV/size K/V heads
 //   attprojw    row-parallel: columns [t·C/size, ...) of every row (the rank's heads' inputs)
-//   fcw, fcb    column-parallel: rows [t·4C/size, ...)
-//   fcprojw     row-parallel: columns [t·4C/size, ...) of every row
-//   wte         vocabulary-parallel: rows [t·Vp/size, ...) (the embedding and the tied lm head)
-//   the rest    replicated: wpe, the LayerNorms, attprojb, fcprojb (the row-parallel biases,
+//   fcw, fcb,   column-parallel: rows [t·H/size, ...) (H: the MLP's hidden units; fc2w is
+//   fc2w        SwiGLU's second input product)
+//   fcprojw     row-parallel: columns [t·H/size, ...) of every row
+//   wte,        vocabulary-parallel: rows [t·Vp/size, ...) (the embedding and the lm head, tied
+//   lm_head     or its own)
+//   the rest    replicated: wpe, the norms, attprojb, fcprojb (the row-parallel biases,
 //               added once after the partial products are summed)
 // The local layout keeps llm.c's tensor order with these counts, so a rank's parameters,
 // gradients, optimizer state and ZeRO buckets are those of an ordinary (smaller) model.
@@ -32,8 +35,9 @@ struct TensorParallelism {
 // Whether every rank of a TP group holds all of tensor i.
 bool tp_replicated(int tensor);
 
-// Throws unless `size` ranks can split `c`: whole heads per rank (NH % size == 0) and a vocabulary
-// slice of whole 128-bit vectors (Vp % (8·size) == 0). `flag` names the setting in the message.
+// Throws unless `size` ranks can split `c`: whole query and K/V heads per rank (NH % size == 0,
+// NKV % size == 0), hidden units and a vocabulary slice of whole 128-bit vectors (H % (8·size) == 0,
+// Vp % (8·size) == 0). `flag` names the setting in the message.
 void check_tensor_split(const ModelConfig& c, int size, const std::string& flag);
 
 // One run of consecutive elements of a tensor slice held by a rank: local slice elements

@@ -152,7 +152,7 @@ class KvCacheDecoder {
       Elem* v_cache = v_cache_.get() + l * layer_cache;
       matmul_forward(qkv_.get(), ln_.get(), param(kQkvw, l), param(kQkvb, l), n, C, 3 * C, s);
       kv_cache_write(k_cache, v_cache, qkv_.get(), 1, n, pos, max_len_, C, NH, NH, s);
-      if (pos == 0) model_attention_forward(attention_, atty_.get(), lse_.get(), qkv_.get(), 1, n, C, NH, s);
+      if (pos == 0) model_attention_forward(attention_, atty_.get(), lse_.get(), qkv_.get(), 1, n, C, NH, NH, s);
       else attention_decode_forward(atty_.get(), qkv_.get(), k_cache, v_cache, 1, pos + 1, max_len_, C, NH, NH, s);
       matmul_forward(branch_.get(), atty_.get(), param(kAttprojw, l), param(kAttprojb, l), n, C, C, s);
       residual_layernorm_forward(residual2_.get(), ln_.get(), mean_.get(), rstd_.get(), x_.get(), branch_.get(),

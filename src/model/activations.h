@@ -6,6 +6,7 @@
 #include "kernels/encoder.cuh"
 #include "kernels/global_norm.cuh"
 #include "kernels/layernorm.cuh"
+#include "kernels/rmsnorm.cuh"
 #include "src/base/device.h"
 #include "src/config/model_config.h"
 #include "src/dist/tensor_split.h"
@@ -21,8 +22,9 @@
 // --recompute trades compute for memory: the backward pass recomputes part of what the forward
 // pass computed instead of keeping it for every layer.
 //   0  every layer keeps everything its backward reads
-//   1  the GELU outputs fch_gelu (4C per row) are recomputed from the kept pre-activations fch
-//   2  also the LayerNorm outputs ln1 and ln2 (C each), from their kept inputs
+//   1  the MLP activations fch_gelu (H per row: GELU's, or SwiGLU's silu(a)·b) are recomputed from
+//      the kept products fch
+//   2  also the norm outputs ln1 and ln2 (C each), from their kept inputs
 //   3  only the residual stream (every block's input) is kept: the backward reruns a block's
 //      forward from its input right before differentiating it
 // A tensor not kept for every layer has one layer-sized slice that the forward and the
@@ -44,13 +46,15 @@ struct ActivationCounts {
   // T elements.
   size_t encoded = 0, residual3 = 0;                        // the residual stream: (N, C), (L, N, C)
   size_t ln1 = 0, atty = 0, residual2 = 0, ln2 = 0;         // (slices, N, C)
-  size_t qkv = 0;                                           // (slices, N, 3C)
-  size_t fch = 0, fch_gelu = 0;                             // (slices, N, 4C)
+  size_t qkv = 0;                                           // (slices, N, (NH + 2·NKV)·HS)
+  size_t fch = 0;                                           // (slices, N, H), SwiGLU: (slices, 2, N, H)
+  size_t fch_gelu = 0;                                      // (slices, N, H)
   size_t lnf = 0, logits = 0, branch = 0, dresidual = 0, dwide = 0;
   // fp32 elements.
-  size_t ln_stat = 0;  // each of ln1_mean, ln1_rstd, ln2_mean, ln2_rstd: (slices, N)
+  size_t ln_stat = 0;  // each of ln1_rstd, ln2_rstd (and LayerNorm's ln1_mean, ln2_mean): (slices, N)
+  size_t ln_mean = 0;  // ln_stat for LayerNorm, 0 for RMSNorm (no mean)
   size_t lse = 0;      // (slices, B, NH, T)
-  size_t lnf_stat = 0, losses = 0, scratch = 0, norm_squared = 0;
+  size_t lnf_stat = 0, lnf_mean = 0, losses = 0, scratch = 0, norm_squared = 0;
   size_t classifier_stats = 0;  // tensor parallel: each lm-head chunk row's max and two sums
   // int elements.
   size_t tokens = 0;  // each of inputs, targets
@@ -99,8 +103,8 @@ constexpr size_t kLogitsChunkRowsMin = 1024;
 
 // logits_rows: the lm head's chunk rows (the logits buffer holds min(B·seq_len, logits_rows) rows).
 // With tensor parallelism (tensor_split.h, tp_collectives.h) the counts are one rank's: the
-// block's products and attention hold its C/size channels, NH/size heads and 4C/size hidden
-// units of every row, the logits its Vp/size columns; under sequence parallelism the residual
+// block's products and attention hold its C/size channels, NH/size query and NKV/size K/V heads and
+// H/size hidden units of every row, the logits its Vp/size columns; under sequence parallelism the residual
 // stream, residual2 and the LayerNorm statistics hold its B·T/size rows, while the LayerNorm
 // outputs, the branch and the residual gradient keep every row (they are gathered in place).
 inline ActivationCounts activation_counts(const ModelConfig& cfg, int B, int seq_len, int recompute,
@@ -110,6 +114,8 @@ inline ActivationCounts activation_counts(const ModelConfig& cfg, int B, int seq
   const size_t L = cfg.num_layers, C = cfg.channels, N = static_cast<size_t>(B) * seq_len;
   const size_t ways = static_cast<size_t>(tp.size), Nl = tp.sequence_parallel ? N / ways : N;
   const size_t Cl = C / ways, NHl = cfg.num_heads / ways, Vl = cfg.padded_vocab_size / ways;
+  const size_t QKVl = cfg.qkv_channels() / ways, Hl = cfg.hidden() / ways;
+  const size_t products = cfg.mlp == Mlp::swiglu ? 2 : 1;  // SwiGLU keeps w1·x and w3·x
   auto slices = [&](BlockTensor t) { return block_keeps(t, recompute) ? L : 1; };
   ActivationCounts n;
   n.encoded = N * C;
@@ -117,19 +123,22 @@ inline ActivationCounts activation_counts(const ModelConfig& cfg, int B, int seq
   n.ln1 = n.ln2 = slices(BlockTensor::ln_output) * N * C;
   n.atty = slices(BlockTensor::other) * N * Cl;
   n.residual2 = slices(BlockTensor::other) * Nl * C;
-  n.qkv = slices(BlockTensor::other) * N * 3 * Cl;
-  n.fch = slices(BlockTensor::other) * N * 4 * Cl;
-  n.fch_gelu = slices(BlockTensor::fch_gelu) * N * 4 * Cl;
+  n.qkv = slices(BlockTensor::other) * N * QKVl;
+  n.fch = slices(BlockTensor::other) * products * N * Hl;
+  n.fch_gelu = slices(BlockTensor::fch_gelu) * N * Hl;
   n.lnf = n.branch = n.dresidual = N * C;
   n.logits = std::min(N, logits_rows) * Vl;
   n.classifier_stats = ways > 1 ? 3 * std::min(N, logits_rows) : 0;
-  n.dwide = N * 4 * Cl;
+  n.dwide = N * std::max(Hl, QKVl);
   n.ln_stat = slices(BlockTensor::other) * Nl;
+  n.ln_mean = cfg.norm == Norm::layernorm ? n.ln_stat : 0;
+  n.lnf_mean = cfg.norm == Norm::layernorm ? Nl : 0;
   n.lse = slices(BlockTensor::other) * N * NHl;
   n.lnf_stat = Nl;
   n.losses = N;
   const size_t scratch_bytes =
       std::max({layernorm_backward_scratch_bytes(static_cast<int>(Nl), cfg.channels),
+                rmsnorm_backward_scratch_bytes(static_cast<int>(Nl), cfg.channels),
                 attention_backward_scratch_bytes(B, seq_len, static_cast<int>(NHl)),
                 encoder_backward_scratch_bytes(B, seq_len, cfg.channels), global_norm_scratch_bytes()});
   n.scratch = ceil_div(scratch_bytes, sizeof(float));
@@ -157,9 +166,9 @@ inline ActivationBytes model_activation_bytes(const ModelConfig& cfg, int B, int
   const size_t t = dtype == DType::fp32 ? sizeof(float) : sizeof(bf16), f = sizeof(float);
   ActivationBytes bytes;
   bytes.blocks = t * (n.encoded + n.residual3 + n.ln1 + n.atty + n.residual2 + n.ln2 + n.qkv + n.fch + n.fch_gelu) +
-                 f * (4 * n.ln_stat + n.lse);
+                 f * (2 * n.ln_stat + 2 * n.ln_mean + n.lse);
   bytes.other = t * (n.lnf + n.logits + n.branch + n.dresidual + n.dwide) +
-                f * (2 * n.lnf_stat + n.losses + n.scratch + n.norm_squared + n.classifier_stats) +
+                f * (n.lnf_stat + n.lnf_mean + n.losses + n.scratch + n.norm_squared + n.classifier_stats) +
                 sizeof(int) * (2 * n.tokens + n.buckets);
   return bytes;
 }
@@ -173,12 +182,13 @@ struct Activations {
   DeviceArray<Elem> encoded;                    // (N, C) wte[token] + wpe[t]: layer 0's input
   DeviceArray<Elem> ln1, atty, residual2, ln2;  // (L|1, N, C)
   DeviceArray<Elem> residual3;                  // (L, N, C) residual2 + fcproj: the next layer's input
-  DeviceArray<Elem> qkv;                        // (L|1, N, 3C)
-  DeviceArray<Elem> fch, fch_gelu;              // (L|1, N, 4C) before / after GELU
-  DeviceArray<float> ln1_mean, ln1_rstd, ln2_mean, ln2_rstd;  // (L|1, N)
+  DeviceArray<Elem> qkv;                        // (L|1, N, (NH + 2·NKV)·HS)
+  DeviceArray<Elem> fch;                        // (L|1, N, H) before GELU; SwiGLU: (L|1, 2, N, H) w1·x, w3·x
+  DeviceArray<Elem> fch_gelu;                   // (L|1, N, H) after GELU / SwiGLU
+  DeviceArray<float> ln1_mean, ln1_rstd, ln2_mean, ln2_rstd;  // (L|1, N); no means for RMSNorm
   DeviceArray<float> lse;                       // (L|1, B, NH, T) attention log-sum-exp
   DeviceArray<Elem> lnf;                        // (N, C)
-  DeviceArray<float> lnf_mean, lnf_rstd;        // (N)
+  DeviceArray<float> lnf_mean, lnf_rstd;        // (N); no mean for RMSNorm
   DeviceArray<Elem> logits;                     // (chunk, Vp); the classifier writes dlogits in place
   DeviceArray<float> losses;                    // (N)
   DeviceArray<float> classifier_stats;          // tensor parallel: (chunk) row maxima, (chunk, 2) sums
@@ -186,7 +196,7 @@ struct Activations {
   // gradient of the input of the matmul / attention just differentiated.
   DeviceArray<Elem> branch;                     // (N, C)
   DeviceArray<Elem> dresidual;                  // (N, C) gradient of the residual stream
-  DeviceArray<Elem> dwide;                      // (N, 4C) gradient of fch_gelu/fch, then of qkv
+  DeviceArray<Elem> dwide;                      // (N, max(H, QKV)) gradient of fch_gelu/fch, then of qkv
   DeviceArray<float> scratch;                   // layernorm / attention / encoder backward, gradient norm
   DeviceArray<float> norm_squared;              // (1)
   DeviceArray<int> inputs, targets;             // (N)
@@ -203,13 +213,13 @@ struct Activations {
         qkv(n.qkv, "activations (qkv)"),
         fch(n.fch, "activations (fch)"),
         fch_gelu(n.fch_gelu, "activations (fch_gelu)"),
-        ln1_mean(n.ln_stat, "activations (ln1 mean)"),
+        ln1_mean(n.ln_mean, "activations (ln1 mean)"),
         ln1_rstd(n.ln_stat, "activations (ln1 rstd)"),
-        ln2_mean(n.ln_stat, "activations (ln2 mean)"),
+        ln2_mean(n.ln_mean, "activations (ln2 mean)"),
         ln2_rstd(n.ln_stat, "activations (ln2 rstd)"),
         lse(n.lse, "activations (attention lse)"),
         lnf(n.lnf, "activations (lnf)"),
-        lnf_mean(n.lnf_stat, "activations (lnf mean)"),
+        lnf_mean(n.lnf_mean, "activations (lnf mean)"),
         lnf_rstd(n.lnf_stat, "activations (lnf rstd)"),
         logits(n.logits, "activations (logits)"),
         losses(n.losses, "activations (losses)"),

@@ -1,7 +1,8 @@
 // attention.h — which attention kernel the model runs (--attention) and running it: flash
 // attention on tensor cores (kernels/flash_attention.cuh) for bf16 at the head sizes it supports,
 // the simple kernel (kernels/attention.cuh) for fp32 — the exact parity mode — and other head
-// sizes. Both read q, k, v from the fused (B, T, 3C) qkv and keep the same lse (B, NH, T), so the
+// sizes. Both read q, k, v from the fused (B, T, (NH + 2·NKV)·HS) qkv (NKV K/V heads, each serving
+// NH/NKV query heads; NKV = NH is multi-head attention) and keep the same lse (B, NH, T), so the
 // rest of the model does not depend on the choice (docs/ATTENTION.md).
 #pragma once
 #include "kernels/attention.cuh"
@@ -32,26 +33,25 @@ inline AttentionKernel choose_attention(const std::string& requested, DType dtyp
   return AttentionKernel::flash;
 }
 
-// out (B, T, C) and lse (B, NH, T) from qkv (B, T, 3C). The model is multi-head (NKV = NH): the
-// kernels' grouped-query layout is wired in with the Llama configuration.
+// out (B, T, C) and lse (B, NH, T) from qkv (B, T, (NH + 2·NKV)·C/NH).
 template <typename Elem>
 void model_attention_forward(AttentionKernel kernel, Elem* out, float* lse, const Elem* qkv, int B, int seq_len, int C,
-                             int NH, cudaStream_t stream) {
+                             int NH, int NKV, cudaStream_t stream) {
   if constexpr (std::is_same<Elem, bf16>::value) {
-    if (kernel == AttentionKernel::flash) return flash_attention_forward(out, lse, qkv, B, seq_len, C, NH, NH, stream);
+    if (kernel == AttentionKernel::flash) return flash_attention_forward(out, lse, qkv, B, seq_len, C, NH, NKV, stream);
   }
-  attention_forward(out, lse, qkv, B, seq_len, C, NH, NH, stream);
+  attention_forward(out, lse, qkv, B, seq_len, C, NH, NKV, stream);
 }
 
-// dqkv (B, T, 3C) from dout (B, T, C); scratch: (attention|flash_attention)_backward_scratch_bytes,
+// dqkv (B, T, (NH + 2·NKV)·C/NH) from dout (B, T, C); scratch: (attention|flash_attention)_backward_scratch_bytes,
 // which are the same.
 template <typename Elem>
 void model_attention_backward(AttentionKernel kernel, Elem* dqkv, float* scratch, const Elem* dout, const Elem* qkv,
-                              const Elem* out, const float* lse, int B, int seq_len, int C, int NH,
+                              const Elem* out, const float* lse, int B, int seq_len, int C, int NH, int NKV,
                               cudaStream_t stream) {
   if constexpr (std::is_same<Elem, bf16>::value) {
     if (kernel == AttentionKernel::flash)
-      return flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, B, seq_len, C, NH, NH, stream);
+      return flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, B, seq_len, C, NH, NKV, stream);
   }
-  attention_backward(dqkv, scratch, dout, qkv, out, lse, B, seq_len, C, NH, NH, stream);
+  attention_backward(dqkv, scratch, dout, qkv, out, lse, B, seq_len, C, NH, NKV, stream);
 }

@@ -1,5 +1,5 @@
-// model_file.h — llm.c model files (docs/FORMATS.md, "Model file"): reading and checking the
-// header, reading the body tensor by tensor, and writing one (header, then the parameters in
+// model_file.h — llm.c model files (docs/FORMATS.md, "Model file": GPT-2's and Llama 3's): reading
+// and checking the header, reading the body tensor by tensor, and writing one (header, then the parameters in
 // either dtype) through the one atomic writer of durable_file.h.
 #pragma once
 #include "src/base/file_formats.h"
@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <type_traits>
@@ -27,18 +28,77 @@ struct ModelFileInfo {
 
 inline int model_file_version(DType dtype) { return dtype == DType::fp32 ? kModelVersionFp32 : kModelVersionBf16; }
 
-// The header of a model file holding `config` with `dtype` values.
+// The header of a model file holding `config` with `dtype` values: GPT-2's (magic 20240326), or
+// llm.c's Llama 3 header (magic 20240803) with train_gpt's extension (docs/FORMATS.md).
 inline std::array<int32_t, kHeaderInts> model_file_header(const ModelConfig& c, DType dtype) {
   std::array<int32_t, kHeaderInts> header{};
-  header[0] = kModelMagic;
   header[1] = model_file_version(dtype);
   header[2] = c.max_seq_len;
   header[3] = c.vocab_size;
   header[4] = c.num_layers;
   header[5] = c.num_heads;
-  header[6] = c.channels;
-  header[7] = c.padded_vocab_size;
+  if (!c.is_llama()) {
+    header[0] = kModelMagic;
+    header[6] = c.channels;
+    header[7] = c.padded_vocab_size;
+    return header;
+  }
+  const auto float_slot = [&](int slot, float v) { std::memcpy(&header[slot], &v, sizeof v); };
+  header[0] = kLlamaModelMagic;
+  header[6] = c.kv_heads();
+  header[7] = c.channels;
+  header[11] = static_cast<int32_t>(c.rope.theta);
+  header[12] = c.rope.scaled ? 1 : 0;
+  header[14] = 3;  // Llama 3.x: minor 1 or 2 by the RoPE scaling factor
+  header[15] = c.rope.scaled && c.rope.factor == 32.0f ? 2 : 1;
+  header[kLlamaExtension] = 1;
+  header[17] = c.padded_vocab_size;
+  header[18] = c.hidden();
+  header[19] = c.tied_embeddings ? 1 : 0;
+  header[20] = c.rope.original_context;
+  float_slot(21, c.norm_eps);
+  float_slot(22, c.rope.theta);
+  float_slot(23, c.rope.factor);
+  float_slot(24, c.rope.low_freq_factor);
+  float_slot(25, c.rope.high_freq_factor);
   return header;
+}
+
+// The configuration a Llama 3 header describes. With train_gpt's extension every field is in it;
+// llm.c's llama3-branch files (no extension) hold ffn_dim_multiplier and norm_eps truncated to
+// ints, so the MLP width comes from the body's size (`body_bytes`), eps is Meta's 1e-5, the
+// embeddings are untied (their writer always stores lm_head), Vp = V and a scaled RoPE is 3.1's.
+inline ModelConfig llama_model_config(const int32_t* header, size_t body_bytes, size_t element_bytes,
+                                      const std::string& path) {
+  const auto float_slot = [&](int slot) {
+    float v;
+    std::memcpy(&v, &header[slot], sizeof v);
+    return v;
+  };
+  const bool extended = header[kLlamaExtension] == 1;
+  RopeConfig rope = header[12] != 0 ? llama31_rope() : RopeConfig{static_cast<float>(header[11])};
+  rope.theta = static_cast<float>(header[11]);
+  if (extended) rope = RopeConfig{float_slot(22), header[12] != 0, float_slot(23), float_slot(24), float_slot(25), header[20]};
+  ModelConfig c = llama3_config(header[2], header[3], header[4], header[5], header[6], header[7], 8, rope,
+                                extended && header[19] == 1);
+  if (extended) {
+    c.padded_vocab_size = header[17];
+    c.hidden_size = header[18];
+    c.norm_eps = float_slot(21);
+    return c;
+  }
+  // Every tensor but the MLP's three (3·L·H·C elements) has a size the header gives.
+  const ParameterLayout without_mlp(c);
+  const size_t mlp_per_unit = 3 * static_cast<size_t>(c.num_layers) * c.channels;
+  const size_t other = without_mlp.total - mlp_per_unit * c.hidden();
+  const size_t elements = body_bytes / element_bytes;
+  if (c.num_layers < 1 || c.channels < 1 || body_bytes % element_bytes != 0 || elements <= other ||
+      (elements - other) % mlp_per_unit != 0)
+    throw std::runtime_error(path + ": an llm.c Llama 3 model file whose " + std::to_string(body_bytes) +
+                             "-byte body fits no MLP width for L=" + std::to_string(c.num_layers) +
+                             " C=" + std::to_string(c.channels));
+  c.hidden_size = static_cast<int>((elements - other) / mlp_per_unit);
+  return c;
 }
 
 // Writes the model file of `config` with `dtype` values, tensor by tensor from `tensor_values(i,
@@ -107,15 +167,19 @@ inline ModelFileInfo read_model_file_info(const std::string& path) {
   if (got != kHeaderInts)
     throw std::runtime_error(path + ": expected an llm.c model file with a " + std::to_string(kHeaderBytes) +
                              "-byte header, found a " + std::to_string(file_bytes) + "-byte file");
-  if (header[0] != kModelMagic)
-    throw std::runtime_error(path + ": expected model file magic " + std::to_string(kModelMagic) + ", found " +
-                             std::to_string(header[0]) + " (not an llm.c model file)");
+  if (header[0] != kModelMagic && header[0] != kLlamaModelMagic)
+    throw std::runtime_error(path + ": expected model file magic " + std::to_string(kModelMagic) + " (GPT-2) or " +
+                             std::to_string(kLlamaModelMagic) + " (Llama 3), found " + std::to_string(header[0]) +
+                             " (not an llm.c model file)");
   if (header[1] != kModelVersionFp32 && header[1] != kModelVersionBf16)
     throw std::runtime_error(path + ": expected model file version 3 (fp32) or 5 (bf16), found " +
                              std::to_string(header[1]));
   ModelFileInfo info;
   info.version = header[1];
-  info.config = ModelConfig{header[2], header[3], header[7], header[4], header[5], header[6]};
+  info.config = header[0] == kModelMagic
+                    ? ModelConfig{header[2], header[3], header[7], header[4], header[5], header[6]}
+                    : llama_model_config(header, file_bytes > static_cast<long>(kHeaderBytes) ? file_bytes - kHeaderBytes : 0,
+                                         info.element_bytes(), path);
   check_model_config(info.config, path);
   const size_t expected = kHeaderBytes + ParameterLayout(info.config).total * info.element_bytes();
   if (static_cast<size_t>(file_bytes) != expected)

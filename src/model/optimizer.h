@@ -24,6 +24,15 @@ struct OptimizerSettings {
 // gradients at grads + gradient_offset(segment),
 // this rank's optimizer state (m, v, and for bf16 the fp32 master weights; nullptr for fp32
 // parameters, which are updated themselves) at segment.state.
+// The number tensor i's rounding seed is drawn for: GPT-2's 16 tensors keep the numbers they had
+// before Llama's fc2w and lm_head joined the layout (so GPT-2's bf16 updates keep their bits),
+// fc2w and lm_head come after them.
+inline int rounding_stream(int tensor) {
+  if (tensor == kFc2w) return kNumParameterTensors - 2;
+  if (tensor == kLmHead) return kNumParameterTensors - 1;
+  return tensor < kFc2w ? tensor : tensor - 1;
+}
+
 template <typename Elem>
 class AdamWUpdate {
   static_assert(kNumParameterTensors <= kAdamWMaxTensors, "AdamWSeeds holds one seed per parameter tensor");
@@ -68,7 +77,8 @@ class AdamWUpdate {
         (opt.grad_clip > 0.0f && grad_norm > opt.grad_clip) ? opt.grad_clip / grad_norm : 1.0f;
     const AdamWHyper h = adamw_hyper(lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay, grad_scale, step);
     AdamWSeeds seeds{};
-    for (int t = 0; t < kNumParameterTensors; ++t) seeds.of_tensor[t] = adamw_rounding_seed(opt.seed, step, t);
+    for (int t = 0; t < kNumParameterTensors; ++t)
+      seeds.of_tensor[t] = adamw_rounding_seed(opt.seed, step, rounding_stream(t));
     adamw_launch(table_.get(), static_cast<int>(table_.count()), plan_, params_, master_, grads_, m_, v_, h, seeds,
                  stream);
   }

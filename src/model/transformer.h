@@ -1,19 +1,20 @@
-// transformer.h — the GPT-2 model on the GPU: parameters, AdamW state and activations in device memory,
-// and the host code that runs kernels/ for the forward pass, the backward pass and the optimizer
-// step. The architecture and parameter layout are model_config.h's, the files model_file.h's, the
+// transformer.h — the model on the GPU, one transformer for GPT-2 and Llama 3: parameters, AdamW
+// state and activations in device memory, and the host code that runs kernels/ for the forward
+// pass, the backward pass and the optimizer step. The architecture and parameter layout are
+// model_config.h's, the architecture's norm and MLP block_ops.h's, the files model_file.h's, the
 // per-micro-batch buffers activations.h's, the gradients and their communication grad_sync.h's,
 // the lm head lm_head.h's; a tensor-parallel rank's part of each layer: tensor_split.h.
 // Parameters, gradients and activations are Elem (float: --dtype fp32, bf16: the default);
-// LayerNorm statistics, attention log-sum-exps, losses, AdamW moments and master weights are fp32.
+// norm statistics, the RoPE table, attention log-sum-exps, losses, AdamW moments and master weights are fp32.
 // Errors throw std::runtime_error: one line naming the file or setting, what was expected and found.
 #pragma once
 #include "kernels/common.cuh"
 #include "kernels/encoder.cuh"
-#include "kernels/gelu.cuh"
-#include "kernels/layernorm.cuh"
 #include "kernels/matmul.cuh"
+#include "kernels/rope.cuh"
 #include "src/model/activations.h"
 #include "src/model/attention.h"
+#include "src/model/block_ops.h"
 #include "src/model/lm_head.h"
 #include "src/dist/comm.h"
 #include "src/base/device.h"
@@ -71,6 +72,9 @@ class Transformer {
         tp_(tp_comm, sequence_parallel, B * seq_len, stream_.get()),
         cl_(cfg.channels / split_.size()),
         nhl_(cfg.num_heads / split_.size()),
+        nkvl_(cfg.kv_heads() / split_.size()),
+        qkvl_(cfg.qkv_channels() / split_.size()),
+        hl_(cfg.hidden() / split_.size()),
         vl_(cfg.padded_vocab_size / split_.size()),
         grads_(layout_, comm, zero_stage, layers_per_bucket(layout_, bucket_mib, sizeof(Elem)), stream_.get(),
                tp_comm, tp_.sequence_parallel()),
@@ -85,8 +89,12 @@ class Transformer {
     reset_training_state();
     const ActivationCounts counts = activation_counts(cfg_, B_, seq_len_, recompute_, logits_rows, tp_.shape());
     acts_ = Activations<Elem>(counts);
-    head_ = LmHead<Elem>(acts_, cfg_.vocab_size, vocab_begin(), vl_, layout_[kWte].count);
+    head_ = LmHead<Elem>(acts_, cfg_.vocab_size, vocab_begin(), vl_, layout_[lm_head_tensor()].count);
     staging_.emplace(counts.tokens, counts.buckets);
+    if (cfg_.positions == Positions::rope) {
+      rope_table_ = DeviceArray<float>(static_cast<size_t>(seq_len_) * cfg_.head_size(), "the RoPE table");
+      upload_floats(rope_table_.get(), rope_table(cfg_.rope, cfg_.head_size(), seq_len_), "the RoPE table");
+    }
   }
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
@@ -120,7 +128,7 @@ class Transformer {
   float* adam_v_device() const { return adam_v_.get(); }
   float* master_device() const { return params_.master(); }
 
-  // GPT-2's initialization from `seed` (initial_values); bf16 parameters are the values
+  // The initialization from `seed` (initial_values); bf16 parameters are the values
   // rounded to nearest, the master weights the fp32 values. Gradients and optimizer state are reset.
   void init_random(uint64_t seed) {
     NormalSampler normal(seed);
@@ -158,8 +166,8 @@ class Transformer {
   float forward(const int* inputs, const int* targets) {
     upload_tokens(inputs, targets, false);
     queue_forward();
-    head_.queue(acts_, param(kWte), grad(kWte), tp_, rows(), cfg_.channels, targets != nullptr, 0.0f, false,
-                stream_.get());
+    head_.queue(acts_, param(lm_head_tensor()), grad(lm_head_tensor()), tp_, rows(), cfg_.channels, targets != nullptr,
+                0.0f, false, stream_.get());
     if (targets == nullptr) {
       cuda_check(cudaStreamSynchronize(stream_.get()), "forward pass");
       return std::numeric_limits<float>::quiet_NaN();
@@ -299,7 +307,8 @@ class Transformer {
     queue_forward();
     const float dloss = 1.0f / (static_cast<float>(rows()) * static_cast<float>(grad_accum_steps) * grads_.ranks_summed());
     grads_.begin_micro_step(last_micro_step);
-    head_.queue(acts_, param(kWte), grad(kWte), tp_, rows(), cfg_.channels, true, dloss, true, stream_.get());
+    head_.queue(acts_, param(lm_head_tensor()), grad(lm_head_tensor()), tp_, rows(), cfg_.channels, true, dloss, true,
+                stream_.get());
     classifier_loss_sum(step_scalars_.get(), acts_.losses.get(), rows(), stream_.get());
     ++micro_steps_;
     queue_backward();
@@ -316,9 +325,14 @@ class Transformer {
     if (buckets) bucket_segments_ = n;
   }
 
-  // Tensor `tensor`'s parameters (layer `layer`'s slice of a per-layer tensor) and its gradient.
-  const Elem* param(int tensor, int layer = 0) const { return params_.at(tensor, layer); }
-  Elem* grad(int tensor, int layer = 0) const { return grads_.at(tensor, layer); }
+  // Tensor `tensor`'s parameters (layer `layer`'s slice of a per-layer tensor) and its gradient;
+  // nullptr for a tensor the architecture lacks (a bias, wpe), which the kernels then skip.
+  const Elem* param(int tensor, int layer = 0) const {
+    return layout_[tensor].count == 0 ? nullptr : params_.at(tensor, layer);
+  }
+  Elem* grad(int tensor, int layer = 0) const { return layout_[tensor].count == 0 ? nullptr : grads_.at(tensor, layer); }
+  // The lm head's weights: wte when tied, else lm_head.
+  int lm_head_tensor() const { return cfg_.tied_embeddings ? kWte : kLmHead; }
 
   // Layer l's input (this rank's rows): the embeddings for layer 0, else the previous layer's output.
   const Elem* block_input(int l) const {
@@ -327,40 +341,42 @@ class Transformer {
   }
 
   // ln (every row) from this rank's rows of `input`: the rank's rows normalized, then gathered.
-  void layernorm_rows(Elem* ln, float* mean, float* rstd, const Elem* input, int l, int weight) {
-    const int C = cfg_.channels;
-    layernorm_forward(tp_.local(ln, C), mean, rstd, input, param(weight, l), param(weight + 1, l), tp_.local_rows(), C,
-                      stream_.get());
-    tp_.gather(ln, C);
+  void norm_rows(Elem* ln, float* mean, float* rstd, const Elem* input, int l, int weight) {
+    norm_forward(cfg_, tp_.local(ln, cfg_.channels), mean, rstd, input, param(weight, l), param(weight + 1, l),
+                 tp_.local_rows(), stream_.get());
+    tp_.gather(ln, cfg_.channels);
   }
 
-  // Layer l's forward from its ln1 output (already in place) to its GELU output: everything the
+  // Layer l's forward from its ln1 output (already in place) to its MLP activation: everything the
   // backward reads except ln1. The attention projection's output is left in a.branch. Products
   // and attention run on every row with this rank's heads and hidden units; the row-parallel
-  // products' partial sums are summed over the TP group (tp_collectives.h).
+  // products' partial sums are summed over the TP group (tp_collectives.h). With RoPE, q and k
+  // are rotated in place in the qkv product's output, which the attention backward then reads.
   void block_forward(int l) {
     const int N = rows(), C = cfg_.channels, Nl = tp_.local_rows();
-    const size_t NC = static_cast<size_t>(N) * C, Ncl = static_cast<size_t>(N) * cl_;
+    const size_t NC = static_cast<size_t>(N) * C, Ncl = static_cast<size_t>(N) * cl_, Nh = static_cast<size_t>(N) * hl_;
     Activations<Elem>& a = acts_;
     cudaStream_t s = stream_.get();
-    Elem* qkv = layer_slice(a.qkv, l, 3 * Ncl);
+    Elem* qkv = layer_slice(a.qkv, l, static_cast<size_t>(N) * qkvl_);
     Elem* atty = layer_slice(a.atty, l, Ncl);
-    Elem* fch = layer_slice(a.fch, l, 4 * Ncl);
     Elem* ln2 = layer_slice(a.ln2, l, NC);
-    matmul_forward(qkv, layer_slice(a.ln1, l, NC), param(kQkvw, l), param(kQkvb, l), N, C, 3 * cl_, s);
+    matmul_forward(qkv, layer_slice(a.ln1, l, NC), param(kQkvw, l), param(kQkvb, l), N, C, qkvl_, s);
+    if (cfg_.positions == Positions::rope)
+      rope_forward(qkv, qkv, rope_table_.get(), seq_len_, B_, seq_len_, nhl_ + nkvl_, cfg_.head_size(), qkvl_, 0, s);
     model_attention_forward(attention_, atty, layer_slice(a.lse, l, static_cast<size_t>(N) * nhl_), qkv, B_, seq_len_,
-                            cl_, nhl_, s);
+                            cl_, nhl_, nkvl_, s);
     matmul_forward(a.branch.get(), atty, param(kAttprojw, l), tp_.once(param(kAttprojb, l)), N, cl_, C, s);
     const Elem* attproj = tp_.reduce(a.branch.get(), C);
-    residual_layernorm_forward(layer_slice(a.residual2, l, static_cast<size_t>(Nl) * C), tp_.local(ln2, C),
-                               layer_slice(a.ln2_mean, l, Nl), layer_slice(a.ln2_rstd, l, Nl), block_input(l), attproj,
-                               param(kLn2w, l), param(kLn2b, l), Nl, C, s);
+    residual_norm_forward(cfg_, layer_slice(a.residual2, l, static_cast<size_t>(Nl) * C), tp_.local(ln2, C),
+                          layer_slice(a.ln2_mean, l, Nl), layer_slice(a.ln2_rstd, l, Nl), block_input(l), attproj,
+                          param(kLn2w, l), param(kLn2b, l), Nl, s);
     tp_.gather(ln2, C);
-    // GELU as its own kernel on the rounded pre-activation (not cuBLASLt's GELU epilogue on the
-    // fp32 product), so that recomputing it from the kept fch reproduces the same bits.
-    matmul_forward(fch, ln2, param(kFcw, l), param(kFcb, l), N, C, 4 * cl_, s);
-    gelu_forward(layer_slice(a.fch_gelu, l, 4 * Ncl), fch, 4 * Ncl, s);
+    mlp_up_forward(cfg_, layer_slice(a.fch, l, mlp_products() * Nh), layer_slice(a.fch_gelu, l, Nh), ln2,
+                   param(kFcw, l), param(kFcb, l), param(kFc2w, l), N, hl_, s);
   }
+
+  // The MLP's kept products per row: fc's, and SwiGLU's fc2's.
+  size_t mlp_products() const { return cfg_.mlp == Mlp::swiglu ? 2 : 1; }
 
   void queue_forward() {
     const int N = rows(), C = cfg_.channels, L = cfg_.num_layers, Nl = tp_.local_rows();
@@ -371,31 +387,31 @@ class Transformer {
     params_.begin_pass(true);
     params_.enter_layer(0);
     // Each TP rank embeds the tokens of its vocabulary rows (zero for the others); the sum over the
-    // group is the embedding, wpe added once.
+    // group is the embedding, wpe (learned positions) added once.
     encoder_forward(a.encoded.get(), a.inputs.get(), param(kWte), tp_.once(param(kWpe)), B_, seq_len_, C, s, vocab_begin(),
                     vl_);
     tp_.reduce(a.encoded.get(), C);
     // Layer 0 normalizes the embeddings; every later ln1 (and lnf) comes out of the previous
-    // layer's fused residual add + LayerNorm.
-    layernorm_rows(layer_slice(a.ln1, 0, NC), layer_slice(a.ln1_mean, 0, Nl), layer_slice(a.ln1_rstd, 0, Nl),
-                   block_input(0), 0, kLn1w);
+    // layer's fused residual add + norm.
+    norm_rows(layer_slice(a.ln1, 0, NC), layer_slice(a.ln1_mean, 0, Nl), layer_slice(a.ln1_rstd, 0, Nl),
+              block_input(0), 0, kLn1w);
     for (int l = 0; l < L; ++l) {
       block_forward(l);
-      matmul_forward(a.branch.get(), layer_slice(a.fch_gelu, l, 4 * static_cast<size_t>(N) * cl_), param(kFcprojw, l),
-                     tp_.once(param(kFcprojb, l)), N, 4 * cl_, C, s);
+      matmul_forward(a.branch.get(), layer_slice(a.fch_gelu, l, static_cast<size_t>(N) * hl_), param(kFcprojw, l),
+                     tp_.once(param(kFcprojb, l)), N, hl_, C, s);
       const Elem* fcproj = tp_.reduce(a.branch.get(), C);
       Elem* residual3 = a.residual3.get() + l * NlC;
       const Elem* residual2 = layer_slice(a.residual2, l, NlC);
       if (l + 1 < L) {
         params_.enter_layer(l + 1);
         Elem* ln1 = layer_slice(a.ln1, l + 1, NC);
-        residual_layernorm_forward(residual3, tp_.local(ln1, C), layer_slice(a.ln1_mean, l + 1, Nl),
-                                   layer_slice(a.ln1_rstd, l + 1, Nl), residual2, fcproj, param(kLn1w, l + 1),
-                                   param(kLn1b, l + 1), Nl, C, s);
+        residual_norm_forward(cfg_, residual3, tp_.local(ln1, C), layer_slice(a.ln1_mean, l + 1, Nl),
+                              layer_slice(a.ln1_rstd, l + 1, Nl), residual2, fcproj, param(kLn1w, l + 1),
+                              param(kLn1b, l + 1), Nl, s);
         tp_.gather(ln1, C);
       } else {
-        residual_layernorm_forward(residual3, tp_.local(a.lnf.get(), C), a.lnf_mean.get(), a.lnf_rstd.get(), residual2,
-                                   fcproj, param(kLnfw), param(kLnfb), Nl, C, s);
+        residual_norm_forward(cfg_, residual3, tp_.local(a.lnf.get(), C), a.lnf_mean.get(), a.lnf_rstd.get(), residual2,
+                              fcproj, param(kLnfw), param(kLnfb), Nl, s);
         tp_.gather(a.lnf.get(), C);
       }
       params_.leave_layer(l);
@@ -404,14 +420,14 @@ class Transformer {
 
   // Backward from d lnf, which the lm head left in a.branch. Parameter gradients accumulate;
   // dresidual holds d loss / d (residual stream) at the current depth (this rank's rows): the skip
-  // connections pass it through unchanged and each LayerNorm backward adds its branch's share; it
+  // connections pass it through unchanged and each norm's backward adds its branch's share; it
   // is gathered (sequence parallel) where a row-parallel product's backward reads every row. The TP
   // sums of d ln2 and d ln1 run while the weight gradients' products do. Activations the recompute
   // setting did not keep are recomputed into their layer slice right before they are read.
   void queue_backward() {
     const int N = rows(), C = cfg_.channels, L = cfg_.num_layers, Nl = tp_.local_rows();
     const size_t NC = static_cast<size_t>(N) * C, NlC = static_cast<size_t>(Nl) * C;
-    const size_t Ncl = static_cast<size_t>(N) * cl_;
+    const size_t Ncl = static_cast<size_t>(N) * cl_, Nh = static_cast<size_t>(N) * hl_;
     Activations<Elem>& a = acts_;
     cudaStream_t s = stream_.get();
     Elem* dresidual_rows = a.dresidual.get();  // every row, once gathered
@@ -421,10 +437,10 @@ class Transformer {
     float* scratch = a.scratch.get();
     cuda_check(cudaMemsetAsync(dresidual_rows, 0, a.dresidual.bytes(), s), "zeroing the residual gradient");
 
-    layernorm_backward(dresidual, grad(kLnfw), grad(kLnfb), scratch, tp_.local(dbranch, C),
-                       a.residual3.get() + (L - 1) * NlC, param(kLnfw), a.lnf_mean.get(), a.lnf_rstd.get(), Nl, C, s);
+    norm_backward(cfg_, dresidual, grad(kLnfw), grad(kLnfb), scratch, tp_.local(dbranch, C),
+                  a.residual3.get() + (L - 1) * NlC, param(kLnfw), a.lnf_mean.get(), a.lnf_rstd.get(), Nl, s);
     const bool rerun_block = !block_keeps(BlockTensor::other, recompute_);
-    const bool recompute_gelu = !rerun_block && !block_keeps(BlockTensor::fch_gelu, recompute_);
+    const bool recompute_act = !rerun_block && !block_keeps(BlockTensor::fch_gelu, recompute_);
     const bool recompute_ln = !rerun_block && !block_keeps(BlockTensor::ln_output, recompute_);
     params_.begin_pass(false);
     for (int l = L - 1; l >= 0; --l) {
@@ -438,38 +454,41 @@ class Transformer {
       float* ln2_mean = layer_slice(a.ln2_mean, l, Nl);
       float* ln2_rstd = layer_slice(a.ln2_rstd, l, Nl);
       const Elem* residual2 = layer_slice(a.residual2, l, NlC);
-      const Elem* qkv = layer_slice(a.qkv, l, 3 * Ncl);
+      const Elem* qkv = layer_slice(a.qkv, l, static_cast<size_t>(N) * qkvl_);
       const Elem* atty = layer_slice(a.atty, l, Ncl);
-      const Elem* fch = layer_slice(a.fch, l, 4 * Ncl);
-      Elem* fch_gelu = layer_slice(a.fch_gelu, l, 4 * Ncl);
-      // A recomputed ln1 or ln2 (layernorm_forward of the kept, rounded input) equals the forward's
-      // fused residual LayerNorm output bit for bit, statistics included (kept statistics are
+      Elem* fch = layer_slice(a.fch, l, mlp_products() * Nh);
+      Elem* fch_gelu = layer_slice(a.fch_gelu, l, Nh);
+      // A recomputed ln1 or ln2 (norm_forward of the kept, rounded input) equals the forward's
+      // fused residual norm output bit for bit, statistics included (kept statistics are
       // rewritten with the values they hold).
       if (rerun_block) {
-        layernorm_rows(ln1, ln1_mean, ln1_rstd, residual, l, kLn1w);
+        norm_rows(ln1, ln1_mean, ln1_rstd, residual, l, kLn1w);
         block_forward(l);
       }
-      if (recompute_gelu) gelu_forward(fch_gelu, fch, 4 * Ncl, s);
+      if (recompute_act) mlp_activation_forward(cfg_, fch_gelu, fch, N, hl_, s);
       // MLP branch; dresidual = d/d residual3 = d/d fcproj.
       tp_.gather(dresidual_rows, C);
       matmul_backward(dwide, grad(kFcprojw, l), tp_.replicated_grad(grad(kFcprojb, l)), nullptr, dresidual_rows, fch_gelu,
-                      param(kFcprojw, l), nullptr, N, 4 * cl_, C, s);
-      if (recompute_ln) layernorm_rows(ln2, ln2_mean, ln2_rstd, residual2, l, kLn2w);
-      matmul_backward(dbranch, grad(kFcw, l), grad(kFcb, l), dwide, dwide, ln2, param(kFcw, l), fch, N, C, 4 * cl_, s,
-                      [&] { tp_.start_reduce(dbranch, C); });
-      layernorm_backward(dresidual, grad(kLn2w, l), grad(kLn2b, l), scratch, tp_.finish_reduce(dbranch, C), residual2,
-                         param(kLn2w, l), ln2_mean, ln2_rstd, Nl, C, s);
+                      param(kFcprojw, l), nullptr, N, hl_, C, s);
+      if (recompute_ln) norm_rows(ln2, ln2_mean, ln2_rstd, residual2, l, kLn2w);
+      mlp_up_backward(cfg_, dbranch, grad(kFcw, l), grad(kFcb, l), grad(kFc2w, l), dwide, fch, ln2, param(kFcw, l),
+                      param(kFc2w, l), N, hl_, s, [&] { tp_.start_reduce(dbranch, C); });
+      norm_backward(cfg_, dresidual, grad(kLn2w, l), grad(kLn2b, l), scratch, tp_.finish_reduce(dbranch, C), residual2,
+                    param(kLn2w, l), ln2_mean, ln2_rstd, Nl, s);
       // Attention branch; dresidual = d/d residual2 = d/d attproj.
       tp_.gather(dresidual_rows, C);
       matmul_backward(dbranch, grad(kAttprojw, l), tp_.replicated_grad(grad(kAttprojb, l)), nullptr, dresidual_rows, atty,
                       param(kAttprojw, l), nullptr, N, cl_, C, s);
       model_attention_backward(attention_, dwide, scratch, dbranch, qkv, atty,
-                               layer_slice(a.lse, l, static_cast<size_t>(N) * nhl_), B_, seq_len_, cl_, nhl_, s);
-      if (recompute_ln) layernorm_rows(ln1, ln1_mean, ln1_rstd, residual, l, kLn1w);
+                               layer_slice(a.lse, l, static_cast<size_t>(N) * nhl_), B_, seq_len_, cl_, nhl_, nkvl_, s);
+      if (cfg_.positions == Positions::rope)  // d q, d k before the rotation: rotated back
+        rope_backward(dwide, dwide, rope_table_.get(), seq_len_, B_, seq_len_, nhl_ + nkvl_, cfg_.head_size(), qkvl_, 0,
+                      s);
+      if (recompute_ln) norm_rows(ln1, ln1_mean, ln1_rstd, residual, l, kLn1w);
       matmul_backward(dbranch, grad(kQkvw, l), grad(kQkvb, l), nullptr, dwide, ln1, param(kQkvw, l), nullptr, N, C,
-                      3 * cl_, s, [&] { tp_.start_reduce(dbranch, C); });
-      layernorm_backward(dresidual, grad(kLn1w, l), grad(kLn1b, l), scratch, tp_.finish_reduce(dbranch, C), residual,
-                         param(kLn1w, l), ln1_mean, ln1_rstd, Nl, C, s);
+                      qkvl_, s, [&] { tp_.start_reduce(dbranch, C); });
+      norm_backward(cfg_, dresidual, grad(kLn1w, l), grad(kLn1b, l), scratch, tp_.finish_reduce(dbranch, C), residual,
+                    param(kLn1w, l), ln1_mean, ln1_rstd, Nl, s);
       params_.leave_layer(l);
       grads_.send_finished_bucket(l);  // all-reduce / reduce-scatter once its bucket is done
     }
@@ -485,7 +504,8 @@ class Transformer {
   const AttentionKernel attention_;
   CudaStream stream_;
   TensorParallelGroup<Elem> tp_;
-  const int cl_, nhl_, vl_;  // this rank's channels (C/size; 4·cl_ hidden units), heads, vocabulary columns
+  // This rank's channels (C/size), query and K/V heads, qkv columns, MLP hidden units, vocabulary columns.
+  const int cl_, nhl_, nkvl_, qkvl_, hl_, vl_;
   GradientSync<Elem> grads_;
   ModelParameters<Elem> params_;
   DeviceArray<float> adam_m_, adam_v_;
@@ -497,4 +517,5 @@ class Transformer {
   DeviceArray<double> step_scalars_{kStepScalars, "the step's loss sum and stop votes"};
   int micro_steps_ = 0;  // since zero_grad()
   PinnedArray<StepFigures> figures_host_{1, "allocating pinned memory for the step's figures"};
+  DeviceArray<float> rope_table_;  // RoPE: (seq_len, HS) cos/sin pairs (rope.cuh)
 };

@@ -217,13 +217,12 @@ TEMPLATE_TEST_CASE("attention forward and backward match naive CPU loops", "[att
   for (const AttentionShape& shape : shapes) check_attention<T>(shape, seed);
 }
 
-// Every preset's heads (all NH of them, its head size; multi-head, NKV left at its default NH):
-// one sequence of 3 rows.
+// Every preset's heads (all NH of them on its NKV K/V heads, its head size): one sequence of 3 rows.
 TEMPLATE_TEST_CASE("attention launches and matches at every preset's heads", "[attention]", float, bf16) {
   uint64_t seed = 700;
   for (const test::PresetShape& p : test::preset_shapes()) {
     INFO("presets " << p.presets);
-    check_attention<TestType>({1, 3, p.NH, p.head_size, 1.0f}, seed);
+    check_attention<TestType>({1, 3, p.NH, p.head_size, 1.0f, p.NKV}, seed);
   }
 }
 

@@ -375,13 +375,13 @@ TEST_CASE("flash attention GQA HD 128, up to Llama 3.1 8B's NH 32 NKV 8, matches
 
 // Every preset's heads, all NH of them, where its head size is one flash attention takes (the
 // model runs the simple kernel otherwise): one sequence of 17 rows, a tail inside the first tile.
-// The presets are multi-head (NKV left at its default, NH).
+// Each on its NKV K/V heads.
 TEST_CASE("flash attention launches and matches at every preset's heads", "[flash]") {
   uint64_t seed = 5000;
   for (const test::PresetShape& p : test::preset_shapes()) {
     if (!flash_attention_supports(p.head_size)) continue;
     INFO("presets " << p.presets);
     Report report;
-    check_shape({1, 17, p.NH, p.head_size, 1.0f}, seed += 2, report);
+    check_shape({1, 17, p.NH, p.head_size, 1.0f, p.NKV}, seed += 2, report);
   }
 }
