@@ -3,10 +3,10 @@
 // pass, the backward pass and the optimizer step. The architecture and parameter layout are
 // model_config.h's, the architecture's norm and MLP block_ops.h's, the files model_file.h's, the
 // per-micro-batch buffers activations.h's, the gradients and their communication grad_sync.h's,
-// the lm head lm_head.h's; a tensor-parallel rank's part of each layer: tensor_split.h.
-// Parameters, gradients and activations are Elem (float: --dtype fp32, bf16: the default);
-// norm statistics, the RoPE table, attention log-sum-exps, losses, AdamW moments and master weights are fp32.
-// Errors throw std::runtime_error: one line naming the file or setting, what was expected and found.
+// the lm head lm_head.h's; a tensor-parallel rank's part of each layer: tensor_split.h. Parameters,
+// gradients and activations are Elem (float: --dtype fp32, bf16: the default); norm statistics, the
+// RoPE table, attention log-sum-exps, losses, AdamW moments and master weights are fp32. Errors
+// throw std::runtime_error: one line naming the file or setting, what was expected and found.
 #pragma once
 #include "kernels/common.cuh"
 #include "kernels/encoder.cuh"
@@ -25,6 +25,7 @@
 #include "src/model/model_file.h"
 #include "src/model/model_parameters.h"
 #include "src/model/optimizer.h"
+#include "src/model/step_totals.h"
 #include "src/base/rng.h"
 #include "src/data/upload_staging.h"
 
@@ -200,35 +201,15 @@ class Transformer {
   // Starts an optimizer step: gradients and the step's loss sum to zero.
   void zero_grad() {
     grads_.zero();
-    cuda_check(cudaMemsetAsync(step_scalars_.get(), 0, step_scalars_.bytes(), stream_.get()), "zeroing the step's loss");
+    totals_.zero(stream_.get());
     micro_steps_ = 0;
   }
 
-  // The figures of the optimizer step whose micro-steps are queued, copied to the host together:
-  // the step's one host synchronisation. loss: the mean over every micro-step's tokens on every
-  // rank; grad_norm: the accumulated gradients' global norm; summed_with_loss: the caller's
-  // `with_loss` summed over the ranks with the loss (the trainer's stop votes).
-  struct StepFigures {
-    double loss, summed_with_loss;  // adjacent: copied back together from step_scalars_
-    float grad_norm;
-  };
+  // The figures of the optimizer step whose micro-steps are queued (step_totals.h); with_loss is
+  // summed over the ranks with the loss (the trainer's stop votes).
   StepFigures step_figures(double with_loss = 0.0) {
-    grads_.queue_norm_squared(acts_.norm_squared.get(), acts_.scratch.get());
-    StepFigures* host = figures_host_.get();
-    host->summed_with_loss = with_loss;
-    cuda_check(cudaMemcpyAsync(step_scalars_.get() + 1, &host->summed_with_loss, sizeof(double),
-                               cudaMemcpyHostToDevice, stream_.get()),
-               "uploading the value summed with the loss");
-    grads_.sum_over_ranks(step_scalars_.get(), kStepScalars);
-    cuda_check(cudaMemcpyAsync(&host->loss, step_scalars_.get(), step_scalars_.bytes(), cudaMemcpyDeviceToHost,
-                               stream_.get()),
-               "copying the step's loss");
-    cuda_check(cudaMemcpyAsync(&host->grad_norm, acts_.norm_squared.get(), sizeof(float), cudaMemcpyDeviceToHost,
-                               stream_.get()),
-               "copying the gradient norm");
-    cuda_check(cudaStreamSynchronize(stream_.get()), "the step's figures");
-    return {host->loss / (static_cast<double>(rows()) * micro_steps_ * grads_.ranks_in_sums()), host->summed_with_loss,
-            std::sqrt(host->grad_norm)};
+    return totals_.read(grads_, acts_.norm_squared.get(), acts_.scratch.get(), with_loss,
+                        static_cast<double>(rows()) * micro_steps_, stream_.get());
   }
 
   // One optimizer step (step is 1-based) from the accumulated gradients: AdamW with clipping
@@ -309,7 +290,7 @@ class Transformer {
     grads_.begin_micro_step(last_micro_step);
     head_.queue(acts_, param(lm_head_tensor()), grad(lm_head_tensor()), tp_, rows(), cfg_.channels, true, dloss, true,
                 stream_.get());
-    classifier_loss_sum(step_scalars_.get(), acts_.losses.get(), rows(), stream_.get());
+    classifier_loss_sum(totals_.loss_sum(), acts_.losses.get(), rows(), stream_.get());
     ++micro_steps_;
     queue_backward();
     grads_.end_micro_step();
@@ -375,8 +356,7 @@ class Transformer {
                    param(kFcw, l), param(kFcb, l), param(kFc2w, l), N, hl_, s);
   }
 
-  // The MLP's kept products per row: fc's, and SwiGLU's fc2's.
-  size_t mlp_products() const { return cfg_.mlp == Mlp::swiglu ? 2 : 1; }
+  size_t mlp_products() const { return cfg_.mlp == Mlp::swiglu ? 2 : 1; }  // kept per row: fc's (and fc2's)
 
   void queue_forward() {
     const int N = rows(), C = cfg_.channels, L = cfg_.num_layers, Nl = tp_.local_rows();
@@ -514,8 +494,7 @@ class Transformer {
   LmHead<Elem> head_;  // set once the logits buffer is allocated
   std::optional<UploadStaging> staging_;  // emplaced once the activation counts are known
   int bucket_segments_ = 0;  // of the uploaded encoder-backward bucket list
-  DeviceArray<double> step_scalars_{kStepScalars, "the step's loss sum and stop votes"};
+  StepTotals totals_;
   int micro_steps_ = 0;  // since zero_grad()
-  PinnedArray<StepFigures> figures_host_{1, "allocating pinned memory for the step's figures"};
   DeviceArray<float> rope_table_;  // RoPE: (seq_len, HS) cos/sin pairs (rope.cuh)
 };

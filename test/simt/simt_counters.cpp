@@ -15,7 +15,7 @@ constexpr int kBatch = 2, kSeqLen = 16, kMicroSteps = 4;
 // One optimizer step of kMicroSteps micro-steps on fresh random tokens, as the trainer runs it
 // (train_gpt.cu, Trainer::train_step): micro-steps, the step's figures, the update.
 template <typename Elem>
-typename Transformer<Elem>::StepFigures train_step(Transformer<Elem>& model, int step) {
+StepFigures train_step(Transformer<Elem>& model, int step) {
   const size_t rows = static_cast<size_t>(kBatch) * kSeqLen;
   model.zero_grad();
   for (int micro = 0; micro < kMicroSteps; ++micro) {
