@@ -45,7 +45,7 @@ std::runtime_error file_error(const std::string& path, const std::string& what) 
   return std::runtime_error(path + ": " + what);
 }
 
-uint64_t validated_token_count(const std::string& path) {
+ShardHeader validated_shard_header(const std::string& path) {
   // O_NONBLOCK: a named pipe opens at once (and is refused below) instead of waiting for a writer.
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw file_error(path, std::string("cannot open: ") + std::strerror(errno));
@@ -67,21 +67,33 @@ uint64_t validated_token_count(const std::string& path) {
   if (got != static_cast<ssize_t>(kHeaderBytes))
     throw file_error(path, std::string("cannot read the header: ") +
                                (got < 0 ? std::strerror(read_errno) : "short read"));
-  if (header[0] != kShardMagic)
+  ShardHeader shard;
+  int32_t version = 0;
+  if (header[0] == kShardMagic) {
+    shard.kind = TokenShardKind::gpt2_uint16;
+    version = kShardVersion;
+  } else if (header[0] == kLlamaShardMagic) {
+    shard.kind = TokenShardKind::llama3_uint32;
+    version = kLlamaShardVersion;
+  } else {
     throw file_error(path, "not a token shard: header magic is " + std::to_string(header[0]) + ", expected " +
-                               std::to_string(kShardMagic));
-  if (header[1] != kShardVersion)
+                               std::to_string(kShardMagic) + " (GPT-2, uint16 ids) or " +
+                               std::to_string(kLlamaShardMagic) + " (Llama 3, uint32 ids)");
+  }
+  if (header[1] != version)
     throw file_error(path, "unsupported token shard version " + std::to_string(header[1]) + ", expected " +
-                               std::to_string(kShardVersion));
+                               std::to_string(version) + " for magic " + std::to_string(header[0]));
   if (header[2] < 0)
     throw file_error(path, "header token count is " + std::to_string(header[2]) + ", expected >= 0");
-  const uint64_t num_tokens = static_cast<uint64_t>(header[2]);
-  const uint64_t expected = kHeaderBytes + 2 * num_tokens;
+  shard.num_tokens = static_cast<uint64_t>(header[2]);
+  const uint64_t id_bytes = token_id_bytes(shard.kind);
+  const uint64_t expected = kHeaderBytes + id_bytes * shard.num_tokens;
   if (size != expected)
-    throw file_error(path, "file size is " + std::to_string(size) + " bytes, expected 1024 + 2*" +
-                               std::to_string(num_tokens) + " = " + std::to_string(expected) +
-                               " bytes for the header's token count (truncated or corrupt shard)");
-  return num_tokens;
+    throw file_error(path, "file size is " + std::to_string(size) + " bytes, expected 1024 + " +
+                               std::to_string(id_bytes) + "*" + std::to_string(shard.num_tokens) + " = " +
+                               std::to_string(expected) + " bytes for the header's token count (" +
+                               describe_token_shard(shard.kind) + "; truncated or corrupt)");
+  return shard;
 }
 
 std::vector<std::string> matching_files(const std::string& pattern) {
@@ -100,6 +112,35 @@ std::vector<std::string> matching_files(const std::string& pattern) {
 
 }  // namespace dataloader_detail
 
+namespace {
+
+// Token i of a shard's raw little-endian ids (memcpy: the compiler makes it one load).
+template <typename Id>
+inline Id load_id(const unsigned char* raw, size_t i) {
+  Id id;
+  std::memcpy(&id, raw + i * sizeof(Id), sizeof(Id));
+  return id;
+}
+
+// inputs = ids [0, n), targets = ids [1, n + 1), as int (ids are checked < vocab_size first).
+template <typename Id>
+void widen_batch(const unsigned char* raw, size_t n, int* inputs, int* targets) {
+  for (size_t i = 0; i < n; ++i) {
+    inputs[i] = static_cast<int>(load_id<Id>(raw, i));
+    targets[i] = static_cast<int>(load_id<Id>(raw, i + 1));
+  }
+}
+
+// Index of the first of n ids that is >= vocab_size, or n.
+template <typename Id>
+size_t first_id_at_or_above(const unsigned char* raw, size_t n, int vocab_size) {
+  for (size_t i = 0; i < n; ++i)
+    if (load_id<Id>(raw, i) >= static_cast<uint32_t>(vocab_size)) return i;
+  return n;
+}
+
+}  // namespace
+
 DataLoader::DataLoader(const std::string& pattern, int B, int seq_len, int rank, int world_size, bool shuffle, uint64_t seed,
            int vocab_size, bool prefetch) : B_(B), seq_len_(seq_len), rank_(rank), vocab_size_(vocab_size), shuffle_(shuffle),
       prefetch_(prefetch), seed_(seed) {
@@ -113,7 +154,13 @@ DataLoader::DataLoader(const std::string& pattern, int B, int seq_len, int rank,
   for (const std::string& path : dataloader_detail::matching_files(pattern)) {
     dataloader_detail::ShardInfo info;
     info.path = path;
-    info.num_tokens = dataloader_detail::validated_token_count(path);
+    const dataloader_detail::ShardHeader header = dataloader_detail::validated_shard_header(path);
+    if (paths_.empty()) kind_ = header.kind;
+    if (header.kind != kind_)
+      throw dataloader_detail::file_error(path, describe_token_shard(header.kind) + ", but " + paths_[0] +
+                                                    ", matched by the same pattern, is " + describe_token_shard(kind_) +
+                                                    ": one pattern's shards must come from one tokenizer");
+    info.num_tokens = header.num_tokens;
     if (info.num_tokens < global_batch_tokens_ + 1)
       throw dataloader_detail::file_error(
           path, "shard holds " + std::to_string(info.num_tokens) + " tokens, fewer than one global batch + 1 = " +
@@ -124,10 +171,11 @@ DataLoader::DataLoader(const std::string& pattern, int B, int seq_len, int rank,
     shards_.push_back(std::move(info));
     paths_.push_back(path);
   }
+  id_bytes_ = token_id_bytes(kind_);
   try {
-    staging_.resize(local + 1);
+    staging_.resize((local + 1) * id_bytes_);
   } catch (const std::bad_alloc&) {
-    throw std::runtime_error("cannot allocate " + std::to_string((local + 1) * sizeof(uint16_t)) +
+    throw std::runtime_error("cannot allocate " + std::to_string((local + 1) * id_bytes_) +
                              " bytes of host memory for a batch of B x T = " + std::to_string(B) + " x " +
                              std::to_string(seq_len) + " tokens");
   }
@@ -303,26 +351,26 @@ void DataLoader::read(const ReadRequest& r) {
     check_token_ids(shard);
     ids_checked_[r.file] = true;
   }
-  read_tokens(shard, r.offset, staging_.data(), staging_.size());
-  const size_t n = staging_.size() - 1;
+  const size_t n = staging_.size() / id_bytes_ - 1;
+  read_tokens(shard, r.offset, staging_.data(), n + 1);
   batch_.inputs.resize(n);
   batch_.targets.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    batch_.inputs[i] = staging_[i];
-    batch_.targets[i] = staging_[i + 1];
-  }
+  if (kind_ == TokenShardKind::gpt2_uint16)
+    widen_batch<uint16_t>(staging_.data(), n, batch_.inputs.data(), batch_.targets.data());
+  else
+    widen_batch<uint32_t>(staging_.data(), n, batch_.inputs.data(), batch_.targets.data());
   batch_.ids_below = vocab_size_;
   batch_.bucket_segments = 0;
   if (prepare_) prepare_(batch_);
 }
 
-void DataLoader::read_tokens(const dataloader_detail::ShardInfo& shard, uint64_t offset, uint16_t* out, size_t count) {
-  char* dst = reinterpret_cast<char*>(out);
-  const size_t bytes = count * sizeof(uint16_t);
+void DataLoader::read_tokens(const dataloader_detail::ShardInfo& shard, uint64_t offset, unsigned char* out,
+                             size_t count) {
+  const size_t bytes = count * id_bytes_;
   size_t done = 0;
   while (done < bytes) {
-    const ssize_t got = ::pread(open_fd_, dst + done, bytes - done,
-                                static_cast<off_t>(kHeaderBytes + 2 * offset + done));
+    const ssize_t got = ::pread(open_fd_, out + done, bytes - done,
+                                static_cast<off_t>(kHeaderBytes + id_bytes_ * offset + done));
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0)
       throw ShardDataError(shard.path + ": cannot read tokens at position " + std::to_string(offset) + ": " +
@@ -332,13 +380,18 @@ void DataLoader::read_tokens(const dataloader_detail::ShardInfo& shard, uint64_t
 }
 
 void DataLoader::check_token_ids(const dataloader_detail::ShardInfo& shard) {
-  std::vector<uint16_t> chunk(static_cast<size_t>(std::min<uint64_t>(shard.num_tokens, dataloader_detail::kScanTokens)));
-  for (uint64_t start = 0; start < shard.num_tokens; start += chunk.size()) {
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk.size(), shard.num_tokens - start));
+  const size_t chunk_tokens = static_cast<size_t>(std::min<uint64_t>(shard.num_tokens, dataloader_detail::kScanTokens));
+  std::vector<unsigned char> chunk(chunk_tokens * id_bytes_);
+  for (uint64_t start = 0; start < shard.num_tokens; start += chunk_tokens) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk_tokens, shard.num_tokens - start));
     read_tokens(shard, start, chunk.data(), n);
-    for (size_t i = 0; i < n; ++i)
-      if (chunk[i] >= vocab_size_)
-        throw ShardDataError(shard.path + ": token id " + std::to_string(chunk[i]) + " at token position " +
-                             std::to_string(start + i) + " is >= the vocab size " + std::to_string(vocab_size_));
+    const size_t bad = kind_ == TokenShardKind::gpt2_uint16 ? first_id_at_or_above<uint16_t>(chunk.data(), n, vocab_size_)
+                                                             : first_id_at_or_above<uint32_t>(chunk.data(), n, vocab_size_);
+    if (bad == n) continue;
+    const uint32_t id = kind_ == TokenShardKind::gpt2_uint16 ? load_id<uint16_t>(chunk.data(), bad)
+                                                             : load_id<uint32_t>(chunk.data(), bad);
+    throw ShardDataError(shard.path + ": token id " + std::to_string(id) +
+                         " at token position " + std::to_string(start + bad) + " is >= the vocab size " +
+                         std::to_string(vocab_size_));
   }
 }

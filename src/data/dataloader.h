@@ -2,10 +2,12 @@
 //
 // Files: every path matching a glob pattern, sorted bytewise so all ranks agree on the
 // order. Each header and file size is validated at construction, so a corrupt or too-small
-// shard fails before training starts. Token ids are validated a whole shard at a time, when
-// the reader first reads from it (on the prefetch thread, while the caller uses the batch
-// before): a bad id anywhere in a shard stops the loader at the shard's first batch, before
-// any of its batches is handed out. Such an error, found mid-run, is a ShardDataError.
+// shard fails before training starts. Both of llm.c's shard kinds are read (GPT-2's uint16 ids,
+// Llama 3's uint32 ids; token_kind.h), one kind per pattern: a pattern matching both is refused.
+// Token ids are validated a whole shard at a time, when the reader first reads from it (on the
+// prefetch thread, while the caller uses the batch before): a bad id anywhere in a shard stops
+// the loader at the shard's first batch, before any of its batches is handed out. Such an error,
+// found mid-run, is a ShardDataError.
 //
 // Order. G = R·B·T tokens form one global batch. A shard of N tokens holds (N-1)/G sample
 // slots; slot j covers tokens [j·G, j·G + G + 1) and rank r reads its B·T + 1 tokens at
@@ -27,6 +29,7 @@
 #pragma once
 #include "src/base/file_formats.h"
 #include "src/base/rng.h"
+#include "src/data/token_kind.h"
 
 #include <fcntl.h>
 #include <glob.h>
@@ -82,8 +85,14 @@ struct ShardInfo {
   uint32_t num_slots = 0;  // global batches in this shard: (num_tokens - 1) / G
 };
 
-// Reads the header and size of one shard; throws naming the file on any mismatch.
-uint64_t validated_token_count(const std::string& path);
+struct ShardHeader {
+  TokenShardKind kind = TokenShardKind::gpt2_uint16;
+  uint64_t num_tokens = 0;
+};
+
+// Reads the header and size of one shard (1024 + 2·N bytes for GPT-2's kind, 1024 + 4·N for
+// Llama 3's); throws naming the file on any mismatch.
+ShardHeader validated_shard_header(const std::string& path);
 
 // Sorted glob matches; throws naming the pattern when nothing matches.
 std::vector<std::string> matching_files(const std::string& pattern);
@@ -145,6 +154,9 @@ class DataLoader {
   // Global batches in one epoch: how many distinct batches the files hold before they repeat.
   uint64_t batches_per_epoch() const;
   const std::vector<std::string>& files() const { return paths_; }
+  // Which tokenizer's ids the shards hold (all of them: one kind per pattern); check it against the
+  // model with check_shard_vocabulary(files()[0], token_kind(), V).
+  TokenShardKind token_kind() const { return kind_; }
 
  private:
   struct ReadRequest {
@@ -168,12 +180,13 @@ class DataLoader {
   // Waits for the batch at pos_ (reads it without prefetch); rethrows its read's error.
   void wait_for_batch();
 
-  // Reads B*T+1 tokens into batch_ (via staging_), after checking every token id of their shard the
-  // first time it is read from, then prepares it. Runs on one thread at a time.
+  // Reads B*T+1 tokens into batch_ (via staging_: the shard's raw ids, widened to int), after
+  // checking every token id of their shard the first time it is read from, then prepares it.
+  // Runs on one thread at a time.
   void read(const ReadRequest& r);
 
-  // Reads `count` tokens from token position `offset` of the open shard.
-  void read_tokens(const dataloader_detail::ShardInfo& shard, uint64_t offset, uint16_t* out, size_t count);
+  // Reads `count` tokens' raw bytes (id_bytes_ each) from token position `offset` of the open shard.
+  void read_tokens(const dataloader_detail::ShardInfo& shard, uint64_t offset, unsigned char* out, size_t count);
 
   // Every token id of the open shard against the vocabulary; the first bad one is the error.
   void check_token_ids(const dataloader_detail::ShardInfo& shard);
@@ -181,6 +194,8 @@ class DataLoader {
   const int B_, seq_len_, rank_, vocab_size_;
   const bool shuffle_, prefetch_;
   uint64_t seed_;
+  TokenShardKind kind_ = TokenShardKind::gpt2_uint16;
+  size_t id_bytes_ = 2;  // token_id_bytes(kind_)
   uint64_t global_batch_tokens_ = 0;
   uint64_t tokens_in_shards_ = 0;
   std::vector<dataloader_detail::ShardInfo> shards_;
@@ -191,7 +206,7 @@ class DataLoader {
   std::vector<uint32_t> shard_order_, slot_order_;
 
   // Reader state: touched by whichever thread runs read(), never two at once.
-  std::vector<uint16_t> staging_;
+  std::vector<unsigned char> staging_;  // B*T+1 raw ids
   TokenBatch batch_;
   std::function<void(TokenBatch&)> prepare_;
   int open_fd_ = -1;

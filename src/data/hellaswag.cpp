@@ -2,6 +2,7 @@
 #include "src/data/hellaswag.h"
 
 #include "src/base/file_formats.h"
+#include "src/data/token_kind.h"
 
 #include <sys/stat.h>
 
@@ -34,16 +35,26 @@ ChoiceEvalSet read_choice_eval_file(const std::string& path, int vocab_size, int
   if (header[0] != kEvalMagic)
     throw fail("magic number " + std::to_string(header[0]) + ", expected " + std::to_string(kEvalMagic) +
                " (not an eval file; docs/FORMATS.md)");
-  if (header[1] != kEvalVersion)
-    throw fail("version " + std::to_string(header[1]) + ", expected " + std::to_string(kEvalVersion));
+  if (header[1] != kEvalVersion && header[1] != kEvalVersionUint32)
+    throw fail("version " + std::to_string(header[1]) + ", expected " + std::to_string(kEvalVersion) + " (uint16 ids) or " +
+               std::to_string(kEvalVersionUint32) + " (uint32 ids)");
+  const TokenShardKind kind = eval_file_kind(header[1]);
+  const std::string mismatch = token_vocab_mismatch(kind, vocab_size);
+  if (!mismatch.empty())
+    throw fail("a " + std::string(token_kind_tokenizer(kind)) + " eval file (version " + std::to_string(header[1]) +
+               ", " + (kind == TokenShardKind::gpt2_uint16 ? "uint16" : "uint32") + " ids); " + mismatch +
+               ": make it with data/hellaswag.sh --encoding " +
+               (kind == TokenShardKind::gpt2_uint16 ? "llama3" : "gpt2"));
   if (header[2] <= 0) throw fail("header says " + std::to_string(header[2]) + " examples, expected at least 1");
   const long long count = header[2], longest = header[3];
   const size_t end = bytes.size();
+  const size_t width = token_id_bytes(kind);  // bytes of every value in the body
+  const uint32_t start_marker = kind == TokenShardKind::gpt2_uint16 ? kEvalExampleStart : kEvalExampleStartUint32;
   // The smallest example: start marker, byte length, index, label, completion count, a one-token
-  // context and two one-token completions, each a uint16. A count the file cannot hold is refused
+  // context and two one-token completions, 11 values. A count the file cannot hold is refused
   // before anything is allocated for it.
-  constexpr size_t kSmallestExampleBytes = 2 * (5 + 2 + 2 * 2);
-  const size_t most = (end - kHeaderBytes) / kSmallestExampleBytes;
+  const size_t smallest_example_bytes = width * (5 + 2 + 2 * 2);
+  const size_t most = (end - kHeaderBytes) / smallest_example_bytes;
   if (static_cast<size_t>(count) > most)
     throw fail("the header says " + std::to_string(count) + " examples, the file's " + std::to_string(end) +
                " bytes hold at most " + std::to_string(most) + " (a damaged header, or a file cut short)");
@@ -55,21 +66,22 @@ ChoiceEvalSet read_choice_eval_file(const std::string& path, int vocab_size, int
     const size_t start = pos;
     const std::string where = "example " + std::to_string(i) + " (byte " + std::to_string(start) + ")";
     size_t example_end = end;  // until the byte length field is read
-    const auto next = [&](const char* field) -> int {
-      if (pos + 2 > example_end)
+    const auto next = [&](const char* field) -> long long {
+      if (pos + width > example_end)
         throw fail(example_end == end ? "truncated: " + where + " ends before its " + field + " (the header says " +
                                             std::to_string(count) + " examples, the file has " + std::to_string(end) +
                                             " bytes)"
                                       : where + ": its " + field + " lies beyond its stated byte length " +
                                             std::to_string(example_end - start));
-      const int value = bytes[pos] | (bytes[pos + 1] << 8);
-      pos += 2;
+      uint32_t value = 0;
+      for (size_t b = 0; b < width; ++b) value |= static_cast<uint32_t>(bytes[pos + b]) << (8 * b);
+      pos += width;
       return value;
     };
-    if (next("start marker") != kEvalExampleStart)
-      throw fail(where + ": no start marker " + std::to_string(kEvalExampleStart) +
+    if (next("start marker") != start_marker)
+      throw fail(where + ": no start marker " + std::to_string(start_marker) +
                  " (a damaged file, or one example's stated length is wrong)");
-    const int example_bytes = next("byte length");
+    const long long example_bytes = next("byte length");
     if (example_bytes > longest)
       throw fail(where + ": " + std::to_string(example_bytes) + " bytes, more than the header's longest example (" +
                  std::to_string(longest) + ")");
@@ -79,28 +91,33 @@ ChoiceEvalSet read_choice_eval_file(const std::string& path, int vocab_size, int
     example_end = start + static_cast<size_t>(example_bytes);
     next("index");
     ChoiceExample ex;
-    ex.label = next("label");
-    const int num_completions = next("completion count");
+    const long long label = next("label");
+    const long long num_completions = next("completion count");
     if (num_completions < 2) throw fail(where + ": " + std::to_string(num_completions) + " completions, expected at least 2");
-    if (ex.label >= num_completions)
-      throw fail(where + ": label " + std::to_string(ex.label) + ", expected one of 0.." +
+    if (label >= num_completions)
+      throw fail(where + ": label " + std::to_string(label) + ", expected one of 0.." +
                  std::to_string(num_completions - 1));
+    ex.label = static_cast<int>(label);
     const auto read_tokens = [&](const char* what) {
-      const int n = next(what);
+      const long long n = next(what);
       if (n < 1) throw fail(where + ": empty " + what);
+      if (static_cast<size_t>(n) > (example_end - pos) / width)
+        throw fail(where + ": its " + what + " of " + std::to_string(n) + " tokens lies beyond its stated byte length " +
+                   std::to_string(example_end - start));
       std::vector<int> tokens(static_cast<size_t>(n));
       for (int& t : tokens) {
         const size_t at = pos;
-        t = next(what);
-        if (t >= vocab_size)
-          throw fail(where + ": token " + std::to_string(t) + " of its " + what + " at byte " + std::to_string(at) +
+        const long long id = next(what);
+        if (id >= vocab_size)
+          throw fail(where + ": token " + std::to_string(id) + " of its " + what + " at byte " + std::to_string(at) +
                      " is outside the model's vocabulary of " + std::to_string(vocab_size) +
                      " (the file was tokenized for another vocabulary)");
+        t = static_cast<int>(id);
       }
       return tokens;
     };
     ex.context = read_tokens("context");
-    for (int k = 0; k < num_completions; ++k) ex.completions.push_back(read_tokens("completion"));
+    for (long long k = 0; k < num_completions; ++k) ex.completions.push_back(read_tokens("completion"));
     if (pos != example_end)
       throw fail(where + ": its fields take " + std::to_string(pos - start) + " bytes, its stated byte length is " +
                  std::to_string(example_bytes));

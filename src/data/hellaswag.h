@@ -1,6 +1,6 @@
-// hellaswag.h — multiple-choice evaluation (HellaSwag) from llm.c's eval file (docs/FORMATS.md):
-// reading and checking the file, laying each example's completions out as rows of the model's
-// micro-batch, and scoring them.
+// hellaswag.h — multiple-choice evaluation (HellaSwag) from llm.c's eval file (docs/FORMATS.md;
+// and its version 2, uint32 ids, for Llama 3's vocabulary): reading and checking the file, laying
+// each example's completions out as rows of the model's micro-batch, and scoring them.
 //
 // Scoring: completion k of an example follows its context in one row; its loss is the
 // cross-entropy of each of its tokens given everything before it. acc_norm picks the completion
@@ -14,6 +14,7 @@
 // is an error. Ranks: example i is scored by rank i mod R.
 #pragma once
 #include "src/base/file_formats.h"
+#include "src/data/token_kind.h"
 
 #include <sys/stat.h>
 
@@ -28,8 +29,16 @@
 #include <vector>
 
 constexpr int32_t kEvalMagic = 20240522;
-constexpr int32_t kEvalVersion = 1;
+constexpr int32_t kEvalVersion = 1;  // llm.c's: every body value a uint16 (GPT-2's ids)
 constexpr uint16_t kEvalExampleStart = 65535;
+// This project's extension for ids above 65535 (Llama 3's): the same layout, every value a uint32.
+constexpr int32_t kEvalVersionUint32 = 2;
+constexpr uint32_t kEvalExampleStartUint32 = 0xFFFFFFFFu;
+
+// Whose ids an eval file of this (valid) header version holds.
+constexpr TokenShardKind eval_file_kind(int32_t version) {
+  return version == kEvalVersionUint32 ? TokenShardKind::llama3_uint32 : TokenShardKind::gpt2_uint16;
+}
 
 struct ChoiceExample {
   int label = 0;
@@ -44,9 +53,10 @@ struct ChoiceEvalSet {
   size_t completions = 0;   // over all examples
 };
 
-// Reads and checks an eval file against the model's vocabulary and the sequence length T. Errors
-// are one line starting with the path: what is wrong, where (example, byte offset), and what was
-// expected.
+// Reads and checks an eval file (version 1 or 2) against the model's vocabulary and the sequence
+// length T: a file of one tokenizer's kind for a model of the other's vocabulary (token_kind.h) is
+// refused before its examples are read. Errors are one line starting with the path: what is wrong,
+// where (example, byte offset), and what was expected.
 ChoiceEvalSet read_choice_eval_file(const std::string& path, int vocab_size, int seq_len);
 
 // Where completion k of example i sits in the flat per-completion order (examples in file order).

@@ -100,6 +100,7 @@ inline TrainingData open_training_data(const RunSetup& setup, int rank, int worl
     with_context("--train-data", [&] {
       data.train = std::make_unique<DataLoader>(cfg.train_data, cfg.batch_size, cfg.seq_len, rank, world_size,
                                                 cfg.shuffle, seed, setup.model.vocab_size);
+      check_shard_vocabulary(data.train->files()[0], data.train->token_kind(), setup.model.vocab_size);
       data.train->next_batch(inputs.data(), targets.data());
       data.train->reset();
     });
@@ -112,6 +113,7 @@ inline TrainingData open_training_data(const RunSetup& setup, int rank, int worl
                                (eval_only ? "" : " (--val-every 0 trains without validation)"));
     }
     with_context("--val-data", [&] {
+      check_shard_vocabulary(data.val->files()[0], data.val->token_kind(), setup.model.vocab_size);
       const uint64_t read = std::min<uint64_t>(static_cast<uint64_t>(cfg.val_steps), data.val->batches_per_epoch());
       for (uint64_t b = 0; b < read; ++b) data.val->next_batch(inputs.data(), targets.data());
       data.val->reset();

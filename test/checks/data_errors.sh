@@ -6,7 +6,10 @@
 # naming the shard, the position and the id, and keeps metrics.jsonl's records. With the shard
 # replaced, --resume auto continues from step 3 and ends exactly as a run on good data does.
 # A bad id in a validation shard that validation reads only later is found before anything is
-# written.
+# written. A shard of one tokenizer's kind for a model of the other's vocabulary is refused in one
+# line before anything is written: Llama 3 shards (./tokenize --encoding llama3) for the tiny GPT-2
+# model, GPT-2 shards for a GPT-2 model of Llama 3's vocabulary size (V=128256), and a pattern
+# matching shards of both kinds.
 # usage: data_errors.sh cpu|gpu
 set -u
 # shellcheck source=test/checks/lib/trainer.sh
@@ -88,6 +91,44 @@ else
     "$tmp/val_run.log" || fail "bad validation id message: $(tail -n 1 "$tmp/val_run.log")"
   [ ! -e "$tmp/val_run" ] || fail "the bad validation shard was found after the out-dir was created"
 fi
+
+# refused FLAG WANT ARGS...: the run exits 1 with one line "error: FLAG: WANT" and creates no out-dir.
+refused() {
+  local flag=$1 want=$2 out=$tmp/refused_run
+  shift 2
+  if "$bin" "$@" --out-dir "$out" >"$tmp/refused.log" 2>"$tmp/refused.err"; then
+    fail "$flag: exit 0, expected: $want"
+  elif [ "$(cat "$tmp/refused.err")" != "error: $flag: $want" ]; then
+    fail "$flag: expected 'error: $flag: $want', got: $(cat "$tmp/refused.err")"
+  elif [ -e "$out" ]; then
+    fail "$flag: the refused run created its out-dir"
+  else
+    echo "ok: $(cat "$tmp/refused.err")"
+  fi
+}
+# Llama 3 shards: ./tokenize's when its vocabulary is installed, else the same layout written here.
+llama=$tmp/llama
+mkdir -p "$llama"
+if [ -f data/llama3_bpe/tokenizer.model ]; then
+  ./tokenize --encoding llama3 --quiet --out-dir "$llama" --name x README.md >/dev/null || fail "tokenize --encoding llama3"
+else
+  echo "note: data/llama3_bpe is missing (scripts/install_deps.sh): a Llama 3 shard written by Python instead"
+  "$python" -c 'import struct, sys
+n = 500
+open(sys.argv[1], "wb").write(struct.pack("<256i", 20240801, 7, n, *[0] * 253) + struct.pack(f"<{n}I", *[128000 + i for i in range(n)]))' \
+    "$llama/x_train_000000.bin"
+fi
+tiny=(--init-from "$ref/model.bin" --batch-size 2 --seq-len 32 --max-steps 2)
+refused --train-data "$llama/x_train_000000.bin: a Llama 3 token shard (magic 20240801, uint32 ids); the model's vocabulary (V=500) fits uint16 ids, GPT-2's kind: tokenize with --encoding gpt2" \
+  "${tiny[@]}" --val-every 0 --train-data "$llama/x_train_*.bin"
+refused --val-data "$llama/x_train_000000.bin: a Llama 3 token shard (magic 20240801, uint32 ids); the model's vocabulary (V=500) fits uint16 ids, GPT-2's kind: tokenize with --encoding gpt2" \
+  "${tiny[@]}" --train-data "$good/train_*.bin" --val-data "$llama/x_train_*.bin" --val-every 1
+cp "$good/train_000.bin" "$llama/x_train_.bin"  # sorts first
+refused --train-data "$llama/x_train_000000.bin: a Llama 3 token shard (magic 20240801, uint32 ids), but $llama/x_train_.bin, matched by the same pattern, is a GPT-2 token shard (magic 20240520, uint16 ids): one pattern's shards must come from one tokenizer" \
+  "${tiny[@]}" --val-every 0 --train-data "$llama/x_train_*.bin"
+"$python" -W ignore::UserWarning test/checks/lib/wide_vocab_model.py "$tmp/wide.bin" || fail "writing a model of V=128256"
+refused --train-data "$good/train_000.bin: a GPT-2 token shard (magic 20240520, uint16 ids); the model has Llama 3's vocabulary (V=128256): tokenize with --encoding llama3" \
+  --init-from "$tmp/wide.bin" --batch-size 2 --seq-len 32 --max-steps 2 --val-every 0 --train-data "$good/train_000.bin"
 
 [ "$failures" -eq 0 ] && echo "data_errors: all checks passed"
 [ "$failures" -eq 0 ]
