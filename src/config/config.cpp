@@ -50,7 +50,7 @@ const std::vector<Flag>& flag_table() {
        "tokens per optimizer step; a multiple of B*T*ranks, the rest is done by gradient accumulation",
        &TrainConfig::total_batch_tokens, {0, (double)LLONG_MAX}, {}, "B*T*ranks (no accumulation)"},
       {"recompute", "0|1|2|3",
-       "activation memory vs compute: 0 keep every activation, 1 recompute GELU outputs, 2 also LayerNorm outputs, "
+       "activation memory vs compute: 0 keep every activation, 1 recompute the MLP activations (GELU or SwiGLU outputs), 2 also the norm outputs, "
        "3 keep only block inputs and rerun each block's forward in its backward (least memory, ~20% more compute)",
        &TrainConfig::recompute, {0, 3}},
       {"attention", "auto|flash|simple",
