@@ -11,6 +11,7 @@
 #                                           the C/C++ base nor the CUDA driver/toolkit/NCCL set
 #                                           (OpenMPI's, PCRE2's, ...), found with ldd
 #   data/gpt2_bpe/, data/default/           the GPT-2 vocabulary, the built-in corpus
+#   data/llama3/                            the docs in Llama 3 tokens (where its vocabulary is installed)
 #   scripts/, dev/                          gpu_quick.sh and what its stages run
 #   MANIFEST                                commit, date, toolkit, the newest glibc symbol and the
 #                                           driver the binaries need, sha256 of every file
@@ -120,6 +121,14 @@ echo "gpu_pack: the parity reference on the CPU (dev/gpt2_reference.py ${parity_
 cp "$work"/parity/{model.bin,train.bin,reference.json} "$staging/build/reference/parity/"
 echo "${parity_args[*]}" > "$staging/build/reference/parity/parity.args"
 cp -r data/gpt2_bpe data/default "$staging/data/"
+# Llama 3 token shards of the docs for gpu_quick.sh's Llama throughput run (Meta's vocabulary is
+# fetched by scripts/install_deps.sh, never committed; without it the pack has none and says so).
+if [ -s data/llama3_bpe/tokenizer.model ]; then
+  ./tokenize --encoding llama3 --out-dir "$staging/data/llama3" --name docs --val-tokens 4096 docs/*.md README.md \
+    > "$work/llama3_tokens.log" 2>&1 || die "tokenize --encoding llama3 failed: $(tail -n 1 "$work/llama3_tokens.log")"
+else
+  echo "gpu_pack: no Llama 3 vocabulary (data/llama3_bpe; scripts/install_deps.sh): the pack has no Llama 3 shards"
+fi
 cp scripts/gpu_quick.sh scripts/acceptance_report.py "$staging/scripts/"
 cp dev/gpt2_reference.py dev/bench_attention_sdpa.py dev/ceilings.py "$staging/dev/"
 

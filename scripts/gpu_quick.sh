@@ -11,7 +11,8 @@
 #   parity       PyTorch on the GPU against the packed CPU reference; train_gpt fp32 and bf16
 #                against PyTorch, per-step loss and gradient norm (1e-4 and 2e-2 relative)       60 s
 #   throughput   d12, T=1024, B=64 (then 32 and 8 while time allows): 15 steps timed after 3,
-#                tokens/s, ms/step, MFU, peak memory against the plan; --profile 5 at B=64      120 s
+#                tokens/s, ms/step, MFU, peak memory against the plan; Llama 3.2 1B at T=2048,
+#                B=8 the same way (where the pack has Llama 3 shards); --profile 5 at B=64      120 s
 #   attention    ours against PyTorch's SDPA at d12's training shape, forward and forward+backward 60 s
 #   tests        the packed kernel and model test binaries                                       120 s
 #   determinism  one 20-step nano run twice: every record and model.bin bit-identical             40 s
@@ -104,6 +105,7 @@ cublas_file=$(for d in ${LD_LIBRARY_PATH//:/ }; do compgen -G "$d/libcublasLt.so
 # Shapes: the real ones on a GPU, small ones in the rehearsal (the CPU trainer).
 if [ "$dry_run" = 1 ]; then
   d12=(--model nano --seq-len 64); big_batches=(4 2 1); timed=3 warm=1 profile_steps=3
+  llama=(--model llama-nano --seq-len 32); llama_batch=2
   d48=(--model micro --seq-len 64); det=(--model nano --batch-size 2 --seq-len 32 --max-steps 6 --val-every 3 --val-steps 2)
   # The model tests' tiny reference (dev/gpt2_reference.py's defaults: B=2, T=32) stands in for
   # the parity reference, which takes minutes on a CPU.
@@ -111,6 +113,7 @@ if [ "$dry_run" = 1 ]; then
   device_name="none (dry run)"
 else
   d12=(--model d12 --seq-len 1024); big_batches=(64 32 8); timed=15 warm=3 profile_steps=5
+  llama=(--model llama3.2-1b --seq-len 2048); llama_batch=8
   d48=(--model d48 --seq-len 1024); det=(--model nano --batch-size 8 --seq-len 128 --max-steps 20 --val-every 10 --val-steps 4)
   parity=(build/reference/parity 4 256)  # the reference's directory, B and T (its parity.args)
   device_name=$(nvidia-smi -i 0 --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
@@ -247,6 +250,24 @@ print("%s ms/step, %s tok/s, MFU %s%%, plan %s MiB" % (d["ms_per_step"], d["toke
       text+="${text:+; }${d12[1]} B=$batch: FAILED (logs/throughput/d12-b$batch.log: $(tail -n 1 "$logs/throughput/d12-b$batch.log"))"
     fi
   done
+  if ! compgen -G "data/llama3/*_train_*.bin" >/dev/null; then
+    text+="; ${llama[1]}: not run (the pack has no Llama 3 shards: its vocabulary was missing at make gpu-pack)"
+  elif [ "$(left)" -lt $(( estimate[throughput] / 3 )) ]; then
+    text+="; ${llama[1]}: not run ($(left) s left)"
+  else
+    measured llama "$llama_batch" "${llama[@]}" --train-data "data/llama3/*_train_*.bin" \
+      --val-data "data/llama3/*_val_*.bin" --max-steps $((warm + timed)) "${quiet[@]}"
+    if [ "$run_ok" -eq 0 ] && figures_json=$(report throughput "$logs/throughput/llama.log" "$work/llama/metrics.jsonl" \
+                                               "$llama_batch" "${llama[3]}" "$warm" "$ACCEPTANCE_DEVICE"); then
+      line=$(py 'import json, sys; d = json.loads(sys.argv[1])
+print("%s ms/step, %s tok/s, MFU %s%%, plan %s MiB" % (d["ms_per_step"], d["tokens_per_s"], d["mfu_percent"], d["planned_mib"]))' "$figures_json")
+      text+="; ${llama[1]} T=${llama[3]} B=$llama_batch: $line, $peak_mib MiB used"
+      figures+=("${llama[1]}=$figures_json")
+    else
+      status=FAIL
+      text+="; ${llama[1]}: FAILED (logs/throughput/llama.log: $(tail -n 1 "$logs/throughput/llama.log"))"
+    fi
+  fi
   if [ "$(left)" -lt 20 ]; then text+="; profile: not run ($(left) s left)"; return; fi
   if train profile "${d12[@]}" --batch-size "${big_batches[0]}" --profile "$profile_steps" "${quiet[@]}"; then
     cp "$work/profile/profile.json" "$logs/throughput/profile.json" 2>/dev/null
