@@ -10,7 +10,7 @@ std::string help_text(const std::string& program) {
   const TrainConfig defaults;
   std::ostringstream s;
   s << "usage: " << program << " [--flag value | --flag=value]...\n"
-    << "Pretrains a GPT-2 model on llm.c token shards. Every flag can also be set in a JSON file given to --config.\n"
+    << "Pretrains a GPT-2 or Llama 3 model on llm.c token shards. Every flag can also be set in a JSON file given to --config.\n"
     << "A 0|1 flag given without a value means 1 (--eval is --eval 1).\n\n";
   for (const Flag& f : flag_table()) {
     std::string lhs = std::string("  --") + f.name + " " + f.metavar;
