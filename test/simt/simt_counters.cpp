@@ -120,11 +120,13 @@ TEST_CASE("simt counts device bytes held, not pinned host memory", "[simt]") {
 TEMPLATE_TEST_CASE("the memory plan is what the model allocates", "[simt][memory_plan]", float, bf16) {
   // Single process (ZeRO stage 0); odd B and T. The plan counts the communicator's scalar, which
   // a model without a communicator does not allocate: 8 bytes apart at most.
-  // GPT-2 and a Llama 3 (GQA, SwiGLU, untied lm head, the RoPE table).
+  // GPT-2 and a Llama 3 (GQA, SwiGLU, the RoPE table), its lm head untied and tied.
   const DType dtype = Transformer<TestType>::dtype;
   ModelConfig llama = llama3_config(32, 500, 2, 4, 2, 64, 96, llama31_rope(), false);
   llama.padded_vocab_size = 512;
-  for (const ModelConfig& cfg : {kTiny, llama})
+  ModelConfig tied_llama = llama;
+  tied_llama.tied_embeddings = true;
+  for (const ModelConfig& cfg : {kTiny, llama, tied_llama})
     for (int recompute = 0; recompute <= kRecomputeMax; ++recompute)
       for (const auto& [B, T] : {std::pair{2, 16}, std::pair{3, 7}}) {
         matmul_destroy();  // the model's constructor allocates the cuBLASLt workspace again
