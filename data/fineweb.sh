@@ -6,6 +6,9 @@
 #   edu:     data/edu_fineweb10B/edu_fineweb_val_000000.bin, edu_fineweb_train_*.bin
 #   fineweb100B: data/fineweb100B/fineweb_val_000000.bin, fineweb_train_*.bin (about 1000 shards,
 #            ~200 GB; the scripts/run_gpt2_{350M,774M,1558M}.sh recipes train on it)
+# ENCODING=llama3 writes Llama 3 tokens (`tokenize --encoding llama3`: llm.c's Llama 3 shards,
+# uint32 ids, BOS before each document) into DIR_llama3 instead (data/fineweb10B_llama3, ...): the
+# scripts/run_llama3_*.sh recipes train on them. Default ENCODING=gpt2.
 # Documents are streamed (nothing but the shards is kept on disk) as JSON lines into
 # `tokenize --format jsonl -`, which uses every CPU.
 # Needs network access, Python 3 with the `datasets` package (pip install datasets) and
@@ -21,6 +24,12 @@ case $variant in
   fineweb100B) repo=HuggingFaceFW/fineweb     name=fineweb     sample=sample-100BT default_dir=data/fineweb100B ;;
   *) echo "fineweb: unknown variant '$variant' (fineweb, edu or fineweb100B)" >&2; exit 1 ;;
 esac
+encoding=${ENCODING:-gpt2}
+case $encoding in
+  gpt2) ;;
+  llama3) default_dir=${default_dir}_llama3 ;;
+  *) echo "fineweb: unknown ENCODING '$encoding' (gpt2 or llama3)" >&2; exit 1 ;;
+esac
 out_dir=${2:-$default_dir}
 max_documents=${3:-0}
 if ! [[ $max_documents =~ ^[0-9]+$ ]]; then
@@ -34,7 +43,7 @@ if ! "$python" -c 'import datasets' 2>/dev/null; then
 fi
 make -s tokenize
 
-echo "fineweb: streaming $repo ($sample) into $out_dir/${name}_*.bin"
+echo "fineweb: streaming $repo ($sample) into $out_dir/${name}_*.bin ($encoding tokens)"
 "$python" - "$repo" "$sample" "$max_documents" <<'PYTHON' |
 import json
 import sys
@@ -57,5 +66,5 @@ for count, row in enumerate(rows):
     out.write("\n")
 out.flush()
 PYTHON
-  ./tokenize --format jsonl --out-dir "$out_dir" --name "$name" \
+  ./tokenize --encoding "$encoding" --format jsonl --out-dir "$out_dir" --name "$name" \
     --val-tokens 100000000 --shard-tokens 100000000 -

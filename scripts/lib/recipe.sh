@@ -1,4 +1,4 @@
-# recipe.sh — what the recipes (scripts/run_gpt2_*.sh, scripts/run_gpt3_6.7B.sh) share: the data, binary and launcher
+# recipe.sh — what the recipes (scripts/run_gpt2_*.sh, scripts/run_gpt3_6.7B.sh, scripts/run_llama3_*.sh) share: the data, binary and launcher
 # from the environment, the checks before anything starts (one line each), the micro-batch that
 # makes the recipe's total batch on this many ranks, printing the command, and --plan mode.
 #
@@ -7,12 +7,13 @@
 #   recipe_data         default DATA_DIR (llm.c shards: DIR/*_train_*.bin, DIR/*_val_*.bin)
 #   recipe_micro_batch  the largest --batch-size per rank it uses (what fits an 80 GB GPU)
 #   recipe_eval_every   --eval-every for HellaSwag (dropped with EVAL_DATA=none)
+#   recipe_eval_data    optional: the default EVAL_DATA (data/hellaswag/hellaswag_val.bin, GPT-2 ids)
 #   recipe_flags        array of train_gpt --flag value pairs (the hyperparameters)
 #   recipe_nproc        optional: ranks when neither NPROC nor SLURM_NTASKS says (default 8)
 # Environment (all optional):
 #   TRAIN_GPT   the binary (./train_gpt; ./train_gpt_cpu runs the same flags on the CPU)
 #   DATA_DIR    shard folder (the recipe's recipe_data)
-#   EVAL_DATA   HellaSwag file (data/hellaswag/hellaswag_val.bin; none: no HellaSwag evaluation)
+#   EVAL_DATA   HellaSwag file (recipe_eval_data; none: no HellaSwag evaluation)
 #   OUT_DIR     runs/NAME; must be on a filesystem every node sees when ranks span nodes
 #   NPROC       ranks (SLURM_NTASKS inside a SLURM job, else recipe_nproc or 8: one node of 8 GPUs)
 #   LAUNCHER    mpirun | srun (ranks exchange the NCCL id through a file in OUT_DIR) |
@@ -52,7 +53,7 @@ run_recipe() {
   local caller=("$@")
   cd "$recipe_root" || exit 1
   local bin=${TRAIN_GPT:-./train_gpt} nproc=${NPROC:-${SLURM_NTASKS:-${recipe_nproc:-8}}} plan=${PLAN:-0}
-  local data=${DATA_DIR:-$recipe_data} eval_data=${EVAL_DATA:-data/hellaswag/hellaswag_val.bin}
+  local data=${DATA_DIR:-$recipe_data} eval_data=${EVAL_DATA:-${recipe_eval_data:-data/hellaswag/hellaswag_val.bin}}
   local out=${OUT_DIR:-runs/$recipe_name} launcher=${LAUNCHER:-}
   [[ $nproc =~ ^[1-9][0-9]{0,5}$ ]] || recipe_fail "NPROC='$nproc': expected a positive number of ranks"
   if [ -z "$launcher" ]; then

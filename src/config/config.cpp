@@ -38,10 +38,12 @@ const std::vector<Flag>& flag_table() {
       {"val-data", "GLOB", "validation token shards", &TrainConfig::val_data},
       {"shuffle", "0|1", "shuffle the training data (validation is never shuffled)", &TrainConfig::shuffle},
       {"seed", "N", "seed for weight init, data shuffling, stochastic rounding and sampling", &TrainConfig::seed, {0, (double)LLONG_MAX}},
-      {"init-from", "FILE", "start from this model file (its header defines the architecture; excludes --model)",
+      {"init-from", "FILE", "start from this model file (its header, GPT-2's or Llama 3's, defines the architecture; excludes --model)",
        &TrainConfig::init_from, {}, {}, "none (random init of --model)"},
       {"model", "PRESET", "architecture for random init: d12 d24 d36 d48 (GPT-2 124M..1.5B), gpt3-125m gpt3-350m "
-       "gpt3-760m gpt3-2.7b gpt3-6.7b (GPT-3's sizes, T up to 2048), micro, nano",
+       "gpt3-760m gpt3-2.7b gpt3-6.7b (GPT-3's sizes, T up to 2048), micro, nano: GPT-2's vocabulary; "
+       "llama3.2-1b llama3.2-3b llama3.1-8b llama3.1-70b llama3.1-405b (Meta's shapes), llama-micro, llama-nano: "
+       "Llama 3's vocabulary (shards from tokenize --encoding llama3)",
        &TrainConfig::model},
       {"dtype", "bf16|fp32", "storage type of parameters, activations and gradients", &TrainConfig::dtype, {}, {"bf16", "fp32"}},
       {"batch-size", "B", "sequences per micro-batch (per rank)", &TrainConfig::batch_size, {1, INT_MAX}},

@@ -68,13 +68,15 @@ inline MemoryPlan plan_memory(const ModelConfig& cfg, int B, int T, int recomput
       {"parameters", elem * (stage == 3 ? shards.shard : layout.total)},
       {"parameter gather windows", stage == 3 ? elem * (shards.total() - shards.shard) : 0},
       {"gradients", elem * gradient_buffer_counts(buckets, stage).total()},
-      {"lm head wte gradient (fp32)", sizeof(float) * layout[kWte].count},
+      // The lm head's weight: wte when tied, else lm_head (lm_head.h).
+      {"lm head weight gradient (fp32)", sizeof(float) * layout[cfg.tied_embeddings ? kWte : kLmHead].count},
       {"master weights (fp32)", dtype == DType::bf16 ? sizeof(float) * state : 0},
       {"AdamW moments (fp32)", 2 * sizeof(float) * state},
       {"AdamW segment table", AdamWUpdate<bf16>::table_bytes(buckets.segments(0).size())},
       {"activations: blocks", activations.blocks},
       {"activations: logits chunk", logits},
       {"activations: other buffers", activations.other - logits},
+      {"RoPE table (fp32)", cfg.positions == Positions::rope ? sizeof(float) * static_cast<size_t>(T) * static_cast<size_t>(cfg.head_size()) : 0},
       {"cuBLASLt workspace", kMatmulWorkspaceBytes + kBiasPartialFloats * sizeof(float)},
       {"step and communication scalars", (kStepScalars + 1) * sizeof(double)},
       {"text sampling (--sample-every)", sample_positions > 0 ? kv_decoder_counts(cfg, sample_positions).bytes(elem) : 0},
@@ -87,7 +89,7 @@ inline MemoryPlan plan_memory(const ModelConfig& cfg, int B, int T, int recomput
 // The lm head's chunk rows for a run: min(B·T, kLogitsChunkRows), halved while the plan exceeds
 // `budget` (0: no limit), down to kLogitsChunkRowsMin (or B·T when smaller). The budget is a
 // property of the device, not of the moment (the caller passes its total memory, not the free),
-// so a run's chunking, and with it the rounding of its fp32 wte gradient, is reproducible.
+// so a run's chunking, and with it the rounding of its fp32 lm head gradient, is reproducible.
 inline size_t lm_head_chunk_rows(const ModelConfig& cfg, int B, int T, int recompute, DType dtype, int zero_stage,
                                  int world_size, double bucket_mib, int sample_positions, size_t budget,
                                  int zero3_prefetch = kDefaultZero3Prefetch, const TensorParallelism& tp = {}) {

@@ -63,11 +63,11 @@ void print_startup_report(const RunSetup& setup, const Transformer<Elem>& model,
                 seq_len);
   if (!(cfg.max_steps == 0) && !cfg.eval) {  // a run that trains: what its MFU is measured against
     if (peak)
-      std::printf("throughput: %.4g FLOPs per token (6N + 6LCT, llm.c's), MFU against %.6g TFLOP/s per GPU (%s)\n",
-                  flops_per_token, peak->tflops, peak->gpu.c_str());
+      std::printf("throughput: %.4g FLOPs per token (%s), MFU against %.6g TFLOP/s per GPU (%s)\n", flops_per_token,
+                  flops_formula_text(setup.model).c_str(), peak->tflops, peak->gpu.c_str());
     else
-      std::printf("throughput: %.4g FLOPs per token (6N + 6LCT, llm.c's); MFU: n/a (unknown GPU; pass --peak-tflops)\n",
-                  flops_per_token);
+      std::printf("throughput: %.4g FLOPs per token (%s); MFU: n/a (unknown GPU; pass --peak-tflops)\n",
+                  flops_per_token, flops_formula_text(setup.model).c_str());
   }
   std::printf("distributed: world size %d (%s), ZeRO stage %d; per rank: parameters %zu bytes, gradients %zu bytes, "
               "optimizer state %zu bytes\n",

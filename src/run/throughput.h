@@ -2,14 +2,17 @@
 // lines' "MFU" and the end-of-training throughput summary are computed from.
 //
 // FLOPs per trained token, llm.c's convention (so our MFU compares directly with its published
-// figures and with make gpu-acceptance's report):
+// figures and with make gpu-acceptance's report), one rule for GPT-2 and Llama 3:
 //   6·N + 6·L·C·T
-// N: every parameter, wte at its padded Vp rows and wpe included (6 per parameter: forward and
-// backward are 3 x the forward's multiply-add, 2 FLOPs each). 6·L·C·T: attention's two T-long
-// products per token and layer with the causal mask's halving (2·2·C·T forward over the full
-// square, halved, times 3). The model's FLOP count: recomputation (--recompute) does more work
-// but does not count.
+// N: every parameter, wte at its padded Vp rows included (6 per parameter: forward and backward
+// are 3 x the forward's multiply-add, 2 FLOPs each); embedding lookups count as products, as in
+// llm.c: GPT-2's wpe, and Llama's wte beside its untied lm_head (both in N). 6·L·C·T: attention's
+// two T-long products per token and layer over the NH query heads (C = NH·HS, the query width:
+// GQA shares K/V heads but not this work) with the causal mask's halving (2·2·C·T forward over
+// the full square, halved, times 3). The model's FLOP count: recomputation (--recompute) does
+// more work but does not count.
 #pragma once
+#include "src/base/units.h"
 #include "src/config/model_config.h"
 
 #include <algorithm>
@@ -22,6 +25,12 @@
 inline double flops_per_token(const ModelConfig& c, int seq_len) {
   const double parameters = static_cast<double>(ParameterLayout(c).total);
   return 6.0 * parameters + 6.0 * c.num_layers * static_cast<double>(c.channels) * seq_len;
+}
+
+// "6N + 6LCT, llm.c's: N = 124,475,904 parameters, C = 768 (NH·HS)": the formula with this model's terms.
+inline std::string flops_formula_text(const ModelConfig& c) {
+  return "6N + 6LCT, llm.c's: N = " + thousands(ParameterLayout(c).total) + " parameters, C = " +
+         std::to_string(c.num_heads * c.head_size()) + " (NH·HS)";
 }
 
 // One row of the peak table: a GPU whose device name holds every word of `words` (and none of

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # --plan (src/run/memory_plan.h) end to end: the table without a GPU run or data, ZeRO and
-# --world-size in it, the batch sizes that fit (a plan that does not fit exits 2); a run whose plan
+# --world-size in it, the batch sizes that fit (a plan that does not fit exits 2); Llama 3's plans
+# (3.1 8B on 8 x 80 GB at ZeRO 1; 70B with TP 8 at ZeRO 3 on 2 nodes; a TP size that splits a K/V
+# head refused); a run whose plan
 # exceeds --gpu-memory stops before allocating, with the table and one line naming the flag, and
 # leaves --out-dir alone;
 # impossible settings give one line and a non-zero exit.
@@ -30,6 +32,34 @@ else
   fail "--plan with ZeRO-1 over 8 ranks:"; echo "$out"
 fi
 
+# Llama 3.1 8B, T = 8192, on 8 x 80 GB at ZeRO 1: parameters, gradients, optimizer state and the
+# RoPE table (8192 x 128 fp32), 72.82 GiB in all.
+if out=$("${plan[@]}" --model llama3.1-8b --seq-len 8192 --batch-size 1 --zero 1 --world-size 8 --gpu-memory 80 2>&1) &&
+   grep -q "(8,030,261,248 parameters) from preset llama3.1-8b, .* ZeRO stage 1 over 8 rank(s)$" <<<"$out" &&
+   grep -q "^  RoPE table (fp32)  *4.0 MiB$" <<<"$out" &&
+   grep -q "^  total per rank  *72.82 GiB of 80.00 GiB: fits$" <<<"$out"; then
+  echo "ok: --plan for Llama 3.1 8B on 8 x 80 GB at ZeRO 1: $(grep 'total per rank' <<<"$out" | tr -s ' ')"
+else
+  fail "--plan for Llama 3.1 8B:"; echo "$out"
+fi
+# Llama 3.1 70B, TP 8 (sequence parallel) x 2 nodes at ZeRO 3, --recompute 3: fits; at --recompute 1
+# it does not (exit 2).
+seventy=(--model llama3.1-70b --seq-len 8192 --batch-size 1 --tp 8 --sequence-parallel 1 --zero 3 --world-size 16
+         --total-batch-tokens 16384 --gpu-memory 80)
+if out=$("${plan[@]}" "${seventy[@]}" --recompute 3 2>&1) &&
+   grep -q "ZeRO stage 3 over 16 rank(s) in tensor-parallel groups of 8 (sequence parallel)$" <<<"$out" &&
+   grep -q "^  total per rank  *70.55 GiB of 80.00 GiB: fits$" <<<"$out" &&
+   grep -q "^tensor-parallel communication per optimizer step" <<<"$out"; then
+  echo "ok: --plan for Llama 3.1 70B, TP 8 x 2 at ZeRO 3: $(grep 'total per rank' <<<"$out" | tr -s ' ')"
+else
+  fail "--plan for Llama 3.1 70B at TP 8, ZeRO 3:"; echo "$out"
+fi
+status=0
+out=$("${plan[@]}" "${seventy[@]}" --recompute 1 2>&1) || status=$?
+if [ "$status" -ne 2 ] || ! grep -q "does NOT fit" <<<"$out"; then
+  fail "70B at --recompute 1 on 2 nodes: status $status"; echo "$out"
+fi
+
 # A run that would not fit stops before allocating anything or touching --out-dir.
 if "$bin" --model d12 --batch-size 4 --seq-len 64 --gpu-memory 0.5 --max-steps 1 --out-dir "$tmp/run" \
     >"$tmp/out" 2>"$tmp/err"; then
@@ -44,7 +74,8 @@ fi
 for spec in "--plan --model d12 --seq-len 2048|--seq-len 2048 exceeds the maximum sequence length 1024" \
             "--plan --resume auto|--plan takes the architecture from --model or --init-from" \
             "--world-size 4|--world-size is for --plan only" \
-            "--plan --gpu-memory -1|--gpu-memory: expected"; do
+            "--plan --gpu-memory -1|--gpu-memory: expected" \
+            "--plan --model llama3.1-70b --tp 16 --world-size 16|--tp 16: each rank holds whole K/V heads, so it must divide NKV = 8"; do
   read -r -a flags <<<"${spec%%|*}"
   pattern=${spec#*|}
   if "$bin" "${flags[@]}" >"$tmp/out" 2>"$tmp/err"; then

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# The recipes (scripts/run_gpt2_*.sh, scripts/run_gpt3_6.7B.sh over scripts/lib/recipe.sh):
+# The recipes (scripts/run_gpt2_*.sh, scripts/run_gpt3_6.7B.sh, scripts/run_llama3_*.sh over
+# scripts/lib/recipe.sh):
 #   - a missing binary, missing shards or a missing HellaSwag file: exit 1 with one line naming it;
 #   - PLAN=1: the binary itself (train_gpt_cpu --plan) accepts every flag the recipe passes, checks
 #     the total batch against 8 ranks, and the plan fits an 80 GiB GPU;
 #   - the command is printed, then run as printed (a stand-in binary, mpirun and srun on PATH echo
 #     their arguments): each launcher's form, flags given to the recipe replace its own
 #     (--init-from replaces --model), --resume auto, and the micro-batch follows the rank count;
-#   - numeric flag values (and SLURM_RESTART_COUNT) are checked as numbers before any arithmetic.
+#   - numeric flag values (and SLURM_RESTART_COUNT) are checked as numbers before any arithmetic;
+#   - the Llama 3 recipes: Llama 3 token shards and HellaSwag file by default, their plans (1B on
+#     8 ranks, 8B on 16 at T = 8192) fit 80 GiB, and scripts/slurm/llama3_8b.sbatch starts the 8B
+#     recipe under srun on 16 tasks.
 # usage: recipes.sh cpu|gpu   (gpu: skipped; the scripts are the same for both builds)
 set -u
 # shellcheck source=test/checks/lib/trainer.sh
@@ -94,6 +98,37 @@ grep -q "^mpirun called: -np 16 $tmp/bin/train_gpt .*--tp 8 .*--batch-size 32" "
   { fail "6.7B: not mpirun -np 16 with --tp 8 and --batch-size 32 (2M tokens / (2048 x 2 data ranks) / 16 steps)"
     cat "$tmp/tp.log"; }
 expect_one_line "6.7B on 12 ranks" "^gpt3_6.7B: --tp 8 does not divide the 12 ranks" "${stub_env[@]}" NPROC=12 "$recipe"
+
+# Llama 3: 1B on one node of 8, 8B on 2 nodes (16 ranks), both at ZeRO 1 on Llama 3 tokens.
+for spec in "1b|8|llama3.2-1b|fineweb10B_llama3|32" "8b|16|llama3.1-8b|fineweb100B_llama3|1"; do
+  IFS='|' read -r size ranks preset data micro <<<"$spec"
+  recipe=scripts/run_llama3_$size.sh name=llama3_$size
+  [ -x "$recipe" ] || { fail "$recipe is missing or not executable"; continue; }
+  expect_one_line "$name missing binary" "^$name: train_gpt binary '$tmp/nothing' not found" \
+    env TRAIN_GPT="$tmp/nothing" "$recipe"
+  expect_one_line "$name missing shards" "^$name: no shards match '$tmp/none/\*_train_\*.bin'" \
+    env TRAIN_GPT="$bin" DATA_DIR="$tmp/none" "$recipe"
+  expect_one_line "$name default HellaSwag" "^$name: --eval-data 'data/hellaswag_llama3/hellaswag_val.bin' not found" \
+    env TRAIN_GPT="$bin" DATA_DIR="$tmp/data" "$recipe"
+  if env TRAIN_GPT="$bin" PLAN=1 "$recipe" >"$tmp/plan.log" 2>&1; then
+    head -n 1 "$tmp/plan.log" | grep -q "^$name: memory plan for $ranks rank(s)" || fail "$name: no plan for $ranks ranks"
+    head -n 1 "$tmp/plan.log" | grep -qF -- "--train-data data/$data/" || fail "$name: default data is not data/$data"
+    grep -q "^memory plan per rank: .* llama3 .* from preset $preset, .*ZeRO stage 1 over $ranks rank(s)$" "$tmp/plan.log" ||
+      fail "$name: plan not for $preset at ZeRO 1 over $ranks ranks"
+    grep -qE "^  RoPE table \(fp32\) " "$tmp/plan.log" || fail "$name: no RoPE table in the plan"
+    grep -qE "^  total per rank .* of 80.00 GiB: fits$" "$tmp/plan.log" || fail "$name: does not fit 80 GiB"
+  else
+    fail "$name: train_gpt --plan refused the recipe's flags"; cat "$tmp/plan.log"
+  fi
+  "${stub_env[@]}" "$recipe" >"$tmp/llama.log" 2>&1
+  grep -q "^mpirun called: -np $ranks $tmp/bin/train_gpt .*--train-data $tmp/data/\*_train_\*.bin .*--model $preset .*--batch-size $micro" "$tmp/llama.log" ||
+    { fail "$name: not mpirun -np $ranks with --model $preset and --batch-size $micro"; cat "$tmp/llama.log"; }
+done
+# The 8B's sbatch script: srun over the job's 16 tasks, the 8B recipe.
+(cd "$tmp" && "${stub_env[@]}" SLURM_SUBMIT_DIR="$OLDPWD" SLURM_JOB_ID=78 SLURM_NTASKS=16 \
+  bash "$OLDPWD/scripts/slurm/llama3_8b.sbatch") >"$tmp/sbatch.log" 2>&1
+grep -q "^srun called: --ntasks 16 --kill-on-bad-exit=1 $tmp/bin/train_gpt .*--model llama3.1-8b .*--batch-size 1 --rendezvous file:$tmp/out/.rendezvous-78-0-" \
+  "$tmp/sbatch.log" || { fail "llama3_8b.sbatch: not srun of 16 tasks running the 8B recipe"; cat "$tmp/sbatch.log"; }
 
 # Launchers (124M): mpirun -np 8; srun with a rendezvous file in the run's folder; srun --mpi=pmix.
 recipe=scripts/run_gpt2_124M.sh

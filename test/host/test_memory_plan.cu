@@ -1,6 +1,6 @@
-// The memory planner (src/run/memory_plan.h) against figures computed here by hand from the GPT-2
-// architecture: GPT-2 124M's terms at ZeRO stages 0 to 3, the table's text, and the largest
-// batch that fits. (That the plan equals what the model allocates is checked on the CPU build
+// The memory planner (src/run/memory_plan.h) against figures computed here by hand from the shapes:
+// GPT-2 124M's terms at ZeRO stages 0 to 3, a Llama 3's (llama-micro; 70B's TP part), the table's
+// text, and the largest batch that fits. (That the plan equals what the model allocates is checked on the CPU build
 // by simt_counters.cpp, where simt counts cudaMalloc.) And --plan's traffic words (format_traffic), which
 // the trainer's measured communication also uses, over one step and as a mean over several.
 #include "test/test_util.h"
@@ -29,7 +29,8 @@ TEST_CASE("memory plan of GPT-2 124M by hand", "[memory_plan]") {
   const MemoryPlan one = plan_memory(d12, 64, 1024, 1, DType::bf16, 0, 1);
   CHECK(term(one, "parameters") == 2 * P);
   CHECK(term(one, "gradients") == 2 * P);
-  CHECK(term(one, "lm head wte gradient (fp32)") == 4 * Vp * C);
+  CHECK(term(one, "lm head weight gradient (fp32)") == 4 * Vp * C);
+  CHECK(term(one, "RoPE table (fp32)") == 0);  // learned positions
   CHECK(term(one, "master weights (fp32)") == 4 * P);
   CHECK(term(one, "AdamW moments (fp32)") == 8 * P);
   CHECK(term(one, "cuBLASLt workspace") == (32u << 20) + (16u << 20));
@@ -79,6 +80,44 @@ TEST_CASE("memory plan of GPT-2 124M by hand", "[memory_plan]") {
   CHECK_THAT(table, Catch::Contains("AdamW moments (fp32)") && Catch::Contains("949.7 MiB") &&
                         Catch::Contains("of 80.00 GiB: fits"));
   CHECK_THAT(format_memory_plan(one, size_t{8} << 30), Catch::Contains("does NOT fit"));
+}
+
+TEST_CASE("memory plan of a Llama 3 by hand: GQA, SwiGLU, RMSNorm, untied head, RoPE table", "[memory_plan]") {
+  // llama-micro: L=4 NH=4 NKV=1 C=128 (HS 32), H = 384 (int(2·4·128/3) = 341 rounded up to 64),
+  // V = Vp = 128,256, untied. No wpe, no biases, RMSNorm weights only.
+  const ModelConfig micro = model_preset("llama-micro");
+  const size_t L = 4, NH = 4, C = 128, HS = 32, QKV = (4 + 2 * 1) * HS, H = 384, Vp = 128256;
+  const size_t per_layer = C + QKV * C + C * C + C + 3 * H * C;
+  const size_t P = Vp * C + L * per_layer + C + Vp * C;  // wte, the layers, lnf, lm_head
+  const int B = 4, T = 256;
+  const MemoryPlan plan = plan_memory(micro, B, T, 1, DType::bf16, 0, 1);
+  CHECK(term(plan, "parameters") == 2 * P);
+  CHECK(term(plan, "gradients") == 2 * P);
+  CHECK(term(plan, "lm head weight gradient (fp32)") == 4 * Vp * C);  // lm_head's, not wte's
+  CHECK(term(plan, "master weights (fp32)") == 4 * P);
+  CHECK(term(plan, "AdamW moments (fp32)") == 8 * P);
+  CHECK(term(plan, "RoPE table (fp32)") == 4 * T * HS);
+  CHECK(term(plan, "activations: logits chunk") == 2 * 1024 * Vp);  // N = 1,024 rows < 8,192
+  // --recompute 1 keeps per layer: residual3, ln1, ln2, atty, residual2 (C each), qkv (QKV), the
+  // two SwiGLU products (2H); one slice of silu(a)·b (H); plus the embeddings. fp32: the two
+  // RMSNorms' rstd (no means) and the attention log-sum-exp over the NH query heads.
+  const size_t N = static_cast<size_t>(B) * T;
+  const size_t block_elems = N * C * (1 + 5 * L) + L * N * QKV + L * N * 2 * H + N * H;
+  CHECK(term(plan, "activations: blocks") == 2 * block_elems + 4 * (2 * L * N + L * N * NH));
+  CHECK(term(plan_memory(micro, B, 17, 1, DType::bf16, 0, 1), "RoPE table (fp32)") == 4 * 17 * HS);
+
+  // Llama 3.1 70B under TP 8 (ZeRO 0, one data-parallel rank): each rank holds 64/8 query and
+  // 8/8 K/V heads of q|k|v, an eighth of wo's, w1's, w3's and w2's and of the vocabulary rows of
+  // wte and lm_head; the RMSNorm weights whole.
+  const ModelConfig b70 = model_preset("llama3.1-70b");
+  const size_t C70 = 8192, HS70 = 128, H70 = 28672, L70 = 80;
+  const size_t local_layer = C70 + (64 / 8 + 2 * 8 / 8) * HS70 * C70 + C70 * C70 / 8 + C70 + 3 * H70 / 8 * C70;
+  const size_t local = 2 * (Vp / 8) * C70 + L70 * local_layer + C70;
+  const MemoryPlan tp8 = plan_memory(b70, 1, 8192, 1, DType::bf16, 0, 8, kDefaultBucketMiB, 0, kLogitsChunkRows, 1,
+                                     TensorParallelism{8, 0, true});
+  CHECK(term(tp8, "parameters") == 2 * local);
+  CHECK(term(tp8, "AdamW moments (fp32)") == 8 * local);
+  CHECK(term(tp8, "lm head weight gradient (fp32)") == 4 * (Vp / 8) * C70);
 }
 
 TEST_CASE("largest_fitting_batch: the largest B whose plan fits", "[memory_plan]") {

@@ -51,9 +51,46 @@ TEST_CASE("FLOPs per token: every matrix product plus 6 per other parameter (llm
   }
 }
 
+// Llama 3's products, written out the same way: q|k|v (NH + 2·NKV heads of HS), attention over
+// the NH query heads (the query width NH·HS = C), the output projection, SwiGLU's w1, w3 and w2
+// (H wide), the lm head: wte when tied, else lm_head. The RMSNorm weights are the other
+// parameters, and untied the embedding table wte too (a lookup, counted as llm.c counts every
+// parameter, the rule GPT-2's wpe follows).
+double llama_flops_by_hand(int L, int NH, int NKV, int C, int H, int Vp, bool tied, int T) {
+  const double HS = static_cast<double>(C) / NH, qkv = (NH + 2.0 * NKV) * HS;
+  double layer = 0;
+  layer += 2.0 * C * qkv;    // q, k, v
+  layer += 2.0 * T * C;      // scores and scores x values over the causal half, NH query heads
+  layer += 2.0 * C * C;      // wo
+  layer += 2 * 2.0 * C * H;  // w1, w3
+  layer += 2.0 * H * C;      // w2
+  const double forward = L * layer + 2.0 * C * Vp;
+  const double other = L * 2.0 * C + C + (tied ? 0.0 : static_cast<double>(Vp) * C);
+  return 3 * forward + 6 * other;
+}
+
+TEST_CASE("FLOPs per token of Llama 3: every product by hand plus 6 per other parameter, tied and untied") {
+  for (int T : {1, 17, 128}) {
+    CHECK(flops_per_token(model_preset("llama-nano"), T) ==
+          llama_flops_by_hand(2, 4, 2, 64, 192, 128256, true, T));
+    CHECK(flops_per_token(model_preset("llama-micro"), T) ==
+          llama_flops_by_hand(4, 4, 1, 128, 384, 128256, false, T));
+  }
+  // Llama 3.1 8B at T = 8192: N = 8,030,261,248 (Meta's count, lm_head included).
+  CHECK(flops_per_token(model_preset("llama3.1-8b"), 8192) == 6.0 * 8030261248.0 + 6.0 * 32 * 4096 * 8192);
+  CHECK(flops_per_token(model_preset("llama3.1-8b"), 8192) == llama_flops_by_hand(32, 32, 8, 4096, 14336, 128256, false, 8192));
+}
+
 TEST_CASE("FLOPs per token of GPT-2 124M at T = 1024: llm.c's figure") {
   // 124,475,904 parameters: 6 x 124,475,904 + 6 x 12 x 768 x 1024
   CHECK(flops_per_token(config(1024, 50257, 50304, 12, 12, 768), 1024) == 803478528.0);
+}
+
+TEST_CASE("the start-up line's formula names N and the query width C") {
+  CHECK(flops_formula_text(config(1024, 50257, 50304, 12, 12, 768)) ==
+        "6N + 6LCT, llm.c's: N = 124,475,904 parameters, C = 768 (NH·HS)");
+  CHECK(flops_formula_text(model_preset("llama3.1-8b")) ==
+        "6N + 6LCT, llm.c's: N = 8,030,261,248 parameters, C = 4096 (NH·HS)");
 }
 
 TEST_CASE("peak bf16 TFLOP/s from the device name") {

@@ -120,19 +120,25 @@ TEST_CASE("simt counts device bytes held, not pinned host memory", "[simt]") {
 TEMPLATE_TEST_CASE("the memory plan is what the model allocates", "[simt][memory_plan]", float, bf16) {
   // Single process (ZeRO stage 0); odd B and T. The plan counts the communicator's scalar, which
   // a model without a communicator does not allocate: 8 bytes apart at most.
+  // GPT-2 and a Llama 3 (GQA, SwiGLU, the RoPE table), its lm head untied and tied.
   const DType dtype = Transformer<TestType>::dtype;
-  for (int recompute = 0; recompute <= kRecomputeMax; ++recompute)
-    for (const auto& [B, T] : {std::pair{2, 16}, std::pair{3, 7}}) {
-      matmul_destroy();  // the model's constructor allocates the cuBLASLt workspace again
-      const long long before = simt::counters().device_bytes;
-      Transformer<TestType> model(kTiny, B, T, recompute);
-      const long long allocated = simt::counters().device_bytes - before;
-      const long long planned = static_cast<long long>(plan_memory(kTiny, B, T, recompute, dtype, 0, 1).total());
-      INFO("recompute " << recompute << " B=" << B << " T=" << T << ": allocated " << allocated << ", planned "
-                        << planned);
-      CHECK(planned - allocated >= 0);
-      CHECK(planned - allocated <= 8);
-    }
+  ModelConfig llama = llama3_config(32, 500, 2, 4, 2, 64, 96, llama31_rope(), false);
+  llama.padded_vocab_size = 512;
+  ModelConfig tied_llama = llama;
+  tied_llama.tied_embeddings = true;
+  for (const ModelConfig& cfg : {kTiny, llama, tied_llama})
+    for (int recompute = 0; recompute <= kRecomputeMax; ++recompute)
+      for (const auto& [B, T] : {std::pair{2, 16}, std::pair{3, 7}}) {
+        matmul_destroy();  // the model's constructor allocates the cuBLASLt workspace again
+        const long long before = simt::counters().device_bytes;
+        Transformer<TestType> model(cfg, B, T, recompute);
+        const long long allocated = simt::counters().device_bytes - before;
+        const long long planned = static_cast<long long>(plan_memory(cfg, B, T, recompute, dtype, 0, 1).total());
+        INFO(describe(cfg) << " recompute " << recompute << " B=" << B << " T=" << T << ": allocated " << allocated
+                           << ", planned " << planned);
+        CHECK(planned - allocated >= 0);
+        CHECK(planned - allocated <= 8);
+      }
 }
 
 TEMPLATE_TEST_CASE("the plan's sampling term is what the --sample-every decoder allocates", "[simt][memory_plan]",
