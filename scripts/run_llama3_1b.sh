@@ -10,7 +10,7 @@
 set -euo pipefail
 recipe_name=llama3_1b
 recipe_data=data/fineweb10B_llama3
-recipe_eval_data=data/hellaswag_llama3/hellaswag_val.bin
+recipe_eval_data=data/hellaswag/hellaswag_val_llama3.bin
 recipe_micro_batch=32
 recipe_eval_every=250
 recipe_flags=(

@@ -12,7 +12,7 @@
 set -euo pipefail
 recipe_name=llama3_8b
 recipe_data=data/fineweb100B_llama3
-recipe_eval_data=data/hellaswag_llama3/hellaswag_val.bin
+recipe_eval_data=data/hellaswag/hellaswag_val_llama3.bin
 recipe_micro_batch=1
 recipe_eval_every=1000
 recipe_nproc=16

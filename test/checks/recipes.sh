@@ -108,7 +108,7 @@ for spec in "1b|8|llama3.2-1b|fineweb10B_llama3|32" "8b|16|llama3.1-8b|fineweb10
     env TRAIN_GPT="$tmp/nothing" "$recipe"
   expect_one_line "$name missing shards" "^$name: no shards match '$tmp/none/\*_train_\*.bin'" \
     env TRAIN_GPT="$bin" DATA_DIR="$tmp/none" "$recipe"
-  expect_one_line "$name default HellaSwag" "^$name: --eval-data 'data/hellaswag_llama3/hellaswag_val.bin' not found" \
+  expect_one_line "$name default HellaSwag" "^$name: --eval-data 'data/hellaswag/hellaswag_val_llama3.bin' not found" \
     env TRAIN_GPT="$bin" DATA_DIR="$tmp/data" "$recipe"
   if env TRAIN_GPT="$bin" PLAN=1 "$recipe" >"$tmp/plan.log" 2>&1; then
     head -n 1 "$tmp/plan.log" | grep -q "^$name: memory plan for $ranks rank(s)" || fail "$name: no plan for $ranks ranks"
