@@ -64,7 +64,8 @@ def param_shapes(cfg):
 
 def init_params(cfg):
     """Initial fp32 weights, drawn in layout order from one seeded generator: GPT-2's scheme
-    (weights N(0, 0.02), wo and w2 N(0, 0.02/sqrt(2L)), padded vocabulary rows 0); with
+    (weights N(0, 0.02), wo and w2 N(0, 0.02/sqrt(2L)), padded vocabulary rows 0) except qkvw,
+    N(0, --qkv-std), so that the attention scores vary and RoPE's rotation shows; with
     --perturb-norms the RMSNorm weights are 1 + 0.1·N(0,1) so their gradients matter."""
     gen = torch.Generator().manual_seed(cfg.seed)
     shapes = param_shapes(cfg)
@@ -73,6 +74,8 @@ def init_params(cfg):
         noise = torch.randn(shapes[name], generator=gen, dtype=torch.float32)
         if name in ("ln1w", "ln2w", "lnfw"):
             params[name] = 1.0 + 0.1 * noise if cfg.perturb_norms else torch.ones(shapes[name])
+        elif name == "qkvw":
+            params[name] = noise * cfg.qkv_std
         elif name in ("attprojw", "fcprojw"):
             params[name] = noise * (0.02 / math.sqrt(2 * cfg.layers))
         else:
@@ -325,6 +328,8 @@ def parse_args(argv):
     ap.add_argument("--tokens", choices=["markov", "uniform"], default="markov")
     ap.add_argument("--perturb-norms", action=argparse.BooleanOptionalAction, default=True,
                     help="RMSNorm weights 1 + 0.1 N(0,1) instead of 1")
+    ap.add_argument("--qkv-std", type=float, default=0.08,
+                    help="qkvw's initial std (GPT-2's 0.02 leaves attention nearly uniform, blind to RoPE)")
     ap.add_argument("--self-check", action="store_true", help="also verify gradients by finite differences (fp64)")
     cfg = ap.parse_args(argv)
     if cfg.padded_vocab is None:
