@@ -310,7 +310,7 @@ TEMPLATE_TEST_CASE("Llama save then load is bit-exact", "[llama]", float, bf16) 
 }
 
 TEST_CASE("Llama model file: an llm.c llama3-branch file (no extension) loads with the right config", "[llama]") {
-  // llm.c's writer: slots [8] ffn_dim_multiplier and [10] norm_eps stored as truncated ints, [9]
+  // llm.c's writer (versions 3 and 5): slots [8] ffn_dim_multiplier and [10] norm_eps stored as truncated ints, [9]
   // multiple_of, [11] θ, [12] use_scaled_rope (3.1's), [13] max_gen_batch_size, [14..15] 3.1; the
   // body always holds lm_head, and V = Vp. The MLP width comes from the body's size.
   const int maxT = 32, V = 256, L = 2, NH = 4, NKV = 2, C = 64, H = 224;
@@ -334,6 +334,16 @@ TEST_CASE("Llama model file: an llm.c llama3-branch file (no extension) loads wi
   Transformer<float> model(want, 1, 8);
   model.load(path);
   CHECK(bitwise_equal(model.parameters(), body));
+  // Version 5: the same header over bf16 values (rounded to nearest here; they widen exactly).
+  std::string bf16_bytes = bytes.substr(0, 1024);
+  const int32_t version5 = 5;
+  std::memcpy(&bf16_bytes[4], &version5, 4);
+  const std::vector<bf16> narrow = test::from_floats<bf16>(body);
+  bf16_bytes.append(reinterpret_cast<const char*>(narrow.data()), narrow.size() * sizeof(bf16));
+  write_bytes(path, bf16_bytes);
+  CHECK(read_model_header(path) == want);
+  model.load(path);
+  CHECK(bitwise_equal(model.parameters(), test::to_floats(narrow)));
   // Unscaled RoPE: use_scaled_rope 0 keeps θ and no scaling.
   std::memcpy(&bytes[4 * 12], "\0\0\0\0", 4);
   write_bytes(path, bytes);
