@@ -120,9 +120,16 @@ $(BUILD)/gpu/test/%: $(BUILD)/gpu/test/%.o $(BUILD)/host/test/catch_main.o $(HOS
 
 # PyTorch reference outputs the model tests compare against (generated, never committed).
 REFERENCE_DIR := $(BUILD)/reference
-REFERENCES    := $(REFERENCE_DIR)/tiny/reference.bin
+# Llama 3 (dev/llama_reference.py, test/model/test_llama.cu): GQA NH=4 NKV=2, T=37; untied with
+# 3.1's RoPE scaling, tied with 3.2's.
+REFERENCES    := $(REFERENCE_DIR)/tiny/reference.bin $(REFERENCE_DIR)/llama-untied31/reference.bin \
+                 $(REFERENCE_DIR)/llama-tied32/reference.bin
 $(REFERENCE_DIR)/tiny/reference.bin: dev/gpt2_reference.py
 	$(PYTHON) dev/gpt2_reference.py --out $(@D) > /dev/null
+$(REFERENCE_DIR)/llama-untied31/reference.bin: dev/llama_reference.py dev/gpt2_reference.py
+	$(PYTHON) dev/llama_reference.py --out $(@D) --no-tied --rope 3.1 > /dev/null
+$(REFERENCE_DIR)/llama-tied32/reference.bin: dev/llama_reference.py dev/gpt2_reference.py
+	$(PYTHON) dev/llama_reference.py --out $(@D) --tied --rope 3.2 > /dev/null
 
 test: $(CPU_TEST_BINS) $(CHECK_DEPS)
 	@bash test/run_tests.sh cpu $(CPU_TEST_BINS)

@@ -333,7 +333,8 @@ stage_sanitizer() {
   sanitizer_timeout=${SANITIZER_TIMEOUT:-120}
   # Some CUDA installations leave the sanitizer out; that says nothing about train_gpt.
   [ -x "$sanitizer" ] || { status=SKIP; text="no compute-sanitizer at $sanitizer"; return; }
-  if ! build "$logs/sanitizer/make.log" train_gpt "${test_binaries[@]}" build/reference/tiny/reference.bin; then
+  if ! build "$logs/sanitizer/make.log" train_gpt "${test_binaries[@]}" build/reference/tiny/reference.bin \
+      build/reference/llama-untied31/reference.bin build/reference/llama-tied32/reference.bin; then
     status=FAIL; text="build failed (logs/sanitizer/make.log)"; return
   fi
   rm -rf "$work/sanitizer" && mkdir -p "$work/sanitizer"

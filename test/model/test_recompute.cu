@@ -2,7 +2,7 @@
 // recompute the rest in the backward pass with the same deterministic kernels, so a run must
 // give bit-identical losses, gradients, gradient norms and weights at every setting. Checked
 // for T = float and T = bf16 over several AdamW steps with two accumulated micro-steps each, on
-// a tiny model with 2 layers (the backward of layer 0 runs after layer 1 has overwritten every
+// tiny GPT-2 and Llama 3 (GQA, SwiGLU, RoPE, untied) models with 2 layers (the backward of layer 0 runs after layer 1 has overwritten every
 // one-layer slice, so a missing recomputation shows). Also: the activation memory formula
 // against an independently written one for GPT-2 124M at B=8, T=1024, the allocation against
 // the formula, and the errors for bad settings.
@@ -18,6 +18,8 @@ namespace {
 
 // L=2 NH=4 C=64 (head size 16), V=500 padded to 512, maxT=32.
 const ModelConfig kTiny{32, 500, 512, 2, 4, 64};
+// The same shape as Llama 3: GQA with NKV=2, SwiGLU H=192, RMSNorm, RoPE (3.2's scaling), untied head.
+const ModelConfig kTinyLlama = llama3_config(32, 256, 2, 4, 2, 64, 192, llama32_rope(), false);
 constexpr int kBatch = 2, kSeqLen = 13;  // 26 rows: partial LayerNorm (8-row) and warp blocks
 constexpr int kSteps = 3, kMicroSteps = 2;
 
@@ -32,8 +34,8 @@ struct Trace {
 };
 
 template <typename T>
-Trace train(int recompute, size_t* activation_bytes) {
-  Transformer<T> model(kTiny, kBatch, kSeqLen, recompute);
+Trace train(const ModelConfig& config, int recompute, size_t* activation_bytes) {
+  Transformer<T> model(config, kBatch, kSeqLen, recompute);
   *activation_bytes = model.activation_bytes();
   model.init_random(42);
   OptimizerSettings opt;
@@ -44,7 +46,7 @@ Trace train(int recompute, size_t* activation_bytes) {
   for (int step = 1; step <= kSteps; ++step) {
     model.zero_grad();
     for (int micro = 0; micro < kMicroSteps; ++micro) {
-      const std::vector<int> tokens = test::random_tokens(rows + 1, kTiny.vocab_size, 100 * step + micro);
+      const std::vector<int> tokens = test::random_tokens(rows + 1, config.vocab_size, 100 * step + micro);
       const std::vector<int> inputs(tokens.begin(), tokens.end() - 1), targets(tokens.begin() + 1, tokens.end());
       model.forward_backward(inputs.data(), targets.data(), kMicroSteps);
       trace.losses.push_back(model.mean_loss());
@@ -53,7 +55,7 @@ Trace train(int recompute, size_t* activation_bytes) {
     trace.norms.push_back(test::optimizer_step(model, opt, 1e-2f, step));
   }
   trace.params = model.parameters();
-  const std::vector<int> tokens = test::random_tokens(rows + 1, kTiny.vocab_size, 999);
+  const std::vector<int> tokens = test::random_tokens(rows + 1, config.vocab_size, 999);
   const std::vector<int> inputs(tokens.begin(), tokens.end() - 1), targets(tokens.begin() + 1, tokens.end());
   trace.eval_loss = model.forward(inputs.data(), targets.data());
   trace.eval_logits = model.logits();
@@ -77,27 +79,29 @@ template <typename T> DType dtype_of() { return std::is_same<T, float>::value ? 
 
 TEMPLATE_TEST_CASE("recompute 1-3: losses, every gradient, norms and weights bit-identical to 0", "[recompute]", float,
                    bf16) {
-  const ParameterLayout layout(kTiny);
+  const ModelConfig config = GENERATE(kTiny, kTinyLlama);
+  INFO(describe(config));
+  const ParameterLayout layout(config);
   size_t bytes0 = 0;
-  const Trace want = train<TestType>(0, &bytes0);
-  CHECK(bytes0 == model_activation_bytes(kTiny, kBatch, kSeqLen, 0, dtype_of<TestType>()).total());
+  const Trace want = train<TestType>(config, 0, &bytes0);
+  CHECK(bytes0 == model_activation_bytes(config, kBatch, kSeqLen, 0, dtype_of<TestType>()).total());
   // The run is not degenerate: it learns (weights move, gradients change from step to step).
   REQUIRE(!test::same_bits(want.grads[0], want.grads[1]));
   REQUIRE(want.eval_loss == want.eval_loss);
 
   // The comparison sees a single bit: one gradient element of one tensor one ulp off.
   std::vector<float> nudged = want.grads[0];
-  const size_t k = layout[kLn1b].offset + 3;
+  const size_t k = layout[kLn1w].offset + 3;
   nudged[k] = std::nextafter(nudged[k], 1.0f);
-  CHECK(first_differing_tensor(nudged, want.grads[0], layout) == "ln1b");
+  CHECK(first_differing_tensor(nudged, want.grads[0], layout) == "ln1w");
 
   size_t previous_bytes = bytes0;
   for (int recompute = 1; recompute <= kRecomputeMax; ++recompute) {
     INFO("recompute " << recompute);
     size_t bytes = 0;
-    const Trace got = train<TestType>(recompute, &bytes);
+    const Trace got = train<TestType>(config, recompute, &bytes);
     // The allocation is what the formula says and shrinks with every setting.
-    CHECK(bytes == model_activation_bytes(kTiny, kBatch, kSeqLen, recompute, dtype_of<TestType>()).total());
+    CHECK(bytes == model_activation_bytes(config, kBatch, kSeqLen, recompute, dtype_of<TestType>()).total());
     CHECK(bytes < previous_bytes);
     previous_bytes = bytes;
 

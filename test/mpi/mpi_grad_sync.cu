@@ -4,7 +4,7 @@
 // bucket after the update at 1 and 2, and at 3 per bucket and pass where the gather windows do not
 // still hold it — and the update each stage makes equals the single-rank update on the whole
 // global batch (a plain host computation of the same model on every rank's tokens is not needed:
-// one process with B·R rows is the reference).
+// one process with B·R rows is the reference). A Llama 3 configuration too, at ZeRO 1 and 3.
 #include "test/test_util.h"
 #include "src/dist/comm.h"
 #include "src/dist/comm_plan.h"
@@ -117,6 +117,43 @@ TEST_CASE("each bucket travels in one collective: all-reduce at ZeRO 0, reduce-s
     REQUIRE(got.size() == expected.size());
     // Relative to the parameter or to the update's scale (lr 1e-2): the biases start at zero and
     // their small gradients are sums the ranks add in another order (4 ranks: ~1e-5 of 1e-3).
+    double worst = 0.0;
+    for (size_t i = 0; i < got.size(); ++i)
+      worst = std::max(worst, std::abs(static_cast<double>(got[i]) - expected[i]) / (std::abs(expected[i]) + 1e-2));
+    CHECK(worst < 1e-5);
+  }
+}
+
+TEST_CASE("Llama 3 (GQA, SwiGLU, RoPE, untied): ZeRO 1 and 3 across the ranks give one process's updates",
+          "[grad_sync]") {
+  // maxT 16, V 37 (Vp 40), L 2, NH 4, NKV 2, C 32 (HS 8), H 48; two steps, so that ZeRO 3 gathers updated shards.
+  ModelConfig llama = llama3_config(16, 37, 2, 4, 2, 32, 48, llama31_rope(), false);
+  llama.padded_vocab_size = 40;
+  const int R = comm().world_size(), rank = comm().rank(), kSteps = 2;
+  OptimizerSettings opt;
+  opt.grad_clip = 0.0f;
+  opt.eps = 1e-2f;  // as above
+  auto train = [&](Transformer<float>& model, bool global) {
+    model.init_random(13);
+    for (int step = 1; step <= kSteps; ++step) {
+      model.zero_grad();
+      for (int m = 0; m < kMicroSteps; ++m) {
+        const int salt = 10 * step;
+        const std::vector<int> in = global ? global_tokens(m, salt + 1) : tokens(rank, m, salt + 1);
+        const std::vector<int> out = global ? global_tokens(m, salt + 2) : tokens(rank, m, salt + 2);
+        model.forward_backward(in.data(), out.data(), kMicroSteps, m == kMicroSteps - 1);
+      }
+      test::optimizer_step(model, opt, 1e-2f, step);
+    }
+    return model.parameters();
+  };
+  Transformer<float> single(llama, kB * R, kT);
+  const std::vector<float> expected = train(single, true);
+  for (const int zero : {1, 3}) {
+    INFO("ZeRO " << zero << ", " << R << " ranks");
+    Transformer<float> model(llama, kB, kT, kRecomputeDefault, &comm(), zero, "auto", kLayerBucketMiB);
+    const std::vector<float> got = train(model, false);
+    REQUIRE(got.size() == expected.size());
     double worst = 0.0;
     for (size_t i = 0; i < got.size(); ++i)
       worst = std::max(worst, std::abs(static_cast<double>(got[i]) - expected[i]) / (std::abs(expected[i]) + 1e-2));

@@ -2,7 +2,7 @@
 // TP 2 x DP 2): the collectives each group's communicator makes in an optimizer step are the ones
 // comm_plan.h's tp_step_traffic and step_traffic count (--plan's figures), with and without
 // sequence parallelism, at every --recompute setting, ZeRO 1 and 2, the lm head in several chunks;
-// and the update equals one process's on the whole global batch.
+// and the update equals one process's on the whole global batch; for Llama 3 (GQA split by K/V heads) too.
 #include "test/test_util.h"
 #include "src/dist/comm.h"
 #include "src/dist/comm_plan.h"
@@ -97,4 +97,43 @@ TEST_CASE("tensor parallelism: each group's collectives are the plan's, the upda
         INFO("worst at parameter " << at << " of " << got.size() << ": " << got[at] << " vs " << expected[at]);
         CHECK(worst < 1e-5);
       }
+}
+
+TEST_CASE("tensor parallelism, Llama 3 (GQA split by K/V heads, SwiGLU, RoPE, untied): one process's update", "[tp]") {
+  if (world().world_size() % kTp != 0) return;
+  // maxT 16, V 37 (Vp 48: 24 rows per TP rank), L 2, NH 4, NKV 2 (one K/V head per TP rank), C 32, H 48.
+  ModelConfig llama = llama3_config(16, 37, 2, 4, 2, 32, 48, llama32_rope(), false);
+  llama.padded_vocab_size = 48;
+  ParallelGroups groups(world(), kTp);
+  const int data_ranks = groups.dp().world_size(), data_rank = groups.dp().rank();
+  OptimizerSettings opt;
+  opt.grad_clip = 0.0f;
+  opt.eps = 1e-2f;
+  auto step = [&](Transformer<float>& model, bool global) {
+    model.init_random(7);
+    model.zero_grad();
+    for (int m = 0; m < kMicroSteps; ++m) {
+      const std::vector<int> in = global ? global_tokens(data_ranks, m, 3) : tokens(data_rank, m, 3);
+      const std::vector<int> out = global ? global_tokens(data_ranks, m, 4) : tokens(data_rank, m, 4);
+      model.forward_backward(in.data(), out.data(), kMicroSteps, m == kMicroSteps - 1);
+    }
+    test::optimizer_step(model, opt, 1e-2f, 1);
+    return model.parameters();
+  };
+  Transformer<float> single(llama, kB * data_ranks, kT);
+  const std::vector<float> expected = step(single, true);
+  for (const bool sequence_parallel : {true, false})
+    for (const int recompute : {0, kRecomputeMax}) {
+      INFO("sequence parallel " << sequence_parallel << ", --recompute " << recompute << ", " << data_ranks
+                                << " data-parallel rank(s)");
+      Transformer<float> model(llama, kB, kT, recompute, &groups.dp(), 1, "auto", kLayerBucketMiB, kLogitsChunkRows, 1,
+                               groups.tp(), sequence_parallel);
+      model.set_logits_chunk_rows(kHeadRows);
+      const std::vector<float> got = step(model, false);
+      REQUIRE(got.size() == expected.size());
+      double worst = 0.0;
+      for (size_t i = 0; i < got.size(); ++i)
+        worst = std::max(worst, std::abs(static_cast<double>(got[i]) - expected[i]) / (std::abs(expected[i]) + 1e-2));
+      CHECK(worst < 1e-5);
+    }
 }
