@@ -144,16 +144,17 @@ const std::vector<Flag>& flag_table() {
        &TrainConfig::world_size, {0, 1 << 20}, {}, "0 (the run's)"},
       {"generate", "0|1", "print --prompt and its continuation by the model (--init-from or --resume), then exit "
        "writing nothing ('--generate' alone means 1)", &TrainConfig::generate},
-      {"prompt", "TEXT", "text the model continues (--generate, --sample-every)", &TrainConfig::prompt, {}, {},
-       "none (start from <|endoftext|>)"},
+      {"prompt", "TEXT", "text the model continues (--generate, --sample-every); a Llama 3 model's starts with BOS",
+       &TrainConfig::prompt, {}, {}, "none (GPT-2: start from <|endoftext|>; Llama 3: from BOS)"},
       {"max-new-tokens", "N", "tokens to generate; the prompt and these must fit the model's context (max_seq_len)",
        &TrainConfig::max_new_tokens, {1, INT_MAX}},
       {"temperature", "X", "sampling temperature (0 = greedy: always the most likely token)", &TrainConfig::temperature,
        {0, kMaxFp32}},
       {"top-k", "K", "sample among the K most likely tokens (0 = the whole vocabulary)", &TrainConfig::top_k,
        {0, INT_MAX}},
-      {"vocab-dir", "DIR", "GPT-2 BPE files (encoder.json, vocab.bpe) for the prompt and the generated text",
-       &TrainConfig::vocab_dir},
+      {"vocab-dir", "DIR", "the model's vocabulary for the prompt and the generated text: GPT-2's BPE files "
+       "(encoder.json, vocab.bpe) or, for a 128,256-token model, Llama 3's tokenizer.model", &TrainConfig::vocab_dir, {},
+       {}, "data/gpt2_bpe (Llama 3: data/llama3_bpe)"},
       {"sample-every", "N", "print and record (metrics.jsonl) a generated sample after every N-th step (0 = never)",
        &TrainConfig::sample_every, {0, (double)LLONG_MAX}},
   };

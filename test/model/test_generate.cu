@@ -6,9 +6,14 @@
 //    same tokens and logits to 1e-5; bf16, fed PyTorch's tokens, logits within bf16 error and the
 //    same argmax wherever PyTorch's top two logits are clearly apart;
 //  - choose_token: greedy ties, top-k support, frequencies of seeded draws, determinism;
-//  - the cache's capacity and token errors.
+//  - the cache's capacity and token errors;
+//  - a random tiny Llama 3 (GQA with NKV < NH, RoPE with 3.1's scaling, RMSNorm, SwiGLU, untied lm
+//    head, no biases): the decoder's logits at every position, prefilled or appended, equal the
+//    training forward's; generation stops at EOS or eot of Llama 3's vocabulary (vocabulary.h),
+//    and prompts start with BOS.
 #include "test/test_util.h"
 #include "src/gen/generate.h"
+#include "src/gen/vocabulary.h"
 #include "src/model/transformer.h"
 
 #include <nlohmann/json.hpp>
@@ -197,4 +202,118 @@ TEST_CASE("KvCacheDecoder: seeded sampling is reproducible; the cache's limits a
   CHECK_THROWS_WITH(decoder.prefill({cfg.vocab_size}), Catch::Contains("the model's vocabulary"));
   CHECK_THROWS_WITH(KvCacheDecoder<float>(cfg, params.get(), cfg.max_seq_len + 1, AttentionKernel::simple, nullptr),
                     Catch::Contains("max_seq_len"));
+}
+
+namespace {
+
+// A random tiny Llama 3 over `vocab` tokens: 2 layers, 4 query heads sharing 2 K/V heads (HS 16),
+// Llama 3.1's RoPE scaling, SwiGLU, untied lm head, no biases.
+ModelConfig tiny_llama(int vocab) {
+  ModelConfig cfg = llama3_config(32, vocab, 2, 4, 2, 64, llama_hidden_size(64, 1.0f, 16), llama31_rope(), false);
+  check_model_config(cfg, "the test's tiny Llama");
+  return cfg;
+}
+
+}  // namespace
+
+TEST_CASE("KV-cache decoding of a tiny Llama 3 (GQA, RoPE, SwiGLU, untied) equals the training forward", "[generate]") {
+  const ModelConfig cfg = tiny_llama(256);
+  REQUIRE(cfg.kv_heads() < cfg.num_heads);
+  REQUIRE(!cfg.tied_embeddings);
+  REQUIRE(cfg.rope.scaled);
+  const std::vector<int> prompt = {3, 141, 59, 26, 255};
+  const int P = static_cast<int>(prompt.size()), N = 14, T = P + N - 1;  // T = 18: not a multiple of 8
+  Transformer<float> model(cfg, 1, T);
+  model.init_random(11);
+  KvCacheDecoder<float> decoder(cfg, model.params_device(), T, model.attention(), model.stream());
+  // The cache holds each K/V head once (2 of the 4 heads' width), not a copy per query head.
+  CHECK(kv_decoder_counts(cfg, T).cache == static_cast<size_t>(cfg.num_layers) * T * 2 * cfg.head_size());
+
+  // Greedy generation after the prompt, then the training forward over the whole sequence.
+  std::vector<std::vector<float>> step_logits;
+  const std::vector<int> generated = generate_tokens(
+      decoder, prompt, N, SamplingSettings{0.0, 0, 0},
+      [&](int, const std::vector<float>& logits) { step_logits.push_back(logits); });
+  REQUIRE(generated.size() == static_cast<size_t>(N));
+  std::vector<int> sequence = prompt;
+  sequence.insert(sequence.end(), generated.begin(), generated.end() - 1);
+  model.forward(sequence.data(), nullptr);
+  const std::vector<float> full = model.logits();
+  const size_t V = static_cast<size_t>(cfg.vocab_size), Vp = static_cast<size_t>(cfg.padded_vocab_size);
+  auto want = [&](int position) {
+    const auto row = full.begin() + static_cast<std::ptrdiff_t>(position * Vp);
+    return std::vector<float>(row, row + static_cast<std::ptrdiff_t>(V));
+  };
+  const double rel_tol = 1e-5, abs_tol = 2e-6;
+  for (int i = 0; i < N; ++i) {
+    INFO("generated token " << i);
+    CHECK(test::all_close("logits", step_logits[i], want(P - 1 + i), rel_tol, abs_tol));
+    CHECK(generated[i] == argmax(want(P - 1 + i)));
+  }
+  // Every position through the prefill (the prefix ending there) and through appends after a
+  // one-token prefill (RoPE at first_position t, the cache read at every length).
+  for (int t = 1; t <= T; ++t) {
+    INFO("prefill of " << t << " token(s)");
+    CHECK(test::all_close("logits", decoder.prefill(std::vector<int>(sequence.begin(), sequence.begin() + t)),
+                          want(t - 1), rel_tol, abs_tol));
+  }
+  std::vector<float> logits = decoder.prefill({sequence[0]});
+  for (int t = 0; t < T; ++t) {
+    INFO("position " << t << (t == 0 ? " (prefilled)" : " (appended)"));
+    CHECK(test::all_close("logits", logits, want(t), rel_tol, abs_tol));
+    if (t + 1 < T) logits = decoder.append(sequence[t + 1]);
+  }
+}
+
+TEST_CASE("Text vocabularies: Llama 3's prompts start with BOS; its EOS and eot stop, GPT-2's <|endoftext|>",
+          "[generate]") {
+  ModelConfig gpt2, llama;
+  gpt2.vocab_size = kGpt2VocabSize;
+  llama.vocab_size = kLlama3VocabSize;
+  REQUIRE(text_vocabulary(gpt2) == TextVocabulary::gpt2);
+  REQUIRE(text_vocabulary(llama) == TextVocabulary::llama3);
+  CHECK(stop_tokens(TextVocabulary::gpt2, kGpt2VocabSize) == std::vector<int>{50256});
+  CHECK(stop_tokens(TextVocabulary::gpt2, 256).empty());  // a test vocabulary without <|endoftext|>
+  CHECK(stop_tokens(TextVocabulary::llama3, kLlama3VocabSize) == std::vector<int>{128001, 128009});
+  CHECK(prompt_tokens(TextVocabulary::llama3, {2028, 374}) == std::vector<int>{128000, 2028, 374});
+  CHECK(prompt_tokens(TextVocabulary::llama3, {}) == std::vector<int>{128000});
+  CHECK(prompt_tokens(TextVocabulary::gpt2, {15496, 11}) == std::vector<int>{15496, 11});
+  CHECK(prompt_tokens(TextVocabulary::gpt2, {}) == std::vector<int>{50256});
+  CHECK(default_vocab_dir(TextVocabulary::llama3) == "data/llama3_bpe");
+}
+
+TEST_CASE("Generation from a Llama 3 with its real vocabulary stops after EOS or eot", "[generate]") {
+  // A model whose greedy token is `target` after the prompt: the attention and MLP projections are
+  // zero, so the residual stream at the last position is the prompt's last token's embedding e,
+  // the final RMSNorm (weight 1) scales it by a positive factor, and the lm head's only non-zero
+  // row, target's, is e: target's logit is positive, every other one 0.
+  ModelConfig cfg = llama3_config(16, kLlama3VocabSize, 1, 2, 1, 32, 64, llama32_rope(), false);
+  check_model_config(cfg, "the test's Llama");
+  const ParameterLayout layout(cfg);
+  const std::vector<int> prompt = prompt_tokens(TextVocabulary::llama3, {9906, 11, 1917});
+  const SamplingSettings greedy{0.0, 0, 0, stop_tokens(text_vocabulary(cfg), cfg.vocab_size)};
+  const size_t C = static_cast<size_t>(cfg.channels);
+  for (const int target : {static_cast<int>(kLlama3EndOfText), static_cast<int>(kLlama3EndOfTurn), 300}) {
+    INFO("the model's greedy token: " << target);
+    std::vector<float> host(layout.total, 0.0f);
+    NormalSampler normal(5);
+    for (int i = 0; i < kNumParameterTensors; ++i) {
+      const ParameterInfo& t = layout[i];
+      const bool norm_weight = i == kLn1w || i == kLn2w || i == kLnfw;
+      const bool zero = i == kAttprojw || i == kFcprojw || i == kLmHead;
+      for (size_t k = 0; k < t.count; ++k)
+        host[t.offset + k] = norm_weight ? 1.0f : zero ? 0.0f : static_cast<float>(0.02 * normal.next());
+    }
+    std::copy_n(host.begin() + static_cast<std::ptrdiff_t>(layout[kWte].offset + prompt.back() * C), C,
+                host.begin() + static_cast<std::ptrdiff_t>(layout[kLmHead].offset + target * C));
+    DeviceArray<float> params(layout.total, "the test's parameters");
+    upload_floats(params.get(), host, "the test's parameters");
+    KvCacheDecoder<float> decoder(cfg, params.get(), static_cast<int>(prompt.size()) + 5, AttentionKernel::simple,
+                                  nullptr);
+    const std::vector<int> generated = generate_tokens(decoder, prompt, 6, greedy);
+    REQUIRE(!generated.empty());
+    CHECK(generated[0] == target);
+    if (target == 300) CHECK(generated.size() == 6);  // an ordinary token: no stop
+    else CHECK(generated == std::vector<int>{target});
+  }
 }

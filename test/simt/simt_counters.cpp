@@ -144,19 +144,23 @@ TEMPLATE_TEST_CASE("the memory plan is what the model allocates", "[simt][memory
 TEMPLATE_TEST_CASE("the plan's sampling term is what the --sample-every decoder allocates", "[simt][memory_plan]",
                    float, bf16) {
   const DType dtype = Transformer<TestType>::dtype;
-  Transformer<TestType> model(kTiny, 1, 8);  // the decoder reads its parameters
-  for (int positions : {1, 13, kTiny.max_seq_len}) {
-    matmul_destroy();  // the decoder's constructor allocates the cuBLASLt workspace again
-    const long long before = simt::counters().device_bytes;
-    const MemoryPlan with = plan_memory(kTiny, 1, 8, 1, dtype, 0, 1, kDefaultBucketMiB, positions);
-    const long long workspace = static_cast<long long>(term_bytes(with, "cuBLASLt workspace"));
-    {
-      KvCacheDecoder<TestType> decoder(kTiny, model.params_device(), positions, model.attention(), model.stream());
-      const long long allocated = simt::counters().device_bytes - before;
-      const long long planned = static_cast<long long>(term_bytes(with, "text sampling (--sample-every)")) + workspace;
-      INFO(positions << " positions: allocated " << allocated << ", planned " << planned);
-      CHECK(allocated == planned);
+  // GPT-2 and a Llama 3 (its cache NKV heads wide, SwiGLU's two products, the RoPE table).
+  const ModelConfig llama = llama3_config(32, 512, 2, 4, 2, 64, 96, llama31_rope(), false);
+  for (const ModelConfig& cfg : {kTiny, llama}) {
+    Transformer<TestType> model(cfg, 1, 8);  // the decoder reads its parameters
+    for (int positions : {1, 13, cfg.max_seq_len}) {
+      matmul_destroy();  // the decoder's constructor allocates the cuBLASLt workspace again
+      const long long before = simt::counters().device_bytes;
+      const MemoryPlan with = plan_memory(cfg, 1, 8, 1, dtype, 0, 1, kDefaultBucketMiB, positions);
+      const long long workspace = static_cast<long long>(term_bytes(with, "cuBLASLt workspace"));
+      {
+        KvCacheDecoder<TestType> decoder(cfg, model.params_device(), positions, model.attention(), model.stream());
+        const long long allocated = simt::counters().device_bytes - before;
+        const long long planned = static_cast<long long>(term_bytes(with, "text sampling (--sample-every)")) + workspace;
+        INFO(describe(cfg) << ", " << positions << " positions: allocated " << allocated << ", planned " << planned);
+        CHECK(allocated == planned);
+      }
+      CHECK(simt::counters().device_bytes - before == workspace);  // the decoder frees all of its own
     }
-    CHECK(simt::counters().device_bytes - before == workspace);  // the decoder frees all of its own
   }
 }
