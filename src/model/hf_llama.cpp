@@ -227,6 +227,10 @@ std::vector<float> adjacent_pair_rows(const std::vector<float>& hf, int heads, i
 
 ModelConfig read_hf_llama_config(const std::string& dir) {
   const std::string path = dir + "/" + kConfigName;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    throw std::runtime_error(dir + ": is a directory without " + kConfigName + "; expected an llm.c model file or a "
+                             "Hugging Face Llama directory");
   const json config = read_json(path);
   if (!config.is_object()) throw std::runtime_error(path + ": expected a JSON object");
   refuse_unsupported(config, path);
