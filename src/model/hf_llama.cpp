@@ -3,6 +3,7 @@
 
 #include "src/base/durable_file.h"
 #include "src/model/safetensors.h"
+#include "src/tokenizer/llama3_bpe.h"
 
 #include <nlohmann/json.hpp>
 #include <sys/stat.h>
@@ -305,6 +306,11 @@ void check_hf_export(const ModelConfig& c, const std::string& dir) {
   struct stat st {};
   if (::stat(dir.c_str(), &st) == 0 ? !S_ISDIR(st.st_mode) : !is_directory(parent_directory(dir)))
     throw std::runtime_error(dir + ": expected a directory, or a new name in an existing one");
+  // Its index would still name the old shards, and a reader would take them over our model.safetensors.
+  const std::string index = dir + "/" + kIndexName;
+  if (::stat(index.c_str(), &st) == 0)
+    throw std::runtime_error(index + ": the directory holds a sharded checkpoint, which the export's " + kSingleFile +
+                             " would not replace; export into another directory");
 }
 
 void write_hf_llama(const std::string& dir, const ModelConfig& c, DType dtype,
@@ -348,6 +354,10 @@ void write_hf_llama(const std::string& dir, const ModelConfig& c, DType dtype,
       {"tie_word_embeddings", c.tied_embeddings}, {"attention_bias", false}, {"mlp_bias", false},
       {"hidden_act", "silu"}, {"torch_dtype", dtype == DType::fp32 ? "float32" : "bfloat16"},
       {"initializer_range", 0.02}, {"pretraining_tp", 1}, {"use_cache", true}};
+  if (c.vocab_size == kLlama3VocabSize) {  // Meta's vocabulary: its <|begin_of_text|> and <|end_of_text|>
+    config["bos_token_id"] = kLlama3BeginOfText;
+    config["eos_token_id"] = kLlama3EndOfText;
+  }
   const std::string text = config.dump(2) + "\n";
   AtomicFileWriter config_file(dir + "/" + kConfigName);
   config_file.write(text.data(), text.size());

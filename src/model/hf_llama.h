@@ -25,7 +25,8 @@ void read_hf_llama_tensors(const std::string& dir, const ModelConfig& config,
                            const std::function<void(int, const std::vector<float>&)>& tensor);
 
 // Throws unless `config` is a Llama (a Hugging Face directory holds no GPT-2 of ours) and DIR can be
-// written: a directory, or a name in one; the message starts with DIR.
+// written: a directory (not one holding a sharded checkpoint's index), or a name in one; the
+// message starts with DIR.
 void check_hf_export(const ModelConfig& config, const std::string& dir);
 
 // Writes DIR/config.json and DIR/model.safetensors (values as `dtype`: F32 or BF16) from

@@ -108,7 +108,11 @@ expect_refused gpt2_export "export-hf: .*Llama 3 models only" --init-from "$ref/
   --max-steps 1 --out-dir "$tmp/out_gpt2" --export-hf "$tmp/gpt2_hf"
 expect_refused save_0 "export-hf and --save 0 contradict" --init-from "$tmp/A" "${data[@]}" --max-steps 1 \
   --out-dir "$tmp/out_save0" --save 0 --export-hf "$tmp/save0_hf"
-for d in out_shard out_gpt2 gpt2_hf out_save0 save0_hf out_extra_bias; do
+before=$(tree_digest "$tmp/S")
+expect_refused export_into_shards "model.safetensors.index.json: the directory holds a sharded checkpoint" \
+  --init-from "$tmp/A" "${data[@]}" --max-steps 1 --out-dir "$tmp/out_into_shards" --export-hf "$tmp/S"
+[ "$before" = "$(tree_digest "$tmp/S")" ] || fail "export_into_shards: the sharded directory changed"
+for d in out_shard out_gpt2 gpt2_hf out_save0 save0_hf out_extra_bias out_into_shards; do
   [ ! -e "$tmp/$d" ] || fail "$d was created by a refused run"
 done
 
