@@ -138,10 +138,10 @@ class Transformer {
     reset_training_state();
   }
 
-  // Reads an llm.c model file (version 3 fp32 or 5 bf16) or a Hugging Face Llama directory
-  // (model_source.h) into either dtype. Its header (config.json) must describe this model's configuration. fp32 values load into bf16 parameters rounded to nearest
-  // (the master weights keep the fp32 values); bf16 values load into fp32 exactly. Gradients and
-  // optimizer state are reset.
+  // Reads an llm.c model file (version 3 fp32, 5 bf16) or a Hugging Face Llama directory
+  // (model_source.h) into either dtype; its header or config.json must describe this model. fp32
+  // values load into bf16 parameters rounded to nearest (the master weights keep the fp32 values);
+  // bf16 values load into fp32 exactly. Gradients and optimizer state are reset.
   void load(const std::string& path) {
     const ModelConfig config = model_source_config(path);
     if (config != cfg_)

@@ -454,8 +454,8 @@ class Trainer {
                 static_cast<unsigned long long>(g.skipped_loss_z), static_cast<unsigned long long>(g.skipped_norm_z));
   }
 
-  // The final model file (rank 0) and --export-hf's directory, then a barrier: no rank tears down its communicator while
-  // another still needs it.
+  // The final model file (rank 0) and --export-hf's directory, then a barrier: no rank tears down
+  // its communicator while another still needs it.
   void finish() {
     groups_.set_purpose("the end of the run", after_step());
     if (cfg_.save) {
