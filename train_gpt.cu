@@ -144,6 +144,7 @@ int dispatch_command(int argc, char** argv) {
         setup.cfg, setup.resume_from ? setup.resume_from->path + "/" + kModelFileName : setup.cfg.init_from,
         comm->rank() == 0);
   validate_against_model(setup.cfg, setup.model.max_seq_len, setup.model_source);
+  if (!setup.cfg.export_hf.empty()) with_context("--export-hf", [&] { check_hf_export(setup.model, setup.cfg.export_hf); });
   with_context("model " + setup.model_source,
                [&] { choose_attention(setup.cfg.attention, dtype_named(setup.cfg.dtype), setup.model); });
   with_context(model_sizing(setup), [&] {

@@ -38,7 +38,8 @@ const std::vector<Flag>& flag_table() {
       {"val-data", "GLOB", "validation token shards", &TrainConfig::val_data},
       {"shuffle", "0|1", "shuffle the training data (validation is never shuffled)", &TrainConfig::shuffle},
       {"seed", "N", "seed for weight init, data shuffling, stochastic rounding and sampling", &TrainConfig::seed, {0, (double)LLONG_MAX}},
-      {"init-from", "FILE", "start from this model file (its header, GPT-2's or Llama 3's, defines the architecture; excludes --model)",
+      {"init-from", "FILE|DIR", "start from this model file (its header, GPT-2's or Llama 3's, defines the architecture), "
+       "or a Hugging Face Llama directory (config.json and model.safetensors or its shards); excludes --model",
        &TrainConfig::init_from, {}, {}, "none (random init of --model)"},
       {"model", "PRESET", "architecture for random init: d12 d24 d36 d48 (GPT-2 124M..1.5B), gpt3-125m gpt3-350m "
        "gpt3-760m gpt3-2.7b gpt3-6.7b (GPT-3's sizes, T up to 2048), micro, nano: GPT-2's vocabulary; "
@@ -79,6 +80,9 @@ const std::vector<Flag>& flag_table() {
        "it continues and never replaces another run's files unless --overwrite", &TrainConfig::out_dir},
       {"save-dtype", "bf16|fp32", "storage type of the final model file DIR/model.bin (checkpoints keep the run's)",
        &TrainConfig::save_dtype, {}, {"bf16", "fp32"}, "the run's --dtype"},
+      {"export-hf", "DIR", "after the final model.bin, also write it (Llama 3 only, in --save-dtype) as a Hugging Face "
+       "directory: config.json and model.safetensors, which transformers' LlamaForCausalLM loads",
+       &TrainConfig::export_hf, {}, {}, "none"},
       {"zero", "0|1|2|3", "ZeRO stage with several ranks: 0 all-reduces gradients; 1 shards the AdamW state (moments, "
        "fp32 master weights) over the ranks; 2 also shards the gradients; 3 also shards the parameters, each bucket "
        "gathered just ahead of its layers", &TrainConfig::zero, {0, 3}},

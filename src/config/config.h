@@ -35,7 +35,7 @@ struct TrainConfig {
   bool shuffle = true;
   long long seed = 1337;
   // model
-  std::string init_from;
+  std::string init_from;  // an llm.c model file or a Hugging Face Llama directory
   std::string model = "d12";
   std::string dtype = "bf16";
   // batch
@@ -59,6 +59,7 @@ struct TrainConfig {
   long long val_every = 100;
   long long val_steps = 20;
   std::string out_dir = "out";
+  std::string export_hf;  // a Hugging Face Llama directory written after the final model.bin
   std::string save_dtype;  // storage of the final DIR/model.bin; "": the run's dtype
   std::string config_file;
   // data parallel

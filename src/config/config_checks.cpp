@@ -19,6 +19,9 @@ int validate_config(TrainConfig& cfg, int world_size) {
     throw std::invalid_argument("--world-size is for --plan only (a run's world size is its launcher's)");
   if (cfg.generate && cfg.init_from.empty() && cfg.resume.empty())
     throw std::invalid_argument("--generate needs a trained model: --init-from FILE or --resume DIR|auto");
+  if (!cfg.export_hf.empty() && (cfg.eval || cfg.generate || cfg.max_steps == 0))
+    throw std::invalid_argument(std::string("--export-hf is written at the end of a training run; ") +
+                                (cfg.eval ? "--eval" : cfg.generate ? "--generate" : "--max-steps 0") + " trains none");
   if (cfg.generate && (cfg.eval || cfg.plan))
     throw std::invalid_argument(std::string("--generate and ") + (cfg.eval ? "--eval" : "--plan") +
                                 " are different runs: give one of them");
@@ -33,7 +36,7 @@ int validate_config(TrainConfig& cfg, int world_size) {
     cfg.max_steps = cfg.profile;
   }
   if (!cfg.save) {
-    for (const char* flag : {"checkpoint-every", "keep-checkpoints", "keep-every", "save-dtype"})
+    for (const char* flag : {"checkpoint-every", "keep-checkpoints", "keep-every", "save-dtype", "export-hf"})
       if (cfg.was_set(flag))
         throw std::invalid_argument(std::string("--") + flag + " and --save 0 contradict each other: --save 0 writes "
                                     "no checkpoint and no model.bin");

@@ -7,7 +7,7 @@
 #include "src/gen/generate.h"
 #include "src/gen/sample_text.h"
 #include "src/model/attention.h"
-#include "src/model/model_file.h"
+#include "src/model/model_source.h"
 
 #include <chrono>
 #include <cstdio>
@@ -21,7 +21,7 @@ template <typename Elem>
 void generate_text(const TrainConfig& cfg, const char* flag, const std::string& model_path,
                    const std::string& model_source, const TextSampler& sampler) {
   ModelConfig model;
-  const DeviceArray<Elem> params = with_context(flag, [&] { return load_model_parameters<Elem>(model_path, &model); });
+  const DeviceArray<Elem> params = with_context(flag, [&] { return load_model_source_parameters<Elem>(model_path, &model); });
   const CudaStream stream("creating the generation's CUDA stream");
   const DType dtype = std::is_same<Elem, float>::value ? DType::fp32 : DType::bf16;
   KvCacheDecoder<Elem> decoder(model, params.get(), sampler.cache_positions(), choose_attention(cfg.attention, dtype, model),

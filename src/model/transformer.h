@@ -22,7 +22,7 @@
 #include "src/dist/grad_sync.h"
 #include "src/dist/tensor_split.h"
 #include "src/dist/tp_collectives.h"
-#include "src/model/model_file.h"
+#include "src/model/model_source.h"
 #include "src/model/model_parameters.h"
 #include "src/model/optimizer.h"
 #include "src/model/step_totals.h"
@@ -138,16 +138,16 @@ class Transformer {
     reset_training_state();
   }
 
-  // Reads an llm.c model file: version 3 (fp32) or 5 (bf16) into either dtype. Its header must
-  // describe this model's configuration. fp32 values load into bf16 parameters rounded to nearest
-  // (the master weights keep the fp32 values); bf16 values load into fp32 exactly. Gradients and
-  // optimizer state are reset.
+  // Reads an llm.c model file (version 3 fp32, 5 bf16) or a Hugging Face Llama directory
+  // (model_source.h) into either dtype; its header or config.json must describe this model. fp32
+  // values load into bf16 parameters rounded to nearest (the master weights keep the fp32 values);
+  // bf16 values load into fp32 exactly. Gradients and optimizer state are reset.
   void load(const std::string& path) {
-    const ModelFileInfo info = read_model_file_info(path);
-    if (info.config != cfg_)
-      throw std::runtime_error(path + ": model file has " + describe(info.config) + ", expected " + describe(cfg_) +
+    const ModelConfig config = model_source_config(path);
+    if (config != cfg_)
+      throw std::runtime_error(path + ": model file has " + describe(config) + ", expected " + describe(cfg_) +
                                " (the configuration this model was built with)");
-    read_model_tensors(path, info, [&](int i, const std::vector<float>& values) { params_.upload_tensor(i, values); });
+    read_model_source_tensors(path, config, [&](int i, const std::vector<float>& values) { params_.upload_tensor(i, values); });
     reset_training_state();
   }
 

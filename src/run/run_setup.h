@@ -13,7 +13,7 @@
 #include "src/data/dataloader.h"
 #include "src/data/hellaswag.h"
 #include "src/gen/sample_text.h"
-#include "src/model/model_file.h"
+#include "src/model/model_source.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -37,7 +37,7 @@ struct RunSetup {
   std::unique_ptr<AtomicFileWriter> eval_losses;  // rank 0 of --eval with --eval-losses, open from start-up
 };
 
-// The architecture: --resume's model file, --init-from's header or the --model preset; *source
+// The architecture: --resume's model file, --init-from's header or config.json, or the --model preset; *source
 // names which.
 inline ModelConfig resolve_model(const TrainConfig& cfg, const std::optional<Checkpoint>& resume_from,
                                 std::string* source) {
@@ -47,7 +47,7 @@ inline ModelConfig resolve_model(const TrainConfig& cfg, const std::optional<Che
   }
   if (!cfg.init_from.empty()) {
     *source = cfg.init_from;
-    return with_context("--init-from", [&] { return read_model_header(cfg.init_from); });
+    return with_context("--init-from", [&] { return model_source_config(cfg.init_from); });
   }
   *source = "preset " + cfg.model;
   return with_context("--model", [&] { return model_preset(cfg.model); });

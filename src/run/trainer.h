@@ -454,13 +454,15 @@ class Trainer {
                 static_cast<unsigned long long>(g.skipped_loss_z), static_cast<unsigned long long>(g.skipped_norm_z));
   }
 
-  // The final model file (rank 0), then a barrier: no rank tears down its communicator while
-  // another still needs it.
+  // The final model file (rank 0) and --export-hf's directory, then a barrier: no rank tears down
+  // its communicator while another still needs it.
   void finish() {
     groups_.set_purpose("the end of the run", after_step());
     if (cfg_.save) {
       save_final_model();
-      std::printf("saved %s\n", model_path_.c_str());
+      if (lead_ && !cfg_.export_hf.empty())  // the Hugging Face directory from model.bin
+        with_context("--export-hf " + cfg_.export_hf, [&] { export_hf_llama(model_path_, cfg_.export_hf); });
+      std::printf("saved %s%s%s\n", model_path_.c_str(), cfg_.export_hf.empty() ? "" : " and ", cfg_.export_hf.c_str());
     }
     comm_.barrier();
   }
