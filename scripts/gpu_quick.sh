@@ -10,6 +10,9 @@
 #   smoke        the nano model, fp32 and bf16, 5 steps: finite, falling losses                  30 s
 #   parity       PyTorch on the GPU against the packed CPU reference; train_gpt fp32 and bf16
 #                against PyTorch, per-step loss and gradient norm (1e-4 and 2e-2 relative)       60 s
+#   hf           a llama-nano trained 2 steps on the pack's Llama 3 shards and exported with
+#                --export-hf: dev/hf_llama_check.py checks the directory against model.bin and its
+#                loss by its own forward pass and by transformers' LlamaForCausalLM             30 s
 #   throughput   d12, T=1024, B=64 (then 32 and 8 while time allows): 15 steps timed after 3,
 #                tokens/s, ms/step, MFU, peak memory against the plan; Llama 3.2 1B at T=2048,
 #                B=8 the same way (where the pack has Llama 3 shards); --profile 5 at B=64      120 s
@@ -44,8 +47,8 @@ pack=${GPU_PACK:-gpu-pack}
 out=${QUICK_OUT:-$PWD/gpu-quick}
 budget=${1:-420}
 dry_run=${QUICK_DRY_RUN:-0}
-all_stages=(device smoke parity throughput attention tests determinism sanitizer large)
-declare -A estimate=([device]=10 [smoke]=30 [parity]=60 [throughput]=120 [attention]=60 [tests]=120
+all_stages=(device smoke parity hf throughput attention tests determinism sanitizer large)
+declare -A estimate=([device]=10 [smoke]=30 [parity]=60 [hf]=30 [throughput]=120 [attention]=60 [tests]=120
                      [determinism]=40 [sanitizer]=90 [large]=120)
 
 die() { echo "gpu_quick: $*" >&2; exit 2; }
@@ -188,6 +191,26 @@ stage_smoke() {
     fi
     figures+=("$dtype=$(json_string "${summary:-failed}")")
   done
+}
+
+stage_hf() {
+  local shards=(data/llama3/*_val_*.bin) loss
+  local data=(--train-data "data/llama3/*_train_*.bin" --val-data "data/llama3/*_val_*.bin" --batch-size 2 --seq-len 32
+              --val-steps 1 --dtype fp32)
+  if [ ! -f "${shards[0]}" ]; then status=SKIP; text="the pack has no Llama 3 shards (no vocabulary at make gpu-pack)"; return; fi
+  if ! train hf-run --model llama-nano "${data[@]}" --max-steps 2 --val-every 0 --export-hf "$work/hf-export"; then
+    status=FAIL; text="training with --export-hf failed (logs/hf/hf-run.log: $(tail -n 1 "$logs/hf/hf-run.log"))"; return
+  fi
+  loss=$(limited "$trainer" --init-from "$work/hf-run/model.bin" "${data[@]}" --max-steps 0 --out-dir "$work/hf-loss" 2>&1 |
+         sed -nE 's/^val loss ([0-9.]+) .*/\1/p')
+  if limited "$python" dev/hf_llama_check.py check "$work/hf-export" --model-bin "$work/hf-run/model.bin" \
+       --data "${shards[0]}" --batch 2 --seq-len 32 --loss "${loss:-0}" > "$logs/hf/check.log" 2>&1; then
+    status=PASS
+  else
+    status=FAIL
+  fi
+  text="export of a 2-step llama-nano (val loss ${loss:-none}): $(grep -E '^(loss here|transformers|FAIL)' "$logs/hf/check.log" | paste -sd ';')"
+  figures=("hf_check=$(json_string "$(paste -sd '|' "$logs/hf/check.log")")")
 }
 
 stage_parity() {

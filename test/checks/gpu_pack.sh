@@ -69,7 +69,7 @@ rehearsal=(env "PATH=$tmp/bin:$PATH" QUICK_DRY_RUN=1 "QUICK_TRAINER=$PWD/train_g
            "QUICK_TESTS=kernels/test_layernorm kernels/test_classifier" "QUICK_TMP=$tmp" PYTHON=/usr/bin/python3
            bash gpu-pack/scripts/gpu_quick.sh)
 quick() { QUICK_OUT=$1 "${rehearsal[@]}" "$2"; }  # OUT SECONDS: the rehearsal into OUT
-stages=(device smoke parity throughput attention tests determinism sanitizer large)
+stages=(device smoke parity hf throughput attention tests determinism sanitizer large)
 start=$(date +%s)
 quick "$tmp/full" 420 > "$tmp/full.log" 2>&1
 status=$? seconds=$(( $(date +%s) - start ))
