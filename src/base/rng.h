@@ -33,7 +33,9 @@ struct SplitMix64 {
 };
 
 // Seed of the stochastic rounding for one AdamW call: a hash of (run seed, step, tensor), so every
-// tensor and step draws fresh bits and a resumed run reproduces them.
+// tensor and step draws fresh bits and a resumed run reproduces them. `tensor` is the tensor's
+// rounding number: GPT-2's 16 tensors in llm.c order 0..15, then Llama's fc2w 16 and lm_head 17
+// (optimizer.h's rounding_stream).
 inline unsigned adamw_rounding_seed(uint64_t seed, int step, int tensor) {
   const uint64_t x = seed * kGoldenGamma + ((static_cast<uint64_t>(step) << 5) | static_cast<uint64_t>(tensor));
   return static_cast<unsigned>(splitmix64_mix(x) >> 32);

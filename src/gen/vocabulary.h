@@ -7,6 +7,7 @@
 #include "src/tokenizer/gpt2_bpe.h"
 #include "src/tokenizer/llama3_bpe.h"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,10 +32,10 @@ inline std::unique_ptr<ByteBpe> load_tokenizer(TextVocabulary v, const std::stri
 // training documents do); GPT-2 takes the text as it is, or <|endoftext|> alone for an empty one
 // (the token that precedes its training documents).
 inline std::vector<int> prompt_tokens(TextVocabulary v, const std::vector<int>& text) {
-  std::vector<int> tokens;
-  if (v == TextVocabulary::llama3 || text.empty())
-    tokens.push_back(static_cast<int>(v == TextVocabulary::llama3 ? kLlama3BeginOfText : kEndOfText));
-  tokens.insert(tokens.end(), text.begin(), text.end());
+  const bool first = v == TextVocabulary::llama3 || text.empty();
+  std::vector<int> tokens(text.size() + (first ? 1 : 0));
+  if (first) tokens[0] = static_cast<int>(v == TextVocabulary::llama3 ? kLlama3BeginOfText : kEndOfText);
+  std::copy(text.begin(), text.end(), tokens.begin() + (first ? 1 : 0));
   return tokens;
 }
 

@@ -274,8 +274,18 @@ uint16_t documented_bf16_rounding(float x, unsigned seed, size_t index) {
   return static_cast<uint16_t>((float_bits(x) + ((h >> 32) & 0xFFFFu)) >> 16);
 }
 
+// The rounding number src/base/rng.h documents for a tensor: its place among GPT-2's 16 in llm.c
+// order, then fc2w 16 and lm_head 17.
+int documented_rounding_number(const std::string& name) {
+  const char* order[] = {"wte",  "wpe",  "ln1w", "ln1b", "qkvw",    "qkvb",    "attprojw", "attprojb", "ln2w",
+                         "ln2b", "fcw",  "fcb",  "fcprojw", "fcprojb", "lnfw", "lnfb",    "fc2w",     "lm_head"};
+  for (int i = 0; i < 18; ++i)
+    if (name == order[i]) return i;
+  throw std::runtime_error("no rounding number for tensor " + name);
+}
+
 // The seed src/base/rng.h documents for one AdamW call: SplitMix64's output mix of
-// run_seed·0x9E3779B97F4A7C15 + (step << 5 | tensor), upper 32 bits.
+// run_seed·0x9E3779B97F4A7C15 + (step << 5 | tensor's rounding number), upper 32 bits.
 unsigned documented_seed(uint64_t run_seed, int step, int tensor) {
   uint64_t z = run_seed * 0x9E3779B97F4A7C15ull + ((static_cast<uint64_t>(step) << 5) | static_cast<uint64_t>(tensor));
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -338,7 +348,7 @@ TEST_CASE("the optimizer stores master weights rounded with its documented per-s
     const std::vector<float> master = model.master.download();
     size_t mismatches = 0;
     for (const OptimizerSegment& s : model.segments) {
-      const unsigned seed = documented_seed(opt.seed, step, s.tensor);
+      const unsigned seed = documented_seed(opt.seed, step, documented_rounding_number(model.layout[s.tensor].name));
       for (size_t k = 0; k < s.count; ++k) {
         const size_t index = s.param - model.layout[s.tensor].offset + k;  // within the tensor
         const uint16_t want = documented_bf16_rounding(master[s.state + k], seed, index);
