@@ -26,14 +26,10 @@ import math
 import os
 import sys
 
-try:
-    import torch
-    import torch.nn.functional as F
-except ImportError:
-    sys.exit("gpt2_reference.py needs Debian's python3-torch: run it with /usr/bin/python3")
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import reference_common as common  # noqa: E402  (tokens, the training step, the file writers, the CLI)
+import reference_common as common  # noqa: E402  (tokens, the training step, the file writers, the CLI; checks torch)
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 MODEL_MAGIC, MODEL_VERSION_FP32 = 20240326, 3
 REFERENCE_VERSION = 1
@@ -193,41 +189,37 @@ def parse_args(argv):
     cfg = ap.parse_args(argv)
     if cfg.padded_vocab is None:
         cfg.padded_vocab = (cfg.vocab + 127) // 128 * 128
-    problems = common.positive_problems(cfg, ("layers", "heads", "channels", "vocab", "max_seq_len", "batch",
-                                              "seq_len", "steps"))
-    if problems:
-        ap.error("; ".join(problems))
-    if cfg.channels % cfg.heads:
-        problems.append(f"--channels {cfg.channels} must be a multiple of --heads {cfg.heads}")
-    if cfg.prompt_tokens < 1 or cfg.generate_tokens < 1 or cfg.prompt_tokens + cfg.generate_tokens > cfg.max_seq_len:
-        problems.append("--prompt-tokens and --generate-tokens must be >= 1, their sum at most --max-seq-len")
-    problems += common.shape_problems(cfg)
-    if problems:
-        ap.error("; ".join(problems))
-    return cfg
+
+    def own_problems(cfg):
+        problems = []
+        if cfg.channels % cfg.heads:
+            problems.append(f"--channels {cfg.channels} must be a multiple of --heads {cfg.heads}")
+        if cfg.prompt_tokens < 1 or cfg.generate_tokens < 1 or cfg.prompt_tokens + cfg.generate_tokens > cfg.max_seq_len:
+            problems.append("--prompt-tokens and --generate-tokens must be >= 1, their sum at most --max-seq-len")
+        return problems
+
+    return common.check_args(ap, cfg, ("layers", "heads", "channels", "vocab", "max_seq_len", "batch", "seq_len",
+                                       "steps"), own_problems)
 
 
 def main(argv):
     cfg = parse_args(argv)
     dtype = common.torch_setup(cfg)
     initial = init_params(cfg)
-    tokens = common.make_tokens(cfg)
-    first, losses, norms, final = common.train(initial, tokens, cfg, dtype, GRAPH, cfg.device)
     model_header = common.header([MODEL_MAGIC, MODEL_VERSION_FP32, cfg.max_seq_len, cfg.vocab, cfg.layers,
                                   cfg.heads, cfg.channels, cfg.padded_vocab])
-    num_params = common.write_outputs(cfg, GRAPH, model_header,
-                                      lambda count: common.reference_header(cfg, REFERENCE_VERSION, count),
-                                      initial, tokens, first, losses, norms, final)
-    with open(os.path.join(cfg.out, "generate.json"), "w") as f:
-        json.dump(greedy_decode(initial, tokens, cfg), f)
-        f.write("\n")
-    print(f"gpt2_reference: {cfg.out}: L={cfg.layers} NH={cfg.heads} C={cfg.channels} V={cfg.vocab} "
-          f"Vp={cfg.padded_vocab} maxT={cfg.max_seq_len} B={cfg.batch} T={cfg.seq_len} K={cfg.steps} "
-          f"{cfg.precision} params={num_params} loss {losses[0]:.6f} -> {losses[-1]:.6f} "
-          f"norm {norms[0]:.4f} -> {norms[-1]:.4f}")
-    if cfg.self_check and not self_check(initial, tokens, cfg):
-        return 1
-    return 0
+
+    def write_generate(tokens):
+        with open(os.path.join(cfg.out, "generate.json"), "w") as f:
+            json.dump(greedy_decode(initial, tokens, cfg), f)
+            f.write("\n")
+
+    describe = (f"gpt2_reference: {cfg.out}: L={cfg.layers} NH={cfg.heads} C={cfg.channels} V={cfg.vocab} "
+                f"Vp={cfg.padded_vocab} maxT={cfg.max_seq_len} B={cfg.batch} T={cfg.seq_len} K={cfg.steps} "
+                f"{cfg.precision}")
+    return common.run(cfg, dtype, GRAPH, initial, model_header,
+                      lambda count: common.reference_header(cfg, REFERENCE_VERSION, count), describe, self_check,
+                      cfg.device, write_generate)
 
 
 if __name__ == "__main__":

@@ -23,14 +23,10 @@ import os
 import struct
 import sys
 
-try:
-    import torch
-    import torch.nn.functional as F
-except ImportError:
-    sys.exit("llama_reference.py needs Debian's python3-torch: run it with /usr/bin/python3")
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import reference_common as common  # noqa: E402  (tokens, the training step, the file writers, the CLI)
+import reference_common as common  # noqa: E402  (tokens, the training step, the file writers, the CLI; checks torch)
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 LLAMA_MODEL_MAGIC, MODEL_VERSION_FP32 = 20240803, 3
 LLAMA_EXTENSION_SLOT = 16
@@ -238,20 +234,19 @@ def parse_args(argv):
         cfg.padded_vocab = (cfg.vocab + 7) // 8 * 8
     if cfg.hidden is None:
         cfg.hidden = llama_hidden_size(cfg.channels, 1.0, 32)
-    problems = common.positive_problems(cfg, ("layers", "heads", "kv_heads", "channels", "hidden", "vocab",
-                                              "max_seq_len", "batch", "seq_len", "steps"))
-    if problems:
-        ap.error("; ".join(problems))
-    if cfg.channels % cfg.heads or (cfg.channels // cfg.heads) % 2:
-        problems.append(f"--channels {cfg.channels} must be --heads {cfg.heads} times an even head size")
-    if cfg.heads % cfg.kv_heads:
-        problems.append(f"--heads {cfg.heads} must be a multiple of --kv-heads {cfg.kv_heads}")
-    if cfg.rope_theta != int(cfg.rope_theta):
-        problems.append("--rope-theta must be a whole number (llm.c's header slot is an int)")
-    problems += common.shape_problems(cfg)
-    if problems:
-        ap.error("; ".join(problems))
-    return cfg
+
+    def own_problems(cfg):
+        problems = []
+        if cfg.channels % cfg.heads or (cfg.channels // cfg.heads) % 2:
+            problems.append(f"--channels {cfg.channels} must be --heads {cfg.heads} times an even head size")
+        if cfg.heads % cfg.kv_heads:
+            problems.append(f"--heads {cfg.heads} must be a multiple of --kv-heads {cfg.kv_heads}")
+        if cfg.rope_theta != int(cfg.rope_theta):
+            problems.append("--rope-theta must be a whole number (llm.c's header slot is an int)")
+        return problems
+
+    return common.check_args(ap, cfg, ("layers", "heads", "kv_heads", "channels", "hidden", "vocab", "max_seq_len",
+                                       "batch", "seq_len", "steps"), own_problems)
 
 
 def main(argv):
@@ -265,18 +260,11 @@ def main(argv):
         factor = ROPE_FACTORS[cfg.rope]
         kinds = {"kept" if abs(r - 1) < 1e-6 else "divided" if abs(r - factor) < 1e-4 else "smooth" for r in ratio}
         assert kinds == {"kept", "divided", "smooth"}, f"RoPE scaling leaves {kinds} at this shape: pick --original-context"
-    initial = init_params(cfg)
-    tokens = common.make_tokens(cfg)
-    first, losses, norms, final = common.train(initial, tokens, cfg, dtype, graph(cfg))
-    num_params = common.write_outputs(cfg, graph(cfg), model_header(cfg), lambda count: reference_header(cfg, count),
-                                      initial, tokens, first, losses, norms, final)
-    print(f"llama_reference: {cfg.out}: L={cfg.layers} NH={cfg.heads} NKV={cfg.kv_heads} C={cfg.channels} "
-          f"H={cfg.hidden} V={cfg.vocab} Vp={cfg.padded_vocab} B={cfg.batch} T={cfg.seq_len} K={cfg.steps} "
-          f"rope {cfg.rope} {'tied' if cfg.tied else 'untied'} {cfg.precision} params={num_params} "
-          f"loss {losses[0]:.6f} -> {losses[-1]:.6f} norm {norms[0]:.4f} -> {norms[-1]:.4f}")
-    if cfg.self_check and not self_check(initial, tokens, cfg):
-        return 1
-    return 0
+    describe = (f"llama_reference: {cfg.out}: L={cfg.layers} NH={cfg.heads} NKV={cfg.kv_heads} C={cfg.channels} "
+                f"H={cfg.hidden} V={cfg.vocab} Vp={cfg.padded_vocab} B={cfg.batch} T={cfg.seq_len} K={cfg.steps} "
+                f"rope {cfg.rope} {'tied' if cfg.tied else 'untied'} {cfg.precision}")
+    return common.run(cfg, dtype, graph(cfg), init_params(cfg), model_header(cfg),
+                      lambda count: reference_header(cfg, count), describe, self_check)
 
 
 if __name__ == "__main__":

@@ -10,10 +10,14 @@ Runs only under Debian's python3-torch (see dev/README.md).
 import json
 import math
 import os
+import sys
 from collections import namedtuple
 
-import numpy as np
-import torch
+try:
+    import numpy as np
+    import torch
+except ImportError:
+    sys.exit(f"{os.path.basename(sys.argv[0])} needs Debian's python3-torch: run it with /usr/bin/python3")
 
 SHARD_MAGIC, SHARD_VERSION = 20240520, 1
 REFERENCE_MAGIC = 20261121
@@ -155,6 +159,24 @@ def write_outputs(cfg, graph, model_header, make_reference_header, initial, toke
     return num_params
 
 
+def run(cfg, dtype, graph, initial, model_header, make_reference_header, describe, self_check, device="cpu",
+        more_outputs=None):
+    """A reference script's whole run from its initial weights: draws the tokens, trains, writes the
+    outputs (more_outputs(tokens), if given, writes the script's own), prints `describe` with the
+    run's figures and, with --self-check, runs self_check(initial, tokens, cfg). Returns the exit status."""
+    tokens = make_tokens(cfg)
+    first, losses, norms, final = train(initial, tokens, cfg, dtype, graph, device)
+    num_params = write_outputs(cfg, graph, model_header, make_reference_header, initial, tokens, first, losses, norms,
+                               final)
+    if more_outputs is not None:
+        more_outputs(tokens)
+    print(f"{describe} params={num_params} loss {losses[0]:.6f} -> {losses[-1]:.6f} "
+          f"norm {norms[0]:.4f} -> {norms[-1]:.4f}")
+    if cfg.self_check and not self_check(initial, tokens, cfg):
+        return 1
+    return 0
+
+
 def finite_differences(initial, tokens, cfg, graph, extra_probes=()):
     """fp64 central finite differences of the step-1 loss against autograd, for one seeded entry
     of every tensor plus extra_probes ((name, flat index) pairs). Returns (worst relative error,
@@ -220,13 +242,13 @@ def add_training_args(ap):
                     help="token stream: a seeded sparse Markov chain (learnable) or uniform i.i.d.")
 
 
-def positive_problems(cfg, names):
-    return [f"--{name.replace('_', '-')} must be >= 1" for name in names if getattr(cfg, name) < 1]
-
-
-def shape_problems(cfg):
-    """What both scripts refuse once every size is >= 1."""
-    problems = []
+def check_args(ap, cfg, sizes, own_problems):
+    """Exits through ap.error with one line naming every bad flag: first any of `sizes` below 1,
+    then (those known good) own_problems(cfg) and what both scripts refuse. Returns cfg."""
+    problems = [f"--{name.replace('_', '-')} must be >= 1" for name in sizes if getattr(cfg, name) < 1]
+    if problems:
+        ap.error("; ".join(problems))
+    problems = own_problems(cfg)
     if cfg.vocab > 65536:
         problems.append(f"--vocab {cfg.vocab} does not fit uint16 token ids (max 65536)")
     if cfg.padded_vocab < cfg.vocab:
@@ -235,7 +257,9 @@ def shape_problems(cfg):
         problems.append(f"--seq-len {cfg.seq_len} exceeds --max-seq-len {cfg.max_seq_len}")
     if cfg.grad_clip < 0:
         problems.append("--grad-clip must be >= 0")
-    return problems
+    if problems:
+        ap.error("; ".join(problems))
+    return cfg
 
 
 def torch_setup(cfg):
