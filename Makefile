@@ -124,11 +124,11 @@ REFERENCE_DIR := $(BUILD)/reference
 # 3.1's RoPE scaling, tied with 3.2's.
 REFERENCES    := $(REFERENCE_DIR)/tiny/reference.bin $(REFERENCE_DIR)/llama-untied31/reference.bin \
                  $(REFERENCE_DIR)/llama-tied32/reference.bin
-$(REFERENCE_DIR)/tiny/reference.bin: dev/gpt2_reference.py
+$(REFERENCE_DIR)/tiny/reference.bin: dev/gpt2_reference.py dev/reference_common.py
 	$(PYTHON) dev/gpt2_reference.py --out $(@D) > /dev/null
-$(REFERENCE_DIR)/llama-untied31/reference.bin: dev/llama_reference.py dev/gpt2_reference.py
+$(REFERENCE_DIR)/llama-untied31/reference.bin: dev/llama_reference.py dev/reference_common.py
 	$(PYTHON) dev/llama_reference.py --out $(@D) --no-tied --rope 3.1 > /dev/null
-$(REFERENCE_DIR)/llama-tied32/reference.bin: dev/llama_reference.py dev/gpt2_reference.py
+$(REFERENCE_DIR)/llama-tied32/reference.bin: dev/llama_reference.py dev/reference_common.py
 	$(PYTHON) dev/llama_reference.py --out $(@D) --tied --rope 3.2 > /dev/null
 
 test: $(CPU_TEST_BINS) $(CHECK_DEPS)

@@ -18,26 +18,19 @@ See dev/README.md for the CLI and the layout of reference.bin.
 """
 
 import argparse
-import json
 import math
 import os
 import struct
 import sys
 
-try:
-    import numpy as np
-    import torch
-    import torch.nn.functional as F
-except ImportError:
-    sys.exit("llama_reference.py needs Debian's python3-torch: run it with /usr/bin/python3")
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import gpt2_reference as gpt2  # noqa: E402  (tokens, batches, AdamW and the clipped training loop)
+import reference_common as common  # noqa: E402  (tokens, the training step, the file writers, the CLI; checks torch)
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 LLAMA_MODEL_MAGIC, MODEL_VERSION_FP32 = 20240803, 3
 LLAMA_EXTENSION_SLOT = 16
-REFERENCE_MAGIC, REFERENCE_VERSION = 20261121, 2  # version 2: the Llama header below
-HEADER_INTS = gpt2.HEADER_INTS
+REFERENCE_VERSION = 2  # version 2: the Llama header below
 
 # train_gpt's parameter layout for Llama (the tensors it has), in file order.
 ALL_NAMES = ["wte", "ln1w", "qkvw", "attprojw", "ln2w", "fcw", "fc2w", "fcprojw", "lnfw", "lm_head"]
@@ -170,50 +163,8 @@ def forward(params, inputs, targets, cfg):
     return logits, loss
 
 
-def flat(tensors, cfg):
-    return torch.cat([tensors[name].detach().reshape(-1) for name in param_names(cfg)])
-
-
-def forward_backward(params, inputs, targets, cfg):
-    for t in params.values():
-        t.grad = None
-    logits, loss = forward(params, inputs, targets, cfg)
-    loss.backward()
-    return logits.detach(), float(loss), {name: params[name].grad.detach().clone() for name in param_names(cfg)}
-
-
-def adamw_update(params, grads, m, v, step, cfg):
-    """GPT-2's AdamW step (gpt2_reference.adamw_update) with Llama's decayed set."""
-    correction1, correction2 = 1.0 - cfg.beta1 ** step, 1.0 - cfg.beta2 ** step
-    with torch.no_grad():
-        for name in param_names(cfg):
-            g = grads[name]
-            m[name].mul_(cfg.beta1).add_((1.0 - cfg.beta1) * g)
-            v[name].mul_(cfg.beta2).add_((1.0 - cfg.beta2) * g * g)
-            update = (m[name] / correction1) / (torch.sqrt(v[name] / correction2) + cfg.eps)
-            if name in DECAYED:
-                update = update + cfg.weight_decay * params[name]
-            params[name].sub_(cfg.lr * update)
-
-
-def train(initial, tokens, cfg, dtype):
-    params = {name: t.to(dtype).clone().requires_grad_(True) for name, t in initial.items()}
-    m = {name: torch.zeros_like(t) for name, t in params.items()}
-    v = {name: torch.zeros_like(t) for name, t in params.items()}
-    losses, norms, first = [], [], None
-    for step in range(cfg.steps):
-        inputs, targets = gpt2.step_batch(tokens, cfg, step)
-        logits, loss, grads = forward_backward(params, inputs, targets, cfg)
-        if step == 0:
-            first = (logits, loss, {name: g.clone() for name, g in grads.items()})
-        norm = gpt2.global_grad_norm(grads)
-        losses.append(loss)
-        norms.append(norm)
-        if cfg.grad_clip > 0 and norm > cfg.grad_clip:
-            for g in grads.values():
-                g.mul_(cfg.grad_clip / norm)
-        adamw_update(params, grads, m, v, step + 1, cfg)
-    return first, losses, norms, params
+def graph(cfg):
+    return common.Graph(param_names(cfg), DECAYED, forward)
 
 
 def float_bits(x):
@@ -224,7 +175,7 @@ def model_header(cfg):
     """llm.c's Llama 3 header (magic 20240803) with train_gpt's extension (docs/FORMATS.md)."""
     scaled = cfg.rope != "none"
     factor = ROPE_FACTORS.get(cfg.rope, 0.0)
-    h = gpt2.header([LLAMA_MODEL_MAGIC, MODEL_VERSION_FP32, cfg.max_seq_len, cfg.vocab, cfg.layers, cfg.heads,
+    h = common.header([LLAMA_MODEL_MAGIC, MODEL_VERSION_FP32, cfg.max_seq_len, cfg.vocab, cfg.layers, cfg.heads,
                      cfg.kv_heads, cfg.channels])
     h[11] = int(cfg.rope_theta)
     h[12] = 1 if scaled else 0
@@ -240,56 +191,18 @@ def model_header(cfg):
     return h
 
 
-def write_outputs(cfg, initial, tokens, first, losses, norms, final):
-    os.makedirs(cfg.out, exist_ok=True)
-    num_params = sum(t.numel() for t in initial.values())
-    with open(os.path.join(cfg.out, "model.bin"), "wb") as f:
-        f.write(model_header(cfg).tobytes())
-        f.write(flat(initial, cfg).numpy().astype("<f4").tobytes())
-    with open(os.path.join(cfg.out, "train.bin"), "wb") as f:
-        f.write(gpt2.header([gpt2.SHARD_MAGIC, gpt2.SHARD_VERSION, len(tokens)]).tobytes())
-        f.write(tokens.astype("<u2").tobytes())
-    logits, loss, grads = first
-    sections = [logits.reshape(-1), torch.tensor([loss]), flat(grads, cfg), torch.tensor(losses),
-                torch.tensor(norms), flat(final, cfg)]
-    factor = ROPE_FACTORS.get(cfg.rope, 0.0)
-    h = gpt2.header([REFERENCE_MAGIC, REFERENCE_VERSION, cfg.batch, cfg.seq_len, cfg.steps, cfg.layers, cfg.heads,
-                     cfg.channels, cfg.vocab, cfg.padded_vocab, cfg.max_seq_len, num_params, cfg.kv_heads,
-                     cfg.hidden, 1 if cfg.tied else 0, 1 if cfg.rope != "none" else 0, cfg.original_context])
-    h[17], h[18], h[19] = float_bits(cfg.rope_theta), float_bits(factor), float_bits(cfg.norm_eps)
-    with open(os.path.join(cfg.out, "reference.bin"), "wb") as f:
-        f.write(h.tobytes())
-        for section in sections:
-            f.write(section.double().numpy().astype("<f4").tobytes())
-    summary = {key: val for key, val in vars(cfg).items() if key not in ("out", "self_check")}
-    summary.update(num_params=num_params, num_tokens=len(tokens), losses=losses, grad_norms=norms)
-    with open(os.path.join(cfg.out, "reference.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-        f.write("\n")
-    return num_params
+def reference_header(cfg, num_params):
+    """Version 2: version 1's fields, then the Llama shape and the float32 bits of θ, the factor and eps."""
+    h = common.reference_header(cfg, REFERENCE_VERSION, num_params,
+                                [cfg.kv_heads, cfg.hidden, 1 if cfg.tied else 0, 1 if cfg.rope != "none" else 0,
+                                 cfg.original_context])
+    h[17], h[18], h[19] = float_bits(cfg.rope_theta), float_bits(ROPE_FACTORS.get(cfg.rope, 0.0)), float_bits(cfg.norm_eps)
+    return h
 
 
 def self_check(initial, tokens, cfg):
     """fp64: central finite differences of the step-1 loss against autograd, one entry of every tensor."""
-    inputs, targets = gpt2.step_batch(tokens, cfg, 0)
-    params = {name: t.double().clone().requires_grad_(True) for name, t in initial.items()}
-    _, _, grads = forward_backward(params, inputs, targets, cfg)
-    gen = torch.Generator().manual_seed(cfg.seed + 1)
-    worst, step_size = 0.0, 1e-5
-    with torch.no_grad():
-        for name in param_names(cfg):
-            index = int(torch.randint(params[name].numel(), (1,), generator=gen))
-            entry = params[name].view(-1)
-            saved = float(entry[index])
-            entry[index] = saved + step_size
-            plus = float(forward(params, inputs, targets, cfg)[1])
-            entry[index] = saved - step_size
-            minus = float(forward(params, inputs, targets, cfg)[1])
-            entry[index] = saved
-            numeric, analytic = (plus - minus) / (2 * step_size), float(grads[name].view(-1)[index])
-            error = abs(numeric - analytic) / (abs(analytic) + 1e-4)
-            worst = max(worst, error)
-            print(f"  {name}[{index}]: autograd {analytic:+.9e}  finite-diff {numeric:+.9e}  err {error:.1e}")
+    worst = common.finite_differences(initial, tokens, cfg, graph(cfg))[0]
     ok = worst < 1e-5
     print(f"self-check: finite differences worst err {worst:.1e} ({'ok' if ok else 'FAIL'})")
     return ok
@@ -297,19 +210,11 @@ def self_check(initial, tokens, cfg):
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", required=True, help="output directory (created if missing)")
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--kv-heads", type=int, default=2)
-    ap.add_argument("--channels", type=int, default=64)
-    ap.add_argument("--hidden", type=int, default=None, help="MLP width H (default: Llama's rule, multiple_of 32)")
-    ap.add_argument("--vocab", type=int, default=250)
-    ap.add_argument("--padded-vocab", type=int, default=None, help="default: vocab rounded up to 8")
-    ap.add_argument("--max-seq-len", type=int, default=64)
-    ap.add_argument("--batch", type=int, default=2)
-    ap.add_argument("--seq-len", type=int, default=37)
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--seed", type=int, default=1337)
+    own_sizes = [("--heads", "--kv-heads", dict(type=int, default=2)),
+                 ("--channels", "--hidden",
+                  dict(type=int, default=None, help="MLP width H (default: Llama's rule, multiple_of 32)"))]
+    common.add_size_args(ap, vocab=250, padded_vocab_help="default: vocab rounded up to 8", seq_len=37, steps=8,
+                         own=own_sizes)
     ap.add_argument("--tied", action=argparse.BooleanOptionalAction, default=False,
                     help="the lm head is wte (Llama 3.2) instead of its own lm_head (3.1)")
     ap.add_argument("--rope", choices=["none", "3.1", "3.2"], default="3.1",
@@ -318,14 +223,7 @@ def parse_args(argv):
     ap.add_argument("--original-context", type=int, default=64,
                     help="the scaling's original context (Meta: 8192; small so it bends this head size's frequencies)")
     ap.add_argument("--norm-eps", type=float, default=1e-5)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--beta1", type=float, default=0.9)
-    ap.add_argument("--beta2", type=float, default=0.95)
-    ap.add_argument("--eps", type=float, default=1e-8)
-    ap.add_argument("--weight-decay", type=float, default=0.1)
-    ap.add_argument("--grad-clip", type=float, default=1.0, help="0 disables clipping")
-    ap.add_argument("--precision", choices=["fp32", "fp64"], default="fp32")
-    ap.add_argument("--tokens", choices=["markov", "uniform"], default="markov")
+    common.add_training_args(ap)
     ap.add_argument("--perturb-norms", action=argparse.BooleanOptionalAction, default=True,
                     help="RMSNorm weights 1 + 0.1 N(0,1) instead of 1")
     ap.add_argument("--qkv-std", type=float, default=0.08,
@@ -336,35 +234,24 @@ def parse_args(argv):
         cfg.padded_vocab = (cfg.vocab + 7) // 8 * 8
     if cfg.hidden is None:
         cfg.hidden = llama_hidden_size(cfg.channels, 1.0, 32)
-    problems = []
-    for name in ("layers", "heads", "kv_heads", "channels", "hidden", "vocab", "max_seq_len", "batch", "seq_len",
-                 "steps"):
-        if getattr(cfg, name) < 1:
-            problems.append(f"--{name.replace('_', '-')} must be >= 1")
-    if problems:
-        ap.error("; ".join(problems))
-    if cfg.channels % cfg.heads or (cfg.channels // cfg.heads) % 2:
-        problems.append(f"--channels {cfg.channels} must be --heads {cfg.heads} times an even head size")
-    if cfg.heads % cfg.kv_heads:
-        problems.append(f"--heads {cfg.heads} must be a multiple of --kv-heads {cfg.kv_heads}")
-    if cfg.vocab > 65536:
-        problems.append(f"--vocab {cfg.vocab} does not fit uint16 token ids (max 65536)")
-    if cfg.padded_vocab < cfg.vocab:
-        problems.append(f"--padded-vocab {cfg.padded_vocab} is smaller than --vocab {cfg.vocab}")
-    if cfg.seq_len > cfg.max_seq_len:
-        problems.append(f"--seq-len {cfg.seq_len} exceeds --max-seq-len {cfg.max_seq_len}")
-    if cfg.rope_theta != int(cfg.rope_theta):
-        problems.append("--rope-theta must be a whole number (llm.c's header slot is an int)")
-    if problems:
-        ap.error("; ".join(problems))
-    return cfg
+
+    def own_problems(cfg):
+        problems = []
+        if cfg.channels % cfg.heads or (cfg.channels // cfg.heads) % 2:
+            problems.append(f"--channels {cfg.channels} must be --heads {cfg.heads} times an even head size")
+        if cfg.heads % cfg.kv_heads:
+            problems.append(f"--heads {cfg.heads} must be a multiple of --kv-heads {cfg.kv_heads}")
+        if cfg.rope_theta != int(cfg.rope_theta):
+            problems.append("--rope-theta must be a whole number (llm.c's header slot is an int)")
+        return problems
+
+    return common.check_args(ap, cfg, ("layers", "heads", "kv_heads", "channels", "hidden", "vocab", "max_seq_len",
+                                       "batch", "seq_len", "steps"), own_problems)
 
 
 def main(argv):
     cfg = parse_args(argv)
-    torch.set_flush_denormal(True)
-    torch.set_num_threads(1)
-    dtype = torch.float64 if cfg.precision == "fp64" else torch.float32
+    dtype = common.torch_setup(cfg)
     if cfg.rope != "none":
         # The scaling must bend this head size's frequencies, or the test could not tell 3.1 from
         # 3.2 from none: some frequency kept, some divided by the factor, some smoothly between.
@@ -373,17 +260,11 @@ def main(argv):
         factor = ROPE_FACTORS[cfg.rope]
         kinds = {"kept" if abs(r - 1) < 1e-6 else "divided" if abs(r - factor) < 1e-4 else "smooth" for r in ratio}
         assert kinds == {"kept", "divided", "smooth"}, f"RoPE scaling leaves {kinds} at this shape: pick --original-context"
-    initial = init_params(cfg)
-    tokens = gpt2.make_tokens(cfg)
-    first, losses, norms, final = train(initial, tokens, cfg, dtype)
-    num_params = write_outputs(cfg, initial, tokens, first, losses, norms, final)
-    print(f"llama_reference: {cfg.out}: L={cfg.layers} NH={cfg.heads} NKV={cfg.kv_heads} C={cfg.channels} "
-          f"H={cfg.hidden} V={cfg.vocab} Vp={cfg.padded_vocab} B={cfg.batch} T={cfg.seq_len} K={cfg.steps} "
-          f"rope {cfg.rope} {'tied' if cfg.tied else 'untied'} {cfg.precision} params={num_params} "
-          f"loss {losses[0]:.6f} -> {losses[-1]:.6f} norm {norms[0]:.4f} -> {norms[-1]:.4f}")
-    if cfg.self_check and not self_check(initial, tokens, cfg):
-        return 1
-    return 0
+    describe = (f"llama_reference: {cfg.out}: L={cfg.layers} NH={cfg.heads} NKV={cfg.kv_heads} C={cfg.channels} "
+                f"H={cfg.hidden} V={cfg.vocab} Vp={cfg.padded_vocab} B={cfg.batch} T={cfg.seq_len} K={cfg.steps} "
+                f"rope {cfg.rope} {'tied' if cfg.tied else 'untied'} {cfg.precision}")
+    return common.run(cfg, dtype, graph(cfg), init_params(cfg), model_header(cfg),
+                      lambda count: reference_header(cfg, count), describe, self_check)
 
 
 if __name__ == "__main__":

@@ -3,65 +3,17 @@
 // seeds, position save/restore, prefetch independence, and every file error by message.
 #include "test/test_util.h"
 #include "src/data/dataloader.h"
-
-#include <dirent.h>
-#include <unistd.h>
+#include "test/shard_files.h"
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <functional>
 #include <string>
 #include <vector>
 
 namespace {
 
 constexpr int kVocab = 65536;
-
-// A fresh directory under $TMPDIR (or /tmp), removed with its files at scope exit.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/test_dataloader_XXXXXX";
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    REQUIRE(mkdtemp(buf.data()) != nullptr);
-    path = buf.data();
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    if (DIR* d = opendir(path.c_str())) {
-      while (dirent* e = readdir(d)) {
-        const std::string name = e->d_name;
-        if (name != "." && name != "..") std::remove((path + "/" + name).c_str());
-      }
-      closedir(d);
-    }
-    rmdir(path.c_str());
-  }
-  std::string file(const std::string& name) const { return path + "/" + name; }
-};
-
-// Writes a shard: header (magic, version, token count) then the tokens; extra_bytes < 0
-// drops bytes from the end (truncation), > 0 appends zero bytes.
-void write_shard(const std::string& path, const std::vector<uint16_t>& tokens, int32_t magic = 20240520,
-                 int32_t version = 1, long extra_bytes = 0) {
-  std::vector<char> bytes(1024 + 2 * tokens.size());
-  int32_t header[256] = {};
-  header[0] = magic;
-  header[1] = version;
-  header[2] = static_cast<int32_t>(tokens.size());
-  std::memcpy(bytes.data(), header, sizeof(header));
-  std::memcpy(bytes.data() + 1024, tokens.data(), 2 * tokens.size());
-  bytes.resize(static_cast<size_t>(static_cast<long>(bytes.size()) + extra_bytes), 0);
-  std::ofstream out(path, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  REQUIRE(out.good());
-}
 
 // Token at position p of shard s: unique across the test corpus, so a token tells where it
 // was read from (shard = token / 4096, position = token % 4096).
@@ -136,16 +88,6 @@ std::vector<Batch> reference_epoch(const Corpus& c, int B, int T, int rank, int 
     }
   }
   return out;
-}
-
-// Runs f and returns the runtime_error message it throws ("" if it does not throw).
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::runtime_error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 struct Shape {
@@ -419,13 +361,13 @@ TEST_CASE("dataloader file errors name the file and what was expected", "[datalo
   }
   SECTION("truncated body") {
     const std::string path = dir.file("short.bin");
-    write_shard(path, good, 20240520, 1, -3);
+    write_shard(path, good, 20240520, 1, 2, -3);
     const std::string msg = error_of([&] { DataLoader(path, 2, 3, 0, 1, false, 0, kVocab); });
     CHECK_THAT(msg, Contains(path) && Contains("file size is 1221 bytes") && Contains("= 1224 bytes"));
   }
   SECTION("trailing bytes") {
     const std::string path = dir.file("long.bin");
-    write_shard(path, good, 20240520, 1, 2);
+    write_shard(path, good, 20240520, 1, 2, 2);
     const std::string msg = error_of([&] { DataLoader(path, 2, 3, 0, 1, false, 0, kVocab); });
     CHECK_THAT(msg, Contains(path) && Contains("file size is 1226 bytes") && Contains("= 1224 bytes"));
   }
@@ -437,7 +379,7 @@ TEST_CASE("dataloader file errors name the file and what was expected", "[datalo
   }
   SECTION("one bad file among good ones fails at construction") {
     write_shard(dir.file("s_0.bin"), good);
-    write_shard(dir.file("s_1.bin"), good, 20240520, 1, -1);
+    write_shard(dir.file("s_1.bin"), good, 20240520, 1, 2, -1);
     const std::string msg = error_of([&] { DataLoader(dir.file("s_*.bin"), 2, 3, 0, 1, false, 0, kVocab); });
     CHECK_THAT(msg, Contains(dir.file("s_1.bin")));
   }

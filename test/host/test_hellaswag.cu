@@ -5,6 +5,7 @@
 // refused by message, a huge stated token count before anything is allocated for it.
 #include "test/test_util.h"
 #include "src/data/hellaswag.h"
+#include "test/shard_files.h"
 
 #include <unistd.h>
 
@@ -12,7 +13,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -72,15 +72,6 @@ struct TempFile {
   TempFile& operator=(const TempFile&) = delete;
   ~TempFile() { std::remove(path.c_str()); }
 };
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::runtime_error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 std::vector<int> as_int(const std::vector<uint32_t>& v) { return std::vector<int>(v.begin(), v.end()); }
 

@@ -5,15 +5,9 @@
 #include "test/test_util.h"
 #include "src/data/dataloader.h"
 #include "src/data/token_kind.h"
+#include "test/shard_files.h"
 
-#include <dirent.h>
-#include <unistd.h>
-
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <fstream>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -21,48 +15,6 @@ namespace {
 
 constexpr int kLlamaVocab = 128256, kGpt2Vocab = 50257;
 
-// A fresh directory under $TMPDIR (or /tmp), removed with its files at scope exit.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/test_token_shards_XXXXXX";
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    REQUIRE(mkdtemp(buf.data()) != nullptr);
-    path = buf.data();
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    if (DIR* d = opendir(path.c_str())) {
-      while (dirent* e = readdir(d)) {
-        const std::string name = e->d_name;
-        if (name != "." && name != "..") std::remove((path + "/" + name).c_str());
-      }
-      closedir(d);
-    }
-    rmdir(path.c_str());
-  }
-  std::string file(const std::string& name) const { return path + "/" + name; }
-};
-
-// Writes header (magic, version, ids.size()) then each id in `width` little-endian bytes;
-// extra_bytes < 0 drops bytes from the end, > 0 appends zeros.
-void write_shard(const std::string& path, const std::vector<uint32_t>& ids, int32_t magic, int32_t version, int width,
-                 long extra_bytes = 0) {
-  int32_t header[256] = {};
-  header[0] = magic;
-  header[1] = version;
-  header[2] = static_cast<int32_t>(ids.size());
-  std::vector<char> bytes(reinterpret_cast<const char*>(header), reinterpret_cast<const char*>(header) + 1024);
-  for (uint32_t id : ids)
-    for (int b = 0; b < width; ++b) bytes.push_back(static_cast<char>((id >> (8 * b)) & 0xFF));
-  bytes.resize(static_cast<size_t>(static_cast<long>(bytes.size()) + extra_bytes), 0);
-  std::ofstream out(path, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  REQUIRE(out.good());
-}
 void write_llama_shard(const std::string& path, const std::vector<uint32_t>& ids, long extra_bytes = 0) {
   write_shard(path, ids, 20240801, 7, 4, extra_bytes);
 }
@@ -76,15 +28,6 @@ std::vector<uint32_t> wide_ids(int shard, int n) {
   std::vector<uint32_t> ids(static_cast<size_t>(n));
   for (int p = 0; p < n; ++p) ids[static_cast<size_t>(p)] = 65536u + 1000u * static_cast<uint32_t>(shard) + static_cast<uint32_t>(p);
   return ids;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::runtime_error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 // Every batch of one unshuffled epoch of single-shard or multi-shard data by the reading rule:

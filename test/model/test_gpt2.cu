@@ -8,174 +8,35 @@
 // losses and gradient norms over 10 AdamW steps and the final parameters; that padded vocabulary
 // rows stay zero and padded logit columns have no effect; save/load round trips; model file,
 // token and configuration errors; init_random.
-#include "test/test_util.h"
-#include "src/model/transformer.h"
+#include "test/reference_file.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <iterator>
 
 #include <unistd.h>
 
 namespace {
 
-// A one-rank bf16 model's fp32 master weights in llm.c order (it keeps them in its state order).
-template <typename Elem>
-std::vector<float> master_weights(const Transformer<Elem>& model) {
-  const size_t P = model.num_parameters();
-  std::vector<float> state(P), master(P);
-  CUDA_CHECK(cudaMemcpy(state.data(), model.master_device(), P * sizeof(float), cudaMemcpyDeviceToHost));
-  for (const OptimizerSegment& s : model.gradient_sync().segments())
-    std::copy(state.begin() + s.state, state.begin() + s.state + s.count, master.begin() + s.param);
-  return master;
-}
-
 const std::string kReferenceDir = "build/reference/tiny";
-constexpr int kReferenceMagic = 20261121;
 
-// Everything dev/gpt2_reference.py wrote (layout in dev/README.md).
-struct Reference {
-  ModelConfig config;
-  int B = 0, T = 0, K = 0;
-  size_t P = 0;
-  std::vector<float> logits;    // B·T·Vp, step 1
-  float loss = 0;               // step 1
-  std::vector<float> grads;     // P, step 1, before clipping
-  std::vector<float> losses;    // K
-  std::vector<float> norms;     // K
-  std::vector<float> final;     // P, after K steps
-  std::vector<float> initial;   // P, model.bin
-  std::vector<int> tokens;      // train.bin
-  OptimizerSettings opt;
-  float lr = 0;
-};
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw std::runtime_error(path + ": missing; generate it with `make test` or "
-                             "`/usr/bin/python3 dev/gpt2_reference.py --out " + kReferenceDir + "`");
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-// The number after "key": in reference.json (flat object of numbers, strings and lists).
-double json_number(const std::string& json, const std::string& key) {
-  const size_t at = json.find("\"" + key + "\":");
-  if (at == std::string::npos) throw std::runtime_error("reference.json: no key " + key);
-  return std::strtod(json.c_str() + at + key.size() + 3, nullptr);
-}
-
-Reference load_reference() {
-  Reference r;
-  const std::string bin = read_file(kReferenceDir + "/reference.bin");
-  if (bin.size() < 1024) throw std::runtime_error("reference.bin: shorter than its header");
-  int32_t h[256];
-  std::memcpy(h, bin.data(), sizeof h);
-  if (h[0] != kReferenceMagic || h[1] != 1) throw std::runtime_error("reference.bin: bad magic/version");
-  r.B = h[2], r.T = h[3], r.K = h[4];
-  r.config = ModelConfig{h[10], h[8], h[9], h[5], h[6], h[7]};
-  r.P = static_cast<size_t>(h[11]);
-  const size_t logit_count = static_cast<size_t>(r.B) * r.T * r.config.padded_vocab_size;
-  const size_t floats = logit_count + 1 + r.P + 2 * r.K + r.P;
-  if (bin.size() != 1024 + 4 * floats) throw std::runtime_error("reference.bin: size does not match its header");
-  const float* body = reinterpret_cast<const float*>(bin.data() + 1024);
-  auto take = [&](size_t n) {
-    std::vector<float> v(body, body + n);
-    body += n;
-    return v;
-  };
-  r.logits = take(logit_count);
-  r.loss = take(1)[0];
-  r.grads = take(r.P);
-  r.losses = take(r.K);
-  r.norms = take(r.K);
-  r.final = take(r.P);
-
-  const std::string model = read_file(kReferenceDir + "/model.bin");
-  if (model.size() != 1024 + 4 * r.P) throw std::runtime_error("model.bin: size does not match reference.bin");
-  r.initial.resize(r.P);
-  std::memcpy(r.initial.data(), model.data() + 1024, 4 * r.P);
-
-  const std::string shard = read_file(kReferenceDir + "/train.bin");
-  std::memcpy(h, shard.data(), sizeof h);
-  const uint16_t* ids = reinterpret_cast<const uint16_t*>(shard.data() + 1024);
-  r.tokens.assign(ids, ids + h[2]);
-  if (r.tokens.size() < static_cast<size_t>(r.K) * r.B * r.T + 1) throw std::runtime_error("train.bin: too short");
-
-  const std::string json = read_file(kReferenceDir + "/reference.json");
-  r.lr = static_cast<float>(json_number(json, "lr"));
-  r.opt.beta1 = static_cast<float>(json_number(json, "beta1"));
-  r.opt.beta2 = static_cast<float>(json_number(json, "beta2"));
-  r.opt.eps = static_cast<float>(json_number(json, "eps"));
-  r.opt.weight_decay = static_cast<float>(json_number(json, "weight_decay"));
-  r.opt.grad_clip = static_cast<float>(json_number(json, "grad_clip"));
-  r.opt.seed = 1234;
-  return r;
-}
+// reference.bin version 1: the GPT-2 configuration in slots 5-10.
+ModelConfig gpt2_config(const int32_t* h) { return ModelConfig{h[10], h[8], h[9], h[5], h[6], h[7]}; }
 
 const Reference& reference() {
-  static const Reference r = load_reference();
+  static const Reference r = load_reference(kReferenceDir, 1, gpt2_config);
   return r;
-}
-
-// Inputs and targets of step k (0-based): tokens [k·B·T, k·B·T + B·T], targets shifted by one.
-struct Batch {
-  std::vector<int> inputs, targets;
-};
-Batch batch(const Reference& r, int k) {
-  const size_t BT = static_cast<size_t>(r.B) * r.T, start = k * BT;
-  Batch b;
-  b.inputs.assign(r.tokens.begin() + start, r.tokens.begin() + start + BT);
-  b.targets.assign(r.tokens.begin() + start + 1, r.tokens.begin() + start + BT + 1);
-  return b;
 }
 
 std::string model_path() { return kReferenceDir + "/model.bin"; }
 
-// max |got - want| over one parameter tensor, relative to max |want| of that tensor.
-double tensor_relative_error(const std::vector<float>& got, const std::vector<float>& want, const ParameterInfo& t,
-                             double* scale_out = nullptr) {
-  double max_err = 0, scale = 0;
-  for (size_t i = t.offset; i < t.offset + t.count; ++i) {
-    const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
-    max_err = std::isnan(err) ? INFINITY : std::max(max_err, err);
-    scale = std::max(scale, std::fabs(static_cast<double>(want[i])));
-  }
-  if (scale_out != nullptr) *scale_out = scale;
-  return t.count == 0 ? 0.0 : max_err / scale;  // a tensor GPT-2 lacks (fc2w, lm_head) matches trivially
-}
-
-// Tolerances. Measured values are from the CPU build (both thread orders give the same bits).
-//
-// Step-1 gradients, per tensor: max |got - want| / max |want| over the tensor.
-//  fp32: only the summation order differs from PyTorch (GEMM blocking, warp reductions);
-//        measured 1e-7 .. 3.6e-7 on every tensor → 1e-5.
-//  bf16: activations and gradients are rounded to 8 significant bits (2^-9 relative) at every
-//        step and the errors compound through the network; measured 0.4-0.8 % on every tensor
-//        but lnfw (1.5 %: a sum over all rows of dlnf·norm with cancellation, small scale) →
-//        2.5 %, lnfw 5 %.
-template <typename T> double gradient_tolerance(int tensor);
-template <> double gradient_tolerance<float>(int) { return 1e-5; }
-template <> double gradient_tolerance<bf16>(int tensor) { return tensor == kLnfw ? 5e-2 : 2.5e-2; }
-
-// Step-1 logits (|logit| < 1), per element |got - want| <= abs + rel·|want|.
+// Tolerances: the gradients', losses' and gradient norms' are reference_file.h's. Step-1 logits (|logit| < 1), per element |got - want| <= abs + rel·|want|.
 //  fp32: measured max error 2.4e-7 → rel 1e-5, abs 1e-6.
 //  bf16: stored as bf16 (1 ulp = 2^-8 relative near 1); measured 3.9e-3 → rel 1e-2, abs 5e-3.
 template <typename T> struct LogitTolerance;
 template <> struct LogitTolerance<float> { static constexpr double rel = 1e-5, abs = 1e-6; };
 template <> struct LogitTolerance<bf16> { static constexpr double rel = 1e-2, abs = 5e-3; };
-
-// Loss and gradient norm of every training step, relative.
-//  fp32: measured ≤ 1.1e-7 for both → 1e-5.
-//  bf16: measured loss ≤ 1.2e-4, norm ≤ 1.8e-3 (the trajectories drift apart slowly) → 2e-3 and 1e-2.
-template <typename T> constexpr double loss_tolerance() { return std::is_same<T, float>::value ? 1e-5 : 2e-3; }
-template <typename T> constexpr double norm_tolerance() { return std::is_same<T, float>::value ? 1e-5 : 1e-2; }
-
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 // Checks every gradient tensor of `got` against the reference's step-1 gradients.
 template <typename T>
@@ -348,17 +209,7 @@ TEMPLATE_TEST_CASE("GPT2 trains like PyTorch: 10 AdamW steps", "[gpt2]", float, 
   REQUIRE(r.losses.back() < r.losses.front() - 0.5f);
   Transformer<TestType> model(r.config, r.B, r.T);
   model.load(model_path());
-  for (int k = 0; k < r.K; ++k) {
-    const Batch b = batch(r, k);
-    model.zero_grad();
-    model.forward_backward(b.inputs.data(), b.targets.data(), 1);
-    const float loss = model.mean_loss();
-    const float norm = test::optimizer_step(model, r.opt, r.lr, k + 1);
-    INFO("step " << k + 1 << ": loss " << loss << " vs " << r.losses[k] << ", grad norm " << norm << " vs "
-                 << r.norms[k]);
-    CHECK(std::fabs(loss - r.losses[k]) <= loss_tolerance<TestType>() * r.losses[k]);
-    CHECK(std::fabs(norm - r.norms[k]) <= norm_tolerance<TestType>() * r.norms[k]);
-  }
+  train_like_reference(model, r);
   CHECK(padded_rows_zero(model.gradients(), r.config));
   const std::vector<float> params = model.parameters();
   CHECK(padded_rows_zero(params, r.config));
