@@ -135,7 +135,7 @@ PipelineCheck check_pipeline_schedule(const PipelineShape& shape, const std::vec
       if (is_computation(a.op) || a.chunk < 0 || a.chunk >= chunks) continue;
       const bool activation = is_activation_transfer(a.op);
       const int producer = shape.rank_of(a.chunk);
-      const int consumer = shape.rank_of(a.chunk + (activation ? 1 : chunks - 1));
+      const int consumer = shape.rank_of(a.chunk + (activation ? 1 : chunks - 1));  // chunk ± 1, mod p
       const bool sends = is_send(a.op);
       if (r != (sends ? producer : consumer) || a.peer != (sends ? consumer : producer)) {
         fail("rank " + std::to_string(r) + " " + label(a) + ": wrong rank or peer");

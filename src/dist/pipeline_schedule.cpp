@@ -95,10 +95,10 @@ struct Work {
   int chunk;
 };
 
-// The (micro-batch, chunk) order of a rank's forwards (or, with `reverse_chunks`, backwards) under
-// interleaving: groups of p micro-batches (the last holds what is left), each group's micro-batches
-// through the rank's chunks in turn.
-std::vector<Work> interleaved_order(const PipelineShape& shape, int rank, PipelineOp op, bool reverse_chunks) {
+// The (micro-batch, chunk) order of a rank's forwards (or, with `reverse_chunks`, backwards): the
+// micro-batch groups in turn, each group's micro-batches through the rank's chunks in turn (with
+// one chunk per rank: micro-batches 0..m-1).
+std::vector<Work> walk_order(const PipelineShape& shape, int rank, PipelineOp op, bool reverse_chunks) {
   const int p = shape.stages, v = shape.virtual_stages;
   std::vector<Work> order;
   const std::vector<int> groups = interleaved_groups(shape);
@@ -117,8 +117,8 @@ std::vector<Work> interleaved_order(const PipelineShape& shape, int rank, Pipeli
 std::vector<Work> rank_plan(const PipelineShape& shape, int rank) {
   const PipelineOp backward =
       shape.kind == PipelineKind::kZeroBubbleH1 ? PipelineOp::kBackwardInput : PipelineOp::kBackward;
-  const std::vector<Work> forwards = interleaved_order(shape, rank, PipelineOp::kForward, false);
-  const std::vector<Work> backwards = interleaved_order(shape, rank, backward, true);
+  const std::vector<Work> forwards = walk_order(shape, rank, PipelineOp::kForward, false);
+  const std::vector<Work> backwards = walk_order(shape, rank, backward, true);
   const int n = static_cast<int>(forwards.size());
   const int warmup = pipeline_warmup_forwards(shape, rank);
   std::vector<Work> plan(forwards.begin(), forwards.begin() + warmup);
@@ -163,6 +163,7 @@ std::vector<PipelineTable> build_pipeline_schedule(const PipelineShape& shape) {
   long total_work = 0;
   for (int r = 0; r < p; ++r) {
     ranks[r].plan = rank_plan(shape, r);
+    // (zb-h1's weight backwards are not in the plan: one unit per planned action covers them.)
     for (const Work& w : ranks[r].plan) total_work += pipeline_unit_cost(w.op) + (zero_bubble ? 1 : 0);
   }
 
