@@ -81,6 +81,7 @@ int pipeline_warmup_forwards(const PipelineShape& shape, int rank) {
 std::vector<int> interleaved_groups(const PipelineShape& shape) {
   // Groups of at least p keep rank 0 busy: the first chunk's output of the group's first
   // micro-batch comes back round the ring just as the rank finishes the group's first chunk.
+  check_pipeline_shape(shape);  // n >= 1 below
   const int p = shape.stages, m = shape.microbatches, n = m / p;
   std::vector<int> groups(n, p);
   for (int i = 0; i < m % p; ++i) groups[i % n] += 1;

@@ -4,7 +4,8 @@
 // once on the rank holding the chunk (counted here, apart from the validator), the in-flight
 // activations stay within bounds written here as plain formulas, and the unit-cost bubble is the
 // closed form. The validator itself must catch broken tables: a missing send, sends out of order,
-// a backward before its forward, work on the wrong rank, a deadlock only blocking sends reveal.
+// a backward before its forward, work on the wrong rank, interleaved chunks out of model order,
+// too many warm-up forwards, a deadlock only blocking sends reveal.
 #include <catch2/catch.hpp>
 
 #include "src/dist/pipeline_check.h"
@@ -192,6 +193,21 @@ TEST_CASE("The validator catches broken tables", "[pipeline_schedule]") {
     std::vector<PipelineTable> t = good;
     t[3].push_back({PipelineOp::kForward, 5, 3, -1});
     CHECK_FALSE(check_pipeline_schedule(s, t).ok());
+  }
+  SECTION("interleaved chunks forwarded out of model order") {
+    // Rank 0 runs micro-batch 0's second chunk (2) where its first (0) belongs.
+    const PipelineShape il{2, 4, 2, PipelineKind::kInterleaved};
+    std::vector<PipelineTable> t = build_pipeline_schedule(il);
+    REQUIRE(check_pipeline_schedule(il, t).ok());
+    auto forward = [&t](int chunk) {
+      return std::find(t[0].begin(), t[0].end(), PipelineAction{PipelineOp::kForward, 0, chunk, -1});
+    };
+    std::iter_swap(forward(0), forward(2));
+    const PipelineCheck check = check_pipeline_schedule(il, t);
+    REQUIRE_FALSE(check.ok());
+    CHECK(check.report() ==
+          "micro-batch 0 chunk 0: activation sent before the forward\n"
+          "micro-batch 0 chunk 1: next chunk's forward before the activation arrives\n");
   }
   SECTION("more warm-up forwards than 1f1b allows") {
     // gpipe's tables are valid and deadlock-free, but rank 0 holds all m activations.
