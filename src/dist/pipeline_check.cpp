@@ -38,7 +38,7 @@ PipelineCheck check_pipeline_schedule(const PipelineShape& shape, const std::vec
     fail(std::to_string(tables.size()) + " tables for " + std::to_string(p) + " ranks");
     return check;
   }
-  const bool zero_bubble = shape.kind == PipelineKind::kZeroBubbleH1;
+  const bool zero_bubble = shape.kind == PipelineKind::zb_h1;
   auto label = [&shape](const PipelineAction& a) { return action_label(a, shape); };
 
   // Positions in the rank's table of each (micro-batch, chunk)'s computations and transfers.
@@ -47,14 +47,14 @@ PipelineCheck check_pipeline_schedule(const PipelineShape& shape, const std::vec
   std::vector<std::vector<int>> count(kSlots, std::vector<int>(size_t(m) * chunks, 0));
   auto slot_of = [](PipelineOp op) {
     switch (op) {
-      case PipelineOp::kForward: return kF;
-      case PipelineOp::kBackward:
-      case PipelineOp::kBackwardInput: return kB;
-      case PipelineOp::kBackwardWeight: return kW;
-      case PipelineOp::kSendActivation: return kSendA;
-      case PipelineOp::kRecvActivation: return kRecvA;
-      case PipelineOp::kSendGradient: return kSendG;
-      case PipelineOp::kRecvGradient: return kRecvG;
+      case PipelineOp::forward: return kF;
+      case PipelineOp::backward:
+      case PipelineOp::backward_input: return kB;
+      case PipelineOp::backward_weight: return kW;
+      case PipelineOp::send_activation: return kSendA;
+      case PipelineOp::recv_activation: return kRecvA;
+      case PipelineOp::send_gradient: return kSendG;
+      case PipelineOp::recv_gradient: return kRecvG;
     }
     return kSlots;
   };
@@ -69,8 +69,8 @@ PipelineCheck check_pipeline_schedule(const PipelineShape& shape, const std::vec
         fail(where + "names micro-batch " + std::to_string(a.microbatch) + ", chunk " + std::to_string(a.chunk));
         continue;
       }
-      const bool split = a.op == PipelineOp::kBackwardInput || a.op == PipelineOp::kBackwardWeight;
-      if ((a.op == PipelineOp::kBackward && zero_bubble) || (split && !zero_bubble)) {
+      const bool split = a.op == PipelineOp::backward_input || a.op == PipelineOp::backward_weight;
+      if ((a.op == PipelineOp::backward && zero_bubble) || (split && !zero_bubble)) {
         fail(where + label(a) + ": not a computation of " + pipeline_kind_name(shape.kind));
       }
       const size_t at = size_t(a.microbatch) * chunks + a.chunk;
@@ -79,9 +79,9 @@ PipelineCheck check_pipeline_schedule(const PipelineShape& shape, const std::vec
       position[slot][at] = i;
       if (is_computation(a.op)) {
         if (shape.rank_of(a.chunk) != r) fail(where + label(a) + ": chunk held by rank " + std::to_string(shape.rank_of(a.chunk)));
-        if (a.op == PipelineOp::kForward) {
+        if (a.op == PipelineOp::forward) {
           activations++, held++;
-        } else if (a.op == PipelineOp::kBackwardWeight) {
+        } else if (a.op == PipelineOp::backward_weight) {
           held--;
         } else {
           activations--;

@@ -10,37 +10,37 @@
 
 const char* pipeline_kind_name(PipelineKind kind) {
   switch (kind) {
-    case PipelineKind::kGpipe: return "gpipe";
-    case PipelineKind::kOneForwardOneBackward: return "1f1b";
-    case PipelineKind::kInterleaved: return "interleaved";
-    case PipelineKind::kZeroBubbleH1: return "zb-h1";
+    case PipelineKind::gpipe: return "gpipe";
+    case PipelineKind::one_f_one_b: return "1f1b";
+    case PipelineKind::interleaved: return "interleaved";
+    case PipelineKind::zb_h1: return "zb-h1";
   }
   return "?";
 }
 
 PipelineKind parse_pipeline_kind(const std::string& name) {
-  for (PipelineKind kind : {PipelineKind::kGpipe, PipelineKind::kOneForwardOneBackward,
-                            PipelineKind::kInterleaved, PipelineKind::kZeroBubbleH1}) {
+  for (PipelineKind kind : {PipelineKind::gpipe, PipelineKind::one_f_one_b,
+                            PipelineKind::interleaved, PipelineKind::zb_h1}) {
     if (name == pipeline_kind_name(kind)) return kind;
   }
   throw std::invalid_argument("--pp-schedule: '" + name + "' is not one of gpipe, 1f1b, interleaved, zb-h1");
 }
 
 bool is_computation(PipelineOp op) {
-  return op == PipelineOp::kForward || op == PipelineOp::kBackward || op == PipelineOp::kBackwardInput ||
-         op == PipelineOp::kBackwardWeight;
+  return op == PipelineOp::forward || op == PipelineOp::backward || op == PipelineOp::backward_input ||
+         op == PipelineOp::backward_weight;
 }
-bool is_send(PipelineOp op) { return op == PipelineOp::kSendActivation || op == PipelineOp::kSendGradient; }
+bool is_send(PipelineOp op) { return op == PipelineOp::send_activation || op == PipelineOp::send_gradient; }
 bool is_activation_transfer(PipelineOp op) {
-  return op == PipelineOp::kSendActivation || op == PipelineOp::kRecvActivation;
+  return op == PipelineOp::send_activation || op == PipelineOp::recv_activation;
 }
 
 int pipeline_unit_cost(PipelineOp op) {
   switch (op) {
-    case PipelineOp::kForward: return 1;
-    case PipelineOp::kBackward: return 2;
-    case PipelineOp::kBackwardInput: return 1;
-    case PipelineOp::kBackwardWeight: return 1;
+    case PipelineOp::forward: return 1;
+    case PipelineOp::backward: return 2;
+    case PipelineOp::backward_input: return 1;
+    case PipelineOp::backward_weight: return 1;
     default: return 0;
   }
 }
@@ -58,7 +58,7 @@ void check_pipeline_shape(const PipelineShape& shape) {
     throw std::invalid_argument("--pp-virtual: " + std::to_string(shape.virtual_stages) +
                                 " chunks per rank (need at least 1)");
   }
-  if (shape.virtual_stages > 1 && shape.kind != PipelineKind::kInterleaved) {
+  if (shape.virtual_stages > 1 && shape.kind != PipelineKind::interleaved) {
     throw std::invalid_argument("--pp-virtual: " + std::to_string(shape.virtual_stages) +
                                 " chunks per rank need --pp-schedule interleaved (not " +
                                 pipeline_kind_name(shape.kind) + ")");
@@ -68,10 +68,10 @@ void check_pipeline_shape(const PipelineShape& shape) {
 int pipeline_warmup_forwards(const PipelineShape& shape, int rank) {
   const int p = shape.stages, m = shape.microbatches, v = shape.virtual_stages;
   switch (shape.kind) {
-    case PipelineKind::kGpipe: return m;
-    case PipelineKind::kOneForwardOneBackward:
-    case PipelineKind::kZeroBubbleH1: return std::min(p - rank - 1, m);
-    case PipelineKind::kInterleaved:
+    case PipelineKind::gpipe: return m;
+    case PipelineKind::one_f_one_b:
+    case PipelineKind::zb_h1: return std::min(p - rank - 1, m);
+    case PipelineKind::interleaved:
       if (v == 1) return std::min(p - rank - 1, m);
       return std::min(2 * (p - rank - 1) + (v - 1) * interleaved_groups(shape)[0], m * v);
   }
@@ -117,8 +117,8 @@ std::vector<Work> walk_order(const PipelineShape& shape, int rank, PipelineOp op
 // weight backwards are placed by the timing.
 std::vector<Work> rank_plan(const PipelineShape& shape, int rank) {
   const PipelineOp backward =
-      shape.kind == PipelineKind::kZeroBubbleH1 ? PipelineOp::kBackwardInput : PipelineOp::kBackward;
-  const std::vector<Work> forwards = walk_order(shape, rank, PipelineOp::kForward, false);
+      shape.kind == PipelineKind::zb_h1 ? PipelineOp::backward_input : PipelineOp::backward;
+  const std::vector<Work> forwards = walk_order(shape, rank, PipelineOp::forward, false);
   const std::vector<Work> backwards = walk_order(shape, rank, backward, true);
   const int n = static_cast<int>(forwards.size());
   const int warmup = pipeline_warmup_forwards(shape, rank);
@@ -139,7 +139,7 @@ struct Event {
   bool computation;
   long sequence;
   int rank;  // the computation's rank, or the transfer's producer rank
-  Work work;  // a transfer: kSendActivation or kSendGradient, with the producer's micro-batch and chunk
+  Work work;  // a transfer: send_activation or send_gradient, with the producer's micro-batch and chunk
 };
 
 }  // namespace
@@ -147,7 +147,7 @@ struct Event {
 std::vector<PipelineTable> build_pipeline_schedule(const PipelineShape& shape) {
   check_pipeline_shape(shape);
   const int p = shape.stages, m = shape.microbatches, chunks = shape.chunks();
-  const bool zero_bubble = shape.kind == PipelineKind::kZeroBubbleH1;
+  const bool zero_bubble = shape.kind == PipelineKind::zb_h1;
   // End times of each (micro-batch, chunk)'s forward and (input) backward; -1: not started.
   std::vector<long> forward_end(size_t(m) * chunks, -1), backward_end(size_t(m) * chunks, -1);
   auto at = [chunks](int mb, int chunk) { return size_t(mb) * chunks + chunk; };
@@ -173,20 +173,20 @@ std::vector<PipelineTable> build_pipeline_schedule(const PipelineShape& shape) {
     const long end = t + pipeline_unit_cost(w.op);
     ranks[r].free_at = end;
     events.push_back({t, true, long(events.size()), r, w});
-    if (w.op == PipelineOp::kForward) {
+    if (w.op == PipelineOp::forward) {
       forward_end[at(w.microbatch, w.chunk)] = end;
       if (w.chunk + 1 < chunks && shape.rank_of(w.chunk + 1) != r) {
-        events.push_back({end, false, long(events.size()), r, {PipelineOp::kSendActivation, w.microbatch, w.chunk}});
+        events.push_back({end, false, long(events.size()), r, {PipelineOp::send_activation, w.microbatch, w.chunk}});
       }
-    } else if (w.op != PipelineOp::kBackwardWeight) {
+    } else if (w.op != PipelineOp::backward_weight) {
       backward_end[at(w.microbatch, w.chunk)] = end;
       if (w.chunk > 0 && shape.rank_of(w.chunk - 1) != r) {
-        events.push_back({end, false, long(events.size()), r, {PipelineOp::kSendGradient, w.microbatch, w.chunk}});
+        events.push_back({end, false, long(events.size()), r, {PipelineOp::send_gradient, w.microbatch, w.chunk}});
       }
     }
   };
   auto ready = [&](const Work& w, long t) {
-    if (w.op == PipelineOp::kForward) return w.chunk == 0 || done_by(forward_end[at(w.microbatch, w.chunk - 1)], t);
+    if (w.op == PipelineOp::forward) return w.chunk == 0 || done_by(forward_end[at(w.microbatch, w.chunk - 1)], t);
     return done_by(forward_end[at(w.microbatch, w.chunk)], t) &&
            (w.chunk + 1 == chunks || done_by(backward_end[at(w.microbatch, w.chunk + 1)], t));
   };
@@ -202,13 +202,13 @@ std::vector<PipelineTable> build_pipeline_schedule(const PipelineShape& shape) {
       const bool planned = rank.next < rank.plan.size();
       const Work* next = planned ? &rank.plan[rank.next] : nullptr;
       const bool go = next && ready(*next, t) &&
-                      !(zero_bubble && next->op == PipelineOp::kForward && rank.holding >= p &&
+                      !(zero_bubble && next->op == PipelineOp::forward && rank.holding >= p &&
                         !rank.weight_pending.empty());
       if (go) {
         start(r, *next, t);
-        if (next->op == PipelineOp::kForward && zero_bubble) ++rank.holding;
-        if (next->op == PipelineOp::kBackwardInput) {
-          rank.weight_pending.push_back({PipelineOp::kBackwardWeight, next->microbatch, next->chunk});
+        if (next->op == PipelineOp::forward && zero_bubble) ++rank.holding;
+        if (next->op == PipelineOp::backward_input) {
+          rank.weight_pending.push_back({PipelineOp::backward_weight, next->microbatch, next->chunk});
         }
         ++rank.next;
       } else if (!rank.weight_pending.empty()) {  // not ready, or holding p already
@@ -231,10 +231,10 @@ std::vector<PipelineTable> build_pipeline_schedule(const PipelineShape& shape) {
       tables[e.rank].push_back({e.work.op, e.work.microbatch, e.work.chunk, -1});
       continue;
     }
-    const bool activation = e.work.op == PipelineOp::kSendActivation;
+    const bool activation = e.work.op == PipelineOp::send_activation;
     const int to = shape.rank_of(e.work.chunk + (activation ? 1 : -1));
     tables[e.rank].push_back({e.work.op, e.work.microbatch, e.work.chunk, to});
-    tables[to].push_back({activation ? PipelineOp::kRecvActivation : PipelineOp::kRecvGradient, e.work.microbatch,
+    tables[to].push_back({activation ? PipelineOp::recv_activation : PipelineOp::recv_gradient, e.work.microbatch,
                           e.work.chunk, e.rank});
   }
   return tables;

@@ -42,25 +42,25 @@
 #include <string>
 #include <vector>
 
-enum class PipelineKind { kGpipe, kOneForwardOneBackward, kInterleaved, kZeroBubbleH1 };
+enum class PipelineKind { gpipe, one_f_one_b, interleaved, zb_h1 };
 
 // "gpipe", "1f1b", "interleaved", "zb-h1" (the --pp-schedule values) and back.
 const char* pipeline_kind_name(PipelineKind kind);
 PipelineKind parse_pipeline_kind(const std::string& name);  // throws naming --pp-schedule
 
 enum class PipelineOp {
-  kForward,
-  kBackward,        // input and weight gradients together (every kind but zb-h1)
-  kBackwardInput,   // zb-h1: the input gradient (what the previous chunk waits for)
-  kBackwardWeight,  // zb-h1: the weight gradient
-  kSendActivation,  // the chunk's output, to the rank of chunk + 1
-  kRecvActivation,  // chunk's output, from the rank of chunk (this rank holds chunk + 1)
-  kSendGradient,    // the gradient of the chunk's input, to the rank of chunk - 1
-  kRecvGradient,    // chunk's input gradient, from the rank of chunk (this rank holds chunk - 1)
+  forward,
+  backward,        // input and weight gradients together (every kind but zb-h1)
+  backward_input,   // zb-h1: the input gradient (what the previous chunk waits for)
+  backward_weight,  // zb-h1: the weight gradient
+  send_activation,  // the chunk's output, to the rank of chunk + 1
+  recv_activation,  // chunk's output, from the rank of chunk (this rank holds chunk + 1)
+  send_gradient,    // the gradient of the chunk's input, to the rank of chunk - 1
+  recv_gradient,    // chunk's input gradient, from the rank of chunk (this rank holds chunk - 1)
 };
 bool is_computation(PipelineOp op);
 bool is_send(PipelineOp op);
-bool is_activation_transfer(PipelineOp op);  // kSendActivation or kRecvActivation
+bool is_activation_transfer(PipelineOp op);  // send_activation or recv_activation
 
 // Unit costs (the simulator's, and the builder's timing): forward 1, backward 2, zb-h1's input and
 // weight backwards 1 each, transfers 0. With v > 1 the unit is one chunk's forward.
@@ -80,7 +80,7 @@ struct PipelineShape {
   int stages = 1;          // p: --pp
   int microbatches = 1;    // m: --pp-microbatches
   int virtual_stages = 1;  // v: --pp-virtual
-  PipelineKind kind = PipelineKind::kOneForwardOneBackward;
+  PipelineKind kind = PipelineKind::one_f_one_b;
   int chunks() const { return stages * virtual_stages; }
   int rank_of(int chunk) const { return chunk % stages; }
 };
@@ -88,11 +88,11 @@ struct PipelineShape {
 // Throws std::invalid_argument (one line naming the flag) for a shape no schedule exists for.
 void check_pipeline_shape(const PipelineShape& shape);
 
-// Warm-up forwards rank `rank` runs before its first backward (the in-flight activations the
-// kind plans for are this + 1, capped at the forwards there are).
 // Interleaved: the sizes of the micro-batch groups (above), in order; they sum to m.
 std::vector<int> interleaved_groups(const PipelineShape& shape);
 
+// Warm-up forwards rank `rank` runs before its first backward (the in-flight activations the
+// kind plans for are this + 1, capped at the forwards there are).
 int pipeline_warmup_forwards(const PipelineShape& shape, int rank);
 
 using PipelineTable = std::vector<PipelineAction>;

@@ -18,14 +18,14 @@
 
 namespace {
 
-const PipelineKind kKinds[] = {PipelineKind::kGpipe, PipelineKind::kOneForwardOneBackward, PipelineKind::kInterleaved,
-                               PipelineKind::kZeroBubbleH1};
+const PipelineKind kKinds[] = {PipelineKind::gpipe, PipelineKind::one_f_one_b, PipelineKind::interleaved,
+                               PipelineKind::zb_h1};
 
 std::vector<PipelineShape> every_shape() {
   std::vector<PipelineShape> shapes;
   for (PipelineKind kind : kKinds) {
     for (int p : {1, 2, 3, 4, 8}) {
-      for (int v = 1; v <= (kind == PipelineKind::kInterleaved ? 3 : 1); ++v) {
+      for (int v = 1; v <= (kind == PipelineKind::interleaved ? 3 : 1); ++v) {
         for (int m = p; m <= 3 * p + 1; ++m) shapes.push_back({p, m, v, kind});
       }
     }
@@ -54,10 +54,10 @@ std::string show(const PipelineShape& s, const std::vector<PipelineTable>& table
 int activation_bound(const PipelineShape& s, int r) {
   const int p = s.stages, m = s.microbatches, v = s.virtual_stages;
   switch (s.kind) {
-    case PipelineKind::kGpipe: return m;
-    case PipelineKind::kOneForwardOneBackward:
-    case PipelineKind::kZeroBubbleH1: return p - r;
-    case PipelineKind::kInterleaved: {
+    case PipelineKind::gpipe: return m;
+    case PipelineKind::one_f_one_b:
+    case PipelineKind::zb_h1: return p - r;
+    case PipelineKind::interleaved: {
       if (v == 1) return p - r;
       const int first_group = p + (m % p + m / p - 1) / (m / p);  // p + ceil((m mod p) / (m div p))
       return std::min(2 * (p - r - 1) + (v - 1) * first_group + 1, m * v);
@@ -88,12 +88,12 @@ TEST_CASE("Every schedule is valid, deadlock-free and within its activation boun
         if (!is_computation(a.op)) continue;
         CHECK(a.chunk % s.stages == r);
         const size_t at = size_t(a.microbatch) * chunks + a.chunk;
-        if (a.op == PipelineOp::kForward) ++forwards[at];
-        if (a.op == PipelineOp::kBackward || a.op == PipelineOp::kBackwardInput) ++backwards[at];
-        if (a.op == PipelineOp::kBackwardWeight) ++weights[at];
+        if (a.op == PipelineOp::forward) ++forwards[at];
+        if (a.op == PipelineOp::backward || a.op == PipelineOp::backward_input) ++backwards[at];
+        if (a.op == PipelineOp::backward_weight) ++weights[at];
       }
     }
-    const int weight_count = s.kind == PipelineKind::kZeroBubbleH1 ? 1 : 0;
+    const int weight_count = s.kind == PipelineKind::zb_h1 ? 1 : 0;
     for (size_t i = 0; i < forwards.size(); ++i) {
       CHECK(forwards[i] == 1);
       CHECK(backwards[i] == 1);
@@ -102,14 +102,14 @@ TEST_CASE("Every schedule is valid, deadlock-free and within its activation boun
     for (int r = 0; r < s.stages; ++r) {
       INFO("rank " << r);
       CHECK(check.peak_activations[r] <= activation_bound(s, r));
-      if (s.kind == PipelineKind::kZeroBubbleH1) CHECK(check.peak_held[r] <= s.stages);
+      if (s.kind == PipelineKind::zb_h1) CHECK(check.peak_held[r] <= s.stages);
     }
     // The known peaks: 1f1b's rank r holds exactly p - r; interleaved's rank 0, m a multiple of p,
     // p·v + p - 1 chunk activations (all m·v when there are fewer).
-    if (s.kind == PipelineKind::kOneForwardOneBackward || s.kind == PipelineKind::kZeroBubbleH1) {
+    if (s.kind == PipelineKind::one_f_one_b || s.kind == PipelineKind::zb_h1) {
       for (int r = 0; r < s.stages; ++r) CHECK(check.peak_activations[r] == s.stages - r);
     }
-    if (s.kind == PipelineKind::kInterleaved && s.virtual_stages > 1 && s.microbatches % s.stages == 0) {
+    if (s.kind == PipelineKind::interleaved && s.virtual_stages > 1 && s.microbatches % s.stages == 0) {
       CHECK(check.peak_activations[0] ==
             std::min(s.stages * s.virtual_stages + s.stages - 1, s.microbatches * s.virtual_stages));
     }
@@ -124,20 +124,20 @@ TEST_CASE("The unit-cost bubble is each schedule's closed form", "[pipeline_sche
     const long p = s.stages, m = s.microbatches, v = s.virtual_stages;
     for (int r = 0; r < s.stages; ++r) CHECK(timing.busy[r] == 3 * m * v);
     switch (s.kind) {
-      case PipelineKind::kGpipe:
-      case PipelineKind::kOneForwardOneBackward:
+      case PipelineKind::gpipe:
+      case PipelineKind::one_f_one_b:
         CHECK(timing.makespan == 3 * (m + p - 1));
         CHECK(timing.bubble() == Approx(double(p - 1) / double(m + p - 1)).margin(1e-12));
         CHECK(timing.bubble_over_ideal() == Approx(double(p - 1) / double(m)).margin(1e-12));
         break;
-      case PipelineKind::kInterleaved:
+      case PipelineKind::interleaved:
         CHECK(timing.makespan == 3 * (m * v + p - 1));
         CHECK(timing.bubble_over_ideal() == Approx(double(p - 1) / double(v * m)).margin(1e-12));
         break;
-      case PipelineKind::kZeroBubbleH1: {
+      case PipelineKind::zb_h1: {
         CHECK(timing.makespan == 3 * m + p - 1);
         CHECK(timing.bubble_over_ideal() == Approx(double(p - 1) / double(3 * m)).margin(1e-12));
-        const PipelineShape one_f_one_b{s.stages, s.microbatches, 1, PipelineKind::kOneForwardOneBackward};
+        const PipelineShape one_f_one_b{s.stages, s.microbatches, 1, PipelineKind::one_f_one_b};
         const double theirs = time_pipeline_schedule(one_f_one_b, build_pipeline_schedule(one_f_one_b)).bubble();
         if (p > 1) CHECK(timing.bubble() < theirs);
         break;
@@ -147,27 +147,27 @@ TEST_CASE("The unit-cost bubble is each schedule's closed form", "[pipeline_sche
 }
 
 TEST_CASE("The validator catches broken tables", "[pipeline_schedule]") {
-  const PipelineShape s{4, 6, 1, PipelineKind::kOneForwardOneBackward};
+  const PipelineShape s{4, 6, 1, PipelineKind::one_f_one_b};
   const std::vector<PipelineTable> good = build_pipeline_schedule(s);
   REQUIRE(check_pipeline_schedule(s, good).ok());
 
   SECTION("a missing send") {
     std::vector<PipelineTable> t = good;
-    erase_first(t[1], PipelineOp::kSendActivation);
+    erase_first(t[1], PipelineOp::send_activation);
     const PipelineCheck check = check_pipeline_schedule(s, t);
     REQUIRE_FALSE(check.ok());
     CHECK(check.errors[0] == "micro-batch 0 chunk 1: 0 activation sends (expected 1)");
   }
   SECTION("a missing receive") {
     std::vector<PipelineTable> t = good;
-    erase_first(t[0], PipelineOp::kRecvGradient);
+    erase_first(t[0], PipelineOp::recv_gradient);
     CHECK_FALSE(check_pipeline_schedule(s, t).ok());
   }
   SECTION("two sends to the same rank swapped") {
     std::vector<PipelineTable> t = good;
     std::vector<size_t> sends;
     for (size_t i = 0; i < t[0].size(); ++i) {
-      if (t[0][i].op == PipelineOp::kSendActivation) sends.push_back(i);
+      if (t[0][i].op == PipelineOp::send_activation) sends.push_back(i);
     }
     std::swap(t[0][sends[1]], t[0][sends[2]]);
     const PipelineCheck check = check_pipeline_schedule(s, t);
@@ -176,31 +176,31 @@ TEST_CASE("The validator catches broken tables", "[pipeline_schedule]") {
   }
   SECTION("a backward before its forward") {
     std::vector<PipelineTable> t = good;
-    auto forward = std::find_if(t[3].begin(), t[3].end(), [](const PipelineAction& a) { return a.op == PipelineOp::kForward; });
-    auto backward = std::find_if(t[3].begin(), t[3].end(), [](const PipelineAction& a) { return a.op == PipelineOp::kBackward; });
+    auto forward = std::find_if(t[3].begin(), t[3].end(), [](const PipelineAction& a) { return a.op == PipelineOp::forward; });
+    auto backward = std::find_if(t[3].begin(), t[3].end(), [](const PipelineAction& a) { return a.op == PipelineOp::backward; });
     std::iter_swap(forward, backward);
     CHECK_FALSE(check_pipeline_schedule(s, t).ok());
   }
   SECTION("a forward on the wrong rank") {
     std::vector<PipelineTable> t = good;
     const PipelineAction forward = *std::find_if(t[2].begin(), t[2].end(), [](const PipelineAction& a) {
-      return a.op == PipelineOp::kForward;
+      return a.op == PipelineOp::forward;
     });
     t[1].insert(t[1].begin(), forward);
     CHECK_FALSE(check_pipeline_schedule(s, t).ok());
   }
   SECTION("a forward run twice") {
     std::vector<PipelineTable> t = good;
-    t[3].push_back({PipelineOp::kForward, 5, 3, -1});
+    t[3].push_back({PipelineOp::forward, 5, 3, -1});
     CHECK_FALSE(check_pipeline_schedule(s, t).ok());
   }
   SECTION("interleaved chunks forwarded out of model order") {
     // Rank 0 runs micro-batch 0's second chunk (2) where its first (0) belongs.
-    const PipelineShape il{2, 4, 2, PipelineKind::kInterleaved};
+    const PipelineShape il{2, 4, 2, PipelineKind::interleaved};
     std::vector<PipelineTable> t = build_pipeline_schedule(il);
     REQUIRE(check_pipeline_schedule(il, t).ok());
     auto forward = [&t](int chunk) {
-      return std::find(t[0].begin(), t[0].end(), PipelineAction{PipelineOp::kForward, 0, chunk, -1});
+      return std::find(t[0].begin(), t[0].end(), PipelineAction{PipelineOp::forward, 0, chunk, -1});
     };
     std::iter_swap(forward(0), forward(2));
     const PipelineCheck check = check_pipeline_schedule(il, t);
@@ -211,7 +211,7 @@ TEST_CASE("The validator catches broken tables", "[pipeline_schedule]") {
   }
   SECTION("more warm-up forwards than 1f1b allows") {
     // gpipe's tables are valid and deadlock-free, but rank 0 holds all m activations.
-    const PipelineCheck check = check_pipeline_schedule(s, build_pipeline_schedule({4, 6, 1, PipelineKind::kGpipe}));
+    const PipelineCheck check = check_pipeline_schedule(s, build_pipeline_schedule({4, 6, 1, PipelineKind::gpipe}));
     REQUIRE_FALSE(check.ok());
     CHECK(check.errors[0] == "rank 0 holds 6 activations (bound 4)");
   }
@@ -222,12 +222,12 @@ TEST_CASE("The validator finds a deadlock only blocking sends reveal", "[pipelin
   // sends micro-batch 0's gradient before it receives micro-batch 1's activation. Every transfer
   // is matched and in order, and buffered sends would finish; blocking ones wait on each other.
   using Op = PipelineOp;
-  const PipelineShape s{2, 2, 1, PipelineKind::kGpipe};
+  const PipelineShape s{2, 2, 1, PipelineKind::gpipe};
   const std::vector<PipelineTable> tables = {
-      {{Op::kForward, 0, 0}, {Op::kForward, 1, 0}, {Op::kSendActivation, 0, 0, 1}, {Op::kSendActivation, 1, 0, 1},
-       {Op::kRecvGradient, 0, 1, 1}, {Op::kBackward, 0, 0}, {Op::kRecvGradient, 1, 1, 1}, {Op::kBackward, 1, 0}},
-      {{Op::kRecvActivation, 0, 0, 0}, {Op::kForward, 0, 1}, {Op::kBackward, 0, 1}, {Op::kSendGradient, 0, 1, 0},
-       {Op::kRecvActivation, 1, 0, 0}, {Op::kForward, 1, 1}, {Op::kBackward, 1, 1}, {Op::kSendGradient, 1, 1, 0}},
+      {{Op::forward, 0, 0}, {Op::forward, 1, 0}, {Op::send_activation, 0, 0, 1}, {Op::send_activation, 1, 0, 1},
+       {Op::recv_gradient, 0, 1, 1}, {Op::backward, 0, 0}, {Op::recv_gradient, 1, 1, 1}, {Op::backward, 1, 0}},
+      {{Op::recv_activation, 0, 0, 0}, {Op::forward, 0, 1}, {Op::backward, 0, 1}, {Op::send_gradient, 0, 1, 0},
+       {Op::recv_activation, 1, 0, 0}, {Op::forward, 1, 1}, {Op::backward, 1, 1}, {Op::send_gradient, 1, 1, 0}},
   };
   const PipelineCheck check = check_pipeline_schedule(s, tables);
   REQUIRE_FALSE(check.ok());
@@ -237,7 +237,7 @@ TEST_CASE("The validator finds a deadlock only blocking sends reveal", "[pipelin
 }
 
 TEST_CASE("1f1b at p = 4, m = 8 as a timeline (docs/DISTRIBUTED.md)", "[pipeline_schedule]") {
-  const PipelineShape s{4, 8, 1, PipelineKind::kOneForwardOneBackward};
+  const PipelineShape s{4, 8, 1, PipelineKind::one_f_one_b};
   const PipelineTiming timing = time_pipeline_schedule(s, build_pipeline_schedule(s));
   CHECK(pipeline_timeline(s, timing) ==
         "r0 | F0 F1 F2 F3 .  .  .  .  .  .  B0 ~  F4 B1 ~  F5 B2 ~  F6 B3 ~  F7 B4 ~  .  B5 ~  .  B6 ~  .  B7 ~\n"
@@ -259,12 +259,12 @@ TEST_CASE("Shapes no schedule exists for are refused in one line naming the flag
     }
     return std::string("no error");
   };
-  CHECK(message({4, 3, 1, PipelineKind::kOneForwardOneBackward}) ==
+  CHECK(message({4, 3, 1, PipelineKind::one_f_one_b}) ==
         "--pp-microbatches: 3 micro-batches for 4 pipeline stages (every schedule needs at least one per stage: m >= p)");
-  CHECK(message({2, 4, 2, PipelineKind::kZeroBubbleH1}) ==
+  CHECK(message({2, 4, 2, PipelineKind::zb_h1}) ==
         "--pp-virtual: 2 chunks per rank need --pp-schedule interleaved (not zb-h1)");
-  CHECK(message({0, 4, 1, PipelineKind::kGpipe}).rfind("--pp: ", 0) == 0);
-  CHECK(message({2, 4, 0, PipelineKind::kInterleaved}).rfind("--pp-virtual: ", 0) == 0);
+  CHECK(message({0, 4, 1, PipelineKind::gpipe}).rfind("--pp: ", 0) == 0);
+  CHECK(message({2, 4, 0, PipelineKind::interleaved}).rfind("--pp-virtual: ", 0) == 0);
   CHECK_THROWS_WITH(parse_pipeline_kind("zb"), "--pp-schedule: 'zb' is not one of gpipe, 1f1b, interleaved, zb-h1");
   for (PipelineKind kind : kKinds) CHECK(parse_pipeline_kind(pipeline_kind_name(kind)) == kind);
 }
