@@ -24,6 +24,7 @@ import argparse
 import json
 import math
 import os
+import struct
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -53,6 +54,24 @@ def param_shapes(cfg):
         "fcprojw": (L, C, 4 * C), "fcprojb": (L, C),
         "lnfw": (C,), "lnfb": (C,),
     }
+
+
+def read_model_file(path):
+    """An fp32 (version 3) GPT-2 model file as (cfg, {name: tensor}) in param_shapes' layout."""
+    raw = open(path, "rb").read()
+    h = struct.unpack("<256i", raw[:1024])
+    if h[0] != MODEL_MAGIC or h[1] != MODEL_VERSION_FP32:
+        raise ValueError(f"{path}: expected an fp32 GPT-2 model file (magic {MODEL_MAGIC}, version 3)")
+    cfg = argparse.Namespace(max_seq_len=h[2], vocab=h[3], layers=h[4], heads=h[5], channels=h[6], padded_vocab=h[7])
+    body = torch.frombuffer(bytearray(raw[1024:]), dtype=torch.float32)
+    params, at = {}, 0
+    for name, shape in param_shapes(cfg).items():
+        n = math.prod(shape)
+        params[name] = body[at:at + n].view(shape)
+        at += n
+    if at != body.numel():
+        raise ValueError(f"{path}: {body.numel()} values in the body, the header describes {at}")
+    return cfg, params
 
 
 def init_params(cfg):

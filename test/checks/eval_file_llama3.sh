@@ -85,23 +85,13 @@ PY
 "$python" -W ignore::UserWarning test/checks/lib/wide_vocab_model.py "$tmp/wide.bin" || { fail "writing the model"; exit 1; }
 T=32
 "$python" -W ignore::UserWarning - "$tmp/wide.bin" "$tmp" "$T" <<'PY' || fail "PyTorch's loss sums"
-import json, struct, sys
+import json, sys
 import numpy as np
 import torch
 sys.path.insert(0, "dev")
 import gpt2_reference as ref
 model_path, tmp, T = sys.argv[1], sys.argv[2], int(sys.argv[3])
-raw = open(model_path, "rb").read()
-h = struct.unpack("<256i", raw[:1024])
-class Cfg: pass
-cfg = Cfg()
-cfg.max_seq_len, cfg.vocab, cfg.layers, cfg.heads, cfg.channels, cfg.padded_vocab = h[2], h[3], h[4], h[5], h[6], h[7]
-body = torch.from_numpy(np.frombuffer(raw[1024:], dtype="<f4").astype(np.float32))
-params, at = {}, 0
-for name, shape in ref.param_shapes(cfg).items():
-    n = int(np.prod(shape))
-    params[name] = body[at:at + n].view(shape)
-    at += n
+cfg, params = ref.read_model_file(model_path)
 ids = [[int(t) for t in l.split()] for l in open(f"{tmp}/ids_llama3.txt")]
 sums = []
 with torch.no_grad():

@@ -25,7 +25,7 @@ model=$tmp/ref/model.bin
 # completion and the accuracies, with the context cut as docs/EVALUATION.md states (to T + 1 - longest
 # completion tokens).
 "$python" - "$model" "$tmp/eval.bin" "$tmp/expected.json" "$T" <<'PY' || { echo "FAIL: writing the eval file"; exit 1; }
-import json, struct, sys
+import json, sys
 import numpy as np
 import torch
 sys.path.insert(0, "dev")
@@ -34,18 +34,7 @@ import gpt2_reference as ref
 from eval_file import write_eval_file
 
 model_path, eval_path, expected_path, T = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-raw = open(model_path, "rb").read()
-h = struct.unpack("<256i", raw[:1024])
-class Cfg: pass
-cfg = Cfg()
-cfg.max_seq_len, cfg.vocab, cfg.layers, cfg.heads, cfg.channels, cfg.padded_vocab = h[2], h[3], h[4], h[5], h[6], h[7]
-body = torch.from_numpy(np.frombuffer(raw[1024:], dtype="<f4").astype(np.float32))
-params, at = {}, 0
-for name, shape in ref.param_shapes(cfg).items():
-    n = int(np.prod(shape))
-    params[name] = body[at:at + n].view(shape)
-    at += n
-assert at == body.numel()
+cfg, params = ref.read_model_file(model_path)
 
 rng = np.random.default_rng(5)
 examples = []
