@@ -56,6 +56,8 @@ struct ModelConfig {
   int head_size() const { return channels / num_heads; }
   // Columns of the fused q|k|v product: (NH + 2·NKV)·HS.
   int qkv_channels() const { return (num_heads + 2 * kv_heads()) * head_size(); }
+  // The MLP's products kept per row, H wide each: fc's, and SwiGLU's fc2's.
+  int mlp_products() const { return mlp == Mlp::swiglu ? 2 : 1; }
   // Llama 3's settings (RMSNorm, RoPE, SwiGLU, no biases): its model file and checkpoint names.
   bool is_llama() const { return norm == Norm::rmsnorm; }
 };

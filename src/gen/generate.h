@@ -71,7 +71,7 @@ struct KvDecoderCounts {
 };
 inline KvDecoderCounts kv_decoder_counts(const ModelConfig& cfg, int max_len) {
   const size_t rows = static_cast<size_t>(max_len), C = static_cast<size_t>(cfg.channels);
-  const size_t H = static_cast<size_t>(cfg.hidden()), mlp_products = cfg.mlp == Mlp::swiglu ? 2 : 1;
+  const size_t H = static_cast<size_t>(cfg.hidden()), mlp_products = static_cast<size_t>(cfg.mlp_products());
   KvDecoderCounts n;
   n.cache = static_cast<size_t>(cfg.num_layers) * rows * static_cast<size_t>(cfg.kv_heads() * cfg.head_size());
   // x, residual2, ln, atty, branch (C each); qkv; the MLP's products and activation; one row of logits.
@@ -99,7 +99,7 @@ class KvCacheDecoder {
     matmul_init();
     // Sized as kv_decoder_counts() counts them.
     const size_t rows = static_cast<size_t>(max_len), C = static_cast<size_t>(cfg.channels);
-    const size_t H = static_cast<size_t>(cfg.hidden()), mlp_products = cfg.mlp == Mlp::swiglu ? 2 : 1;
+    const size_t H = static_cast<size_t>(cfg.hidden()), mlp_products = static_cast<size_t>(cfg.mlp_products());
     const size_t cache = kv_decoder_counts(cfg, max_len).cache;
     k_cache_ = DeviceArray<Elem>(cache, "the decoder's key cache");
     v_cache_ = DeviceArray<Elem>(cache, "the decoder's value cache");

@@ -115,7 +115,6 @@ inline ActivationCounts activation_counts(const ModelConfig& cfg, int B, int seq
   const size_t ways = static_cast<size_t>(tp.size), Nl = tp.sequence_parallel ? N / ways : N;
   const size_t Cl = C / ways, NHl = cfg.num_heads / ways, Vl = cfg.padded_vocab_size / ways;
   const size_t QKVl = cfg.qkv_channels() / ways, Hl = cfg.hidden() / ways;
-  const size_t products = cfg.mlp == Mlp::swiglu ? 2 : 1;  // SwiGLU keeps w1·x and w3·x
   auto slices = [&](BlockTensor t) { return block_keeps(t, recompute) ? L : 1; };
   ActivationCounts n;
   n.encoded = N * C;
@@ -124,7 +123,7 @@ inline ActivationCounts activation_counts(const ModelConfig& cfg, int B, int seq
   n.atty = slices(BlockTensor::other) * N * Cl;
   n.residual2 = slices(BlockTensor::other) * Nl * C;
   n.qkv = slices(BlockTensor::other) * N * QKVl;
-  n.fch = slices(BlockTensor::other) * products * N * Hl;
+  n.fch = slices(BlockTensor::other) * cfg.mlp_products() * N * Hl;
   n.fch_gelu = slices(BlockTensor::fch_gelu) * N * Hl;
   n.lnf = n.branch = n.dresidual = N * C;
   n.logits = std::min(N, logits_rows) * Vl;

@@ -352,11 +352,10 @@ class Transformer {
                           layer_slice(a.ln2_mean, l, Nl), layer_slice(a.ln2_rstd, l, Nl), block_input(l), attproj,
                           param(kLn2w, l), param(kLn2b, l), Nl, s);
     tp_.gather(ln2, C);
-    mlp_up_forward(cfg_, layer_slice(a.fch, l, mlp_products() * Nh), layer_slice(a.fch_gelu, l, Nh), ln2,
+    mlp_up_forward(cfg_, layer_slice(a.fch, l, cfg_.mlp_products() * Nh), layer_slice(a.fch_gelu, l, Nh), ln2,
                    param(kFcw, l), param(kFcb, l), param(kFc2w, l), N, hl_, s);
   }
 
-  size_t mlp_products() const { return cfg_.mlp == Mlp::swiglu ? 2 : 1; }  // kept per row: fc's (and fc2's)
 
   void queue_forward() {
     const int N = rows(), C = cfg_.channels, L = cfg_.num_layers, Nl = tp_.local_rows();
@@ -436,7 +435,7 @@ class Transformer {
       const Elem* residual2 = layer_slice(a.residual2, l, NlC);
       const Elem* qkv = layer_slice(a.qkv, l, static_cast<size_t>(N) * qkvl_);
       const Elem* atty = layer_slice(a.atty, l, Ncl);
-      Elem* fch = layer_slice(a.fch, l, mlp_products() * Nh);
+      Elem* fch = layer_slice(a.fch, l, cfg_.mlp_products() * Nh);
       Elem* fch_gelu = layer_slice(a.fch_gelu, l, Nh);
       // A recomputed ln1 or ln2 (norm_forward of the kept, rounded input) equals the forward's
       // fused residual norm output bit for bit, statistics included (kept statistics are
