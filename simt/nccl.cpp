@@ -54,6 +54,22 @@
 //   when sendbuff == recvbuff; reduce-scatter when recvbuff == sendbuff + rank·recvcount; all-gather
 //   when sendbuff == recvbuff + rank·sendcount. Any other overlap of the two ranges is refused
 //   (ncclInvalidArgument), as is a NULL buffer with a non-zero count.
+// Point-to-point (ncclSend, ncclRecv): count elements of the data types above to / from rank peer
+//   of the communicator; an operation of the communicator like a collective (in call order with
+//   its others, blocking or not as the communicator is, sticky errors, abort). As nccl.h says, each
+//   is blocking until its peer takes part: a send completes only once the peer's matching receive
+//   has been posted (MPI_Issend, synchronous mode, so the stand-in is never more lenient than
+//   NCCL's rendezvous), and transfers that must progress together go in one ncclGroupStart/End.
+//   A group's sends and receives on a communicator are one operation, queued where the first of
+//   them was called and started at the outermost ncclGroupEnd: all posted at once, complete when
+//   all have (so two ranks that each send to and receive from the other in one group, or a ring,
+//   do not deadlock). Messages between two ranks match in call order (one MPI tag). A receive of
+//   another size than the send it matches fails its communicator with ncclInvalidUsage (MPI
+//   would truncate or leave bytes unwritten; the sending side, whose transfer completed, sees no
+//   error). Refused (ncclInvalidArgument): a peer that is not a rank of the communicator, the
+//   caller's own rank (NCCL allows that inside a group; the stand-in does not implement it), a
+//   NULL buffer with a non-zero count. For the stream checker a send reads its buffer and a
+//   receive writes its buffer on the call's stream.
 // Errors of a non-blocking communicator are sticky, as in NCCL's enqueue path (ncclEnqueueCheck
 //   stores a failed call's status with ncclCommSetAsyncError): once any call on it has failed, for
 //   whatever reason, ncclCommGetAsyncError and every later call on it report that error; only
@@ -65,10 +81,10 @@
 //   ncclCommDestroy of a non-blocking communicator is refused (ncclInvalidUsage) unless finalize
 //   was called and polled to ncclSuccess; a blocking one is finalized by the destroy itself.
 //   No operation may be issued after ncclCommFinalize.
-// Groups (ncclGroupStart/End, per thread) nest; the calls inside are queued (and started) in call
-// order and return ncclSuccess; the outermost ncclGroupEnd completes them (blocking) or returns
-// ncclInProgress while any of them runs (non-blocking).
-// Stream order: each collective is an operation of its stream for the stream-ordering checker
+// Groups (ncclGroupStart/End, per thread) nest; the calls inside are queued (and started, except
+// point-to-point ones, above) in call order and return ncclSuccess; the outermost ncclGroupEnd
+// completes them (blocking) or returns ncclInProgress while any of them runs (non-blocking).
+// Stream order: each collective, send and receive is an operation of its stream for the checker
 //   (streams.h: its buffers, and its order against the other live communicators' operations, with
 //   the number of the outermost group it was issued in); communicators are tracked from their
 //   creation (ncclCommInitRank*, ncclCommSplit) to ncclCommDestroy or ncclCommAbort.
@@ -104,11 +120,28 @@ namespace {
 // has arrived), then at most one non-blocking MPI call, whose request it stores.
 using Step = std::function<ncclResult_t(MPI_Request*)>;
 
+// The point-to-point transfers of one operation: one ncclSend or ncclRecv outside a group, or all
+// of a group's on one communicator. They are posted together when the operation starts and it
+// completes once all have, so that a group's sends and receives progress together.
+struct Transfers {
+  struct Transfer {
+    bool send;
+    void* buffer;
+    size_t bytes;
+    int peer;
+  };
+  std::vector<Transfer> list;
+  std::vector<MPI_Request> requests;  // posted, not yet all completed
+  std::vector<MPI_Status> statuses;
+  bool open = false;  // its group has not ended: more may join, and it does not start yet
+};
+
 struct Operation {
   std::string name;  // "ncclAllReduce", for error messages
   std::vector<Step> steps;
-  size_t next = 0;  // the step to run once `request` has completed
+  size_t next = 0;  // the step to run once `request` (and the transfers' requests) have completed
   MPI_Request request = MPI_REQUEST_NULL;
+  std::shared_ptr<Transfers> transfers;  // a point-to-point operation's
 };
 
 }  // namespace
@@ -137,6 +170,8 @@ thread_local int group_depth = 0;
 thread_local unsigned long long current_group = 0;  // the outermost open group's number
 std::atomic<unsigned long long> groups_started{0};
 thread_local std::vector<ncclComm*> group_comms;  // communicators the current group issued on
+// The current group's point-to-point operation on each communicator it sent or received on.
+thread_local std::vector<std::pair<ncclComm*, std::shared_ptr<Transfers>>> group_transfers;
 
 ncclResult_t fail(ncclResult_t status, const std::string& message) {
   last_error = message;
@@ -190,7 +225,10 @@ size_t element_bytes(ncclDataType_t type) {
   }
 }
 
-ncclResult_t check_call(const char* what, ncclComm* comm, ncclDataType_t type, size_t count, const ncclRedOp_t* op) {
+// `messages`: how many count-element messages one MPI call carries at most (a collective's: one
+// per rank).
+ncclResult_t check_call(const char* what, ncclComm* comm, ncclDataType_t type, size_t count, const ncclRedOp_t* op,
+                        size_t messages = 0) {
   if (!valid(comm)) return fail(ncclInvalidArgument, std::string(what) + ": invalid communicator");
   if (element_bytes(type) == 0)
     return refuse(comm, ncclInvalidArgument, std::string(what) + ": data type " + std::to_string(static_cast<int>(type)) +
@@ -198,7 +236,8 @@ ncclResult_t check_call(const char* what, ncclComm* comm, ncclDataType_t type, s
   if (op != nullptr && *op != ncclSum && *op != ncclAvg && *op != ncclMax)
     return refuse(comm, ncclInvalidArgument, std::string(what) + ": reduction op " + std::to_string(static_cast<int>(*op)) +
                                                  " is not implemented by the CPU stand-in (ncclSum, ncclAvg, ncclMax)");
-  if (count * element_bytes(type) * static_cast<size_t>(comm->nranks) > static_cast<size_t>(INT_MAX))
+  if (messages == 0) messages = static_cast<size_t>(comm->nranks);
+  if (count * element_bytes(type) * messages > static_cast<size_t>(INT_MAX))
     return refuse(comm, ncclInvalidArgument, std::string(what) + ": " + std::to_string(count) +
                                                  " elements exceed the CPU stand-in's MPI message limit (INT_MAX bytes)");
   return ncclSuccess;
@@ -293,14 +332,62 @@ ncclResult_t start_exchange(const void* sendbuff, ncclDataType_t type, const ncc
 
 // ---- running operations (with comm->mutex held)
 
+// Posts the transfers: synchronous-mode sends (MPI_Issend completes only once the peer's receive
+// has matched it, NCCL's rendezvous) and receives, on the communicator's MPI communicator, tag 0,
+// so that the messages between two ranks match in call order.
+ncclResult_t post_transfers(const ncclComm* comm, Transfers* t, const std::string& name) {
+  t->requests.assign(t->list.size(), MPI_REQUEST_NULL);
+  t->statuses.resize(t->list.size());
+  for (size_t i = 0; i < t->list.size(); ++i) {
+    const Transfers::Transfer& x = t->list[i];
+    const int bytes = static_cast<int>(x.bytes);
+    const int err = x.send ? MPI_Issend(x.buffer, bytes, MPI_BYTE, x.peer, 0, comm->mpi, &t->requests[i])
+                           : MPI_Irecv(x.buffer, bytes, MPI_BYTE, x.peer, 0, comm->mpi, &t->requests[i]);
+    if (err != MPI_SUCCESS) return mpi_status(err, name);
+  }
+  return ncclSuccess;
+}
+
+// Whether the posted transfers have all completed (*done); a receive whose message had another
+// size than it expected fails the operation (MPI would truncate a longer one).
+ncclResult_t test_transfers(Transfers* t, const std::string& name, bool* done) {
+  int all = 0;
+  const int err = MPI_Testall(static_cast<int>(t->requests.size()), t->requests.data(), &all, t->statuses.data());
+  *done = all != 0;
+  // The statuses are set once all completed, or when one failed (MPI_ERR_IN_STATUS).
+  for (size_t i = 0; (*done || err == MPI_ERR_IN_STATUS) && i < t->list.size(); ++i) {
+    const Transfers::Transfer& x = t->list[i];
+    const int error = err == MPI_ERR_IN_STATUS ? t->statuses[i].MPI_ERROR : MPI_SUCCESS;
+    int error_class = MPI_SUCCESS, got = 0;
+    MPI_Error_class(error, &error_class);
+    if (!x.send && error == MPI_SUCCESS) MPI_Get_count(&t->statuses[i], MPI_BYTE, &got);
+    if (!x.send && (error_class == MPI_ERR_TRUNCATE || (error == MPI_SUCCESS && static_cast<size_t>(got) != x.bytes)))
+      return fail(ncclInvalidUsage, name + ": ncclRecv of " + std::to_string(x.bytes) + " bytes from rank " +
+                                        std::to_string(x.peer) + " matched an ncclSend of " +
+                                        (error == MPI_SUCCESS ? std::to_string(got) : std::string("more")) +
+                                        " bytes (a send and its receive must have the same count and type)");
+    if (error != MPI_SUCCESS && error_class != MPI_ERR_PENDING) return mpi_status(error, name);
+  }
+  if (err != MPI_SUCCESS && err != MPI_ERR_IN_STATUS) return mpi_status(err, name);
+  if (*done) t->requests.clear();
+  return ncclSuccess;
+}
+
 // Runs the operations as far as their MPI calls have completed: ncclSuccess when all are done,
 // ncclInProgress while one runs, or the communicator's error.
 ncclResult_t advance(ncclComm* comm) {
   while (comm->error == ncclSuccess && !comm->operations.empty()) {
     Operation& op = comm->operations.front();
+    if (op.transfers != nullptr && op.transfers->open) return ncclInProgress;  // its group has not ended
     if (op.request != MPI_REQUEST_NULL) {
       int done = 0;
       const ncclResult_t status = mpi_status(MPI_Test(&op.request, &done, MPI_STATUS_IGNORE), op.name);
+      if (status != ncclSuccess) return record_failure(comm, status);
+      if (!done) return ncclInProgress;
+    }
+    if (op.transfers != nullptr && !op.transfers->requests.empty()) {
+      bool done = false;
+      const ncclResult_t status = test_transfers(op.transfers.get(), op.name, &done);
       if (status != ncclSuccess) return record_failure(comm, status);
       if (!done) return ncclInProgress;
     }
@@ -489,6 +576,44 @@ Operation split_operation(ncclComm* parent, int color, int key, ncclComm_t* newc
     return ncclSuccess;
   });
   return op;
+}
+
+// ncclSend / ncclRecv (see the file comment): the transfer joins the current group's
+// point-to-point operation on `comm` (the group's first one queues it), or outside a group is an
+// operation of its own.
+ncclResult_t point_to_point(const char* what, bool send, void* buffer, size_t count, ncclDataType_t type, int peer,
+                            ncclComm* comm, cudaStream_t stream) {
+  ncclResult_t status = check_call(what, comm, type, count, nullptr, 1);
+  if (status != ncclSuccess) return status;
+  const std::string call = std::string(what) + ": peer " + std::to_string(peer);
+  if (peer < 0 || peer >= comm->nranks)
+    return refuse(comm, ncclInvalidArgument, call + " is not a rank of " + std::to_string(comm->nranks));
+  if (peer == comm->rank)
+    return refuse(comm, ncclInvalidArgument, call + " is this rank: the CPU stand-in does not implement "
+                                                    "transfers to or from the calling rank itself");
+  const size_t bytes = count * element_bytes(type);
+  if (bytes > 0 && buffer == nullptr) return refuse(comm, ncclInvalidArgument, std::string(what) + ": a NULL buffer");
+  on_stream(comm, stream, what, {{buffer, bytes, !send}});
+  const Transfers::Transfer transfer{send, buffer, bytes, peer};
+  if (group_depth > 0)
+    for (auto& [c, t] : group_transfers)
+      if (c == comm) {
+        std::lock_guard<std::mutex> lock(comm->mutex);
+        if (comm->error != ncclSuccess)
+          return fail(comm->error, std::string(what) + ": the communicator failed earlier: " + comm->error_text);
+        t->list.push_back(transfer);
+        return ncclSuccess;
+      }
+  auto t = std::make_shared<Transfers>();
+  t->list.push_back(transfer);
+  t->open = group_depth > 0;
+  Operation op;
+  op.name = group_depth > 0 ? "ncclSend/ncclRecv group" : what;
+  op.transfers = t;
+  op.steps.push_back([comm, t, name = op.name](MPI_Request*) { return post_transfers(comm, t.get(), name); });
+  status = issue(comm, std::move(op));
+  if (group_depth > 0 && status == ncclSuccess) group_transfers.emplace_back(comm, t);
+  return status;
 }
 
 }  // namespace
@@ -696,6 +821,11 @@ ncclResult_t ncclGroupStart() {
 ncclResult_t ncclGroupEnd() {
   if (group_depth == 0) return fail(ncclInvalidUsage, "ncclGroupEnd: no matching ncclGroupStart");
   if (--group_depth > 0) return ncclSuccess;
+  for (auto& [comm, transfers] : group_transfers) {  // their point-to-point operations may start now
+    std::lock_guard<std::mutex> lock(comm->mutex);
+    transfers->open = false;
+  }
+  group_transfers.clear();
   std::vector<ncclComm*> comms;
   comms.swap(group_comms);
   ncclResult_t result = ncclSuccess;
@@ -853,6 +983,16 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, n
                       "ncclBroadcast");
   });
   return issue(comm, std::move(o));
+}
+
+ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+  return point_to_point("ncclSend", true, const_cast<void*>(sendbuff), count, datatype, peer, comm, stream);
+}
+
+ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+  return point_to_point("ncclRecv", false, recvbuff, count, datatype, peer, comm, stream);
 }
 
 }  // extern "C"

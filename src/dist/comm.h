@@ -1,5 +1,6 @@
 // comm.h — a communicator: which process this is (rank, world size, node-local rank) and NCCL
-// collectives on device buffers, issued on a dedicated communication stream. The first one spans
+// collectives and point-to-point transfers (send, recv, exchange: e.g. activations between
+// pipeline stages) on device buffers, issued on a dedicated communication stream. The first one spans
 // every process of the launch (below); others are split from it (ncclCommSplit), e.g. the
 // tensor-parallel and data-parallel groups of a DP × TP grid.
 //
@@ -25,7 +26,7 @@
 // Each process uses GPU (local rank mod device count).
 //
 // Arguments are validated before NCCL sees them (null buffers, the in-place layouts NCCL documents,
-// the root, the reduction op): a bad call throws CommArgumentError naming the collective, and the
+// the root, the reduction op, a transfer's peer): a bad call throws CommArgumentError naming the collective, and the
 // communicator stays usable (a failed NCCL call would poison a non-blocking communicator for good).
 // Teardown finalizes the communicator and polls that to its end under the watchdog before
 // destroying it, as NCCL requires of a non-blocking communicator.
@@ -48,6 +49,8 @@
 // the tensor-parallel collectives of the next layer's backward; the world's sums and ZeRO-1's
 // parameter gather). Computation still overlaps communication; two communicators' transfers do
 // not overlap each other. The CPU build's stream checker fails any pair left unordered.
+// A transfer counts as a collective here: watched, in the one order, named by its purpose and
+// peer ("send of activations to pipeline rank 2 at step 7").
 // Collectives run on stream() (a stream of their own); wait_for(s) orders the communication
 // after the work already queued on s, and order_before(s) orders the work queued next on s after
 // the communication issued so far. set_purpose(what, when) names what the collectives issued next
@@ -109,9 +112,20 @@ struct FailedOnAnotherRank : std::runtime_error {
 // Collectives issued through a Communicator, by kind (tests check how gradients travel; the trainer
 // reports them per step), and the bytes of the whole buffers they covered: an all-reduce's or a
 // broadcast's n elements, a reduce-scatter's send and an all-gather's recv (every rank's part).
+// Point-to-point transfers count one per send or receive (an exchange's each), with their bytes.
 struct CollectiveCounts {
   long long all_reduce = 0, reduce_scatter = 0, all_gather = 0, broadcast = 0;
   long long all_reduce_bytes = 0, reduce_scatter_bytes = 0, all_gather_bytes = 0, broadcast_bytes = 0;
+  long long send = 0, recv = 0, send_bytes = 0, recv_bytes = 0;
+};
+
+// One transfer of Communicator::exchange: n elements of `send` to rank `peer`, or into `recv` from
+// it; exactly one of the two is set (neither only when n is 0: nothing moves).
+template <typename T> struct Transfer {
+  const T* send = nullptr;
+  T* recv = nullptr;
+  size_t n = 0;
+  int peer = -1;
 };
 
 class Communicator {
@@ -286,6 +300,42 @@ class Communicator {
                [&] { return ncclBroadcast(data, data, n, comm_detail::nccl_type<T>(), root, comm_, stream_); });
   }
 
+  // Point-to-point on this communicator's stream: n elements to / from rank `peer` of this
+  // communicator. As NCCL's, a send completes only with its peer's matching receive (the same n
+  // and type), and the transfers between two ranks match in call order; a rank that sends to and
+  // receives from others at the same moment uses exchange.
+  template <typename T> void send(const T* data, size_t n, int peer) { exchange<T>({{data, nullptr, n, peer}}); }
+  template <typename T> void recv(T* data, size_t n, int peer) { exchange<T>({{nullptr, data, n, peer}}); }
+  // One group (ncclGroupStart/End): the sends and receives of `transfers` progress together, so
+  // e.g. each rank of a ring sending to the next and receiving from the previous cannot deadlock.
+  template <typename T> void exchange(const std::vector<Transfer<T>>& transfers) {
+    const char* kind = transfers.size() == 1 ? (transfers[0].send != nullptr ? "send" : "receive") : "exchange";
+    for (const Transfer<T>& t : transfers) {
+      require_peer(kind, t.peer);
+      if (t.send != nullptr && t.recv != nullptr)
+        throw CommArgumentError(call(kind) + ": a transfer with both a send and a receive buffer");
+      require_buffer(kind, t.send != nullptr ? static_cast<const void*>(t.send) : t.recv, t.n);
+    }
+    std::string peers;
+    for (const Transfer<T>& t : transfers) {
+      const bool sends = t.send != nullptr;
+      if (!sends && t.recv == nullptr) continue;  // n is 0: nothing moves
+      (sends ? counts_.send : counts_.recv) += 1;
+      (sends ? counts_.send_bytes : counts_.recv_bytes) += static_cast<long long>(t.n * sizeof(T));
+      peers += std::string(peers.empty() ? "" : " and") + (sends ? " to " : " from ") + rank_name(t.peer);
+    }
+    collective(kind, "ncclSend/ncclRecv", [&] {
+      ncclResult_t status = ncclGroupStart();
+      for (const Transfer<T>& t : transfers) {
+        if (status != ncclSuccess || (t.send == nullptr && t.recv == nullptr)) continue;
+        status = t.send != nullptr ? ncclSend(t.send, t.n, comm_detail::nccl_type<T>(), t.peer, comm_, stream_)
+                                   : ncclRecv(t.recv, t.n, comm_detail::nccl_type<T>(), t.peer, comm_, stream_);
+      }
+      const ncclResult_t ended = ncclGroupEnd();
+      return status != ncclSuccess ? status : ended;
+    }, peers);
+  }
+
   // Sum over ranks of a host value (blocking; fp64, added in NCCL's order).
   double sum(double value) {
     cuda_check(cudaMemcpyAsync(scalar_, &value, sizeof value, cudaMemcpyHostToDevice, stream_), "communication");
@@ -340,6 +390,13 @@ class Communicator {
     if (n > 0 && data == nullptr)
       throw CommArgumentError(call(kind) + ": a null buffer of " + std::to_string(n) + " elements");
   }
+  void require_peer(const char* kind, int peer) const {
+    if (peer < 0 || peer >= world_size() || peer == rank())
+      throw CommArgumentError(call(kind) + ": peer " + std::to_string(peer) +
+                              (peer == rank() ? " is this rank" : " is not a rank of " + std::to_string(world_size())));
+  }
+  // Rank r of this communicator in messages: "rank 2", or "pipeline rank 2" for a split one.
+  std::string rank_name(int r) const { return (name_.empty() ? "" : name_ + " ") + "rank " + std::to_string(r); }
   void require_op(const char* kind, ncclRedOp_t op) const {
     if (op != ncclSum && op != ncclProd && op != ncclMax && op != ncclMin && op != ncclAvg)
       throw CommArgumentError(call(kind) + ": reduction op " + std::to_string(static_cast<int>(op)) +
@@ -379,14 +436,16 @@ class Communicator {
 
   // Issues one collective, watched by the watchdog from now until its event completes; after the
   // process's previous collective where another communicator issued it (the file comment).
-  template <typename Call> void collective(const std::string& kind, const char* nccl_name, Call&& call) {
+  // `detail` follows the purpose in the watchdog's message (" to pipeline rank 2").
+  template <typename Call>
+  void collective(const std::string& kind, const char* nccl_name, Call&& call, const std::string& detail = "") {
     Communicator* previous = order_->latest;
     if (previous != nullptr && previous != this) {
       cuda_check(cudaEventRecord(previous->event_, previous->stream_), "recording a communication event");
       cuda_check(cudaStreamWaitEvent(stream_, previous->event_, 0), "ordering communicators");
     }
     order_->latest = this;
-    watchdog_.begin(kind + " of " + purpose_what_ + " " + purpose_when_);
+    watchdog_.begin(kind + " of " + purpose_what_ + detail + " " + purpose_when_);
     const ncclResult_t status = watchdog_.run(call);
     if (status != ncclSuccess) {
       watchdog_.finished();  // not watched: its error is reported here
