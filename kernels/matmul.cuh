@@ -288,7 +288,9 @@ void matmul_forward(T* out, const T* inp, const T* weight, const NonDeduced<T>* 
 //                                                    sum: the second of two products of one input)
 //   dweight (OC × C)   += g^T @ inp                  accumulated (cuBLASLt beta = 1); T, or float
 //                                                    (matmul_backward<T, float>) to sum row
-//                                                    blocks before one rounding
+//                                                    blocks before one rounding; nullptr: left
+//                                                    for later (matmul_weight_gradient with g:
+//                                                    a zero-bubble pipeline's weight backward)
 //   dbias   (OC)       += Σ_rows g                   accumulated; nullptr: no bias
 //   dpre_gelu (rows × OC) = g                        only with pre_gelu (nullptr otherwise);
 //                                                    may be dout itself (overwritten in place)
@@ -297,6 +299,14 @@ void matmul_forward(T* out, const T* inp, const T* weight, const NonDeduced<T>* 
 // order (block_column_sum), so the result is deterministic. `after_input_gradient` (optional) is
 // called once dinp's product is queued and before dweight's: work it queues elsewhere on dinp (a
 // tensor-parallel reduction) runs while dweight's product does.
+// dweight (OC × C) += g^T @ inp: matmul_backward's weight gradient alone, from its g (rows × OC).
+template <typename T, typename TW = T>
+void matmul_weight_gradient(NonDeduced<TW>* dweight, const T* inp, const T* g, int rows, int in_features,
+                            int out_features, cudaStream_t stream) {
+  matmul_check_shape("matmul_weight_gradient", rows, in_features, out_features);
+  matmul_cublaslt<T, TW>(dweight, inp, false, g, true, nullptr, in_features, out_features, rows, 1.0f, stream);
+}
+
 template <typename T, typename TW = T>
 void matmul_backward(T* dinp, NonDeduced<TW>* dweight, NonDeduced<T>* dbias, NonDeduced<T>* dpre_gelu, const T* dout, const T* inp,
                      const T* weight, const NonDeduced<T>* pre_gelu, int rows, int in_features, int out_features, cudaStream_t stream,
@@ -334,7 +344,7 @@ void matmul_backward(T* dinp, NonDeduced<TW>* dweight, NonDeduced<T>* dbias, Non
   matmul_cublaslt<T, T>(dinp, weight, false, g, false, nullptr, C, rows, OC, accumulate_input_gradient ? 1.0f : 0.0f,
                         stream);
   if (after_input_gradient) after_input_gradient();
-  matmul_cublaslt<T, TW>(dweight, inp, false, g, true, nullptr, C, OC, rows, 1.0f, stream);
+  if (dweight != nullptr) matmul_weight_gradient<T, TW>(dweight, inp, g, rows, C, OC, stream);
 }
 
 // dweight[i] += dweight_fp32[i], rounded once to T; Vec128<T>::size elements per thread.

@@ -35,6 +35,12 @@
 // goes on; the data-parallel send waits for it. At stages 2 and 3 only TP rank 0 restores the
 // accumulated chunk into the prefix, so the TP sum counts it once. The gradient norm counts a
 // replicated tensor once (TP rank 0's) and sums over both groups.
+//
+// Pipeline parallelism (PipelineGradients): a rank's layout is its stage's part. Its backward
+// passes run out of order (the schedule's), so nothing travels during them: the step's gradients
+// accumulate, then finish_pipeline_step() sums a tied wte's two copies (first and last stage, over
+// their two-rank group, so both get the same bits) and sends every bucket. The gradient norm and
+// the step's sums run over the pipeline group too; a tied wte counts once (the first stage's).
 #pragma once
 #include "kernels/global_norm.cuh"
 #include "src/dist/comm.h"
@@ -83,6 +89,15 @@ inline GradientBufferCounts gradient_buffer_counts(const GradientBuckets& bucket
   return n;
 }
 
+// Pipeline parallelism's share (above): the pipeline group (nullptr: none), the tied embedding's
+// two-rank group (nullptr where this rank holds no tied copy or holds both), and whether this rank's
+// wte gradient counts towards the norm.
+struct PipelineGradients {
+  Communicator* pp = nullptr;
+  Communicator* tied = nullptr;
+  bool counts_wte = true;
+};
+
 template <typename Elem>
 class GradientSync {
  public:
@@ -91,8 +106,9 @@ class GradientSync {
   // tensor-parallel group (nullptr: none), whose ranks sum their replicated tensors' gradients
   // when `sequence_parallel`.
   GradientSync(const ParameterLayout& layout, Communicator* comm, int zero_stage, int bucket_layers,
-               cudaStream_t stream, Communicator* tp_comm = nullptr, bool sequence_parallel = false)
-      : layout_(layout), comm_(comm), stream_(stream) {
+               cudaStream_t stream, Communicator* tp_comm = nullptr, bool sequence_parallel = false,
+               const PipelineGradients& pipeline = {})
+      : layout_(layout), comm_(comm), stream_(stream), pipeline_(pipeline) {
     if (tp_comm != nullptr && tp_comm->world_size() > 1) {
       tp_comm_ = tp_comm;
       tp_size_ = tp_comm->world_size();
@@ -157,10 +173,10 @@ class GradientSync {
   // The ranges [offset, offset + count) of owned_gradients() that hold this rank's gradients and
   // count towards the gradient norm (a replicated tensor's on TP rank 0 alone).
   std::vector<std::pair<size_t, size_t>> owned_gradient_ranges() const {
-    if (tp_rank_ > 0) {
+    if (tp_rank_ > 0 || !pipeline_.counts_wte) {
       std::vector<std::pair<size_t, size_t>> ranges;
       for (const OptimizerSegment& s : segments_) {
-        if (tp_replicated(s.tensor)) continue;
+        if ((tp_rank_ > 0 && tp_replicated(s.tensor)) || (!pipeline_.counts_wte && s.tensor == kWte)) continue;
         const size_t at = gradient_offset(s);
         if (!ranges.empty() && ranges.back().first + ranges.back().second == at) ranges.back().second += s.count;
         else ranges.push_back({at, s.count});
@@ -231,6 +247,20 @@ class GradientSync {
     shard_holds_gradients_ = shards_gradients();
   }
 
+  // Pipeline: after the step's last backward, the tied wte's copies summed and every bucket sent.
+  void finish_pipeline_step() {
+    if (pipeline_.tied != nullptr) {
+      Communicator& tied = *pipeline_.tied;
+      Elem* wte = at(kWte, 0);
+      tied.ordered_with(stream_, [&] { tied.all_reduce(wte, layout_[kWte].count, ncclSum); });
+    }
+    communicate_ = communicating();
+    sum_replicated_now_ = sums_replicated_;
+    for (size_t b = buckets_.buckets().size(); b-- > 0;) finish_bucket(b);
+    communicate_ = false;
+    sum_replicated_now_ = false;
+  }
+
   // Blocks until this rank's gradient and parameter communication has finished.
   void wait_idle() const {
     if (communicating()) cudaStreamSynchronize(comm_->stream());
@@ -240,6 +270,7 @@ class GradientSync {
   void wait_for_gradients() {
     if (communicating()) comm_->order_before(stream_);
     if (tp_comm_ != nullptr) tp_comm_->order_before(stream_);
+    if (pipeline_.tied != nullptr) pipeline_.tied->order_before(stream_);
   }
   // The squared global norm of the accumulated gradients into device float *norm_squared, after
   // their communication: this rank's owned_gradient_ranges(), summed over the ranks' (the
@@ -252,11 +283,14 @@ class GradientSync {
       global_norm_squared(norm_squared, scratch, owned_gradients() + offset, count, stream_);
     if (communicating() && zero_ > 0) sum_on(comm_, norm_squared, 1);
     if (tp_comm_ != nullptr) sum_on(tp_comm_, norm_squared, 1);
+    if (pipeline_.pp != nullptr) sum_on(pipeline_.pp, norm_squared, 1);
   }
-  // n device values become their sums over the ranks of both groups (ranks_in_sums()).
+  // n device values become their sums over the ranks of every group; ranks_in_sums() of them hold
+  // a loss (a pipeline's last stage alone computes one).
   void sum_over_ranks(double* values, size_t n) {
     if (communicating()) sum_on(comm_, values, n);
     if (tp_comm_ != nullptr) sum_on(tp_comm_, values, n);
+    if (pipeline_.pp != nullptr) sum_on(pipeline_.pp, values, n);
   }
   // After each rank updated its parameters (llm.c order): every rank gets every rank's, bucket by
   // bucket through a gradient window the optimizer step no longer needs: this rank's segments
@@ -343,6 +377,7 @@ class GradientSync {
   const ParameterLayout layout_;
   Communicator* comm_;
   cudaStream_t stream_;
+  const PipelineGradients pipeline_;
   int zero_ = 0, world_ = 1, rank_ = 0;
   int owner_ = 0;  // whose chunks this rank's optimizer updates: its rank at stages 1 and 2, 0 (all) at stage 0
   GradientBuckets buckets_;

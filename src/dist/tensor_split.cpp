@@ -35,7 +35,41 @@ void check_tensor_split(const ModelConfig& c, int size, const std::string& flag)
                              " must divide the padded vocabulary Vp = " + std::to_string(c.padded_vocab_size));
 }
 
-TensorSplit::TensorSplit(const ModelConfig& c, int size, int rank) : config_(c), size_(size), rank_(rank), global_(c) {
+StagePart StagePart::whole(int num_layers) {
+  StagePart part;
+  for (int l = 0; l < num_layers; ++l) part.layers.push_back(l);
+  part.chunks = {num_layers};
+  return part;
+}
+
+StagePart StagePart::of_rank(const std::vector<int>& chunk_layers, int p, int rank) {
+  StagePart part;
+  const int S = static_cast<int>(chunk_layers.size());
+  for (int s = 0, first = 0; s < S; first += chunk_layers[s++]) {
+    if (s % p != rank) continue;
+    for (int l = first; l < first + chunk_layers[s]; ++l) part.layers.push_back(l);
+    part.chunks.push_back(chunk_layers[s]);
+  }
+  part.embedding = rank == 0;
+  part.head = (S - 1) % p == rank;
+  return part;
+}
+
+bool stage_holds(const ModelConfig& c, const StagePart& part, int tensor) {
+  if (is_layer_tensor(tensor)) return !part.layers.empty();
+  switch (tensor) {
+    case kWte: return part.embedding || (part.head && c.tied_embeddings);
+    case kWpe: return part.embedding;
+    default: return part.head;  // lnfw, lnfb, lm_head
+  }
+}
+
+TensorSplit::TensorSplit(const ModelConfig& c, int size, int rank, const StagePart& stage)
+    : config_(c), size_(size), rank_(rank), stage_(stage), global_(c) {
+  for (int l : stage.layers)
+    if (l < 0 || l >= c.num_layers)
+      throw std::runtime_error("pipeline stage: layer " + std::to_string(l) + " outside the model's " +
+                               std::to_string(c.num_layers));
   const size_t C = c.channels, HS = c.head_size(), H = c.hidden(), Fl = H / size;
   const size_t Vl = static_cast<size_t>(c.padded_vocab_size) / size, t = static_cast<size_t>(rank);
   // q, k and v: their rows in the fused product, and the rank's share of each (whole heads).
@@ -43,7 +77,7 @@ TensorSplit::TensorSplit(const ModelConfig& c, int size, int rank) : config_(c),
   const size_t part_first[3] = {0, part_rows[0], part_rows[0] + part_rows[1]};
   for (int i = 0; i < kNumParameterTensors; ++i) {
     std::vector<SplitRun>& r = runs_[i];
-    if (global_[i].count == 0) continue;
+    if (global_[i].count == 0 || !stage_holds(c, stage, i)) continue;
     size_t local = 0;
     switch (i) {
       case kWte: case kLmHead: r.push_back({0, t * Vl * C, Vl * C}); break;
@@ -69,6 +103,7 @@ TensorSplit::TensorSplit(const ModelConfig& c, int size, int rank) : config_(c),
   }
   // The local layout: llm.c's order with each tensor's part.
   local_ = global_;
+  local_.num_layers = stage.layers.size();
   local_.total = 0;
   for (int i = 0; i < kNumParameterTensors; ++i) {
     size_t slice = 0;
@@ -84,8 +119,9 @@ size_t TensorSplit::to_global(size_t param, size_t* run_left) const {
   while (i > 0 && (local_[i].offset > param || local_[i].count == 0)) --i;
   const size_t within = param - local_[i].offset, slice = local_.slice_count(i);
   const size_t layer = is_layer_tensor(i) ? within / slice : 0, q = within - layer * slice;
+  const size_t global_layer = is_layer_tensor(i) ? static_cast<size_t>(stage_.layers[layer]) : 0;
   const std::vector<SplitRun>& r = runs_[i];
   const auto run = std::prev(std::upper_bound(r.begin(), r.end(), q, [](size_t v, const SplitRun& s) { return v < s.local; }));
   *run_left = run->count - (q - run->local);
-  return global_[i].offset + layer * global_.slice_count(i) + run->global + (q - run->local);
+  return global_[i].offset + global_layer * global_.slice_count(i) + run->global + (q - run->local);
 }

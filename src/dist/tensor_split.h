@@ -18,6 +18,9 @@
 //               added once after the partial products are summed)
 // The local layout keeps llm.c's tensor order with these counts, so a rank's parameters,
 // gradients, optimizer state and ZeRO buckets are those of an ordinary (smaller) model.
+// Pipeline parallelism narrows it further (StagePart): a pipeline rank holds its layers (local
+// layer j is global layer layers[j]) and, of the tensors outside the layers, wte and wpe on the
+// first stage, lnf and the lm head on the last (tied: wte on both); the others have no elements.
 #pragma once
 #include "src/config/model_config.h"
 
@@ -31,6 +34,42 @@ struct TensorParallelism {
   int size = 1, rank = 0;
   bool sequence_parallel = false;
 };
+
+// The part of the model a pipeline rank holds (src/dist/pipeline_stages.h): its global layers, in
+// local order, and whether it runs the embedding (first stage) and the head (last stage).
+struct StagePart {
+  std::vector<int> layers;
+  std::vector<int> chunks;  // layers per model chunk, in local order (interleaving: several; they sum to layers)
+  bool embedding = true, head = true;
+  // Every layer, both ends: the whole model (no pipeline).
+  static StagePart whole(int num_layers);
+  // Pipeline rank `rank` of `p` when the model's chunks, in model order, have chunk_layers[s]
+  // layers each and chunk s lives on rank s % p (pipeline_schedule.h).
+  static StagePart of_rank(const std::vector<int>& chunk_layers, int p, int rank);
+  bool operator==(const StagePart& o) const { return layers == o.layers && embedding == o.embedding && head == o.head; }
+};
+
+class Communicator;
+// Every pipeline rank's part, this rank's index and the pipeline's communicator (nullptr and one
+// whole part: no pipeline). Gathering the whole model's parameters needs the other ranks' parts.
+// `tied`: the two-rank group of the first and the last stage that sums a tied wte's gradient
+// (nullptr: none here); `in_flight`: the micro-batches (chunk passes) whose activations this rank
+// keeps at once, the schedule's peak (pipeline_step.h); `split_backward`: zb-h1's backwards, the
+// input's and the weights' apart.
+struct PipelineParts {
+  std::vector<StagePart> stages;
+  int rank = 0;
+  Communicator* comm = nullptr;
+  Communicator* tied = nullptr;
+  int in_flight = 1;
+  bool split_backward = false;
+  static PipelineParts whole(int num_layers) { return {{StagePart::whole(num_layers)}, 0, nullptr, nullptr, 1, false}; }
+  const StagePart& mine() const { return stages[rank]; }
+  int size() const { return static_cast<int>(stages.size()); }
+};
+
+// Whether `part` holds tensor i at all (a layer tensor: when it holds any layer).
+bool stage_holds(const ModelConfig& c, const StagePart& part, int tensor);
 
 // Whether every rank of a TP group holds all of tensor i.
 bool tp_replicated(int tensor);
@@ -48,10 +87,16 @@ struct SplitRun {
 
 class TensorSplit {
  public:
-  TensorSplit(const ModelConfig& c, int size, int rank);
+  TensorSplit(const ModelConfig& c, int size, int rank) : TensorSplit(c, size, rank, StagePart::whole(c.num_layers)) {}
+  TensorSplit(const ModelConfig& c, int size, int rank, const StagePart& stage);
 
   int size() const { return size_; }
   int rank() const { return rank_; }
+  const StagePart& stage() const { return stage_; }
+  // Whether this rank holds the whole model (no TP and no pipeline split): local == global.
+  bool whole() const { return size_ == 1 && stage_ == StagePart::whole(config_.num_layers); }
+  // The global layer of local layer l.
+  int global_layer(int l) const { return stage_.layers[l]; }
   // The rank's layout (llm.c order, its parts' counts) and the whole model's.
   const ParameterLayout& local() const { return local_; }
   const ParameterLayout& global() const { return global_; }
@@ -72,7 +117,8 @@ class TensorSplit {
       for (size_t k = 0; k < n; ++k) whole[global + k] = part[local + k];
     });
   }
-  // Writes the rank's part of one slice of tensor i (a layer's) into that slice of the whole tensor.
+  // Writes the rank's part of one slice of tensor i into that slice of the whole tensor (`whole`
+  // points at the slice: a layer's for per-layer tensors).
   template <typename T> void place_slice(int tensor, const T* part, T* whole) const {
     for (const SplitRun& r : runs_[tensor])
       for (size_t k = 0; k < r.count; ++k) whole[r.global + k] = part[r.local + k];
@@ -85,14 +131,18 @@ class TensorSplit {
  private:
   // f(local, global, count) for every run of every layer of tensor i, offsets within the tensor.
   template <typename F> void for_each_run(int tensor, F&& f) const {
-    const size_t layers = is_layer_tensor(tensor) ? local_.num_layers : 1;
+    const bool layered = is_layer_tensor(tensor);
+    const size_t layers = layered ? local_.num_layers : 1;
     const size_t local_slice = local_.slice_count(tensor), global_slice = global_.slice_count(tensor);
-    for (size_t l = 0; l < layers; ++l)
-      for (const SplitRun& r : runs_[tensor]) f(l * local_slice + r.local, l * global_slice + r.global, r.count);
+    for (size_t l = 0; l < layers; ++l) {
+      const size_t g = layered ? static_cast<size_t>(stage_.layers[l]) : 0;
+      for (const SplitRun& r : runs_[tensor]) f(l * local_slice + r.local, g * global_slice + r.global, r.count);
+    }
   }
 
   ModelConfig config_;
   int size_, rank_;
+  StagePart stage_;
   ParameterLayout local_, global_;
   std::vector<SplitRun> runs_[kNumParameterTensors];
 };

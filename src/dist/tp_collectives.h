@@ -21,11 +21,12 @@
 #include <stdexcept>
 #include <string>
 
-// This rank's part of `cfg` in the TP group of `tp_comm` (nullptr: the whole model), checked.
-inline TensorSplit tensor_split_of(const ModelConfig& cfg, Communicator* tp_comm) {
+// This rank's part of `cfg` in the TP group of `tp_comm` (nullptr: every TP part) of pipeline
+// stage `stage`, checked.
+inline TensorSplit tensor_split_of(const ModelConfig& cfg, Communicator* tp_comm, const StagePart& stage) {
   const int size = tp_comm != nullptr ? tp_comm->world_size() : 1;
   check_tensor_split(cfg, size, "--tp");
-  return TensorSplit(cfg, size, tp_comm != nullptr ? tp_comm->rank() : 0);
+  return TensorSplit(cfg, size, tp_comm != nullptr ? tp_comm->rank() : 0, stage);
 }
 
 template <typename Elem>

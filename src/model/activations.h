@@ -50,6 +50,8 @@ struct ActivationCounts {
   size_t fch = 0;                                           // (slices, N, H), SwiGLU: (slices, 2, N, H)
   size_t fch_gelu = 0;                                      // (slices, N, H)
   size_t lnf = 0, logits = 0, branch = 0, dresidual = 0, dwide = 0;
+  size_t output_grad = 0;  // pipeline: the gradient of a chunk's output received from the next stage (N_l, C)
+  size_t douts = 0;        // zb-h1: the products' output gradients kept for the weight backward (deferred_gradients)
   // fp32 elements.
   size_t ln_stat = 0;  // each of ln1_rstd, ln2_rstd (and LayerNorm's ln1_mean, ln2_mean): (slices, N)
   size_t ln_mean = 0;  // ln_stat for LayerNorm, 0 for RMSNorm (no mean)
@@ -147,6 +149,36 @@ inline ActivationCounts activation_counts(const ModelConfig& cfg, int B, int seq
   return n;
 }
 
+// Pipeline parallelism keeps several micro-batches' activations at once (the schedule's in-flight
+// chunk passes), each set sized for the rank's largest chunk, `cfg` with num_layers = its layers.
+// The first set is whole; every further set holds what a pass keeps until its backward (the
+// per-layer tensors, the chunk's input and output, lnf, losses, tokens, the received output
+// gradient), while the buffers a pass only works in (logits, branch, residual and wide gradients,
+// scratch) are the first set's alone.
+// zb-h1 (pipeline_schedule.h) splits a pass's backward: the input backward leaves each product's
+// output gradient for the weight backward, per layer: the two residual-branch projections' (N, C
+// each), qkv's (N, QKV/size) and, with GELU, fc's (N, H/size) (SwiGLU's two stay in fch, where its
+// backward writes them). In that order within a layer's (N, per_layer) block.
+struct DeferredGradients {
+  size_t fcproj = 0, attproj = 0, qkv = 0, fc = 0;  // offsets within a layer's block
+  size_t per_layer = 0;
+};
+inline DeferredGradients deferred_gradients(const ModelConfig& cfg, int B, int seq_len, const TensorParallelism& tp = {}) {
+  const size_t N = static_cast<size_t>(B) * seq_len, C = cfg.channels;
+  DeferredGradients d;
+  d.attproj = N * C;
+  d.qkv = 2 * N * C;
+  d.fc = d.qkv + N * (cfg.qkv_channels() / tp.size);
+  d.per_layer = d.fc + (cfg.mlp == Mlp::gelu ? N * (cfg.hidden() / tp.size) : 0);
+  return d;
+}
+
+inline ActivationCounts pipeline_slot_counts(ActivationCounts n, bool first) {
+  n.output_grad = n.lnf_stat * (n.lnf / n.losses);  // this rank's rows × C
+  if (!first) n.logits = n.classifier_stats = n.branch = n.dresidual = n.dwide = n.scratch = n.norm_squared = 0;
+  return n;
+}
+
 // Device memory of the activations (everything that scales with the micro-batch) in two parts:
 //   blocks: the transformer blocks' activations: the residual stream and what the blocks keep for
 //           the backward pass, including the one-layer slices the recomputation refills. This is
@@ -166,7 +198,7 @@ inline ActivationBytes model_activation_bytes(const ModelConfig& cfg, int B, int
   ActivationBytes bytes;
   bytes.blocks = t * (n.encoded + n.residual3 + n.ln1 + n.atty + n.residual2 + n.ln2 + n.qkv + n.fch + n.fch_gelu) +
                  f * (2 * n.ln_stat + 2 * n.ln_mean + n.lse);
-  bytes.other = t * (n.lnf + n.logits + n.branch + n.dresidual + n.dwide) +
+  bytes.other = t * (n.lnf + n.logits + n.branch + n.dresidual + n.dwide + n.output_grad + n.douts) +
                 f * (n.lnf_stat + n.lnf_mean + n.losses + n.scratch + n.norm_squared + n.classifier_stats) +
                 sizeof(int) * (2 * n.tokens + n.buckets);
   return bytes;
@@ -196,6 +228,8 @@ struct Activations {
   DeviceArray<Elem> branch;                     // (N, C)
   DeviceArray<Elem> dresidual;                  // (N, C) gradient of the residual stream
   DeviceArray<Elem> dwide;                      // (N, max(H, QKV)) gradient of fch_gelu/fch, then of qkv
+  DeviceArray<Elem> output_grad;                // pipeline: (N_l, C) the chunk output's gradient, received
+  DeviceArray<Elem> douts;                      // zb-h1: (L, deferred_gradients().per_layer)
   DeviceArray<float> scratch;                   // layernorm / attention / encoder backward, gradient norm
   DeviceArray<float> norm_squared;              // (1)
   DeviceArray<int> inputs, targets;             // (N)
@@ -226,6 +260,8 @@ struct Activations {
         branch(n.branch, "activations (branch output / input gradient)"),
         dresidual(n.dresidual, "activation gradients (residual)"),
         dwide(n.dwide, "activation gradients (fch / qkv)"),
+        output_grad(n.output_grad, "activation gradients (a pipeline chunk's output, received)"),
+        douts(n.douts, "products' output gradients kept for the weight backward (zb-h1)"),
         scratch(n.scratch, "scratch"),
         norm_squared(n.norm_squared, "gradient norm"),
         inputs(n.tokens, "input tokens"),
@@ -238,7 +274,7 @@ struct Activations {
     for (size_t b : {encoded.bytes(), ln1.bytes(), atty.bytes(), residual2.bytes(), ln2.bytes(), residual3.bytes(),
                      qkv.bytes(), fch.bytes(), fch_gelu.bytes(), ln1_mean.bytes(), ln1_rstd.bytes(), ln2_mean.bytes(),
                      ln2_rstd.bytes(), lse.bytes(), lnf.bytes(), lnf_mean.bytes(), lnf_rstd.bytes(), logits.bytes(),
-                     losses.bytes(), classifier_stats.bytes(), branch.bytes(), dresidual.bytes(), dwide.bytes(), scratch.bytes(),
+                     losses.bytes(), classifier_stats.bytes(), branch.bytes(), dresidual.bytes(), dwide.bytes(), output_grad.bytes(), douts.bytes(), scratch.bytes(),
                      norm_squared.bytes(), inputs.bytes(), targets.bytes(), buckets.bytes()})
       total += b;
     return total;

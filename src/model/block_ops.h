@@ -62,7 +62,8 @@ void mlp_up_forward(const ModelConfig& c, Elem* fch, Elem* act, const Elem* x, c
 // Backward of mlp_up_forward from dact (N, H; overwritten): dx (N, C) written, the weight and bias
 // gradients accumulated. SwiGLU's product gradients overwrite fch in place (it is not read again),
 // and its two products' input gradients are summed in dx. after_input_gradient: as matmul_backward's,
-// once all of dx is queued.
+// once all of dx is queued. dfcw and dfc2w nullptr: the weight gradients are left for later (their
+// g: dact with GELU, fch's two halves with SwiGLU).
 template <typename Elem>
 void mlp_up_backward(const ModelConfig& c, Elem* dx, Elem* dfcw, Elem* dfcb, Elem* dfc2w, Elem* dact, Elem* fch,
                      const Elem* x, const Elem* fcw, const Elem* fc2w, int N, int H, cudaStream_t s,

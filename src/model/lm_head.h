@@ -36,28 +36,29 @@ class LmHead {
   }
   int columns() const { return columns_; }
 
-  // Over the N rows of a.lnf (every row; C channels). With `losses`, each row's loss into
-  // a.losses; with `train`, the classifier leaves dloss·dlogits in the chunk, and the chunk's
-  // share of the backward runs at once: its rows of d lnf into a.branch (summed over the TP group
+  // Over the N rows of a.lnf (every row; C channels) and a.targets. With `losses`, each row's loss
+  // into a.losses; with `train`, the classifier leaves dloss·dlogits in the chunk, and the chunk's
+  // share of the backward runs at once: its rows of d lnf into work.branch (summed over the TP group
   // at the end: `tp`) and its wte product summed in fp32, then added to dwte with one rounding (so
-  // the gradient's precision does not depend on the number of chunks).
-  void queue(Activations<Elem>& a, const Elem* wte, Elem* dwte, TensorParallelGroup<Elem>& tp, int N, int C,
-             bool losses, float dloss, bool train, cudaStream_t s) {
+  // the gradient's precision does not depend on the number of chunks). The logits and classifier
+  // statistics are work's too (a pipeline's activation sets share them: activations.h).
+  void queue(Activations<Elem>& a, Activations<Elem>& work, const Elem* wte, Elem* dwte, TensorParallelGroup<Elem>& tp,
+             int N, int C, bool losses, float dloss, bool train, cudaStream_t s) {
     if (train) cuda_check(cudaMemsetAsync(wte_grad_fp32_.get(), 0, wte_grad_fp32_.bytes(), s),
                           "zeroing the lm head's fp32 wte gradient");
     for (int r = 0; r < N; r += chunk_rows_) {
       const int n = std::min(chunk_rows_, N - r);
       const size_t offset = static_cast<size_t>(r) * C;
-      matmul_forward(a.logits.get(), a.lnf.get() + offset, wte, nullptr, n, C, columns_, s);
+      matmul_forward(work.logits.get(), a.lnf.get() + offset, wte, nullptr, n, C, columns_, s);
       if (!losses) continue;
-      classify(a, tp, n, r, dloss, train, s);
+      classify(a, work, tp, n, r, dloss, train, s);
       if (train)
-        matmul_backward<Elem, float>(a.branch.get() + offset, wte_grad_fp32_.get(), nullptr, nullptr, a.logits.get(),
-                                     a.lnf.get() + offset, wte, nullptr, n, C, columns_, s);
+        matmul_backward<Elem, float>(work.branch.get() + offset, wte_grad_fp32_.get(), nullptr, nullptr,
+                                     work.logits.get(), a.lnf.get() + offset, wte, nullptr, n, C, columns_, s);
     }
     if (!train) return;
     matmul_add_weight_gradient(dwte, wte_grad_fp32_.get(), wte_grad_fp32_.count(), s);
-    tp.reduce(a.branch.get(), C);
+    tp.reduce(work.branch.get(), C);
   }
 
  private:
@@ -65,19 +66,19 @@ class LmHead {
   // place). Vocabulary-parallel: each row's maximum, then its sum of exponentials and the
   // target's logit (from the rank that holds it) reduced over the group in between; the logits
   // are never gathered.
-  void classify(Activations<Elem>& a, TensorParallelGroup<Elem>& tp, int n, int r, float dloss, bool train,
-                cudaStream_t s) {
+  void classify(Activations<Elem>& a, Activations<Elem>& work, TensorParallelGroup<Elem>& tp, int n, int r, float dloss,
+                bool train, cudaStream_t s) {
     const int* targets = a.targets.get() + r;
-    if (tp.size() == 1)
-      return fused_classifier(a.logits.get(), a.losses.get() + r, targets, n, V_, columns_, dloss, train, s);
-    float* row_max = a.classifier_stats.get();
-    float* row_sums = row_max + a.classifier_stats.count() / 3;
-    vocab_parallel_classifier_max(row_max, a.logits.get(), n, vocab_begin_, V_, columns_, s);
+    Elem* logits = work.logits.get();
+    if (tp.size() == 1) return fused_classifier(logits, a.losses.get() + r, targets, n, V_, columns_, dloss, train, s);
+    float* row_max = work.classifier_stats.get();
+    float* row_sums = row_max + work.classifier_stats.count() / 3;
+    vocab_parallel_classifier_max(row_max, logits, n, vocab_begin_, V_, columns_, s);
     tp.all_reduce(row_max, n, ncclMax);
-    vocab_parallel_classifier_sums(row_sums, a.logits.get(), row_max, targets, n, vocab_begin_, V_, columns_, s);
+    vocab_parallel_classifier_sums(row_sums, logits, row_max, targets, n, vocab_begin_, V_, columns_, s);
     tp.all_reduce(row_sums, 2 * static_cast<size_t>(n), ncclSum);
-    vocab_parallel_classifier_finish(a.logits.get(), a.losses.get() + r, row_max, row_sums, targets, n, vocab_begin_,
-                                     V_, columns_, dloss, train, s);
+    vocab_parallel_classifier_finish(logits, a.losses.get() + r, row_max, row_sums, targets, n, vocab_begin_, V_,
+                                     columns_, dloss, train, s);
   }
 
   int V_ = 0, vocab_begin_ = 0, columns_ = 0;

@@ -5,7 +5,9 @@
 // and backward passes call the pass hooks either way; without a shard they do nothing.
 // With tensor parallelism the rank holds its part of each tensor (tensor_split.h) in its own
 // layout; values come in and go out in the whole model's llm.c order: split on upload, gathered
-// over the TP group (one all-gather per tensor slice) for copies, files and host floats.
+// over the TP group (one all-gather per tensor slice) for copies, files and host floats. A
+// pipeline rank holds its stage's part (tensor_split.h's StagePart); the stages' parts are then
+// gathered over the pipeline group too (one all-gather of each stage's packed tensors).
 #pragma once
 #include "src/base/device.h"
 #include "src/config/model_config.h"
@@ -30,8 +32,9 @@ class ModelParameters {
   // `stream`; at ZeRO 3, `prefetch` buckets gathered ahead over `comm`; `tp_comm`: the TP group
   // (nullptr: none); `with_master`: fp32 master weights too. Start at zero.
   ModelParameters(const TensorSplit& split, const GradientSync<Elem>& grads, Communicator* comm, Communicator* tp_comm,
-                  int prefetch, bool with_master, cudaStream_t stream)
-      : split_(split), layout_(split.local()), segments_(grads.segments()), tp_comm_(tp_comm), stream_(stream) {
+                  const PipelineParts& pipeline, int prefetch, bool with_master, cudaStream_t stream)
+      : split_(split), layout_(split.local()), segments_(grads.segments()), tp_comm_(tp_comm), pipeline_(pipeline),
+        stream_(stream) {
     const ParameterLayout& layout = layout_;
     if (with_master) {
       master_ = DeviceArray<float>(grads.state_count(), "fp32 master weights");
@@ -71,8 +74,8 @@ class ModelParameters {
     if (whole.size() != whole_tensor.count)
       throw std::runtime_error(std::string("parameter tensor ") + whole_tensor.name + ": expected " +
                                std::to_string(whole_tensor.count) + " values, found " + std::to_string(whole.size()));
-    const std::vector<float> part = split_.size() > 1 ? split_.split(i, whole.data()) : std::vector<float>();
-    const std::vector<float>& values = split_.size() > 1 ? part : whole;
+    const std::vector<float> part = !split_.whole() ? split_.split(i, whole.data()) : std::vector<float>();
+    const std::vector<float>& values = !split_.whole() ? part : whole;
     const ParameterInfo& t = layout_[i];
     const std::string what = std::string("parameter tensor ") + t.name;
     if (!sharded_) upload_floats(full_.get() + t.offset, values, what);
@@ -103,11 +106,11 @@ class ModelParameters {
   }
 
   // Every parameter of the whole model in llm.c order into `dst` (`kind` of cudaMemcpy; nullptr:
-  // take part only). At ZeRO 3 or with tensor parallelism a collective that every rank calls;
-  // const because the parameters stay as they are (the windows it refills are a cache of them).
+  // take part only). At ZeRO 3 or with tensor or pipeline parallelism a collective that every rank
+  // calls; const because the parameters stay as they are (the windows it refills are a cache of them).
   void copy_all(Elem* dst, cudaMemcpyKind kind) const {
-    if (split_.size() > 1) {
-      const std::vector<Elem> whole = gather_tensor_parallel();
+    if (!split_.whole()) {
+      const std::vector<Elem> whole = gather_pipeline(gather_tensor_parallel());
       if (dst == nullptr) return;
       // On the stream the parameters' readers use, and complete before `whole` goes.
       const cudaMemcpyKind from_host = kind == cudaMemcpyDeviceToHost ? cudaMemcpyHostToHost : cudaMemcpyHostToDevice;
@@ -124,7 +127,7 @@ class ModelParameters {
   // An llm.c model file of `file_dtype` values (model_file.h), written by `writer` ranks (at ZeRO 3
   // a collective: the parameters are gathered into the writers' host memory).
   void save(const std::string& path, const ModelConfig& cfg, DType file_dtype, bool writer) const {
-    if (!sharded_ && split_.size() == 1) {
+    if (!sharded_ && split_.whole()) {
       if (writer) write_model_file(path, cfg, full_.get(), file_dtype, stream_);
       return;
     }
@@ -157,9 +160,10 @@ class ModelParameters {
   }
 
  private:
-  // The whole model's parameters in llm.c order on the host: this rank's part (at ZeRO 3 gathered
-  // over the data-parallel group), then every TP rank's, one tensor slice at a time, through a
-  // device buffer of (TP ranks × slice) elements all-gathered in place on the TP communicator.
+  // The whole model's parameters in llm.c order on the host, where this pipeline stage holds them
+  // (zero elsewhere): this rank's part (at ZeRO 3 gathered over the data-parallel group), then
+  // every TP rank's, one tensor slice at a time, through a device buffer of (TP ranks × slice)
+  // elements all-gathered in place on the TP communicator.
   std::vector<Elem> gather_tensor_parallel() const {
     std::vector<Elem> part(layout_.total);
     if (sharded_) {
@@ -171,7 +175,7 @@ class ModelParameters {
     }
     const int ranks = split_.size();
     std::vector<TensorSplit> splits;
-    for (int r = 0; r < ranks; ++r) splits.emplace_back(split_.global_config(), ranks, r);
+    for (int r = 0; r < ranks; ++r) splits.emplace_back(split_.global_config(), ranks, r, split_.stage());
     size_t largest = 0;
     for (int i = 0; i < kNumParameterTensors; ++i) largest = std::max(largest, layout_.slice_count(i));
     DeviceArray<Elem> staging(largest * ranks, "gathering the tensor-parallel parts of the parameters");
@@ -182,13 +186,60 @@ class ModelParameters {
         Elem* mine = staging.get() + split_.rank() * n;
         cuda_check(cudaMemcpyAsync(mine, part.data() + layout_.slice_offset(i, l), n * sizeof(Elem),
                                    cudaMemcpyHostToDevice, stream_), "staging parameters");
-        tp_comm_->ordered_with(stream_, [&] { tp_comm_->all_gather(mine, staging.get(), n); });
+        if (ranks > 1) tp_comm_->ordered_with(stream_, [&] { tp_comm_->all_gather(mine, staging.get(), n); });
         cuda_check(cudaMemcpyAsync(gathered.data(), staging.get(), n * ranks * sizeof(Elem), cudaMemcpyDeviceToHost,
                                    stream_), "gathering parameters");
         cuda_check(cudaStreamSynchronize(stream_), "gathering parameters");
+        const int global_layer = is_layer_tensor(i) ? split_.global_layer(static_cast<int>(l)) : 0;
         for (int r = 0; r < ranks; ++r)
-          splits[r].place_slice(i, gathered.data() + r * n, whole.data() + split_.global().slice_offset(i, l));
+          splits[r].place_slice(i, gathered.data() + r * n, whole.data() + split_.global().slice_offset(i, global_layer));
       }
+    }
+    return whole;
+  }
+
+  // The stages' parameters (each stage's place in `whole` filled, as gather_tensor_parallel leaves
+  // it) gathered over the pipeline group: each stage packs the slices it holds in llm.c order
+  // (wte from the first stage alone: the last stage's tied copy is identical), the packs, padded to
+  // the largest, are all-gathered, and every stage's is unpacked into place.
+  std::vector<Elem> gather_pipeline(std::vector<Elem> whole) const {
+    if (pipeline_.comm == nullptr) return whole;
+    const ParameterLayout& g = split_.global();
+    // f(offset in whole, count) for each slice stage r contributes, in packing order.
+    auto for_each_slice = [&](int r, auto&& f) {
+      const StagePart& part = pipeline_.stages[r];
+      for (int i = 0; i < kNumParameterTensors; ++i) {
+        if (g[i].count == 0 || !stage_holds(split_.global_config(), part, i)) continue;
+        if (i == kWte && !part.embedding) continue;
+        if (!is_layer_tensor(i)) f(g[i].offset, g[i].count);
+        else for (int l : part.layers) f(g.slice_offset(i, l), g.slice_count(i));
+      }
+    };
+    std::vector<size_t> packed(pipeline_.size(), 0);
+    for (int r = 0; r < pipeline_.size(); ++r) for_each_slice(r, [&](size_t, size_t n) { packed[r] += n; });
+    const size_t largest = *std::max_element(packed.begin(), packed.end());
+    std::vector<Elem> mine(largest);
+    size_t at = 0;
+    for_each_slice(pipeline_.rank, [&](size_t offset, size_t n) {
+      std::copy(whole.begin() + offset, whole.begin() + offset + n, mine.begin() + at);
+      at += n;
+    });
+    Communicator& pp = *pipeline_.comm;
+    DeviceArray<Elem> staging(largest * pipeline_.size(), "gathering the pipeline stages' parameters");
+    Elem* own = staging.get() + pipeline_.rank * largest;
+    cuda_check(cudaMemcpyAsync(own, mine.data(), largest * sizeof(Elem), cudaMemcpyHostToDevice, stream_),
+               "staging parameters");
+    pp.ordered_with(stream_, [&] { pp.all_gather(own, staging.get(), largest); });
+    std::vector<Elem> all(largest * pipeline_.size());
+    cuda_check(cudaMemcpyAsync(all.data(), staging.get(), all.size() * sizeof(Elem), cudaMemcpyDeviceToHost, stream_),
+               "gathering parameters");
+    cuda_check(cudaStreamSynchronize(stream_), "gathering parameters");
+    for (int r = 0; r < pipeline_.size(); ++r) {
+      at = r * largest;
+      for_each_slice(r, [&](size_t offset, size_t n) {
+        std::copy(all.begin() + at, all.begin() + at + n, whole.begin() + offset);
+        at += n;
+      });
     }
     return whole;
   }
@@ -197,6 +248,7 @@ class ModelParameters {
   const ParameterLayout layout_;
   const std::vector<OptimizerSegment> segments_;  // this rank's: the elements it updates
   Communicator* tp_comm_;
+  const PipelineParts pipeline_;
   cudaStream_t stream_;
   DeviceArray<Elem> full_;                            // ZeRO 0–2
   std::unique_ptr<ShardedParameters<Elem>> sharded_;  // ZeRO 3

@@ -11,6 +11,7 @@
 #include "kernels/common.cuh"
 #include "kernels/encoder.cuh"
 #include "kernels/matmul.cuh"
+#include "kernels/residual.cuh"
 #include "kernels/rope.cuh"
 #include "src/model/activations.h"
 #include "src/model/attention.h"
@@ -57,13 +58,16 @@ class Transformer {
   // (model_parameters.h). The lm head runs in chunks of logits_rows rows (the memory plan's
   // lm_head_chunk_rows). With a tensor-parallel communicator `tp_comm` of several ranks, `comm` is
   // this rank's data-parallel group and each layer is split over the TP group (tensor_split.h,
-  // tp_collectives.h), its LayerNorm/residual region too when `sequence_parallel`.
+  // tp_collectives.h), its LayerNorm/residual region too when `sequence_parallel`. With `pipeline`
+  // (tensor_split.h's PipelineParts) the rank holds its stage's part and keeps pipeline.in_flight
+  // activation sets, one per chunk pass between its forward and its backward (pipeline_step.h).
   Transformer(const ModelConfig& cfg, int B, int seq_len, int recompute = kRecomputeDefault, Communicator* comm = nullptr,
        int zero_stage = 0, const std::string& attention = "auto", double bucket_mib = kDefaultBucketMiB,
        size_t logits_rows = kLogitsChunkRows, int zero3_prefetch = kDefaultZero3Prefetch,
-       Communicator* tp_comm = nullptr, bool sequence_parallel = false)
+       Communicator* tp_comm = nullptr, bool sequence_parallel = false, const PipelineParts& pipeline = {})
       : cfg_(check_micro_batch(cfg, B, seq_len, recompute)),
-        split_(tensor_split_of(cfg, tp_comm)),
+        pipeline_(pipeline.stages.empty() ? PipelineParts::whole(cfg.num_layers) : pipeline),
+        split_(tensor_split_of(cfg, tp_comm, pipeline_.mine())),
         layout_(split_.local()),
         B_(B),
         seq_len_(seq_len),
@@ -78,8 +82,8 @@ class Transformer {
         hl_(cfg.hidden() / split_.size()),
         vl_(cfg.padded_vocab_size / split_.size()),
         grads_(layout_, comm, zero_stage, layers_per_bucket(layout_, bucket_mib, sizeof(Elem)), stream_.get(),
-               tp_comm, tp_.sequence_parallel()),
-        params_(split_, grads_, comm, tp_comm, zero3_prefetch, dtype == DType::bf16, stream_.get()) {
+               tp_comm, tp_.sequence_parallel(), {pipeline_.comm, pipeline_.tied, stage().embedding}),
+        params_(split_, grads_, comm, tp_comm, pipeline_, zero3_prefetch, dtype == DType::bf16, stream_.get()) {
     matmul_init();
     const size_t state = grads_.state_count();
     adam_m_ = DeviceArray<float>(state, "AdamW first moments");
@@ -88,9 +92,22 @@ class Transformer {
                    [this](const OptimizerSegment& s) { return grads_.gradient_offset(s); }, params_.owned_base(),
                    params_.master(), grads_.owned_gradients(), adam_m_.get(), adam_v_.get());
     reset_training_state();
-    const ActivationCounts counts = activation_counts(cfg_, B_, seq_len_, recompute_, logits_rows, tp_.shape());
-    acts_ = Activations<Elem>(counts);
-    head_ = LmHead<Elem>(acts_, cfg_.vocab_size, vocab_begin(), vl_, layout_[lm_head_tensor()].count);
+    for (int c = 0, first = 0; c < static_cast<int>(stage().chunks.size()); first += stage().chunks[c++])
+      chunk_first_.push_back(first);
+    ModelConfig chunk = cfg_;  // an activation set holds the rank's largest chunk's layers
+    chunk.num_layers = *std::max_element(stage().chunks.begin(), stage().chunks.end());
+    ActivationCounts counts = activation_counts(chunk, B_, seq_len_, recompute_, logits_rows, tp_.shape());
+    if (pipeline_.split_backward) {
+      if (recompute_ != 0)
+        throw std::runtime_error("zb-h1: the weight backward reads each product's input after the input backward; "
+                                 "it needs --recompute 0");
+      counts.douts = chunk.num_layers * deferred_gradients(cfg_, B_, seq_len_, tp_.shape()).per_layer;
+    }
+    const bool piped = pipeline_.comm != nullptr;
+    for (int k = 0; k < (piped ? pipeline_.in_flight : 1); ++k)
+      slots_.emplace_back(piped ? pipeline_slot_counts(counts, k == 0) : counts);
+    bucket_segments_.assign(slots_.size(), 0);
+    head_ = LmHead<Elem>(slots_[0], cfg_.vocab_size, vocab_begin(), vl_, stage().head ? layout_[lm_head_tensor()].count : 0);
     staging_.emplace(counts.tokens, counts.buckets);
     if (cfg_.positions == Positions::rope) {
       rope_table_ = DeviceArray<float>(static_cast<size_t>(seq_len_) * cfg_.head_size(), "the RoPE table");
@@ -121,7 +138,7 @@ class Transformer {
   // Device buffers for checkpoints: every parameter in llm.c order (nullptr at ZeRO 3 or with
   // tensor parallelism, where no rank holds them all), the parameters of an optimizer segment, the
   // state (master weights: nullptr for Elem = float).
-  Elem* params_device() const { return split_.size() > 1 ? nullptr : params_.full(); }
+  Elem* params_device() const { return split_.whole() ? params_.full() : nullptr; }
   Elem* owned_parameters(const OptimizerSegment& s) const { return params_.owned(s); }
   // Parameters written through owned_parameters() are in place: ZeRO 3's gathers read them from now on.
   void parameters_written() { params_.changed(); }
@@ -165,10 +182,11 @@ class Transformer {
   // mean cross-entropy over the B·T positions and keeps the logits of the last chunk of rows
   // (logits()). targets may be nullptr (no loss: returns NaN).
   float forward(const int* inputs, const int* targets) {
-    upload_tokens(inputs, targets, false);
-    queue_forward();
-    head_.queue(acts_, param(lm_head_tensor()), grad(lm_head_tensor()), tp_, rows(), cfg_.channels, targets != nullptr,
-                0.0f, false, stream_.get());
+    if (pipeline_.comm != nullptr) throw std::runtime_error("forward: a pipeline stage runs passes (pipeline_step.h)");
+    upload_tokens(slots_[0], 0, inputs, targets, false);
+    queue_chunk_forward(slots_[0], 0);
+    head_.queue(slots_[0], slots_[0], param(lm_head_tensor()), grad(lm_head_tensor()), tp_, rows(), cfg_.channels,
+                targets != nullptr, 0.0f, false, stream_.get());
     if (targets == nullptr) {
       cuda_check(cudaStreamSynchronize(stream_.get()), "forward pass");
       return std::numeric_limits<float>::quiet_NaN();
@@ -198,6 +216,61 @@ class Transformer {
     return encoder_buckets_preparer(B_, seq_len_, cfg_.vocab_size, vocab_begin(), vocab_begin() + vl_);
   }
 
+  // ---- Pipeline parallelism: pipeline_step.h runs a schedule's table with these. A chunk pass (a
+  // micro-batch through local chunk c: stage().chunks) keeps its activations in set `slot` from its
+  // forward to its backward. Transfers are this rank's rows × C (boundary_elements()).
+  const StagePart& stage() const { return pipeline_.mine(); }
+  const PipelineParts& pipeline() const { return pipeline_; }
+  int in_flight() const { return static_cast<int>(slots_.size()); }
+  size_t boundary_elements() const { return static_cast<size_t>(tp_.local_rows()) * cfg_.channels; }
+  // The micro-batch's tokens for a pass of chunk c: inputs (and the encoder-backward buckets) where
+  // c embeds, targets where it ends in the head.
+  void upload_pass_tokens(int slot, int c, const TokenBatch& batch) {
+    const bool embeds = embeds_at(c), head = head_at(c);
+    if (!embeds && !head) return;
+    upload_tokens(slots_[slot], slot, batch.inputs.data(), head ? batch.targets.data() : nullptr, embeds, &batch);
+  }
+  void forward_pass(int slot, int c) { queue_chunk_forward(slots_[slot], c); }
+  // The forward pass's head and loss without gradients (validation): losses into the slot.
+  void head_losses(int slot) {
+    head_.queue(slots_[slot], slots_[0], param(lm_head_tensor()), nullptr, tp_, rows(), cfg_.channels, true, 0.0f, false,
+                stream_.get());
+  }
+  // The pass's backward (at the head: the loss and its gradient, of mean loss / micro_steps, first),
+  // gradients accumulated; the gradient of the chunk's input is then chunk_input_gradient(). With
+  // split_backward (zb-h1) the products' weight gradients are left for weight_backward_pass.
+  void backward_pass(int slot, int c, int micro_steps) {
+    Activations<Elem>& a = slots_[slot];
+    grads_.begin_micro_step(false);
+    if (head_at(c)) {
+      const float dloss = 1.0f / (static_cast<float>(rows()) * static_cast<float>(micro_steps) * grads_.ranks_summed());
+      head_.queue(a, slots_[0], param(lm_head_tensor()), grad(lm_head_tensor()), tp_, rows(), cfg_.channels, true,
+                  dloss, true, stream_.get());
+      classifier_loss_sum(totals_.loss_sum(), a.losses.get(), rows(), stream_.get());
+    }
+    queue_chunk_backward(a, slot, c);
+    grads_.end_micro_step();
+  }
+  void weight_backward_pass(int slot, int c) { queue_chunk_weight_gradients(slots_[slot], c); }
+  // After the schedule's last backward of `micro_steps` micro-batches: gradients summed and sent.
+  void finish_pipeline_step(int micro_steps) {
+    grads_.finish_pipeline_step();
+    micro_steps_ = micro_steps;
+  }
+  Elem* chunk_input(int slot) { return tp_.local(slots_[slot].encoded.get(), cfg_.channels); }
+  const Elem* chunk_output(int slot, int c) const {
+    return slots_[slot].residual3.get() + (stage().chunks[c] - 1) * boundary_elements();
+  }
+  Elem* chunk_output_gradient(int slot) { return slots_[slot].output_grad.get(); }
+  const Elem* chunk_input_gradient() const { return tp_.local(slots_[0].dresidual.get(), cfg_.channels); }
+  // The pass's losses from pipeline rank `root` (the head's) to every stage.
+  void share_pass_losses(int slot, int root) {
+    Communicator& pp = *pipeline_.comm;
+    pp.ordered_with(stream_.get(), [&] { pp.broadcast(slots_[slot].losses.get(), rows(), root); });
+  }
+  // Losses of the pass in `slot` (its B·T positions; the head's rank).
+  std::vector<float> pass_losses(int slot) const { return copy_floats_to_host(slots_[slot].losses.get(), rows(), stream_.get()); }
+
   // Starts an optimizer step: gradients and the step's loss sum to zero.
   void zero_grad() {
     grads_.zero();
@@ -208,7 +281,7 @@ class Transformer {
   // The figures of the optimizer step whose micro-steps are queued (step_totals.h); with_loss is
   // summed over the ranks with the loss (the trainer's stop votes).
   StepFigures step_figures(double with_loss = 0.0) {
-    return totals_.read(grads_, acts_.norm_squared.get(), acts_.scratch.get(), with_loss,
+    return totals_.read(grads_, slots_[0].norm_squared.get(), slots_[0].scratch.get(), with_loss,
                         static_cast<double>(rows()) * micro_steps_, stream_.get());
   }
 
@@ -230,7 +303,7 @@ class Transformer {
   }
 
   // The B·T per-position losses of the last forward() or forward_backward() ([B][T]). Waits.
-  std::vector<float> position_losses() const { return copy_floats_to_host(acts_.losses.get(), rows(), stream_.get()); }
+  std::vector<float> position_losses() const { return pass_losses(0); }
 
   // The whole model's (every tensor-parallel rank's parts).
   size_t num_parameters() const { return split_.global().total; }
@@ -247,7 +320,7 @@ class Transformer {
   std::vector<float> logits() const {
     const size_t chunk = static_cast<size_t>(head_.chunk_rows());
     const size_t last_chunk = rows() - (rows() - 1) / chunk * chunk;
-    return copy_floats_to_host(acts_.logits.get(), last_chunk * vl_, stream_.get());
+    return copy_floats_to_host(slots_[0].logits.get(), last_chunk * vl_, stream_.get());
   }
 
   // Replaces all parameters (llm.c order, as float; rounded to nearest for bf16, master weights get
@@ -255,7 +328,11 @@ class Transformer {
   void set_parameters(const std::vector<float>& values) { params_.upload_all(values); }
 
   // Device memory of the activations: model_activation_bytes(...).total(). (All of it: memory_plan.h.)
-  size_t activation_bytes() const { return acts_.bytes(); }
+  size_t activation_bytes() const {
+    size_t total = 0;
+    for (const Activations<Elem>& a : slots_) total += a.bytes();
+    return total;
+  }
 
   // Rows per lm-head chunk (lm_head.h): the logits buffer's height (min(B·T, the constructor's
   // logits_rows)), or fewer.
@@ -268,6 +345,9 @@ class Transformer {
 
  private:
   int rows() const { return B_ * seq_len_; }
+  // Whether local chunk c starts with the embedding (the model's first chunk) or ends with the head.
+  bool embeds_at(int c) const { return c == 0 && stage().embedding; }
+  bool head_at(int c) const { return c + 1 == static_cast<int>(stage().chunks.size()) && stage().head; }
   // The first vocabulary row (token id) of this rank's part of wte.
   int vocab_begin() const { return split_.rank() * vl_; }
 
@@ -284,26 +364,28 @@ class Transformer {
     if (grad_accum_steps < 1)
       throw std::runtime_error("gradient accumulation: expected at least 1 micro-step, found " +
                                std::to_string(grad_accum_steps));
-    upload_tokens(inputs, targets, true, prepared);
-    queue_forward();
+    Activations<Elem>& a = slots_[0];
+    upload_tokens(a, 0, inputs, targets, true, prepared);
+    queue_chunk_forward(a, 0);
     const float dloss = 1.0f / (static_cast<float>(rows()) * static_cast<float>(grad_accum_steps) * grads_.ranks_summed());
     grads_.begin_micro_step(last_micro_step);
-    head_.queue(acts_, param(lm_head_tensor()), grad(lm_head_tensor()), tp_, rows(), cfg_.channels, true, dloss, true,
+    head_.queue(a, a, param(lm_head_tensor()), grad(lm_head_tensor()), tp_, rows(), cfg_.channels, true, dloss, true,
                 stream_.get());
-    classifier_loss_sum(totals_.loss_sum(), acts_.losses.get(), rows(), stream_.get());
+    classifier_loss_sum(totals_.loss_sum(), a.losses.get(), rows(), stream_.get());
     ++micro_steps_;
-    queue_backward();
+    queue_chunk_backward(a, 0, 0);
     grads_.end_micro_step();
   }
 
   // Checks the micro-batch's tokens and queues their upload (with `buckets`, also the encoder-
   // backward buckets) from page-locked staging: the host does not wait. What the loader thread did
   // already (`prepared`) is not done again (upload_staging.h).
-  void upload_tokens(const int* inputs, const int* targets, bool buckets, const TokenBatch* prepared = nullptr) {
-    const int n = staging_->upload_micro_batch(inputs, targets, prepared, B_, seq_len_, cfg_.vocab_size,
-                                               vocab_begin(), vocab_begin() + vl_, acts_.inputs.get(), acts_.targets.get(),
-                                               buckets ? acts_.buckets.get() : nullptr, stream_.get());
-    if (buckets) bucket_segments_ = n;
+  void upload_tokens(Activations<Elem>& a, int slot, const int* inputs, const int* targets, bool buckets,
+                     const TokenBatch* prepared = nullptr) {
+    const int n = staging_->upload_micro_batch(inputs, targets, prepared, B_, seq_len_, cfg_.vocab_size, vocab_begin(),
+                                               vocab_begin() + vl_, a.inputs.get(), a.targets.get(),
+                                               buckets ? a.buckets.get() : nullptr, stream_.get());
+    if (buckets) bucket_segments_[slot] = n;
   }
 
   // Tensor `tensor`'s parameters (layer `layer`'s slice of a per-layer tensor) and its gradient;
@@ -315,168 +397,41 @@ class Transformer {
   // The lm head's weights: wte when tied, else lm_head.
   int lm_head_tensor() const { return cfg_.tied_embeddings ? kWte : kLmHead; }
 
-  // Layer l's input (this rank's rows): the embeddings for layer 0, else the previous layer's output.
-  const Elem* block_input(int l) const {
-    const size_t rows_c = static_cast<size_t>(tp_.local_rows()) * cfg_.channels;
-    return l == 0 ? tp_.local(acts_.encoded.get(), cfg_.channels) : acts_.residual3.get() + (l - 1) * rows_c;
-  }
+  // Slice j's input in activation set a (this rank's rows): the chunk's input (the embeddings or the
+  // previous stage's output) for j = 0, else slice j-1's output.
+  const Elem* block_input(const Activations<Elem>& a, int j) const;
 
   // ln (every row) from this rank's rows of `input`: the rank's rows normalized, then gathered.
-  void norm_rows(Elem* ln, float* mean, float* rstd, const Elem* input, int l, int weight) {
-    norm_forward(cfg_, tp_.local(ln, cfg_.channels), mean, rstd, input, param(weight, l), param(weight + 1, l),
-                 tp_.local_rows(), stream_.get());
-    tp_.gather(ln, cfg_.channels);
-  }
+  void norm_rows(Elem* ln, float* mean, float* rstd, const Elem* input, int l, int weight);
 
-  // Layer l's forward from its ln1 output (already in place) to its MLP activation: everything the
-  // backward reads except ln1. The attention projection's output is left in a.branch. Products
-  // and attention run on every row with this rank's heads and hidden units; the row-parallel
-  // products' partial sums are summed over the TP group (tp_collectives.h). With RoPE, q and k
-  // are rotated in place in the qkv product's output, which the attention backward then reads.
-  void block_forward(int l) {
-    const int N = rows(), C = cfg_.channels, Nl = tp_.local_rows();
-    const size_t NC = static_cast<size_t>(N) * C, Ncl = static_cast<size_t>(N) * cl_, Nh = static_cast<size_t>(N) * hl_;
-    Activations<Elem>& a = acts_;
-    cudaStream_t s = stream_.get();
-    Elem* qkv = layer_slice(a.qkv, l, static_cast<size_t>(N) * qkvl_);
-    Elem* atty = layer_slice(a.atty, l, Ncl);
-    Elem* ln2 = layer_slice(a.ln2, l, NC);
-    matmul_forward(qkv, layer_slice(a.ln1, l, NC), param(kQkvw, l), param(kQkvb, l), N, C, qkvl_, s);
-    if (cfg_.positions == Positions::rope)
-      rope_forward(qkv, qkv, rope_table_.get(), seq_len_, B_, seq_len_, nhl_ + nkvl_, cfg_.head_size(), qkvl_, 0, s);
-    model_attention_forward(attention_, atty, layer_slice(a.lse, l, static_cast<size_t>(N) * nhl_), qkv, B_, seq_len_,
-                            cl_, nhl_, nkvl_, s);
-    matmul_forward(a.branch.get(), atty, param(kAttprojw, l), tp_.once(param(kAttprojb, l)), N, cl_, C, s);
-    const Elem* attproj = tp_.reduce(a.branch.get(), C);
-    residual_norm_forward(cfg_, layer_slice(a.residual2, l, static_cast<size_t>(Nl) * C), tp_.local(ln2, C),
-                          layer_slice(a.ln2_mean, l, Nl), layer_slice(a.ln2_rstd, l, Nl), block_input(l), attproj,
-                          param(kLn2w, l), param(kLn2b, l), Nl, s);
-    tp_.gather(ln2, C);
-    mlp_up_forward(cfg_, layer_slice(a.fch, l, cfg_.mlp_products() * Nh), layer_slice(a.fch_gelu, l, Nh), ln2,
-                   param(kFcw, l), param(kFcb, l), param(kFc2w, l), N, hl_, s);
-  }
+  // Local layer l's forward, its activations in slice j of set a, from its ln1 output (already in
+  // place) to its MLP activation: everything the backward reads except ln1. The attention
+  // projection's output is left in the work set's branch. Products and attention run on every row
+  // with this rank's heads and hidden units; the row-parallel products' partial sums are summed
+  // over the TP group (tp_collectives.h). With RoPE, q and k are rotated in place in the qkv
+  // product's output, which the attention backward then reads.
+  void block_forward(Activations<Elem>& a, int l, int j);
 
+  // Chunk c's forward in set a, from its input (embedded here when c embeds, else received into
+  // a.encoded's rows) to its output: the head's lnf, or the last layer's residual3 for the next stage.
+  void queue_chunk_forward(Activations<Elem>& a, int c);
 
-  void queue_forward() {
-    const int N = rows(), C = cfg_.channels, L = cfg_.num_layers, Nl = tp_.local_rows();
-    const size_t NC = static_cast<size_t>(N) * C, NlC = static_cast<size_t>(Nl) * C;
-    Activations<Elem>& a = acts_;
-    cudaStream_t s = stream_.get();
-    params_.use_model_bucket();
-    params_.begin_pass(true);
-    params_.enter_layer(0);
-    // Each TP rank embeds the tokens of its vocabulary rows (zero for the others); the sum over the
-    // group is the embedding, wpe (learned positions) added once.
-    encoder_forward(a.encoded.get(), a.inputs.get(), param(kWte), tp_.once(param(kWpe)), B_, seq_len_, C, s, vocab_begin(),
-                    vl_);
-    tp_.reduce(a.encoded.get(), C);
-    // Layer 0 normalizes the embeddings; every later ln1 (and lnf) comes out of the previous
-    // layer's fused residual add + norm.
-    norm_rows(layer_slice(a.ln1, 0, NC), layer_slice(a.ln1_mean, 0, Nl), layer_slice(a.ln1_rstd, 0, Nl),
-              block_input(0), 0, kLn1w);
-    for (int l = 0; l < L; ++l) {
-      block_forward(l);
-      matmul_forward(a.branch.get(), layer_slice(a.fch_gelu, l, static_cast<size_t>(N) * hl_), param(kFcprojw, l),
-                     tp_.once(param(kFcprojb, l)), N, hl_, C, s);
-      const Elem* fcproj = tp_.reduce(a.branch.get(), C);
-      Elem* residual3 = a.residual3.get() + l * NlC;
-      const Elem* residual2 = layer_slice(a.residual2, l, NlC);
-      if (l + 1 < L) {
-        params_.enter_layer(l + 1);
-        Elem* ln1 = layer_slice(a.ln1, l + 1, NC);
-        residual_norm_forward(cfg_, residual3, tp_.local(ln1, C), layer_slice(a.ln1_mean, l + 1, Nl),
-                              layer_slice(a.ln1_rstd, l + 1, Nl), residual2, fcproj, param(kLn1w, l + 1),
-                              param(kLn1b, l + 1), Nl, s);
-        tp_.gather(ln1, C);
-      } else {
-        residual_norm_forward(cfg_, residual3, tp_.local(a.lnf.get(), C), a.lnf_mean.get(), a.lnf_rstd.get(), residual2,
-                              fcproj, param(kLnfw), param(kLnfb), Nl, s);
-        tp_.gather(a.lnf.get(), C);
-      }
-      params_.leave_layer(l);
-    }
-  }
+  // Chunk c's backward in set a (`slot`): from d lnf (the head left it in the work set's branch), or
+  // from the received gradient of the chunk's output. Parameter gradients accumulate; dresidual holds
+  // d loss / d (residual stream) at the current depth (this rank's rows): the skip connections pass
+  // it through unchanged and each norm's backward adds its branch's share; it is gathered (sequence
+  // parallel) where a row-parallel product's backward reads every row. The TP sums of d ln2 and
+  // d ln1 run while the weight gradients' products do. Activations the recompute setting did not
+  // keep are recomputed into their slice right before they are read. At the end dresidual holds the
+  // gradient of the chunk's input: the embedding's backward takes it, or the previous stage.
+  void queue_chunk_backward(Activations<Elem>& a, int slot, int c);
 
-  // Backward from d lnf, which the lm head left in a.branch. Parameter gradients accumulate;
-  // dresidual holds d loss / d (residual stream) at the current depth (this rank's rows): the skip
-  // connections pass it through unchanged and each norm's backward adds its branch's share; it
-  // is gathered (sequence parallel) where a row-parallel product's backward reads every row. The TP
-  // sums of d ln2 and d ln1 run while the weight gradients' products do. Activations the recompute
-  // setting did not keep are recomputed into their layer slice right before they are read.
-  void queue_backward() {
-    const int N = rows(), C = cfg_.channels, L = cfg_.num_layers, Nl = tp_.local_rows();
-    const size_t NC = static_cast<size_t>(N) * C, NlC = static_cast<size_t>(Nl) * C;
-    const size_t Ncl = static_cast<size_t>(N) * cl_, Nh = static_cast<size_t>(N) * hl_;
-    Activations<Elem>& a = acts_;
-    cudaStream_t s = stream_.get();
-    Elem* dresidual_rows = a.dresidual.get();  // every row, once gathered
-    Elem* dresidual = tp_.local(dresidual_rows, C);
-    Elem* dbranch = a.branch.get();
-    Elem* dwide = a.dwide.get();
-    float* scratch = a.scratch.get();
-    cuda_check(cudaMemsetAsync(dresidual_rows, 0, a.dresidual.bytes(), s), "zeroing the residual gradient");
-
-    norm_backward(cfg_, dresidual, grad(kLnfw), grad(kLnfb), scratch, tp_.local(dbranch, C),
-                  a.residual3.get() + (L - 1) * NlC, param(kLnfw), a.lnf_mean.get(), a.lnf_rstd.get(), Nl, s);
-    const bool rerun_block = !block_keeps(BlockTensor::other, recompute_);
-    const bool recompute_act = !rerun_block && !block_keeps(BlockTensor::fch_gelu, recompute_);
-    const bool recompute_ln = !rerun_block && !block_keeps(BlockTensor::ln_output, recompute_);
-    params_.begin_pass(false);
-    for (int l = L - 1; l >= 0; --l) {
-      grads_.open_layer_gradients(l);  // gradient communication: grad_sync.h
-      params_.enter_layer(l);          // ZeRO 3's gathered parameters: model_parameters.h
-      const Elem* residual = block_input(l);
-      Elem* ln1 = layer_slice(a.ln1, l, NC);
-      float* ln1_mean = layer_slice(a.ln1_mean, l, Nl);
-      float* ln1_rstd = layer_slice(a.ln1_rstd, l, Nl);
-      Elem* ln2 = layer_slice(a.ln2, l, NC);
-      float* ln2_mean = layer_slice(a.ln2_mean, l, Nl);
-      float* ln2_rstd = layer_slice(a.ln2_rstd, l, Nl);
-      const Elem* residual2 = layer_slice(a.residual2, l, NlC);
-      const Elem* qkv = layer_slice(a.qkv, l, static_cast<size_t>(N) * qkvl_);
-      const Elem* atty = layer_slice(a.atty, l, Ncl);
-      Elem* fch = layer_slice(a.fch, l, cfg_.mlp_products() * Nh);
-      Elem* fch_gelu = layer_slice(a.fch_gelu, l, Nh);
-      // A recomputed ln1 or ln2 (norm_forward of the kept, rounded input) equals the forward's
-      // fused residual norm output bit for bit, statistics included (kept statistics are
-      // rewritten with the values they hold).
-      if (rerun_block) {
-        norm_rows(ln1, ln1_mean, ln1_rstd, residual, l, kLn1w);
-        block_forward(l);
-      }
-      if (recompute_act) mlp_activation_forward(cfg_, fch_gelu, fch, N, hl_, s);
-      // MLP branch; dresidual = d/d residual3 = d/d fcproj.
-      tp_.gather(dresidual_rows, C);
-      matmul_backward(dwide, grad(kFcprojw, l), tp_.replicated_grad(grad(kFcprojb, l)), nullptr, dresidual_rows, fch_gelu,
-                      param(kFcprojw, l), nullptr, N, hl_, C, s);
-      if (recompute_ln) norm_rows(ln2, ln2_mean, ln2_rstd, residual2, l, kLn2w);
-      mlp_up_backward(cfg_, dbranch, grad(kFcw, l), grad(kFcb, l), grad(kFc2w, l), dwide, fch, ln2, param(kFcw, l),
-                      param(kFc2w, l), N, hl_, s, [&] { tp_.start_reduce(dbranch, C); });
-      norm_backward(cfg_, dresidual, grad(kLn2w, l), grad(kLn2b, l), scratch, tp_.finish_reduce(dbranch, C), residual2,
-                    param(kLn2w, l), ln2_mean, ln2_rstd, Nl, s);
-      // Attention branch; dresidual = d/d residual2 = d/d attproj.
-      tp_.gather(dresidual_rows, C);
-      matmul_backward(dbranch, grad(kAttprojw, l), tp_.replicated_grad(grad(kAttprojb, l)), nullptr, dresidual_rows, atty,
-                      param(kAttprojw, l), nullptr, N, cl_, C, s);
-      model_attention_backward(attention_, dwide, scratch, dbranch, qkv, atty,
-                               layer_slice(a.lse, l, static_cast<size_t>(N) * nhl_), B_, seq_len_, cl_, nhl_, nkvl_, s);
-      if (cfg_.positions == Positions::rope)  // d q, d k before the rotation: rotated back
-        rope_backward(dwide, dwide, rope_table_.get(), seq_len_, B_, seq_len_, nhl_ + nkvl_, cfg_.head_size(), qkvl_, 0,
-                      s);
-      if (recompute_ln) norm_rows(ln1, ln1_mean, ln1_rstd, residual, l, kLn1w);
-      matmul_backward(dbranch, grad(kQkvw, l), grad(kQkvb, l), nullptr, dwide, ln1, param(kQkvw, l), nullptr, N, C,
-                      qkvl_, s, [&] { tp_.start_reduce(dbranch, C); });
-      norm_backward(cfg_, dresidual, grad(kLn1w, l), grad(kLn1b, l), scratch, tp_.finish_reduce(dbranch, C), residual,
-                    param(kLn1w, l), ln1_mean, ln1_rstd, Nl, s);
-      params_.leave_layer(l);
-      grads_.send_finished_bucket(l);  // all-reduce / reduce-scatter once its bucket is done
-    }
-    tp_.gather(dresidual_rows, C);
-    encoder_backward(grad(kWte), tp_.replicated_grad(grad(kWpe)), scratch, a.buckets.get(), bucket_segments_,
-                     dresidual_rows, B_, seq_len_, C, s);
-  }
+  // zb-h1's weight backward of chunk c in set a: each product's weight gradient from the output
+  // gradient its input backward kept (a.douts) and its input.
+  void queue_chunk_weight_gradients(Activations<Elem>& a, int c);
 
   const ModelConfig cfg_;
+  const PipelineParts pipeline_;  // one whole part without pipeline parallelism
   const TensorSplit split_;
   const ParameterLayout layout_;  // this rank's (split_.local())
   const int B_, seq_len_, recompute_;
@@ -489,11 +444,15 @@ class Transformer {
   ModelParameters<Elem> params_;
   DeviceArray<float> adam_m_, adam_v_;
   std::optional<AdamWUpdate<Elem>> adamw_;  // emplaced once the buffers it updates exist
-  Activations<Elem> acts_;
+  std::vector<int> chunk_first_;  // chunk c's first local layer
+  // Activation sets: [0] is whole (the work buffers too); more with pipeline parallelism.
+  std::vector<Activations<Elem>> slots_;
   LmHead<Elem> head_;  // set once the logits buffer is allocated
   std::optional<UploadStaging> staging_;  // emplaced once the activation counts are known
-  int bucket_segments_ = 0;  // of the uploaded encoder-backward bucket list
+  std::vector<int> bucket_segments_;  // per set: of its uploaded encoder-backward bucket list
   StepTotals totals_;
   int micro_steps_ = 0;  // since zero_grad()
   DeviceArray<float> rope_table_;  // RoPE: (seq_len, HS) cos/sin pairs (rope.cuh)
 };
+
+#include "src/model/transformer_passes.h"  // the passes declared above

@@ -138,6 +138,23 @@ void check_backward(const Shape& s, bool with_bias, bool with_gelu, uint64_t see
     const std::vector<T> dbias_after = dbias.download();
     CHECK(std::memcmp(dbias_after.data(), test::from_floats<T>(dbias_v).data(), s.OC * sizeof(T)) == 0);
   }
+
+  // The weight gradient left for later (dweight nullptr: dweight untouched, dinp the same bits),
+  // then matmul_weight_gradient from the g the call left (dpre_gelu, or dout): the same bits as
+  // the whole call's (a zero-bubble pipeline's split backward).
+  const std::vector<T> dinp_whole = dinp.download(), dweight_whole = dweight.download();
+  test::DeviceBuffer<T> dout2(test::from_floats<T>(dout_v)), dweight2(test::from_floats<T>(dweight_v));
+  test::DeviceBuffer<T> dpre2(n_out), dbias2(test::from_floats<T>(dbias_v));
+  dinp.poison();
+  T* dpre_later = with_gelu ? (in_place ? dout2.ptr : dpre2.ptr) : nullptr;
+  matmul_backward<T>(dinp, static_cast<T*>(nullptr), with_bias ? dbias2.ptr : nullptr, dpre_later, dout2, inp, weight,
+                     with_gelu ? pre.ptr : nullptr, s.rows, s.C, s.OC, nullptr);
+  test::require_no_cuda_error();
+  CHECK(test::bytes_of(dinp.download()) == test::bytes_of(dinp_whole));
+  CHECK(test::bytes_of(dweight2.download()) == test::bytes_of(test::from_floats<T>(dweight_v)));
+  matmul_weight_gradient<T>(dweight2, inp, with_gelu ? dpre_later : dout2.ptr, s.rows, s.C, s.OC, nullptr);
+  test::require_no_cuda_error();
+  CHECK(test::bytes_of(dweight2.download()) == test::bytes_of(dweight_whole));
 }
 
 }  // namespace

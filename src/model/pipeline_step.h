@@ -1,0 +1,176 @@
+// pipeline_step.h — an optimizer step's micro-batches through the model: one after another on a
+// whole model, or a pipeline rank's table of the schedule (src/dist/pipeline_schedule.h) with its
+// transfers on the pipeline communicator; and the forward pass alone (validation, evaluation),
+// through the stages in model order, its losses shared by every stage.
+//
+// A pipeline rank runs its table in order, each action queued on the model's stream or, for a
+// transfer, on the pipeline communicator's stream between the work before it and the work after it
+// (Communicator::ordered_with). The table's global order is what rules out a deadlock
+// (pipeline_check.h checks it under blocking sends). A chunk pass takes an activation set when it
+// first needs one (its input's receive, or its forward on the first chunk) and gives it back after
+// its backward; pipeline_activation_sets() counts the most a table holds at once, which the model
+// allocates.
+#pragma once
+#include "src/data/dataloader.h"
+#include "src/dist/comm.h"
+#include "src/dist/pipeline_schedule.h"
+#include "src/model/transformer.h"
+
+#include <functional>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+// The activation sets a rank's table holds at most at once (above).
+inline int pipeline_activation_sets(const PipelineTable& table) {
+  int held = 0, most = 1;
+  for (const PipelineAction& a : table) {
+    const bool starts = a.op == PipelineOp::recv_activation || (a.op == PipelineOp::forward && a.chunk == 0);
+    if (starts) most = std::max(most, ++held);
+    if (a.op == PipelineOp::backward || a.op == PipelineOp::backward_weight) --held;
+  }
+  return most;
+}
+
+template <typename Elem>
+class MicroBatchRunner {
+ public:
+  // `shape`: the pipeline's (stages 1: a whole model, micro-batches one after another).
+  MicroBatchRunner(Transformer<Elem>& model, const PipelineShape& shape) : model_(model), shape_(shape) {
+    if (piped()) table_ = build_pipeline_schedule(shape)[model.pipeline().rank];
+  }
+
+  // One optimizer step's forwards and backwards of `micro_steps` micro-batches, `next` filling
+  // each in turn; the gradients accumulate (the caller zeroed them) and are sent.
+  void run_step(int micro_steps, const std::function<void(TokenBatch&)>& next) {
+    if (!piped()) {
+      for (int micro = 0; micro < micro_steps; ++micro) {
+        next(batch_);
+        model_.forward_backward(batch_, micro_steps, micro + 1 == micro_steps);
+      }
+      return;
+    }
+    if (micro_steps != shape_.microbatches)
+      throw std::logic_error("pipeline step: " + std::to_string(micro_steps) + " micro-batches, the schedule has " +
+                             std::to_string(shape_.microbatches));
+    batches_.resize(micro_steps);
+    for (TokenBatch& b : batches_) next(b);
+    slots_.clear();
+    free_.clear();
+    for (int k = model_.in_flight() - 1; k >= 0; --k) free_.push_back(k);
+    const int p = shape_.stages;
+    for (const PipelineAction& a : table_) {
+      const int c = a.chunk / p;  // the chunk's index on its rank
+      switch (a.op) {
+        case PipelineOp::forward: {
+          const int slot = a.chunk == 0 ? take(a.microbatch, a.chunk) : slots_.at({a.microbatch, a.chunk});
+          model_.upload_pass_tokens(slot, c, batches_[a.microbatch]);
+          model_.forward_pass(slot, c);
+          break;
+        }
+        case PipelineOp::backward:
+        case PipelineOp::backward_input: {
+          const int slot = slots_.at({a.microbatch, a.chunk});
+          model_.backward_pass(slot, c, micro_steps);
+          if (a.op == PipelineOp::backward) give_back(a);
+          break;
+        }
+        case PipelineOp::backward_weight:
+          model_.weight_backward_pass(slots_.at({a.microbatch, a.chunk}), c);
+          give_back(a);
+          break;
+        case PipelineOp::recv_activation:
+          transfer(a, [&](Communicator& pp, size_t n) {
+            pp.recv(model_.chunk_input(take(a.microbatch, a.chunk + 1)), n, a.peer);
+          });
+          break;
+        case PipelineOp::send_activation:
+          transfer(a, [&](Communicator& pp, size_t n) {
+            pp.send(model_.chunk_output(slots_.at({a.microbatch, a.chunk}), c), n, a.peer);
+          });
+          break;
+        case PipelineOp::recv_gradient:
+          transfer(a, [&](Communicator& pp, size_t n) {
+            pp.recv(model_.chunk_output_gradient(slots_.at({a.microbatch, a.chunk - 1})), n, a.peer);
+          });
+          break;
+        case PipelineOp::send_gradient:
+          transfer(a, [&](Communicator& pp, size_t n) { pp.send(model_.chunk_input_gradient(), n, a.peer); });
+          break;
+      }
+    }
+    model_.finish_pipeline_step(micro_steps);
+  }
+
+  // The forward pass of one micro-batch (host tokens, B·T each): its per-position losses ([B][T]),
+  // on every rank.
+  std::vector<float> position_losses(const int* inputs, const int* targets) {
+    if (!piped()) {
+      model_.forward(inputs, targets);
+      return model_.position_losses();
+    }
+    const int p = shape_.stages, rank = model_.pipeline().rank, last = shape_.chunks() - 1;
+    batch_.inputs.assign(inputs, inputs + model_.batch_size() * model_.seq_len());
+    batch_.targets.assign(targets, targets + batch_.inputs.size());
+    batch_.ids_below = 0;  // checked on upload
+    batch_.bucket_segments = 0;
+    for (int chunk = 0; chunk <= last; ++chunk) {
+      if (chunk % p != rank) continue;
+      const PipelineAction a{PipelineOp::forward, 0, chunk, -1};
+      if (chunk > 0)
+        transfer(a, [&](Communicator& pp, size_t n) { pp.recv(model_.chunk_input(0), n, (chunk - 1) % p); });
+      model_.upload_pass_tokens(0, chunk / p, batch_);
+      model_.forward_pass(0, chunk / p);
+      if (chunk < last)
+        transfer(a, [&](Communicator& pp, size_t n) { pp.send(model_.chunk_output(0, chunk / p), n, (chunk + 1) % p); });
+      else
+        model_.head_losses(0);
+    }
+    model_.share_pass_losses(0, last % p);
+    return model_.pass_losses(0);
+  }
+  float mean_loss(const int* inputs, const int* targets) {
+    const std::vector<float> losses = position_losses(inputs, targets);
+    double sum = 0.0;
+    for (float x : losses) sum += x;
+    return static_cast<float>(sum / static_cast<double>(losses.size()));
+  }
+
+ private:
+  bool piped() const { return shape_.stages > 1; }
+
+  // A free activation set for the pass of `microbatch` through `chunk`.
+  int take(int microbatch, int chunk) {
+    if (free_.empty())
+      throw std::logic_error("pipeline step: more chunk passes in flight than the " +
+                             std::to_string(model_.in_flight()) + " activation sets allocated");
+    const int slot = free_.back();
+    free_.pop_back();
+    slots_[{microbatch, chunk}] = slot;
+    return slot;
+  }
+
+  // The pass's activation set is free again (after its backward: its weight backward for zb-h1).
+  void give_back(const PipelineAction& a) {
+    free_.push_back(slots_.at({a.microbatch, a.chunk}));
+    slots_.erase({a.microbatch, a.chunk});
+  }
+
+  // A transfer on the pipeline communicator, between the model stream's work before and after it.
+  template <typename Issue> void transfer(const PipelineAction& a, Issue&& issue) {
+    Communicator& pp = *model_.pipeline().comm;
+    pp.set_purpose(is_activation_transfer(a.op) ? "activations" : "activation gradients",
+                   "of micro-batch " + std::to_string(a.microbatch));
+    pp.ordered_with(model_.stream(), [&] { issue(pp, model_.boundary_elements()); });
+  }
+
+  Transformer<Elem>& model_;
+  const PipelineShape shape_;
+  PipelineTable table_;                    // this rank's (pipeline only)
+  TokenBatch batch_;                       // a whole model's micro-batch, or the forward pass's
+  std::vector<TokenBatch> batches_;        // a pipeline step's micro-batches
+  std::map<std::pair<int, int>, int> slots_;  // (micro-batch, chunk) -> its activation set
+  std::vector<int> free_;
+};
