@@ -43,7 +43,7 @@ int validate_config(TrainConfig& cfg, int world_size) {
   }
   if (!cfg.eval_losses.empty() && !cfg.eval)
     throw std::invalid_argument("--eval-losses is written by --eval runs only (add --eval)");
-  const int model_ranks = cfg.tp * cfg.pp;  // one model replica: its stages times each stage's TP group
+  const long long model_ranks = static_cast<long long>(cfg.tp) * cfg.pp;  // a model replica: stages x TP group
   if (cfg.pp == 1 && world_size % cfg.tp != 0)
     throw std::invalid_argument("--tp " + std::to_string(cfg.tp) + " must divide the number of ranks, " +
                                 std::to_string(world_size) + (cfg.plan ? " (--world-size)" : ""));
@@ -59,7 +59,7 @@ int validate_config(TrainConfig& cfg, int world_size) {
                                 ": the pipeline accumulates every micro-batch's weight gradients until the schedule's "
                                 "last backward; use --zero 0 or 1");
   // A model replica (a TP group per stage) reads one micro-batch: the data-parallel ranks read different ones.
-  const int data_ranks = world_size / model_ranks;
+  const int data_ranks = static_cast<int>(world_size / model_ranks);
   const long long micro_tokens = static_cast<long long>(cfg.batch_size) * cfg.seq_len * data_ranks;
   if (cfg.total_batch_tokens == 0) cfg.total_batch_tokens = micro_tokens;
   if (cfg.total_batch_tokens % micro_tokens != 0)

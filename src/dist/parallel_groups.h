@@ -26,14 +26,15 @@ class ParallelGroups {
  public:
   // Splits `world` into the grid above (checked: tp_size·pp_size divides the world size).
   ParallelGroups(Communicator& world, int tp_size, int pp_size = 1) : world_(world), dp_(&world) {
-    const int model_ranks = tp_size * pp_size, rank = world.rank();
-    if (tp_size < 1 || pp_size < 1 || world.world_size() % model_ranks != 0)
+    const int rank = world.rank();
+    if (tp_size < 1 || pp_size < 1 || world.world_size() % (static_cast<long long>(tp_size) * pp_size) != 0)
       throw std::runtime_error("--tp " + std::to_string(tp_size) + " x --pp " + std::to_string(pp_size) +
                                ": must divide the number of ranks, " + std::to_string(world.world_size()));
     if (tp_size > 1) {
       world.set_purpose("the tensor-parallel group's communicator", "during start-up");
       tp_owned_ = std::make_unique<Communicator>(world, rank / tp_size, rank, "tensor-parallel");
     }
+    const int model_ranks = tp_size * pp_size;  // divides the world size: no overflow
     if (pp_size > 1) {
       world.set_purpose("the pipeline-parallel group's communicator", "during start-up");
       const int d = rank / model_ranks, s = rank / tp_size % pp_size, t = rank % tp_size;

@@ -328,6 +328,8 @@ TEST_CASE("pipeline flags: each bad combination is one line naming the flags") {
   CHECK(error({"--tp", "2", "--pp", "2", "--plan", "--world-size", "6"}, 6) ==
         "--tp 2 x --pp 2 = 4 must divide the number of ranks, 6 (--world-size)");
   CHECK(error({"--tp", "3"}, 4) == "--tp 3 must divide the number of ranks, 4");
+  CHECK(error({"--tp", "65536", "--pp", "65536"}, 1) ==
+        "--tp 65536 x --pp 65536 = 4294967296 must divide the number of ranks, 1");  // no int overflow
   CHECK(error({"--pp-virtual", "2"}, 1) == "--pp-virtual 2 chunks per rank need --pp-schedule interleaved (not 1f1b)");
   CHECK(error({"--pp-virtual", "2", "--pp-schedule", "zb-h1"}, 1) ==
         "--pp-virtual 2 chunks per rank need --pp-schedule interleaved (not zb-h1)");
