@@ -12,8 +12,8 @@
 //             gradients to s - 1 (pipeline_schedule.h);
 //   DP group  the D ranks of the same (s, t), ranked by d: they hold the same parameters, read
 //             different micro-batches and sum gradients at the ZeRO stage.
-// A group of one rank has no communicator of its own: without TP there is no TP group, without
-// PP no PP group, and with neither the DP group is the world's communicator itself.
+// Without TP there is no TP group and without PP no PP group (tp() and pp() are nullptr); with
+// neither, the DP group is the world's communicator itself.
 #pragma once
 #include "src/dist/comm.h"
 
