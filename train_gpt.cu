@@ -52,6 +52,7 @@
 #include "src/config/config_text.h"
 #include "src/dist/comm.h"
 #include "src/dist/parallel_groups.h"
+#include "src/dist/pipeline_stages.h"
 #include "src/dist/tensor_split.h"
 #include "src/gen/generate_text.h"
 #include "src/model/activations.h"
@@ -150,9 +151,10 @@ int dispatch_command(int argc, char** argv) {
   with_context(model_sizing(setup), [&] {
     check_micro_batch(setup.model, setup.cfg.batch_size, setup.cfg.seq_len, setup.cfg.recompute);
     check_tensor_split(setup.model, setup.cfg.tp, "--tp");
+    check_pipeline_split(setup.model, setup.cfg);
   });
   check_memory_fits(setup, comm->world_size());
-  ParallelGroups groups(*comm, setup.cfg.tp);
+  ParallelGroups groups(*comm, setup.cfg.tp, setup.cfg.pp);
   if (setup.cfg.dtype == "fp32") train_or_evaluate<float>(setup, groups);
   else train_or_evaluate<bf16>(setup, groups);
   return 0;

@@ -76,20 +76,25 @@ run_recipe() {
   local flags=("${defaults[@]}" "${caller[@]}")
 
   # The micro-batch: the largest B up to the recipe's whose B x T x data-parallel ranks (the ranks
-  # over --tp) divides the total batch (the rest is gradient accumulation), unless the caller chose one.
+  # over --tp x --pp) divides the total batch (the rest is gradient accumulation) in at least --pp
+  # micro-batches (a pipeline's), unless the caller chose one.
   if [ -z "$(flag_value flags --batch-size)" ]; then
-    local total seq rows b tp data_ranks
+    local total seq rows b tp pp data_ranks
     total=$(flag_value flags --total-batch-tokens) seq=$(flag_value flags --seq-len) tp=$(flag_value flags --tp)
+    pp=$(flag_value flags --pp)
     # Checked as numbers before any arithmetic: bash would evaluate a value like 'a[$(cmd)0]'.
     positive_number --total-batch-tokens "$total"
     positive_number --seq-len "$seq"
     positive_number --tp "${tp:-1}"
+    positive_number --pp "${pp:-1}"
     [ $((nproc % ${tp:-1})) -eq 0 ] || recipe_fail "--tp ${tp:-1} does not divide the $nproc ranks: choose NPROC or --tp"
-    data_ranks=$((nproc / ${tp:-1}))
+    [ $((nproc % (${tp:-1} * ${pp:-1}))) -eq 0 ] ||
+      recipe_fail "--tp ${tp:-1} x --pp ${pp:-1} does not divide the $nproc ranks: choose NPROC, --tp or --pp"
+    data_ranks=$((nproc / (${tp:-1} * ${pp:-1})))
     [ $((total % (seq * data_ranks))) -eq 0 ] ||
       recipe_fail "--total-batch-tokens $total is not a multiple of --seq-len $seq x $data_ranks data-parallel ranks: choose NPROC or --total-batch-tokens"
     rows=$((total / (seq * data_ranks)))
-    for ((b = recipe_micro_batch; b > 1; b--)); do [ $((rows % b)) -eq 0 ] && break; done
+    for ((b = recipe_micro_batch; b > 1; b--)); do [ $((rows % b)) -eq 0 ] && [ $((rows / b)) -ge "${pp:-1}" ] && break; done
     flags+=(--batch-size "$b")
   fi
 

@@ -94,6 +94,15 @@ const std::vector<Flag>& flag_table() {
       {"sequence-parallel", "0|1", "with --tp > 1: the LayerNorm/residual region holds 1/N of the token rows per "
        "rank (all-gathers and reduce-scatters around the split products) instead of all of them (all-reduces)",
        &TrainConfig::sequence_parallel, {}, {}, "1"},
+      {"pp", "N", "pipeline parallelism: the layers cut into N stages (balanced by cost, or --pp-layers), --tp inside "
+       "each stage, data parallelism (and --zero 0|1) across; N x --tp divides the ranks, and a step needs at least N "
+       "micro-batches (--total-batch-tokens / (B*T*data-parallel ranks))", &TrainConfig::pp, {1, 1 << 16}},
+      {"pp-schedule", "NAME", "gpipe | 1f1b | interleaved | zb-h1: with --pp > 1, the order of each stage's work",
+       &TrainConfig::pp_schedule, {}, {"gpipe", "1f1b", "interleaved", "zb-h1"}},
+      {"pp-virtual", "V", "with --pp-schedule interleaved: model chunks per pipeline rank (V times less bubble)",
+       &TrainConfig::pp_virtual, {1, 1 << 16}},
+      {"pp-layers", "A,B,...", "layers per pipeline rank, first to last: --pp counts summing to the model's layers, each "
+       "a multiple of --pp-virtual", &TrainConfig::pp_layers, {1, INT_MAX}, {}, "none (balanced by cost)"},
       {"bucket-mib", "MIB", "gradients travel between ranks in buckets of about MIB MiB (whole layers, at least one), "
        "each sent as soon as its layers' backward is done", &TrainConfig::bucket_mib, {0, HUGE_VAL, true, false}},
       {"rendezvous", "file:PATH|tcp:HOST:PORT",
@@ -194,6 +203,8 @@ std::string expectation(const Flag& flag) {
           return s;
         } else if constexpr (std::is_same_v<V, bool>) {
           return "0 or 1";
+        } else if constexpr (std::is_same_v<V, std::vector<int>>) {
+          return "a comma-separated list of integers >= " + format_number(flag.range.lo);
         } else {
           const char* kind = std::is_same_v<V, double> ? "a number" : "an integer";
           const Range& r = flag.range;
@@ -316,6 +327,20 @@ void assign(TrainConfig& cfg, const Flag& flag, const RawValue& raw, const std::
           }
           if (v != 0 && v != 1) throw bad();
           cfg.*member = v == 1;
+        } else if constexpr (std::is_same_v<V, std::vector<int>>) {
+          if (raw.json && !raw.json->is_array()) throw bad();
+          std::string text = raw.text;
+          if (raw.json)  // [4, 4] reads as "4,4"; an entry that is not an integer fails below
+            for (const auto& e : *raw.json) text += (text.empty() ? "" : ",") + (e.is_number_integer() ? e.dump() : "?");
+          V list;
+          std::istringstream entries(text);
+          for (std::string entry; std::getline(entries, entry, ',');) {
+            long long v = 0;
+            if (!parse_integer(entry, &v) || !flag.range.contains(static_cast<double>(v)) || v > INT_MAX) throw bad();
+            list.push_back(static_cast<int>(v));
+          }
+          if (list.empty() || text.back() == ',') throw bad();
+          cfg.*member = list;
         } else if constexpr (std::is_same_v<V, double>) {
           double v = 0;
           if (raw.json) {
@@ -353,21 +378,14 @@ std::string value_text(const TrainConfig& cfg, const Flag& flag) {
         if constexpr (std::is_same_v<V, std::string>) return cfg.*member;
         else if constexpr (std::is_same_v<V, bool>) return cfg.*member ? "1" : "0";
         else if constexpr (std::is_same_v<V, double>) return format_number(cfg.*member);
-        else return std::to_string(cfg.*member);
+        else if constexpr (std::is_same_v<V, std::vector<int>>) {
+          std::string list;
+          for (int v : cfg.*member) list += (list.empty() ? "" : ",") + std::to_string(v);
+          return list;
+        } else return std::to_string(cfg.*member);
       },
       flag.field);
 }
-
-}  // namespace config_detail
-
-nlohmann::json config_json(const TrainConfig& cfg) {
-  nlohmann::json j = nlohmann::json::object();
-  for (const Flag& f : flag_table()) j[f.name] = config_detail::value_text(cfg, f);
-  if (!cfg.init_from.empty()) j["model"] = "-";  // the architecture is --init-from's, not a preset's
-  return j;
-}
-
-namespace config_detail {
 
 // The whole of a --config file; errors name the file. Only a regular file of at most
 // kMaxConfigBytes is read: a directory opens but cannot be read, a named pipe blocks until
@@ -395,6 +413,13 @@ std::string read_config_file(const std::string& path) {
 }
 
 }  // namespace config_detail
+
+nlohmann::json config_json(const TrainConfig& cfg) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const Flag& f : flag_table()) j[f.name] = config_detail::value_text(cfg, f);
+  if (!cfg.init_from.empty()) j["model"] = "-";  // the architecture is --init-from's, not a preset's
+  return j;
+}
 
 void apply_config_file(TrainConfig& cfg, const std::string& path) {
   const std::string text = config_detail::read_config_file(path);

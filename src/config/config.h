@@ -67,6 +67,10 @@ struct TrainConfig {
   int zero3_prefetch = kDefaultZero3Prefetch;
   int tp = 1;                      // tensor-parallel group size (src/dist/parallel_groups.h)
   bool sequence_parallel = true;   // with tp > 1: the LayerNorm/residual region split too
+  int pp = 1;                          // pipeline stages (src/dist/parallel_groups.h, pipeline_stages.h)
+  std::string pp_schedule = "1f1b";    // src/dist/pipeline_schedule.h's kinds
+  int pp_virtual = 1;                  // model chunks per pipeline rank (interleaved only)
+  std::vector<int> pp_layers;          // layers per pipeline rank; empty: balanced by cost
   double bucket_mib = kDefaultBucketMiB;
   std::string rendezvous;
   double comm_timeout = 600.0;  // every wait for the other ranks (start-up, each collective)
@@ -115,8 +119,10 @@ struct Range {
   }
 };
 
+// A std::vector<int> flag is a comma-separated list ("4,4,5"; in JSON also an array of integers),
+// each entry within the flag's range.
 using FlagField = std::variant<std::string TrainConfig::*, bool TrainConfig::*, int TrainConfig::*,
-                               long long TrainConfig::*, double TrainConfig::*>;
+                               long long TrainConfig::*, double TrainConfig::*, std::vector<int> TrainConfig::*>;
 
 struct Flag {
   const char* name;      // without the leading "--"; also the JSON key

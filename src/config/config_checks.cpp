@@ -43,11 +43,23 @@ int validate_config(TrainConfig& cfg, int world_size) {
   }
   if (!cfg.eval_losses.empty() && !cfg.eval)
     throw std::invalid_argument("--eval-losses is written by --eval runs only (add --eval)");
-  if (world_size % cfg.tp != 0)
+  const long long model_ranks = static_cast<long long>(cfg.tp) * cfg.pp;  // a model replica: stages x TP group
+  if (cfg.pp == 1 && world_size % cfg.tp != 0)
     throw std::invalid_argument("--tp " + std::to_string(cfg.tp) + " must divide the number of ranks, " +
                                 std::to_string(world_size) + (cfg.plan ? " (--world-size)" : ""));
-  // A tensor-parallel group reads one micro-batch: the data-parallel groups' ranks read different ones.
-  const int data_ranks = world_size / cfg.tp;
+  if (world_size % model_ranks != 0)
+    throw std::invalid_argument("--tp " + std::to_string(cfg.tp) + " x --pp " + std::to_string(cfg.pp) + " = " +
+                                std::to_string(model_ranks) + " must divide the number of ranks, " +
+                                std::to_string(world_size) + (cfg.plan ? " (--world-size)" : ""));
+  if (cfg.pp_virtual > 1 && cfg.pp_schedule != "interleaved")
+    throw std::invalid_argument("--pp-virtual " + std::to_string(cfg.pp_virtual) +
+                                " chunks per rank need --pp-schedule interleaved (not " + cfg.pp_schedule + ")");
+  if (cfg.pp > 1 && cfg.zero >= 2)
+    throw std::invalid_argument("--zero " + std::to_string(cfg.zero) + " with --pp " + std::to_string(cfg.pp) +
+                                ": the pipeline accumulates every micro-batch's weight gradients until the schedule's "
+                                "last backward; use --zero 0 or 1");
+  // A model replica (a TP group per stage) reads one micro-batch: the data-parallel ranks read different ones.
+  const int data_ranks = static_cast<int>(world_size / model_ranks);
   const long long micro_tokens = static_cast<long long>(cfg.batch_size) * cfg.seq_len * data_ranks;
   if (cfg.total_batch_tokens == 0) cfg.total_batch_tokens = micro_tokens;
   if (cfg.total_batch_tokens % micro_tokens != 0)
@@ -58,6 +70,14 @@ int validate_config(TrainConfig& cfg, int world_size) {
   const long long accum = cfg.total_batch_tokens / micro_tokens;
   if (accum > INT_MAX) throw std::invalid_argument("--total-batch-tokens " + std::to_string(cfg.total_batch_tokens) +
                                                    ": too many accumulation steps");
+  // The pipeline's micro-batches are the step's accumulation steps: every schedule needs one per stage.
+  if (accum < cfg.pp)
+    throw std::invalid_argument("--pp " + std::to_string(cfg.pp) + " needs at least " + std::to_string(cfg.pp) +
+                                " micro-batches per optimizer step (m >= --pp), got m = --total-batch-tokens " +
+                                std::to_string(cfg.total_batch_tokens) + " / (--batch-size x --seq-len x " +
+                                "data-parallel ranks = " + std::to_string(cfg.batch_size) + " x " +
+                                std::to_string(cfg.seq_len) + " x " + std::to_string(data_ranks) + ") = " +
+                                std::to_string(accum));
   return static_cast<int>(accum);
 }
 

@@ -1,12 +1,19 @@
-// parallel_groups.h — a run's ranks as a grid of data-parallel (DP) × tensor-parallel (TP)
-// groups, each group its own communicator split from the world's (ncclCommSplit).
+// parallel_groups.h — a run's ranks as a grid of data-parallel (DP) × pipeline-parallel (PP) ×
+// tensor-parallel (TP) groups, each group its own communicator split from the world's
+// (ncclCommSplit).
 //
-// With --tp N (N divides the world size W), ranks [k·N, (k+1)·N) form TP group k — consecutive
-// ranks, so under mpirun's and srun's usual block placement a TP group shares a node and its
-// NVLink — and TP rank t of every group forms DP group t (ranks t, t + N, t + 2N, ...). A TP group
-// splits each layer's work (tensor_split.h) and reads the same micro-batches; the W/N DP groups'
-// ranks read different ones and sum gradients at the ZeRO stage. Without tensor parallelism the
-// DP group is the world's communicator itself and there is no TP group.
+// With --tp T and --pp P (T·P divides the world size W; D = W/(T·P) replicas of the model), world
+// rank (d·P + s)·T + t is TP rank t of pipeline stage s of data-parallel replica d: TP innermost —
+// consecutive ranks, so under mpirun's and srun's usual block placement a TP group shares a node
+// and its NVLink — then the pipeline stages, then the replicas. The groups:
+//   TP group  the T ranks of the same (d, s), ranked by t: they split each layer's work
+//             (tensor_split.h) and read the same micro-batches;
+//   PP group  the P ranks of the same (d, t), ranked by s: stage s sends activations to s + 1 and
+//             gradients to s - 1 (pipeline_schedule.h);
+//   DP group  the D ranks of the same (s, t), ranked by d: they hold the same parameters, read
+//             different micro-batches and sum gradients at the ZeRO stage.
+// Without TP there is no TP group and without PP no PP group (tp() and pp() are nullptr); with
+// neither, the DP group is the world's communicator itself.
 #pragma once
 #include "src/dist/comm.h"
 
@@ -17,23 +24,34 @@
 
 class ParallelGroups {
  public:
-  // Splits `world` into groups of `tp_size` (checked: it divides the world size).
-  ParallelGroups(Communicator& world, int tp_size) : world_(world), dp_(&world) {
-    if (tp_size < 1 || world.world_size() % tp_size != 0)
-      throw std::runtime_error("--tp " + std::to_string(tp_size) + ": must divide the number of ranks, " +
-                               std::to_string(world.world_size()));
-    if (tp_size == 1) return;
-    world.set_purpose("the tensor-parallel group's communicator", "during start-up");
-    tp_owned_ = std::make_unique<Communicator>(world, world.rank() / tp_size, world.rank(), "tensor-parallel");
-    world.set_purpose("the data-parallel group's communicator", "during start-up");
-    dp_owned_ = std::make_unique<Communicator>(world, world.rank() % tp_size, world.rank(), "data-parallel");
-    dp_ = dp_owned_.get();
+  // Splits `world` into the grid above (checked: tp_size·pp_size divides the world size).
+  ParallelGroups(Communicator& world, int tp_size, int pp_size = 1) : world_(world), dp_(&world) {
+    const int rank = world.rank();
+    if (tp_size < 1 || pp_size < 1 || world.world_size() % (static_cast<long long>(tp_size) * pp_size) != 0)
+      throw std::runtime_error("--tp " + std::to_string(tp_size) + " x --pp " + std::to_string(pp_size) +
+                               ": must divide the number of ranks, " + std::to_string(world.world_size()));
+    if (tp_size > 1) {
+      world.set_purpose("the tensor-parallel group's communicator", "during start-up");
+      tp_owned_ = std::make_unique<Communicator>(world, rank / tp_size, rank, "tensor-parallel");
+    }
+    const int model_ranks = tp_size * pp_size;  // divides the world size: no overflow
+    if (pp_size > 1) {
+      world.set_purpose("the pipeline-parallel group's communicator", "during start-up");
+      const int d = rank / model_ranks, s = rank / tp_size % pp_size, t = rank % tp_size;
+      pp_owned_ = std::make_unique<Communicator>(world, d * tp_size + t, s, "pipeline-parallel");
+    }
+    if (model_ranks > 1) {
+      world.set_purpose("the data-parallel group's communicator", "during start-up");
+      dp_owned_ = std::make_unique<Communicator>(world, rank % model_ranks, rank, "data-parallel");
+      dp_ = dp_owned_.get();
+    }
   }
   ParallelGroups(const ParallelGroups&) = delete;
   ParallelGroups& operator=(const ParallelGroups&) = delete;
   // The groups go before the world's communicator they were split from.
   ~ParallelGroups() {
     dp_owned_.reset();
+    pp_owned_.reset();
     tp_owned_.reset();
   }
 
@@ -41,16 +59,20 @@ class ParallelGroups {
   Communicator& dp() const { return *dp_; }
   Communicator* tp() const { return tp_owned_.get(); }  // nullptr without tensor parallelism
   int tp_size() const { return tp_owned_ ? tp_owned_->world_size() : 1; }
+  Communicator* pp() const { return pp_owned_.get(); }  // nullptr without pipeline parallelism
+  int pp_size() const { return pp_owned_ ? pp_owned_->world_size() : 1; }
+  int pp_rank() const { return pp_owned_ ? pp_owned_->rank() : 0; }  // the stage s
 
   // Names what the collectives of every group carry next (comm.h's set_purpose).
   void set_purpose(const std::string& what, const std::string& when) {
     world_.set_purpose(what, when);
     if (tp_owned_) tp_owned_->set_purpose(what, when);
+    if (pp_owned_) pp_owned_->set_purpose(what, when);
     if (dp_owned_) dp_owned_->set_purpose(what, when);
   }
 
  private:
   Communicator& world_;
   Communicator* dp_;
-  std::unique_ptr<Communicator> tp_owned_, dp_owned_;
+  std::unique_ptr<Communicator> tp_owned_, pp_owned_, dp_owned_;
 };

@@ -50,9 +50,9 @@ void check_pipeline_shape(const PipelineShape& shape) {
     throw std::invalid_argument("--pp: " + std::to_string(shape.stages) + " pipeline stages (need at least 1)");
   }
   if (shape.microbatches < shape.stages) {
-    throw std::invalid_argument("--pp-microbatches: " + std::to_string(shape.microbatches) +
-                                " micro-batches for " + std::to_string(shape.stages) +
-                                " pipeline stages (every schedule needs at least one per stage: m >= p)");
+    throw std::invalid_argument("--pp " + std::to_string(shape.stages) + ": " + std::to_string(shape.microbatches) +
+                                " micro-batches per optimizer step (m: --total-batch-tokens / (--batch-size x "
+                                "--seq-len x data-parallel ranks)); every schedule needs m >= --pp");
   }
   if (shape.virtual_stages < 1) {
     throw std::invalid_argument("--pp-virtual: " + std::to_string(shape.virtual_stages) +

@@ -36,8 +36,9 @@
 // tables are views of one order, they cannot deadlock even when a send blocks until its receive
 // is posted (the validator checks it all the same).
 //
-// Bad input (std::invalid_argument, one line naming the flag): p < 1 (--pp), m < p
-// (--pp-microbatches), v < 1, or v > 1 with a kind other than interleaved (--pp-virtual).
+// Bad input (std::invalid_argument, one line naming the flag): p < 1 (--pp), m < p (--pp and
+// the flags that set m: --total-batch-tokens, --batch-size, --seq-len), v < 1, or v > 1 with a
+// kind other than interleaved (--pp-virtual).
 #pragma once
 #include <string>
 #include <vector>
@@ -78,7 +79,7 @@ struct PipelineAction {
 
 struct PipelineShape {
   int stages = 1;          // p: --pp
-  int microbatches = 1;    // m: --pp-microbatches
+  int microbatches = 1;    // m: the step's gradient accumulation steps (validate_config)
   int virtual_stages = 1;  // v: --pp-virtual
   PipelineKind kind = PipelineKind::one_f_one_b;
   int chunks() const { return stages * virtual_stages; }

@@ -95,6 +95,25 @@ expect_error "TP group splitting a head" "--tp 3: each rank holds whole heads" "
   --plan --init-from "$ref/model.bin" --seq-len 32 --world-size 3 --tp 3
 expect_error "plan's TP group larger than its world" "must divide the number of ranks, 1 (--world-size)" -- \
   --plan --init-from "$ref/model.bin" --seq-len 32 --tp 2
+expect_error "no pipeline stage" "--pp" "got '0'" -- + --pp 0
+expect_error "pipeline larger than the run" "--tp 1 x --pp 2 = 2 must divide the number of ranks, 1" -- + --pp 2
+expect_error "plan's TP x PP grid not dividing its world" "--tp 2 x --pp 2 = 4 must divide the number of ranks, 6 (--world-size)" -- \
+  --plan --init-from "$ref/model.bin" --seq-len 32 --world-size 6 --tp 2 --pp 2
+expect_error "unknown pipeline schedule" "--pp-schedule" "got 'zb'" -- + --pp-schedule zb
+expect_error "no chunk per pipeline rank" "--pp-virtual" "got '0'" -- + --pp-virtual 0
+expect_error "virtual stages without interleaving" "--pp-virtual 2 chunks per rank need --pp-schedule interleaved" -- \
+  + --pp-virtual 2
+expect_error "fewer micro-batches than stages" "--pp 2 needs at least 2 micro-batches per optimizer step" "--batch-size" -- \
+  --plan --init-from "$ref/model.bin" --seq-len 32 --world-size 2 --pp 2
+expect_error "ZeRO 2 under a pipeline" "--zero 2 with --pp 2" "use --zero 0 or 1" -- \
+  --plan --init-from "$ref/model.bin" --seq-len 32 --world-size 2 --pp 2 --zero 2 --total-batch-tokens 16384
+expect_error "more pipeline chunks than layers" "--pp 1 x --pp-virtual 4 = 4 pipeline chunks for a model of 2 layers" -- \
+  + --pp-schedule interleaved --pp-virtual 4
+expect_error "--pp-layers not one per rank" "--pp-layers: 2 counts for --pp 1" -- + --pp-layers 1,1
+expect_error "--pp-layers entry below 1" "--pp-layers" "got '0'" -- + --pp-layers 0
+expect_error "--pp-layers not summing to L" "--pp-layers: the counts sum to 3 layers, the model has 2" -- + --pp-layers 3
+expect_error "--pp-layers not a multiple of --pp-virtual" "--pp-layers: pipeline rank 0's 1 layers are not a multiple of --pp-virtual 2" -- \
+  + --pp-schedule interleaved --pp-virtual 2 --pp-layers 1
 expect_error "negative clip" "--grad-clip" -- + --grad-clip -1
 expect_error "final-lr-frac > 1" "--final-lr-frac" "[0, 1]" -- + --final-lr-frac 2
 expect_error "negative steps" "--max-steps" "[0, 2147483647]" -- + --max-steps -1

@@ -10,7 +10,9 @@
 #   - numeric flag values (and SLURM_RESTART_COUNT) are checked as numbers before any arithmetic;
 #   - the Llama 3 recipes: Llama 3 token shards and HellaSwag file by default, their plans (1B on
 #     8 ranks, 8B on 16 at T = 8192) fit 80 GiB, and scripts/slurm/llama3_8b.sbatch starts the 8B
-#     recipe under srun on 16 tasks.
+#     recipe under srun on 16 tasks;
+#   - the Llama 3.1 70B recipe: TP 8 x PP 4 on 32 ranks, its plan, a rank count TP x PP does not
+#     divide refused in one line, and scripts/slurm/llama3_70b.sbatch starting it on 32 tasks.
 # usage: recipes.sh cpu|gpu   (gpu: skipped; the scripts are the same for both builds)
 set -u
 # shellcheck source=test/checks/lib/trainer.sh
@@ -129,6 +131,27 @@ done
   bash "$OLDPWD/scripts/slurm/llama3_8b.sbatch") >"$tmp/sbatch.log" 2>&1
 grep -q "^srun called: --ntasks 16 --kill-on-bad-exit=1 $tmp/bin/train_gpt .*--model llama3.1-8b .*--batch-size 1 --rendezvous file:$tmp/out/.rendezvous-78-0-" \
   "$tmp/sbatch.log" || { fail "llama3_8b.sbatch: not srun of 16 tasks running the 8B recipe"; cat "$tmp/sbatch.log"; }
+
+# Llama 3.1 70B: 32 ranks by default, TP 8 x PP 4 (one replica), interleaved; --plan takes its
+# flags, the micro-batch is counted over the data-parallel ranks (32 / (8 x 4) = 1), and its
+# sbatch script starts it under srun on 32 tasks.
+recipe=scripts/run_llama3_70b.sh
+if env TRAIN_GPT="$bin" PLAN=1 "$recipe" >"$tmp/plan.log" 2>&1; then
+  head -n 1 "$tmp/plan.log" | grep -q "^llama3_70b: memory plan for 32 rank(s)" || fail "70B: no plan for 32 ranks"
+  grep -q "^memory plan per rank: .* from preset llama3.1-70b, .*in tensor-parallel groups of 8 (sequence parallel)$" \
+    "$tmp/plan.log" || fail "70B: plan not for llama3.1-70b in TP groups of 8"
+  grep -qE "^  total per rank .* of 80.00 GiB: fits$" "$tmp/plan.log" || fail "70B: does not fit 80 GiB"
+else
+  fail "70B: train_gpt --plan refused the recipe's flags"; cat "$tmp/plan.log"
+fi
+"${stub_env[@]}" "$recipe" >"$tmp/pp.log" 2>&1
+grep -q "^mpirun called: -np 32 $tmp/bin/train_gpt .*--model llama3.1-70b .*--tp 8 .*--pp 4 --pp-schedule interleaved --pp-virtual 2 .*--batch-size 1" \
+  "$tmp/pp.log" || { fail "70B: not mpirun -np 32 with --tp 8 --pp 4 interleaved and --batch-size 1"; cat "$tmp/pp.log"; }
+expect_one_line "70B on 16 ranks" "^llama3_70b: --tp 8 x --pp 4 does not divide the 16 ranks" "${stub_env[@]}" NPROC=16 "$recipe"
+(cd "$tmp" && "${stub_env[@]}" SLURM_SUBMIT_DIR="$OLDPWD" SLURM_JOB_ID=79 SLURM_NTASKS=32 \
+  bash "$OLDPWD/scripts/slurm/llama3_70b.sbatch") >"$tmp/sbatch.log" 2>&1
+grep -q "^srun called: --ntasks 32 --kill-on-bad-exit=1 $tmp/bin/train_gpt .*--model llama3.1-70b .*--pp 4 .*--batch-size 1 --rendezvous file:$tmp/out/.rendezvous-79-0-" \
+  "$tmp/sbatch.log" || { fail "llama3_70b.sbatch: not srun of 32 tasks running the 70B recipe"; cat "$tmp/sbatch.log"; }
 
 # Launchers (124M): mpirun -np 8; srun with a rendezvous file in the run's folder; srun --mpi=pmix.
 recipe=scripts/run_gpt2_124M.sh

@@ -12,8 +12,10 @@
 #include <cstdio>
 #include <fstream>
 #include <initializer_list>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <unistd.h>
+#include <variant>
 #include <vector>
 
 namespace {
@@ -123,7 +125,8 @@ TEST_CASE("every flag of the table parses its own default text back") {
   for (const Flag& f : flag_table()) {
     if (f.command_line_only) continue;
     std::string value = config_detail::value_text(defaults, f);
-    if (value.empty()) value = f.choices.empty() ? "x.bin" : f.choices.front();  // no default value
+    const bool list = std::holds_alternative<std::vector<int> TrainConfig::*>(f.field);
+    if (value.empty()) value = list ? "6,6" : f.choices.empty() ? "x.bin" : f.choices.front();  // no default value
     std::string arg = std::string("--") + f.name + "=" + value;
     INFO(arg);
     TrainConfig c = parse({arg.c_str()}).config;
@@ -282,6 +285,67 @@ TEST_CASE("cross-flag checks: gradient accumulation and --init-from vs --model")
   CHECK_NOTHROW(validate_against_model(c, 128, "m.bin"));
   CHECK_THROWS_WITH(validate_against_model(c, 64, "m.bin"), Catch::Contains("--seq-len 128") && Catch::Contains("64") &&
                                                                 Catch::Contains("m.bin"));
+}
+
+TEST_CASE("pipeline flags: --pp-layers lists, and the cross-flag checks of --pp") {
+  CHECK(parse({"--pp-layers", "5,4,3"}).config.pp_layers == std::vector<int>{5, 4, 3});
+  CHECK(parse({"--pp-layers=7"}).config.pp_layers == std::vector<int>{7});
+  CHECK(parse({}).config.pp_layers.empty());
+  for (const char* bad : {"", "4,", ",4", "4,,4", "4,0", "4,-1", "4, 4", "a", "4;4", "99999999999"})
+    CHECK(parse_error({"--pp-layers", bad}) ==
+          "--pp-layers: expected a comma-separated list of integers >= 1, got '" + std::string(bad) + "'");
+  TempJson list(R"({"pp-layers": [6, 6], "pp": 2, "pp-schedule": "interleaved", "pp-virtual": 3})");
+  TrainConfig c = parse({"--config", list.path.c_str()}).config;
+  CHECK(c.pp_layers == std::vector<int>{6, 6});
+  CHECK(c.pp == 2);
+  CHECK(c.pp_schedule == "interleaved");
+  CHECK(c.pp_virtual == 3);
+  CHECK(config_json(c)["pp-layers"] == "6,6");
+  CHECK(contains(json_error(R"({"pp-layers": "6,6"})"), "key \"pp-layers\": expected a comma-separated list"));
+  CHECK(contains(json_error(R"({"pp-layers": [6, 6.5]})"), "key \"pp-layers\": expected a comma-separated list"));
+  CHECK(contains(json_error(R"({"pp-layers": []})"), "key \"pp-layers\""));
+  CHECK(contains(parse_error({"--pp", "0"}), "--pp: expected an integer in [1, 65536], got '0'"));
+  CHECK(contains(parse_error({"--pp-virtual", "0"}), "--pp-virtual: expected an integer in [1, 65536], got '0'"));
+  CHECK(parse_error({"--pp-schedule", "zb"}) == "--pp-schedule: expected one of: gpipe 1f1b interleaved zb-h1, got 'zb'");
+
+  // m = --total-batch-tokens / (B·T·data-parallel ranks), the data-parallel ranks being W/(tp·pp).
+  c = parse({"--batch-size", "4", "--seq-len", "64", "--total-batch-tokens", "1024", "--pp", "2", "--tp", "2"}).config;
+  CHECK(validate_config(c, 8) == 2);  // 2 data-parallel ranks
+}
+
+TEST_CASE("pipeline flags: each bad combination is one line naming the flags") {
+  auto error = [](std::initializer_list<const char*> flags, int world) {
+    TrainConfig cfg = parse(flags).config;
+    try {
+      validate_config(cfg, world);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK(error({"--pp", "3", "--total-batch-tokens", "24576"}, 4) ==
+        "--tp 1 x --pp 3 = 3 must divide the number of ranks, 4");
+  CHECK(error({"--tp", "2", "--pp", "2", "--plan", "--world-size", "6"}, 6) ==
+        "--tp 2 x --pp 2 = 4 must divide the number of ranks, 6 (--world-size)");
+  CHECK(error({"--tp", "3"}, 4) == "--tp 3 must divide the number of ranks, 4");
+  CHECK(error({"--tp", "65536", "--pp", "65536"}, 1) ==
+        "--tp 65536 x --pp 65536 = 4294967296 must divide the number of ranks, 1");  // no int overflow
+  CHECK(error({"--pp-virtual", "2"}, 1) == "--pp-virtual 2 chunks per rank need --pp-schedule interleaved (not 1f1b)");
+  CHECK(error({"--pp-virtual", "2", "--pp-schedule", "zb-h1"}, 1) ==
+        "--pp-virtual 2 chunks per rank need --pp-schedule interleaved (not zb-h1)");
+  CHECK(error({"--pp", "2", "--zero", "2", "--total-batch-tokens", "16384"}, 4) ==
+        "--zero 2 with --pp 2: the pipeline accumulates every micro-batch's weight gradients until the schedule's "
+        "last backward; use --zero 0 or 1");
+  CHECK(contains(error({"--pp", "2", "--zero", "3", "--total-batch-tokens", "16384"}, 4), "--zero 3 with --pp 2"));
+  CHECK(error({"--pp", "4", "--batch-size", "2", "--seq-len", "8", "--total-batch-tokens", "64"}, 8) ==
+        "--pp 4 needs at least 4 micro-batches per optimizer step (m >= --pp), got m = --total-batch-tokens 64 / "
+        "(--batch-size x --seq-len x data-parallel ranks = 2 x 8 x 2) = 2");
+  CHECK(contains(error({"--pp", "2"}, 2), "got m = --total-batch-tokens 8192 / (--batch-size x --seq-len x "
+                                          "data-parallel ranks = 8 x 1024 x 1) = 1"));  // no accumulation asked
+  // Within the rules: m = p, v > 1 with interleaved, ZeRO 1.
+  CHECK(error({"--pp", "4", "--batch-size", "2", "--seq-len", "8", "--total-batch-tokens", "64"}, 4) == "no error");
+  CHECK(error({"--pp", "2", "--pp-schedule", "interleaved", "--pp-virtual", "2", "--zero", "1", "--batch-size", "2",
+               "--seq-len", "8", "--total-batch-tokens", "64"}, 4) == "no error");
 }
 
 TEST_CASE("start-up warnings: warm-up as long as the run, repeated validation batches, long accumulation") {

@@ -8,6 +8,7 @@
 // too many warm-up forwards, a deadlock only blocking sends reveal.
 #include <catch2/catch.hpp>
 
+#include "src/config/config.h"
 #include "src/dist/pipeline_check.h"
 
 #include <algorithm>
@@ -260,11 +261,16 @@ TEST_CASE("Shapes no schedule exists for are refused in one line naming the flag
     return std::string("no error");
   };
   CHECK(message({4, 3, 1, PipelineKind::one_f_one_b}) ==
-        "--pp-microbatches: 3 micro-batches for 4 pipeline stages (every schedule needs at least one per stage: m >= p)");
+        "--pp 4: 3 micro-batches per optimizer step (m: --total-batch-tokens / (--batch-size x --seq-len x "
+        "data-parallel ranks)); every schedule needs m >= --pp");
   CHECK(message({2, 4, 2, PipelineKind::zb_h1}) ==
         "--pp-virtual: 2 chunks per rank need --pp-schedule interleaved (not zb-h1)");
   CHECK(message({0, 4, 1, PipelineKind::gpipe}).rfind("--pp: ", 0) == 0);
   CHECK(message({2, 4, 0, PipelineKind::interleaved}).rfind("--pp-virtual: ", 0) == 0);
   CHECK_THROWS_WITH(parse_pipeline_kind("zb"), "--pp-schedule: 'zb' is not one of gpipe, 1f1b, interleaved, zb-h1");
   for (PipelineKind kind : kKinds) CHECK(parse_pipeline_kind(pipeline_kind_name(kind)) == kind);
+  // The flag table's --pp-schedule choices are exactly these kinds, in this order.
+  std::vector<std::string> names;
+  for (PipelineKind kind : kKinds) names.push_back(pipeline_kind_name(kind));
+  CHECK(find_flag("pp-schedule")->choices == names);
 }

@@ -9,7 +9,9 @@
 // (color = rank % (R / G): {0,2} {1,3}, the data-parallel groups of the same grid). A group's ranks
 // are ordered by key, ties by rank in the parent; its collectives involve its ranks only.
 // src/dist/parallel_groups.h's grid for every --tp that divides the world: which world ranks form
-// each TP and DP group, in which order (the checkpoint loader takes TP rank = world rank mod --tp).
+// each TP and DP group, in which order (the checkpoint loader takes TP rank = world rank mod --tp);
+// and for every --tp x --pp that does (4 ranks: TP 1 x PP 2 x DP 2, TP 2 x PP 2, TP 1 x PP 4, ...),
+// the TP, PP and DP groups of the DP x PP x TP grid, written here as plain coordinate formulas.
 #include "test/test_util.h"
 #include "src/dist/comm.h"
 #include "src/dist/parallel_groups.h"
@@ -425,4 +427,48 @@ TEST_CASE("ParallelGroups: TP groups of consecutive ranks, DP groups of one TP r
     CHECK(world_ranks_of(*groups.tp()) == tp_members);
   }
   world().barrier();
+}
+
+TEST_CASE("ParallelGroups: the DP x PP x TP grid, TP innermost, then the stages, then the replicas",
+          "[nccl][split][groups]") {
+  for (int tp = 1; tp <= ranks(); ++tp) {
+    for (int pp = 1; tp * pp <= ranks(); ++pp) {
+      if (ranks() % (tp * pp) != 0) continue;
+      INFO("--tp " << tp << " --pp " << pp << " over " << ranks() << " ranks");
+      ParallelGroups groups(world(), tp, pp);
+      // World rank r = (d·pp + s)·tp + t.
+      auto t_of = [&](int r) { return r % tp; };
+      auto s_of = [&](int r) { return r / tp % pp; };
+      auto d_of = [&](int r) { return r / (tp * pp); };
+      std::vector<int> tp_members, pp_members, dp_members;
+      for (int r = 0; r < ranks(); ++r) {
+        if (d_of(r) == d_of(me()) && s_of(r) == s_of(me())) tp_members.push_back(r);  // by t
+        if (d_of(r) == d_of(me()) && t_of(r) == t_of(me())) pp_members.push_back(r);  // by s
+        if (s_of(r) == s_of(me()) && t_of(r) == t_of(me())) dp_members.push_back(r);  // by d
+      }
+      CHECK(groups.tp_size() == tp);
+      CHECK(groups.pp_size() == pp);
+      CHECK(groups.pp_rank() == s_of(me()));
+      CHECK(groups.dp().world_size() == ranks() / (tp * pp));
+      CHECK(groups.dp().rank() == d_of(me()));
+      CHECK(world_ranks_of(groups.dp()) == dp_members);
+      if (tp > 1) {
+        REQUIRE(groups.tp() != nullptr);
+        CHECK(groups.tp()->rank() == t_of(me()));
+        CHECK(world_ranks_of(*groups.tp()) == tp_members);
+      } else {
+        CHECK(groups.tp() == nullptr);
+      }
+      if (pp > 1) {
+        REQUIRE(groups.pp() != nullptr);
+        CHECK(groups.pp()->rank() == s_of(me()));
+        CHECK(world_ranks_of(*groups.pp()) == pp_members);
+      } else {
+        CHECK(groups.pp() == nullptr);
+      }
+      if (tp * pp == 1) CHECK(&groups.dp() == &world());
+      groups.set_purpose("the grid test's check", "after the split");
+      world().barrier();
+    }
+  }
 }
