@@ -185,6 +185,8 @@ void write_manifest(const std::string& dir, const Transformer<Elem>& model, cons
       {"step", state.step},
       {"world_size", info.world_size},
       {"tensor_parallel", info.tensor_parallel},
+      {"pipeline_parallel", info.pipeline_parallel},
+      {"pipeline_chunks", info.pipeline_chunks.empty() ? std::vector<int>{model.config().num_layers} : info.pipeline_chunks},
       {"zero_stage", info.zero_stage},
       {"dtype", dtype_name(Transformer<Elem>::dtype)},
       {"num_parameters", model.num_parameters()},

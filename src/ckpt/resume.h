@@ -88,11 +88,11 @@ inline std::optional<Checkpoint> resolve_resume(TrainConfig& cfg, Communicator& 
   if (cfg.eval || cfg.generate) return found;
   const nlohmann::json& m = found->manifest;
   const int saved_world_size = m.value("world_size", -1), zero_stage = m.value("zero_stage", -1);
-  const int saved_tp = m.value("tensor_parallel", 1);
-  if ((saved_world_size != world_size || zero_stage != zero || saved_tp != cfg.tp) && lead)
-    std::printf("--resume %s: written by %d rank(s) at ZeRO stage %d, --tp %d; its optimizer state is resharded for "
-                "%d rank(s) at ZeRO stage %d, --tp %d\n",
-                found->path.c_str(), saved_world_size, zero_stage, saved_tp, world_size, zero, cfg.tp);
+  const int saved_tp = m.value("tensor_parallel", 1), saved_pp = m.value("pipeline_parallel", 1);
+  if ((saved_world_size != world_size || zero_stage != zero || saved_tp != cfg.tp || saved_pp != cfg.pp) && lead)
+    std::printf("--resume %s: written by %d rank(s) at ZeRO stage %d, --tp %d, --pp %d; its optimizer state is "
+                "resharded for %d rank(s) at ZeRO stage %d, --tp %d, --pp %d\n",
+                found->path.c_str(), saved_world_size, zero_stage, saved_tp, saved_pp, world_size, zero, cfg.tp, cfg.pp);
   const std::string dtype = m.value("dtype", "");
   if (dtype != cfg.dtype)
     throw std::runtime_error("--resume " + found->path + ": the checkpoint holds " + dtype +

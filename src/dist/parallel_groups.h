@@ -12,6 +12,8 @@
 //             gradients to s - 1 (pipeline_schedule.h);
 //   DP group  the D ranks of the same (s, t), ranked by d: they hold the same parameters, read
 //             different micro-batches and sum gradients at the ZeRO stage.
+//   tied-embedding group  the first and the last stage of the same (d, t) (--pp 2: the PP group):
+//             both hold a tied wte and sum its gradient; the stages between have none.
 // Without TP there is no TP group and without PP no PP group (tp() and pp() are nullptr); with
 // neither, the DP group is the world's communicator itself.
 #pragma once
@@ -39,6 +41,13 @@ class ParallelGroups {
       world.set_purpose("the pipeline-parallel group's communicator", "during start-up");
       const int d = rank / model_ranks, s = rank / tp_size % pp_size, t = rank % tp_size;
       pp_owned_ = std::make_unique<Communicator>(world, d * tp_size + t, s, "pipeline-parallel");
+      if (pp_size > 2) {
+        // Colors of the ends' pairs are below W; every other rank gets one of its own (a group of one).
+        world.set_purpose("the tied-embedding group's communicator", "during start-up");
+        const bool end = s == 0 || s == pp_size - 1;
+        tied_owned_ = std::make_unique<Communicator>(world, end ? d * tp_size + t : world.world_size() + rank, s,
+                                                     "tied-embedding");
+      }
     }
     if (model_ranks > 1) {
       world.set_purpose("the data-parallel group's communicator", "during start-up");
@@ -51,6 +60,7 @@ class ParallelGroups {
   // The groups go before the world's communicator they were split from.
   ~ParallelGroups() {
     dp_owned_.reset();
+    tied_owned_.reset();
     pp_owned_.reset();
     tp_owned_.reset();
   }
@@ -62,17 +72,23 @@ class ParallelGroups {
   Communicator* pp() const { return pp_owned_.get(); }  // nullptr without pipeline parallelism
   int pp_size() const { return pp_owned_ ? pp_owned_->world_size() : 1; }
   int pp_rank() const { return pp_owned_ ? pp_owned_->rank() : 0; }  // the stage s
+  // The tied-embedding group on the first and the last stage (nullptr elsewhere and without PP).
+  Communicator* tied_embedding() const {
+    if (pp_size() == 1 || (pp_rank() != 0 && pp_rank() != pp_size() - 1)) return nullptr;
+    return tied_owned_ ? tied_owned_.get() : pp();
+  }
 
   // Names what the collectives of every group carry next (comm.h's set_purpose).
   void set_purpose(const std::string& what, const std::string& when) {
     world_.set_purpose(what, when);
     if (tp_owned_) tp_owned_->set_purpose(what, when);
     if (pp_owned_) pp_owned_->set_purpose(what, when);
+    if (tied_owned_) tied_owned_->set_purpose(what, when);
     if (dp_owned_) dp_owned_->set_purpose(what, when);
   }
 
  private:
   Communicator& world_;
   Communicator* dp_;
-  std::unique_ptr<Communicator> tp_owned_, pp_owned_, dp_owned_;
+  std::unique_ptr<Communicator> tp_owned_, pp_owned_, tied_owned_, dp_owned_;
 };

@@ -55,6 +55,14 @@ StagePart StagePart::of_rank(const std::vector<int>& chunk_layers, int p, int ra
   return part;
 }
 
+std::vector<int> pipeline_chunk_layers(const PipelineParts& parts) {
+  const int p = parts.size();
+  std::vector<int> layers;
+  for (size_t c = 0; c < parts.stages[0].chunks.size(); ++c)
+    for (int r = 0; r < p; ++r) layers.push_back(parts.stages[r].chunks[c]);
+  return layers;
+}
+
 bool stage_holds(const ModelConfig& c, const StagePart& part, int tensor) {
   if (is_layer_tensor(tensor)) return !part.layers.empty();
   switch (tensor) {

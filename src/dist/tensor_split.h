@@ -68,6 +68,9 @@ struct PipelineParts {
   int size() const { return static_cast<int>(stages.size()); }
 };
 
+// The layers of each of the pipeline's chunks in model order (StagePart::of_rank's chunk_layers).
+std::vector<int> pipeline_chunk_layers(const PipelineParts& parts);
+
 // Whether `part` holds tensor i at all (a layer tensor: when it holds any layer).
 bool stage_holds(const ModelConfig& c, const StagePart& part, int tensor);
 

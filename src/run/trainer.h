@@ -10,11 +10,13 @@
 #include "src/dist/comm.h"
 #include "src/dist/parallel_groups.h"
 #include "src/gen/generate.h"
+#include "src/model/pipeline_step.h"
 #include "src/model/transformer.h"
 #include "src/model/step_guards.h"
 #include "src/run/eval_report.h"
 #include "src/run/metrics.h"
 #include "src/run/out_dir.h"
+#include "src/run/pipeline_setup.h"
 #include "src/run/plan_report.h"
 #include "src/run/profile_report.h"
 #include "src/run/run_setup.h"
@@ -45,7 +47,7 @@ Transformer<Elem> allocate_model(const RunSetup& setup, ParallelGroups& groups) 
     try {
       return Transformer<Elem>(setup.model, cfg.batch_size, cfg.seq_len, cfg.recompute, &groups.dp(), cfg.zero,
                         cfg.attention, cfg.bucket_mib, logits_rows, cfg.zero3_prefetch, groups.tp(),
-                        cfg.sequence_parallel);
+                        cfg.sequence_parallel, run_pipeline_parts(cfg, setup.model, setup.grad_accum_steps, groups));
     } catch (const std::bad_alloc&) {
       throw std::runtime_error(
           "out of host memory allocating the model (its activations alone take " +
@@ -75,6 +77,7 @@ class Trainer {
         targets_(token_buffer(cfg_)),
         data_(open_training_data(setup, groups.dp().rank(), groups.dp().world_size(), inputs_, targets_)),
         model_(allocate_model<Elem>(setup, groups)),
+        runner_(model_, run_pipeline_shape(cfg_, setup.grad_accum_steps)),
         model_path_(cfg_.out_dir + "/model.bin"),
         save_dtype_(cfg_.save_dtype.empty() ? Transformer<Elem>::dtype
                                             : dtype_named(cfg_.save_dtype)) {
@@ -283,11 +286,8 @@ class Trainer {
     const std::string at_step = "at step " + std::to_string(step);
     groups_.set_purpose("gradients", at_step);
     model_.zero_grad();
-    for (int micro = 0; micro < setup_.grad_accum_steps; ++micro) {
-      data_.train->next_batch(batch_);  // a ShardDataError goes to run()
-      model_.forward_backward(batch_, setup_.grad_accum_steps,
-                              micro + 1 == setup_.grad_accum_steps);
-    }
+    // A ShardDataError from the loader goes to run().
+    runner_.run_step(setup_.grad_accum_steps, [&](TokenBatch& batch) { data_.train->next_batch(batch); });
     // The step's one host synchronisation. The same loss, norm and stop votes on every rank, so
     // every rank takes the same skip and stop decisions; the update is queued behind it and runs
     // while the host reads the next batch.
@@ -328,7 +328,7 @@ class Trainer {
     double val_sum = 0.0;
     for (long long v = 0; v < cfg_.val_steps; ++v) {
       data_.val->next_batch(inputs_.data(), targets_.data());  // a ShardDataError goes to run()
-      val_sum += model_.forward(inputs_.data(), targets_.data());
+      val_sum += runner_.mean_loss(inputs_.data(), targets_.data());
     }
     return comm_.sum(val_sum / static_cast<double>(cfg_.val_steps)) / comm_.world_size();
   }
@@ -369,10 +369,7 @@ class Trainer {
     groups_.set_purpose("the eval's completion losses", after_step());
     std::vector<double> sums = completion_loss_sums(
         *data_.eval, groups_.dp().rank(), groups_.dp().world_size(), cfg_.batch_size, cfg_.seq_len,
-        [&](const int* inputs, const int* targets) {
-          model_.forward(inputs, targets);
-          return model_.position_losses();
-        });
+        [&](const int* inputs, const int* targets) { return runner_.position_losses(inputs, targets); });
     // One rank holds each value, the others 0: the sum over ranks is exact.
     if (groups_.dp().world_size() > 1) groups_.dp().sum(sums);
     return sums;
@@ -433,6 +430,8 @@ class Trainer {
     info.world_size = comm_.world_size();
     info.zero_stage = model_.zero_stage();
     info.tensor_parallel = groups_.tp_size();
+    info.pipeline_parallel = groups_.pp_size();
+    info.pipeline_chunks = pipeline_chunk_layers(model_.pipeline());
     info.config = config_json(cfg_);
     const std::string dir = write_checkpoint(cfg_.out_dir, model_, state_, info, &comm_);
     last_checkpoint_step_ = state_.step;
@@ -483,9 +482,9 @@ class Trainer {
   long long profiled_steps_ = 0;  // --profile: steps recorded, and their wall time
   double profiled_ms_ = 0;
   std::vector<int> inputs_, targets_;  // validation's batches
-  TokenBatch batch_;                   // the training micro-batch, swapped with the loader's
   TrainingData data_;
   Transformer<Elem> model_;
+  MicroBatchRunner<Elem> runner_;  // a step's micro-batches through the model (or the pipeline)
   const std::string model_path_;
   const DType save_dtype_;  // of model_path_
   TrainingState state_;
