@@ -112,8 +112,15 @@ Clock latest;  // each stream's last operation: what cudaDeviceSynchronize waits
 std::map<const void*, Clock> events;
 std::map<const char*, Allocation> allocations;
 std::map<const void*, Communicator> communicators;  // live ones, by handle
-thread_local Clock host;
 thread_local Stream* per_thread = nullptr;
+// Each host thread's clock, never destroyed (like its per-thread stream): the destructor of a
+// static object, e.g. a communicator a program keeps to its end, may synchronize a stream after the
+// thread's thread_local objects are gone (they are destroyed before static ones).
+thread_local Clock* host_clock = nullptr;
+Clock& host() {
+  if (host_clock == nullptr) host_clock = new Clock;
+  return *host_clock;
+}
 
 // A code address as its function's name, or as FILE+0xOFFSET (for addr2line) where the symbol is
 // not exported.
@@ -148,7 +155,7 @@ Stream& stream_of(cudaStream_t handle) {
 // What an operation issued now on s waits for: the host thread's knowledge and the legacy
 // stream's implicit synchronization.
 void order_issue(Stream& s) {
-  s.clock.join(host);
+  s.clock.join(host());
   if (&s == &legacy) {
     for (const Stream* b : blocking_streams) s.clock.join(b->clock);
   } else if (s.blocking) {
@@ -350,17 +357,17 @@ void stream_waits_for_event(cudaStream_t stream, const void* event) {
 void host_waits_for_event(const void* event) {
   std::lock_guard<std::mutex> lock(mutex);
   auto it = events.find(event);
-  if (it != events.end()) host.join(it->second);
+  if (it != events.end()) host().join(it->second);
 }
 
 void host_waits_for(cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(mutex);
-  host.join(stream_of(stream).clock);
+  host().join(stream_of(stream).clock);
 }
 
 void host_waits_for_device() {
   std::lock_guard<std::mutex> lock(mutex);
-  host.join(latest);
+  host().join(latest);
 }
 
 }  // namespace simt

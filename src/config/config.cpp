@@ -42,7 +42,7 @@ const std::vector<Flag>& flag_table() {
        "or a Hugging Face Llama directory (config.json and model.safetensors or its shards); excludes --model",
        &TrainConfig::init_from, {}, {}, "none (random init of --model)"},
       {"model", "PRESET", "architecture for random init: d12 d24 d36 d48 (GPT-2 124M..1.5B), gpt3-125m gpt3-350m "
-       "gpt3-760m gpt3-2.7b gpt3-6.7b (GPT-3's sizes, T up to 2048), micro, nano: GPT-2's vocabulary; "
+       "gpt3-760m gpt3-2.7b gpt3-6.7b gpt3-175b (GPT-3's sizes, T up to 2048), micro, nano: GPT-2's vocabulary; "
        "llama3.2-1b llama3.2-3b llama3.1-8b llama3.1-70b llama3.1-405b (Meta's shapes), llama-micro, llama-nano: "
        "Llama 3's vocabulary (shards from tokenize --encoding llama3)",
        &TrainConfig::model},

@@ -74,7 +74,7 @@ const std::vector<ModelPreset>& model_presets() {
       // XL and 13B are left out: the table's heads x head size is not their width.
       {"gpt3-125m", {2048, 50257, 50304, 12, 12, 768}},  {"gpt3-350m", {2048, 50257, 50304, 24, 16, 1024}},
       {"gpt3-760m", {2048, 50257, 50304, 24, 16, 1536}}, {"gpt3-2.7b", {2048, 50257, 50304, 32, 32, 2560}},
-      {"gpt3-6.7b", {2048, 50257, 50304, 32, 32, 4096}},
+      {"gpt3-6.7b", {2048, 50257, 50304, 32, 32, 4096}}, {"gpt3-175b", {2048, 50257, 50304, 96, 96, 12288}},
       // Llama 3 (Meta's params.json: dim, n_layers, n_heads, n_kv_heads, ffn_dim_multiplier,
       // multiple_of; 3.2 ties the embeddings) at their 131,072-token context, and two small ones.
       {"llama-nano", llama3_config(128, 128256, 2, 4, 2, 64, 192, llama32_rope(), true)},

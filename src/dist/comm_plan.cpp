@@ -48,7 +48,7 @@ StepTraffic step_traffic(const GradientBuckets& buckets, int world_size, int sta
 
 StepTraffic tp_step_traffic(const ModelConfig& cfg, int B, int T, const TensorParallelism& tp, int recompute,
                             int head_chunks, int micro_steps, const GradientBuckets& buckets, bool every_micro_step,
-                            size_t elem_bytes) {
+                            size_t elem_bytes, bool embeds, bool head) {
   StepTraffic t;
   const int n = tp.size, L = cfg.num_layers;
   if (n < 2) return t;
@@ -64,16 +64,16 @@ StepTraffic tp_step_traffic(const ModelConfig& cfg, int B, int T, const TensorPa
   // Per layer, what the backward recomputes (activations.h's block_keeps).
   const int regathered = recompute >= 2 ? 2 : 0, rereduced = recompute == 3 ? 1 : 0;
   for (int m = 0; m < micro_steps; ++m) {
-    reduce(1 + 2 * L);      // embedding, each layer's two projections
-    gather(2 * L + 1);      // ln1 and ln2 of each layer, lnf
-    for (int c = 0; c < head_chunks; ++c) {  // each chunk's row maxima, then sums and target logits
+    reduce((embeds ? 1 : 0) + 2 * L);  // embedding, each layer's two projections
+    gather(2 * L + (head ? 1 : 0));    // ln1 and ln2 of each layer, lnf
+    for (int c = 0; head && c < head_chunks; ++c) {  // each chunk's row maxima, then sums and target logits
       const size_t chunk_rows = rows / head_chunks + (static_cast<size_t>(c) < rows % head_chunks ? 1 : 0);
       add_call(t.all_reduce, chunk_rows, n, sizeof(float), 2);
       add_call(t.all_reduce, 2 * chunk_rows, n, sizeof(float), 2);
     }
-    reduce(1);              // d lnf
+    reduce(head ? 1 : 0);  // d lnf
     reduce((2 + rereduced) * L);
-    gather((2 + regathered) * L + 1);
+    gather((2 + regathered) * L + (embeds ? 1 : 0));
     if (sp && (every_micro_step || m + 1 == micro_steps))
       for (const GradientBucket& b : buckets.buckets()) add_call(t.all_reduce, b.replicated, n, elem_bytes, 2);
   }

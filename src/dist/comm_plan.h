@@ -51,7 +51,8 @@ StepTraffic step_traffic(const GradientBuckets& buckets, int world_size, int sta
 //     on the last micro-step, or on every one when `every_micro_step` (ZeRO 2 and 3 with data
 //     parallelism)
 // A reduction is a reduce-scatter under sequence parallelism, else an all-reduce. The step's own
-// scalars (loss, norm) are not counted.
+// scalars (loss, norm) are not counted. A pipeline stage (cfg.num_layers: its layers) has the
+// embedding's collectives only when it `embeds` and lnf's and the head's only when it holds the `head`.
 StepTraffic tp_step_traffic(const ModelConfig& cfg, int B, int T, const TensorParallelism& tp, int recompute,
                             int head_chunks, int micro_steps, const GradientBuckets& buckets, bool every_micro_step,
-                            size_t elem_bytes);
+                            size_t elem_bytes, bool embeds = true, bool head = true);

@@ -247,3 +247,13 @@ std::string action_label(const PipelineAction& a, const PipelineShape& shape) {
   if (!is_computation(a.op)) label += (is_send(a.op) ? ">" : "<") + std::to_string(a.peer);
   return label;
 }
+
+int pipeline_activation_sets(const PipelineTable& table) {
+  int held = 0, most = 1;
+  for (const PipelineAction& a : table) {
+    const bool takes = a.op == PipelineOp::recv_activation || (a.op == PipelineOp::forward && a.chunk == 0);
+    if (takes) most = std::max(most, ++held);
+    if (a.op == PipelineOp::backward || a.op == PipelineOp::backward_weight) --held;
+  }
+  return most;
+}

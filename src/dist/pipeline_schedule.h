@@ -101,6 +101,11 @@ using PipelineTable = std::vector<PipelineAction>;
 // Every rank's table, index = rank.
 std::vector<PipelineTable> build_pipeline_schedule(const PipelineShape& shape);
 
+// The activation sets a rank running `table` in order holds at most at once: a chunk pass takes
+// one at its input's receive (or its forward, on the model's first chunk) and gives it back after
+// its backward (zb-h1: its weight backward). The model allocates this many (pipeline_step.h).
+int pipeline_activation_sets(const PipelineTable& table);
+
 // "F3", "B3", "b3" (input backward), "W3"; with v > 1 the chunk follows: "F3.5". Transfers:
 // "sA3>1" (send activation of micro-batch 3 to rank 1), "rA3<0", "sG..", "rG..".
 std::string action_label(const PipelineAction& action, const PipelineShape& shape);

@@ -173,9 +173,11 @@ inline DeferredGradients deferred_gradients(const ModelConfig& cfg, int B, int s
   return d;
 }
 
-inline ActivationCounts pipeline_slot_counts(ActivationCounts n, bool first) {
+// A stage without the head has no logits at all.
+inline ActivationCounts pipeline_slot_counts(ActivationCounts n, bool first, bool head) {
   n.output_grad = n.lnf_stat * (n.lnf / n.losses);  // this rank's rows × C
-  if (!first) n.logits = n.classifier_stats = n.branch = n.dresidual = n.dwide = n.scratch = n.norm_squared = 0;
+  if (!first) n.branch = n.dresidual = n.dwide = n.scratch = n.norm_squared = 0;
+  if (!first || !head) n.logits = n.classifier_stats = 0;
   return n;
 }
 
@@ -190,10 +192,7 @@ struct ActivationBytes {
   size_t total() const { return blocks + other; }
 };
 
-inline ActivationBytes model_activation_bytes(const ModelConfig& cfg, int B, int seq_len, int recompute, DType dtype,
-                                             size_t logits_rows = kLogitsChunkRows,
-                                             const TensorParallelism& tp = {}) {
-  const ActivationCounts n = activation_counts(cfg, B, seq_len, recompute, logits_rows, tp);
+inline ActivationBytes activation_bytes(const ActivationCounts& n, DType dtype) {
   const size_t t = dtype == DType::fp32 ? sizeof(float) : sizeof(bf16), f = sizeof(float);
   ActivationBytes bytes;
   bytes.blocks = t * (n.encoded + n.residual3 + n.ln1 + n.atty + n.residual2 + n.ln2 + n.qkv + n.fch + n.fch_gelu) +
@@ -202,6 +201,11 @@ inline ActivationBytes model_activation_bytes(const ModelConfig& cfg, int B, int
                 f * (n.lnf_stat + n.lnf_mean + n.losses + n.scratch + n.norm_squared + n.classifier_stats) +
                 sizeof(int) * (2 * n.tokens + n.buckets);
   return bytes;
+}
+inline ActivationBytes model_activation_bytes(const ModelConfig& cfg, int B, int seq_len, int recompute, DType dtype,
+                                             size_t logits_rows = kLogitsChunkRows,
+                                             const TensorParallelism& tp = {}) {
+  return activation_bytes(activation_counts(cfg, B, seq_len, recompute, logits_rows, tp), dtype);
 }
 
 

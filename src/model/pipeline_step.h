@@ -8,8 +8,8 @@
 // (Communicator::ordered_with). The table's global order is what rules out a deadlock
 // (pipeline_check.h checks it under blocking sends). A chunk pass takes an activation set when it
 // first needs one (its input's receive, or its forward on the first chunk) and gives it back after
-// its backward; pipeline_activation_sets() counts the most a table holds at once, which the model
-// allocates.
+// its backward (zb-h1: after its weight backward); pipeline_schedule.h's pipeline_activation_sets
+// counts the most a table holds at once, which the model allocates.
 #pragma once
 #include "src/data/dataloader.h"
 #include "src/dist/comm.h"
@@ -22,17 +22,6 @@
 #include <string>
 #include <utility>
 #include <vector>
-
-// The activation sets a rank's table holds at most at once (above).
-inline int pipeline_activation_sets(const PipelineTable& table) {
-  int held = 0, most = 1;
-  for (const PipelineAction& a : table) {
-    const bool starts = a.op == PipelineOp::recv_activation || (a.op == PipelineOp::forward && a.chunk == 0);
-    if (starts) most = std::max(most, ++held);
-    if (a.op == PipelineOp::backward || a.op == PipelineOp::backward_weight) --held;
-  }
-  return most;
-}
 
 template <typename Elem>
 class MicroBatchRunner {

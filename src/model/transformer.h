@@ -105,7 +105,7 @@ class Transformer {
     }
     const bool piped = pipeline_.comm != nullptr;
     for (int k = 0; k < (piped ? pipeline_.in_flight : 1); ++k)
-      slots_.emplace_back(piped ? pipeline_slot_counts(counts, k == 0) : counts);
+      slots_.emplace_back(piped ? pipeline_slot_counts(counts, k == 0, stage().head) : counts);
     bucket_segments_.assign(slots_.size(), 0);
     head_ = LmHead<Elem>(slots_[0], cfg_.vocab_size, vocab_begin(), vl_, stage().head ? layout_[lm_head_tensor()].count : 0);
     staging_.emplace(counts.tokens, counts.buckets);

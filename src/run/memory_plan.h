@@ -19,6 +19,15 @@
 #include <string>
 #include <vector>
 
+// A pipeline rank's share of a run (none: `stage` empty): its stage's part of the model, the
+// pipeline's ranks, the activation sets its schedule keeps in flight (pipeline_schedule.h's
+// pipeline_activation_sets) and whether its backward is split (zb-h1: output gradients kept).
+struct PipelineMemory {
+  StagePart stage;
+  int stages = 1, in_flight = 1;
+  bool split_backward = false;
+};
+
 struct MemoryTerm {
   std::string name;
   size_t bytes;
@@ -46,36 +55,48 @@ inline size_t term_bytes(const MemoryPlan& plan, const std::string& name) {
 // that many positions (at ZeRO 3 with every parameter gathered for it); the lm head in chunks of
 // logits_rows rows; at ZeRO 3, zero3_prefetch buckets gathered ahead. With tensor parallelism `tp`
 // (its size divides world_size) the rank holds its TP part of the model and activations, and the
-// ZeRO stage shards over its data-parallel group of world_size / tp.size ranks.
+// ZeRO stage shards over its data-parallel group of world_size / tp.size ranks. With a pipeline
+// (PipelineMemory), the rank holds its stage's part and its schedule's activation sets (the first
+// whole, each further one what a pass keeps: activations.h), over world_size / (tp.size · stages)
+// data-parallel ranks.
 inline MemoryPlan plan_memory(const ModelConfig& cfg, int B, int T, int recompute, DType dtype, int zero_stage,
                               int world_size, double bucket_mib = kDefaultBucketMiB, int sample_positions = 0,
                               size_t logits_rows = kLogitsChunkRows, int zero3_prefetch = kDefaultZero3Prefetch,
-                              const TensorParallelism& tp = {}) {
-  const ParameterLayout layout = TensorSplit(cfg, tp.size, 0).local();
-  const int data_ranks = std::max(world_size / tp.size, 1);
+                              const TensorParallelism& tp = {}, const PipelineMemory& pipeline = {}) {
+  const bool piped = !pipeline.stage.layers.empty();
+  const StagePart stage = piped ? pipeline.stage : StagePart::whole(cfg.num_layers);
+  const ParameterLayout layout = TensorSplit(cfg, tp.size, 0, stage).local();
+  const int data_ranks = std::max(world_size / (tp.size * pipeline.stages), 1);
   const size_t elem = dtype == DType::fp32 ? sizeof(float) : sizeof(bf16);
   const GradientBuckets buckets =
       gradient_buckets(layout, data_ranks, zero_stage, layers_per_bucket(layout, bucket_mib, elem), tp.size);
   const size_t state = buckets.state_count(0);
-  const ActivationCounts counts = activation_counts(cfg, B, T, recompute, logits_rows, tp);
-  const ActivationBytes activations = model_activation_bytes(cfg, B, T, recompute, dtype, logits_rows, tp);
-  const size_t logits = elem * counts.logits;
-  const int stage = effective_zero_stage(zero_stage, data_ranks);
-  const bool whole_elsewhere = stage == 3 || tp.size > 1;  // no rank holds every parameter
+  ModelConfig chunk = cfg;  // an activation set holds the rank's largest chunk
+  chunk.num_layers = *std::max_element(stage.chunks.begin(), stage.chunks.end());
+  ActivationCounts counts = activation_counts(chunk, B, T, recompute, logits_rows, tp);
+  if (pipeline.split_backward) counts.douts = chunk.num_layers * deferred_gradients(cfg, B, T, tp).per_layer;
+  const ActivationCounts first = piped ? pipeline_slot_counts(counts, true, stage.head) : counts;
+  const ActivationBytes activations = activation_bytes(first, dtype);
+  const size_t more_sets =
+      piped ? (pipeline.in_flight - 1) * activation_bytes(pipeline_slot_counts(counts, false, stage.head), dtype).total() : 0;
+  const size_t logits = elem * first.logits;
+  const int zero = effective_zero_stage(zero_stage, data_ranks);
+  const bool whole_elsewhere = zero == 3 || tp.size > 1 || piped;  // no rank holds every parameter
   const ParameterShardCounts shards = parameter_shard_counts(buckets, zero3_prefetch);
   MemoryPlan plan;
   plan.terms = {
-      {"parameters", elem * (stage == 3 ? shards.shard : layout.total)},
-      {"parameter gather windows", stage == 3 ? elem * (shards.total() - shards.shard) : 0},
-      {"gradients", elem * gradient_buffer_counts(buckets, stage).total()},
+      {"parameters", elem * (zero == 3 ? shards.shard : layout.total)},
+      {"parameter gather windows", zero == 3 ? elem * (shards.total() - shards.shard) : 0},
+      {"gradients", elem * gradient_buffer_counts(buckets, zero).total()},
       // The lm head's weight: wte when tied, else lm_head (lm_head.h).
-      {"lm head weight gradient (fp32)", sizeof(float) * layout[cfg.tied_embeddings ? kWte : kLmHead].count},
+      {"lm head weight gradient (fp32)", stage.head ? sizeof(float) * layout[cfg.tied_embeddings ? kWte : kLmHead].count : 0},
       {"master weights (fp32)", dtype == DType::bf16 ? sizeof(float) * state : 0},
       {"AdamW moments (fp32)", 2 * sizeof(float) * state},
       {"AdamW segment table", AdamWUpdate<bf16>::table_bytes(buckets.segments(0).size())},
       {"activations: blocks", activations.blocks},
       {"activations: logits chunk", logits},
       {"activations: other buffers", activations.other - logits},
+      {"activations: more micro-batches in flight", more_sets},
       {"RoPE table (fp32)", cfg.positions == Positions::rope ? sizeof(float) * static_cast<size_t>(T) * static_cast<size_t>(cfg.head_size()) : 0},
       {"cuBLASLt workspace", kMatmulWorkspaceBytes + kBiasPartialFloats * sizeof(float)},
       {"step and communication scalars", (kStepScalars + 1) * sizeof(double)},
@@ -92,12 +113,13 @@ inline MemoryPlan plan_memory(const ModelConfig& cfg, int B, int T, int recomput
 // so a run's chunking, and with it the rounding of its fp32 lm head gradient, is reproducible.
 inline size_t lm_head_chunk_rows(const ModelConfig& cfg, int B, int T, int recompute, DType dtype, int zero_stage,
                                  int world_size, double bucket_mib, int sample_positions, size_t budget,
-                                 int zero3_prefetch = kDefaultZero3Prefetch, const TensorParallelism& tp = {}) {
+                                 int zero3_prefetch = kDefaultZero3Prefetch, const TensorParallelism& tp = {},
+                                 const PipelineMemory& pipeline = {}) {
   const size_t N = static_cast<size_t>(B) * T;
   size_t rows = std::min(N, kLogitsChunkRows);
   while (budget > 0 && rows > kLogitsChunkRowsMin &&
          plan_memory(cfg, B, T, recompute, dtype, zero_stage, world_size, bucket_mib, sample_positions, rows,
-                     zero3_prefetch, tp)
+                     zero3_prefetch, tp, pipeline)
                  .total() > budget)
     rows = std::max(rows / 2, kLogitsChunkRowsMin);
   return rows;
@@ -107,10 +129,11 @@ inline size_t lm_head_chunk_rows(const ModelConfig& cfg, int B, int T, int recom
 inline int largest_fitting_batch(const ModelConfig& cfg, int T, int recompute, DType dtype, int zero_stage,
                                  int world_size, size_t budget, double bucket_mib = kDefaultBucketMiB,
                                  int sample_positions = 0, int zero3_prefetch = kDefaultZero3Prefetch,
-                                 const TensorParallelism& tp = {}, int limit = 1 << 16) {
+                                 const TensorParallelism& tp = {}, const PipelineMemory& pipeline = {},
+                                 int limit = 1 << 16) {
   auto fits = [&](int B) {
     return plan_memory(cfg, B, T, recompute, dtype, zero_stage, world_size, bucket_mib, sample_positions,
-                       kLogitsChunkRows, zero3_prefetch, tp)
+                       kLogitsChunkRows, zero3_prefetch, tp, pipeline)
                .total() <= budget;
   };
   if (!fits(1)) return 0;

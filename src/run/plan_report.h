@@ -5,11 +5,13 @@
 #include "src/base/units.h"
 #include "src/config/config_checks.h"
 #include "src/dist/comm_plan.h"
+#include "src/dist/pipeline_check.h"
 #include "src/dist/rendezvous.h"
 #include "src/dist/tensor_split.h"
 #include "src/model/activations.h"
 #include "src/model/attention.h"
 #include "src/run/memory_plan.h"
+#include "src/run/pipeline_setup.h"
 #include "src/run/run_setup.h"
 
 #include <cstdio>
@@ -42,32 +44,49 @@ inline TensorParallelism run_tensor_parallelism(const TrainConfig& cfg) {
   return {cfg.tp, 0, cfg.sequence_parallel && cfg.tp > 1};
 }
 
-// A run's lm-head chunk rows (memory_plan.h's lm_head_chunk_rows against chunk_budget); `world`:
-// every rank of the run.
+// A run's lm-head chunk rows (memory_plan.h's lm_head_chunk_rows against chunk_budget, for the
+// pipeline's last stage, which holds the head); `world`: every rank of the run; `micro_steps`: its
+// gradient accumulation steps.
 inline size_t run_logits_rows(const TrainConfig& cfg, const ModelConfig& model, int batch_size, int recompute,
-                              int world, int sample_positions) {
+                              int world, int sample_positions, int micro_steps) {
   return lm_head_chunk_rows(model, batch_size, cfg.seq_len, recompute, dtype_named(cfg.dtype), cfg.zero, world,
                             cfg.bucket_mib, sample_positions, chunk_budget(cfg), cfg.zero3_prefetch,
-                            run_tensor_parallelism(cfg));
+                            run_tensor_parallelism(cfg), run_pipeline_memory(cfg, model, micro_steps, cfg.pp - 1));
 }
 
+// Pipeline rank `stage`'s plan (any rank without --pp).
 inline MemoryPlan run_memory_plan(const TrainConfig& cfg, const ModelConfig& model, int batch_size, int recompute,
-                                  int world, int sample_positions) {
+                                  int world, int sample_positions, int micro_steps, int stage = 0) {
   return plan_memory(model, batch_size, cfg.seq_len, recompute, dtype_named(cfg.dtype), cfg.zero, world,
                      cfg.bucket_mib, sample_positions,
-                     run_logits_rows(cfg, model, batch_size, recompute, world, sample_positions), cfg.zero3_prefetch,
-                     run_tensor_parallelism(cfg));
+                     run_logits_rows(cfg, model, batch_size, recompute, world, sample_positions, micro_steps),
+                     cfg.zero3_prefetch, run_tensor_parallelism(cfg),
+                     run_pipeline_memory(cfg, model, micro_steps, stage));
 }
 
-// "largest --batch-size that fits: --recompute 0: 3, 1: 5, 2: 6, 3: 9" (0: not even 1).
+// The pipeline rank whose plan is the largest (0 without --pp): the one that decides what fits.
+inline int largest_stage(const TrainConfig& cfg, const ModelConfig& model, int batch_size, int recompute, int world,
+                         int sample_positions, int micro_steps) {
+  int largest = 0;
+  size_t most = 0;
+  for (int s = 0; s < cfg.pp; ++s) {
+    const size_t total = run_memory_plan(cfg, model, batch_size, recompute, world, sample_positions, micro_steps, s).total();
+    if (total > most) most = total, largest = s;
+  }
+  return largest;
+}
+
+// "largest --batch-size that fits: --recompute 0: 3, 1: 5, 2: 6, 3: 9" (0: not even 1), on
+// pipeline rank `stage`.
 inline std::string fitting_batch_sizes(const TrainConfig& cfg, const ModelConfig& model, int world, size_t budget,
-                                       int sample_positions) {
+                                       int sample_positions, int micro_steps, int stage) {
   std::string out = "largest --batch-size that fits " + format_bytes(budget) + ":";
   for (int r = 0; r <= kRecomputeMax; ++r)
     out += std::string(r == 0 ? "" : ",") + " --recompute " + std::to_string(r) + ": " +
            std::to_string(largest_fitting_batch(model, cfg.seq_len, r, dtype_named(cfg.dtype), cfg.zero, world, budget,
                                                 cfg.bucket_mib, sample_positions, cfg.zero3_prefetch,
-                                                run_tensor_parallelism(cfg)));
+                                                run_tensor_parallelism(cfg),
+                                                run_pipeline_memory(cfg, model, micro_steps, stage)));
   return out;
 }
 
@@ -90,12 +109,18 @@ inline std::string format_traffic(const StepTraffic& t, long long steps = 1) {
 
 // "communication per optimizer step, sent by each rank: ..." (comm_plan.h) for a run of `world`
 // ranks: the gradients' and parameters' over the data-parallel group, and with --tp the
-// activations' over the tensor-parallel group (one line each; empty where a group has one rank).
-inline std::string communication_lines(const TrainConfig& cfg, const ModelConfig& model, int world, int micro_steps) {
+// activations' over the tensor-parallel group (one line each; empty where a group has one rank);
+// with --pp, pipeline rank `pipeline_rank`'s (its stage's part).
+inline std::string communication_lines(const TrainConfig& cfg, const ModelConfig& model, int world, int micro_steps,
+                                       int pipeline_rank = 0) {
   const TensorParallelism tp = run_tensor_parallelism(cfg);
-  const ParameterLayout layout = TensorSplit(model, tp.size, 0).local();
+  const StagePart part = cfg.pp > 1 ? run_pipeline_memory(cfg, model, micro_steps, pipeline_rank).stage
+                                    : StagePart::whole(model.num_layers);
+  const ParameterLayout layout = TensorSplit(model, tp.size, 0, part).local();
+  ModelConfig stage_model = model;  // the stage's layers
+  stage_model.num_layers = static_cast<int>(part.layers.size());
   const size_t elem = dtype_named(cfg.dtype) == DType::fp32 ? sizeof(float) : sizeof(bf16);
-  const int data_ranks = world / tp.size, stage = effective_zero_stage(cfg.zero, data_ranks);
+  const int data_ranks = world / (tp.size * cfg.pp), stage = effective_zero_stage(cfg.zero, data_ranks);
   const GradientBuckets buckets =
       gradient_buckets(layout, data_ranks, stage, layers_per_bucket(layout, cfg.bucket_mib, elem), tp.size);
   const std::string per_step = " per optimizer step (" + std::to_string(micro_steps) + " micro-step(s)), sent by each ";
@@ -106,11 +131,58 @@ inline std::string communication_lines(const TrainConfig& cfg, const ModelConfig
   if (tp.size > 1) {
     const size_t rows = static_cast<size_t>(cfg.batch_size) * cfg.seq_len;
     const size_t chunk = run_logits_rows(cfg, model, cfg.batch_size, cfg.recompute, world,
-                                         sampling_positions(cfg, model, nullptr));
+                                         sampling_positions(cfg, model, nullptr), micro_steps);
     const int head_chunks = static_cast<int>((rows + chunk - 1) / chunk);
     out += "tensor-parallel communication" + per_step + "rank within its group of " + std::to_string(tp.size) + ":" +
-           format_traffic(tp_step_traffic(model, cfg.batch_size, cfg.seq_len, tp, cfg.recompute, head_chunks,
-                                          micro_steps, buckets, stage >= 2, elem)) + "\n";
+           format_traffic(tp_step_traffic(stage_model, cfg.batch_size, cfg.seq_len, tp, cfg.recompute, head_chunks,
+                                          micro_steps, buckets, stage >= 2, elem, part.embedding, part.head)) + "\n";
+  }
+  return out;
+}
+
+// "0-9, 20-29": a pipeline rank's layers as ranges.
+inline std::string layer_ranges(const std::vector<int>& layers) {
+  std::string out;
+  for (size_t i = 0; i < layers.size();) {
+    size_t j = i;
+    while (j + 1 < layers.size() && layers[j + 1] == layers[j] + 1) ++j;
+    out += (out.empty() ? "" : ", ") + std::to_string(layers[i]) + (j > i ? "-" + std::to_string(layers[j]) : "");
+    i = j + 1;
+  }
+  return out;
+}
+
+// --plan's pipeline lines: the schedule and its bubble (the unit-cost simulator's,
+// pipeline_check.h), each stage's layers, activation sets in flight and total, and the
+// activations and gradients each stage sends per optimizer step.
+inline std::string pipeline_plan_lines(const TrainConfig& cfg, const ModelConfig& model, int world, int sampling,
+                                       int micro_steps, int largest) {
+  const PipelineShape shape = run_pipeline_shape(cfg, micro_steps);
+  const std::vector<PipelineTable> tables = build_pipeline_schedule(shape);
+  const PipelineTiming timing = time_pipeline_schedule(shape, tables);
+  const TensorParallelism tp = run_tensor_parallelism(cfg);
+  const size_t elem = dtype_named(cfg.dtype) == DType::fp32 ? sizeof(float) : sizeof(bf16);
+  const size_t boundary = static_cast<size_t>(cfg.batch_size) * cfg.seq_len / (tp.sequence_parallel ? tp.size : 1) *
+                          model.channels * elem;
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "pipeline: %s, %d stage(s)%s, %d micro-batch(es) per step; rank = (d·%d + s)·%d + t (data-parallel "
+                "replica d, stage s, TP rank t)\n  bubble (unit costs): %.1f%% of the step, %.1f%% over the ideal\n",
+                pipeline_kind_name(shape.kind), cfg.pp,
+                cfg.pp_virtual > 1 ? (" x " + std::to_string(cfg.pp_virtual) + " chunks").c_str() : "", micro_steps, cfg.pp,
+                cfg.tp, 100.0 * timing.bubble(), 100.0 * timing.bubble_over_ideal());
+  std::string out = line;
+  for (int s = 0; s < cfg.pp; ++s) {
+    const PipelineMemory m = run_pipeline_memory(cfg, model, micro_steps, s);
+    const MemoryPlan plan = run_memory_plan(cfg, model, cfg.batch_size, cfg.recompute, world, sampling, micro_steps, s);
+    int sends = 0;
+    for (const PipelineAction& a : tables[s]) sends += is_send(a.op) ? 1 : 0;
+    std::snprintf(line, sizeof line, "  stage %d: layers %s%s%s, %d activation set(s) in flight, %s per rank%s; sends "
+                  "%s per step in %d transfer(s)\n",
+                  s, layer_ranges(m.stage.layers).c_str(), m.stage.embedding ? " + embedding" : "",
+                  m.stage.head ? " + final norm, lm head and loss" : "", m.in_flight, format_bytes(plan.total()).c_str(),
+                  s == largest ? " (the largest: its terms below)" : "", format_bytes(sends * boundary).c_str(), sends);
+    out += line;
   }
   return out;
 }
@@ -135,23 +207,28 @@ inline int print_memory_plan(TrainConfig cfg) {
   with_context("model " + source, [&] { choose_attention(cfg.attention, dtype_named(cfg.dtype), model); });
   check_micro_batch(model, cfg.batch_size, cfg.seq_len, cfg.recompute);
   check_tensor_split(model, cfg.tp, "--tp");
+  check_pipeline_split(model, cfg);
   const size_t budget = chunk_budget(cfg);
   const int sampling = sampling_positions(cfg, model, nullptr);
-  const MemoryPlan plan = run_memory_plan(cfg, model, cfg.batch_size, cfg.recompute, world, sampling);
+  const int largest = largest_stage(cfg, model, cfg.batch_size, cfg.recompute, world, sampling, micro_steps);
+  const MemoryPlan plan = run_memory_plan(cfg, model, cfg.batch_size, cfg.recompute, world, sampling, micro_steps, largest);
   const int status = budget > 0 && plan.total() > budget ? kPlanDoesNotFitStatus : 0;
   if (launch.rank != 0) return status;
+  const int data_ranks = world / (cfg.tp * cfg.pp);
   std::printf("memory plan per rank: %s (%s parameters) from %s, --batch-size %d --seq-len %d, %s, --recompute %d, "
-              "ZeRO stage %d over %d rank(s)%s\n%s",
+              "ZeRO stage %d over %d rank(s)%s%s\n",
               describe(model).c_str(), thousands(ParameterLayout(model).total).c_str(), source.c_str(), cfg.batch_size,
-              cfg.seq_len, cfg.dtype.c_str(), cfg.recompute, effective_zero_stage(cfg.zero, world / cfg.tp), world,
+              cfg.seq_len, cfg.dtype.c_str(), cfg.recompute, effective_zero_stage(cfg.zero, data_ranks), world,
               cfg.tp > 1 ? (" in tensor-parallel groups of " + std::to_string(cfg.tp) +
                             (cfg.sequence_parallel ? " (sequence parallel)" : "")).c_str()
                          : "",
-              format_memory_plan(plan, budget).c_str());
-  if (budget > 0) std::printf("%s\n", fitting_batch_sizes(cfg, model, world, budget, sampling).c_str());
+              cfg.pp > 1 ? (", " + std::to_string(cfg.pp) + " pipeline stages").c_str() : "");
+  if (cfg.pp > 1) std::printf("%s", pipeline_plan_lines(cfg, model, world, sampling, micro_steps, largest).c_str());
+  std::printf("%s", format_memory_plan(plan, budget).c_str());
+  if (budget > 0) std::printf("%s\n", fitting_batch_sizes(cfg, model, world, budget, sampling, micro_steps, largest).c_str());
   else std::printf("no device and no --gpu-memory: pass --gpu-memory GiB to see what fits\n");
   std::printf("not counted: the CUDA context and NCCL's buffers (leave ~1 GiB per GPU)\n");
-  std::printf("%s", communication_lines(cfg, model, world, micro_steps).c_str());
+  std::printf("%s", communication_lines(cfg, model, world, micro_steps, largest).c_str());
   return status;
 }
 
@@ -166,11 +243,16 @@ inline void check_memory_fits(const RunSetup& setup, int world) {
     source = "free device memory";
   }
   const int sampling = sampling_positions(cfg, setup.model, setup.sampler.get());
-  const MemoryPlan plan = run_memory_plan(cfg, setup.model, cfg.batch_size, cfg.recompute, world, sampling);
+  const int m = setup.grad_accum_steps;
+  // Every rank decides alike: by the pipeline stage that needs the most.
+  const int stage = largest_stage(cfg, setup.model, cfg.batch_size, cfg.recompute, world, sampling, m);
+  const MemoryPlan plan = run_memory_plan(cfg, setup.model, cfg.batch_size, cfg.recompute, world, sampling, m, stage);
   if (plan.total() <= budget) return;
-  std::printf("memory plan per rank (%s):\n%s", model_sizing(setup).c_str(), format_memory_plan(plan, budget).c_str());
+  std::printf("memory plan per rank (%s%s):\n%s", model_sizing(setup).c_str(),
+              cfg.pp > 1 ? (", pipeline stage " + std::to_string(stage)).c_str() : "",
+              format_memory_plan(plan, budget).c_str());
   std::fflush(stdout);
   throw std::runtime_error("the run needs " + format_bytes(plan.total()) + " of device memory per rank and " + source +
                            " is " + format_bytes(budget) + "; " +
-                           fitting_batch_sizes(cfg, setup.model, world, budget, sampling) + " (see --plan)");
+                           fitting_batch_sizes(cfg, setup.model, world, budget, sampling, m, stage) + " (see --plan)");
 }

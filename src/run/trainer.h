@@ -42,7 +42,8 @@ template <typename Elem>
 Transformer<Elem> allocate_model(const RunSetup& setup, ParallelGroups& groups) {
   const TrainConfig& cfg = setup.cfg;
   const size_t logits_rows = run_logits_rows(cfg, setup.model, cfg.batch_size, cfg.recompute, groups.world().world_size(),
-                                             sampling_positions(cfg, setup.model, setup.sampler.get()));
+                                             sampling_positions(cfg, setup.model, setup.sampler.get()),
+                                             setup.grad_accum_steps);
   return with_context(model_sizing(setup), [&] {
     try {
       return Transformer<Elem>(setup.model, cfg.batch_size, cfg.seq_len, cfg.recompute, &groups.dp(), cfg.zero,
