@@ -131,3 +131,18 @@ inline std::optional<Checkpoint> resolve_resume(TrainConfig& cfg, Communicator& 
   }
   return found;
 }
+
+// A checkpoint resumes on any number of ranks (its optimizer state is resharded) if each
+// micro-step still reads the same tokens: data-parallel ranks × --batch-size × --seq-len as
+// `written` (its data position's global micro-batch).
+inline void check_resumed_global_batch(uint64_t written, int data_ranks, int batch_size, int seq_len) {
+  const uint64_t ranks = static_cast<uint64_t>(data_ranks);
+  const uint64_t row = static_cast<uint64_t>(seq_len), now = ranks * batch_size * row;
+  if (written == now) return;
+  throw std::runtime_error(
+      "written with a global micro-batch of " + std::to_string(written) +
+      " tokens (data-parallel ranks x --batch-size x --seq-len), this run's is " + std::to_string(now) + ": " +
+      (written % (ranks * row) == 0 ? "with " + std::to_string(ranks) + " data-parallel rank(s) use --batch-size " +
+                                          std::to_string(written / (ranks * row))
+                                    : "no --batch-size gives it with " + std::to_string(ranks) + " data-parallel rank(s)"));
+}

@@ -97,7 +97,8 @@ const std::vector<Flag>& flag_table() {
       {"pp", "N", "pipeline parallelism: the layers cut into N stages (balanced by cost, or --pp-layers), --tp inside "
        "each stage, data parallelism (and --zero 0|1) across; N x --tp divides the ranks, and a step needs at least N "
        "micro-batches (--total-batch-tokens / (B*T*data-parallel ranks))", &TrainConfig::pp, {1, 1 << 16}},
-      {"pp-schedule", "NAME", "gpipe | 1f1b | interleaved | zb-h1: with --pp > 1, the order of each stage's work",
+      {"pp-schedule", "NAME", "gpipe | 1f1b | interleaved | zb-h1: with --pp > 1, the order of each stage's work "
+       "(zb-h1 splits each backward into input and weight gradients and needs --recompute 0, its default there)",
        &TrainConfig::pp_schedule, {}, {"gpipe", "1f1b", "interleaved", "zb-h1"}},
       {"pp-virtual", "V", "with --pp-schedule interleaved: model chunks per pipeline rank (V times less bubble)",
        &TrainConfig::pp_virtual, {1, 1 << 16}},

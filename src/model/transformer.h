@@ -1,9 +1,10 @@
 // transformer.h — the model on the GPU, one transformer for GPT-2 and Llama 3: parameters, AdamW
 // state and activations in device memory, and the host code that runs kernels/ for the forward
 // pass, the backward pass and the optimizer step. The architecture and parameter layout are
-// model_config.h's, the architecture's norm and MLP block_ops.h's, the files model_file.h's, the
-// per-micro-batch buffers activations.h's, the gradients and their communication grad_sync.h's,
-// the lm head lm_head.h's; a tensor-parallel rank's part of each layer: tensor_split.h. Parameters,
+// model_config.h's, the passes' kernels transformer_passes.h's, the architecture's norm and MLP
+// block_ops.h's, the files model_file.h's, the per-micro-batch buffers activations.h's, the
+// gradients and their communication grad_sync.h's, the lm head lm_head.h's; a tensor-parallel
+// rank's part of each layer, and a pipeline stage's layers: tensor_split.h. Parameters,
 // gradients and activations are Elem (float: --dtype fp32, bf16: the default); norm statistics, the
 // RoPE table, attention log-sum-exps, losses, AdamW moments and master weights are fp32. Errors
 // throw std::runtime_error: one line naming the file or setting, what was expected and found.
@@ -27,6 +28,7 @@
 #include "src/model/model_parameters.h"
 #include "src/model/optimizer.h"
 #include "src/model/step_totals.h"
+#include "src/model/transformer_passes.h"
 #include "src/base/rng.h"
 #include "src/data/upload_staging.h"
 
@@ -184,7 +186,7 @@ class Transformer {
   float forward(const int* inputs, const int* targets) {
     if (pipeline_.comm != nullptr) throw std::runtime_error("forward: a pipeline stage runs passes (pipeline_step.h)");
     upload_tokens(slots_[0], 0, inputs, targets, false);
-    queue_chunk_forward(slots_[0], 0);
+    Passes::queue_chunk_forward(*this, slots_[0], 0);
     head_.queue(slots_[0], slots_[0], param(lm_head_tensor()), grad(lm_head_tensor()), tp_, rows(), cfg_.channels,
                 targets != nullptr, 0.0f, false, stream_.get());
     if (targets == nullptr) {
@@ -230,7 +232,7 @@ class Transformer {
     if (!embeds && !head) return;
     upload_tokens(slots_[slot], slot, batch.inputs.data(), head ? batch.targets.data() : nullptr, embeds, &batch);
   }
-  void forward_pass(int slot, int c) { queue_chunk_forward(slots_[slot], c); }
+  void forward_pass(int slot, int c) { Passes::queue_chunk_forward(*this, slots_[slot], c); }
   // The forward pass's head and loss without gradients (validation): losses into the slot.
   void head_losses(int slot) {
     head_.queue(slots_[slot], slots_[0], param(lm_head_tensor()), nullptr, tp_, rows(), cfg_.channels, true, 0.0f, false,
@@ -248,10 +250,10 @@ class Transformer {
                   dloss, true, stream_.get());
       classifier_loss_sum(totals_.loss_sum(), a.losses.get(), rows(), stream_.get());
     }
-    queue_chunk_backward(a, slot, c);
+    Passes::queue_chunk_backward(*this, a, slot, c);
     grads_.end_micro_step();
   }
-  void weight_backward_pass(int slot, int c) { queue_chunk_weight_gradients(slots_[slot], c); }
+  void weight_backward_pass(int slot, int c) { Passes::queue_chunk_weight_gradients(*this, slots_[slot], c); }
   // After the schedule's last backward of `micro_steps` micro-batches: gradients summed and sent.
   void finish_pipeline_step(int micro_steps) {
     grads_.finish_pipeline_step();
@@ -338,12 +340,16 @@ class Transformer {
   // logits_rows)), or fewer.
   void set_logits_chunk_rows(int rows) { head_.set_chunk_rows(rows); }
   int logits_chunk_rows() const { return head_.chunk_rows(); }
-  // The lm head's chunks per micro-step: its products and classifier launches each run this often.
-  int lm_head_chunks() const { return ceil_div(rows(), head_.chunk_rows()); }
+  // The lm head's chunks per micro-step: its products and classifier launches each run this often
+  // (none on a pipeline stage without the head).
+  int lm_head_chunks() const { return stage().head ? ceil_div(rows(), head_.chunk_rows()) : 0; }
   // Kernel launches of the encoder's backward per micro-step (encoder.cuh; wpe's where this rank computes it).
   int encoder_backward_launches() const { return ::encoder_backward_launches(B_, seq_len_, tp_.computes_replicated()); }
 
  private:
+  friend struct TransformerPasses<Elem>;
+  using Passes = TransformerPasses<Elem>;
+
   int rows() const { return B_ * seq_len_; }
   // Whether local chunk c starts with the embedding (the model's first chunk) or ends with the head.
   bool embeds_at(int c) const { return c == 0 && stage().embedding; }
@@ -366,14 +372,14 @@ class Transformer {
                                std::to_string(grad_accum_steps));
     Activations<Elem>& a = slots_[0];
     upload_tokens(a, 0, inputs, targets, true, prepared);
-    queue_chunk_forward(a, 0);
+    Passes::queue_chunk_forward(*this, a, 0);
     const float dloss = 1.0f / (static_cast<float>(rows()) * static_cast<float>(grad_accum_steps) * grads_.ranks_summed());
     grads_.begin_micro_step(last_micro_step);
     head_.queue(a, a, param(lm_head_tensor()), grad(lm_head_tensor()), tp_, rows(), cfg_.channels, true, dloss, true,
                 stream_.get());
     classifier_loss_sum(totals_.loss_sum(), a.losses.get(), rows(), stream_.get());
     ++micro_steps_;
-    queue_chunk_backward(a, 0, 0);
+    Passes::queue_chunk_backward(*this, a, 0, 0);
     grads_.end_micro_step();
   }
 
@@ -396,39 +402,6 @@ class Transformer {
   Elem* grad(int tensor, int layer = 0) const { return layout_[tensor].count == 0 ? nullptr : grads_.at(tensor, layer); }
   // The lm head's weights: wte when tied, else lm_head.
   int lm_head_tensor() const { return cfg_.tied_embeddings ? kWte : kLmHead; }
-
-  // Slice j's input in activation set a (this rank's rows): the chunk's input (the embeddings or the
-  // previous stage's output) for j = 0, else slice j-1's output.
-  const Elem* block_input(const Activations<Elem>& a, int j) const;
-
-  // ln (every row) from this rank's rows of `input`: the rank's rows normalized, then gathered.
-  void norm_rows(Elem* ln, float* mean, float* rstd, const Elem* input, int l, int weight);
-
-  // Local layer l's forward, its activations in slice j of set a, from its ln1 output (already in
-  // place) to its MLP activation: everything the backward reads except ln1. The attention
-  // projection's output is left in the work set's branch. Products and attention run on every row
-  // with this rank's heads and hidden units; the row-parallel products' partial sums are summed
-  // over the TP group (tp_collectives.h). With RoPE, q and k are rotated in place in the qkv
-  // product's output, which the attention backward then reads.
-  void block_forward(Activations<Elem>& a, int l, int j);
-
-  // Chunk c's forward in set a, from its input (embedded here when c embeds, else received into
-  // a.encoded's rows) to its output: the head's lnf, or the last layer's residual3 for the next stage.
-  void queue_chunk_forward(Activations<Elem>& a, int c);
-
-  // Chunk c's backward in set a (`slot`): from d lnf (the head left it in the work set's branch), or
-  // from the received gradient of the chunk's output. Parameter gradients accumulate; dresidual holds
-  // d loss / d (residual stream) at the current depth (this rank's rows): the skip connections pass
-  // it through unchanged and each norm's backward adds its branch's share; it is gathered (sequence
-  // parallel) where a row-parallel product's backward reads every row. The TP sums of d ln2 and
-  // d ln1 run while the weight gradients' products do. Activations the recompute setting did not
-  // keep are recomputed into their slice right before they are read. At the end dresidual holds the
-  // gradient of the chunk's input: the embedding's backward takes it, or the previous stage.
-  void queue_chunk_backward(Activations<Elem>& a, int slot, int c);
-
-  // zb-h1's weight backward of chunk c in set a: each product's weight gradient from the output
-  // gradient its input backward kept (a.douts) and its input.
-  void queue_chunk_weight_gradients(Activations<Elem>& a, int c);
 
   const ModelConfig cfg_;
   const PipelineParts pipeline_;  // one whole part without pipeline parallelism
@@ -455,4 +428,3 @@ class Transformer {
   DeviceArray<float> rope_table_;  // RoPE: (seq_len, HS) cos/sin pairs (rope.cuh)
 };
 
-#include "src/model/transformer_passes.h"  // the passes declared above

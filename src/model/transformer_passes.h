@@ -1,130 +1,185 @@
-// transformer_passes.h — Transformer's forward and backward passes (declared in transformer.h, whose
-// comments say what each does): the kernels of a chunk of layers queued on the model's stream,
-// their activations in one activation set, the TP collectives between them.
+// transformer_passes.h — the transformer's forward and backward passes (TransformerPasses, a friend
+// of Transformer in transformer.h): the kernels of one chunk of a stage's layers queued on the
+// model's stream, their activations in one activation set, the TP collectives between them.
 #pragma once
-#include "src/model/transformer.h"
+#include "kernels/common.cuh"
+#include "kernels/encoder.cuh"
+#include "kernels/matmul.cuh"
+#include "kernels/residual.cuh"
+#include "kernels/rope.cuh"
+#include "src/config/model_config.h"
+#include "src/model/activations.h"
+#include "src/model/attention.h"
+#include "src/model/block_ops.h"
+
+#include <cstddef>
 
 template <typename Elem>
-const Elem* Transformer<Elem>::block_input(const Activations<Elem>& a, int j) const {
-  const size_t rows_c = static_cast<size_t>(tp_.local_rows()) * cfg_.channels;
-  return j == 0 ? tp_.local(a.encoded.get(), cfg_.channels) : a.residual3.get() + (j - 1) * rows_c;
+class Transformer;
+
+template <typename Elem>
+struct TransformerPasses {
+  // Slice j's input in activation set a (this rank's rows): the chunk's input (the embeddings or the
+  // previous stage's output) for j = 0, else slice j-1's output.
+  static const Elem* block_input(const Transformer<Elem>& m, const Activations<Elem>& a, int j);
+
+  // ln (every row) from this rank's rows of `input`: the rank's rows normalized, then gathered.
+  static void norm_rows(Transformer<Elem>& m, Elem* ln, float* mean, float* rstd, const Elem* input, int l, int weight);
+
+  // Local layer l's forward, its activations in slice j of set a, from its ln1 output (already in
+  // place) to its MLP activation: everything the backward reads except ln1. The attention
+  // projection's output is left in the work set's branch. Products and attention run on every row
+  // with this rank's heads and hidden units; the row-parallel products' partial sums are summed
+  // over the TP group (tp_collectives.h). With RoPE, q and k are rotated in place in the qkv
+  // product's output, which the attention backward then reads.
+  static void block_forward(Transformer<Elem>& m, Activations<Elem>& a, int l, int j);
+
+  // Chunk c's forward in set a, from its input (embedded here when c embeds, else received into
+  // a.encoded's rows) to its output: the head's lnf, or the last layer's residual3 for the next stage.
+  static void queue_chunk_forward(Transformer<Elem>& m, Activations<Elem>& a, int c);
+
+  // Chunk c's backward in set a (`slot`): from d lnf (the head left it in the work set's branch), or
+  // from the received gradient of the chunk's output. Parameter gradients accumulate; dresidual holds
+  // d loss / d (residual stream) at the current depth (this rank's rows): the skip connections pass
+  // it through unchanged and each norm's backward adds its branch's share; it is gathered (sequence
+  // parallel) where a row-parallel product's backward reads every row. The TP sums of d ln2 and
+  // d ln1 run while the weight gradients' products do. Activations the recompute setting did not
+  // keep are recomputed into their slice right before they are read. At the end dresidual holds the
+  // gradient of the chunk's input: the embedding's backward takes it, or the previous stage.
+  static void queue_chunk_backward(Transformer<Elem>& m, Activations<Elem>& a, int slot, int c);
+
+  // zb-h1's weight backward of chunk c in set a: each product's weight gradient from the output
+  // gradient its input backward kept (a.douts) and its input.
+  static void queue_chunk_weight_gradients(Transformer<Elem>& m, Activations<Elem>& a, int c);
+};
+
+template <typename Elem>
+const Elem* TransformerPasses<Elem>::block_input(const Transformer<Elem>& m, const Activations<Elem>& a, int j) {
+  const size_t rows_c = static_cast<size_t>(m.tp_.local_rows()) * m.cfg_.channels;
+  return j == 0 ? m.tp_.local(a.encoded.get(), m.cfg_.channels) : a.residual3.get() + (j - 1) * rows_c;
 }
 
 template <typename Elem>
-void Transformer<Elem>::norm_rows(Elem* ln, float* mean, float* rstd, const Elem* input, int l, int weight) {
-  norm_forward(cfg_, tp_.local(ln, cfg_.channels), mean, rstd, input, param(weight, l), param(weight + 1, l),
-               tp_.local_rows(), stream_.get());
-  tp_.gather(ln, cfg_.channels);
+void TransformerPasses<Elem>::norm_rows(Transformer<Elem>& m, Elem* ln, float* mean, float* rstd, const Elem* input,
+                                        int l, int weight) {
+  norm_forward(m.cfg_, m.tp_.local(ln, m.cfg_.channels), mean, rstd, input, m.param(weight, l), m.param(weight + 1, l),
+               m.tp_.local_rows(), m.stream_.get());
+  m.tp_.gather(ln, m.cfg_.channels);
 }
 
 template <typename Elem>
-void Transformer<Elem>::block_forward(Activations<Elem>& a, int l, int j) {
-  const int N = rows(), C = cfg_.channels, Nl = tp_.local_rows();
-  const size_t NC = static_cast<size_t>(N) * C, Ncl = static_cast<size_t>(N) * cl_, Nh = static_cast<size_t>(N) * hl_;
-  Activations<Elem>& w = slots_[0];
-  cudaStream_t s = stream_.get();
-  Elem* qkv = layer_slice(a.qkv, j, static_cast<size_t>(N) * qkvl_);
+void TransformerPasses<Elem>::block_forward(Transformer<Elem>& m, Activations<Elem>& a, int l, int j) {
+  const int N = m.rows(), C = m.cfg_.channels, Nl = m.tp_.local_rows();
+  const size_t NC = static_cast<size_t>(N) * C, Ncl = static_cast<size_t>(N) * m.cl_,
+               Nh = static_cast<size_t>(N) * m.hl_;
+  Activations<Elem>& w = m.slots_[0];
+  cudaStream_t s = m.stream_.get();
+  Elem* qkv = layer_slice(a.qkv, j, static_cast<size_t>(N) * m.qkvl_);
   Elem* atty = layer_slice(a.atty, j, Ncl);
   Elem* ln2 = layer_slice(a.ln2, j, NC);
-  matmul_forward(qkv, layer_slice(a.ln1, j, NC), param(kQkvw, l), param(kQkvb, l), N, C, qkvl_, s);
-  if (cfg_.positions == Positions::rope)
-    rope_forward(qkv, qkv, rope_table_.get(), seq_len_, B_, seq_len_, nhl_ + nkvl_, cfg_.head_size(), qkvl_, 0, s);
-  model_attention_forward(attention_, atty, layer_slice(a.lse, j, static_cast<size_t>(N) * nhl_), qkv, B_, seq_len_,
-                          cl_, nhl_, nkvl_, s);
-  matmul_forward(w.branch.get(), atty, param(kAttprojw, l), tp_.once(param(kAttprojb, l)), N, cl_, C, s);
-  const Elem* attproj = tp_.reduce(w.branch.get(), C);
-  residual_norm_forward(cfg_, layer_slice(a.residual2, j, static_cast<size_t>(Nl) * C), tp_.local(ln2, C),
-                        layer_slice(a.ln2_mean, j, Nl), layer_slice(a.ln2_rstd, j, Nl), block_input(a, j), attproj,
-                        param(kLn2w, l), param(kLn2b, l), Nl, s);
-  tp_.gather(ln2, C);
-  mlp_up_forward(cfg_, layer_slice(a.fch, j, cfg_.mlp_products() * Nh), layer_slice(a.fch_gelu, j, Nh), ln2,
-                 param(kFcw, l), param(kFcb, l), param(kFc2w, l), N, hl_, s);
+  matmul_forward(qkv, layer_slice(a.ln1, j, NC), m.param(kQkvw, l), m.param(kQkvb, l), N, C, m.qkvl_, s);
+  if (m.cfg_.positions == Positions::rope)
+    rope_forward(qkv, qkv, m.rope_table_.get(), m.seq_len_, m.B_, m.seq_len_, m.nhl_ + m.nkvl_, m.cfg_.head_size(),
+                 m.qkvl_, 0, s);
+  model_attention_forward(m.attention_, atty, layer_slice(a.lse, j, static_cast<size_t>(N) * m.nhl_), qkv, m.B_,
+                          m.seq_len_, m.cl_, m.nhl_, m.nkvl_, s);
+  matmul_forward(w.branch.get(), atty, m.param(kAttprojw, l), m.tp_.once(m.param(kAttprojb, l)), N, m.cl_, C, s);
+  const Elem* attproj = m.tp_.reduce(w.branch.get(), C);
+  residual_norm_forward(m.cfg_, layer_slice(a.residual2, j, static_cast<size_t>(Nl) * C), m.tp_.local(ln2, C),
+                        layer_slice(a.ln2_mean, j, Nl), layer_slice(a.ln2_rstd, j, Nl), block_input(m, a, j), attproj,
+                        m.param(kLn2w, l), m.param(kLn2b, l), Nl, s);
+  m.tp_.gather(ln2, C);
+  mlp_up_forward(m.cfg_, layer_slice(a.fch, j, m.cfg_.mlp_products() * Nh), layer_slice(a.fch_gelu, j, Nh), ln2,
+                 m.param(kFcw, l), m.param(kFcb, l), m.param(kFc2w, l), N, m.hl_, s);
 }
 
 template <typename Elem>
-void Transformer<Elem>::queue_chunk_forward(Activations<Elem>& a, int c) {
-  const int N = rows(), C = cfg_.channels, Nl = tp_.local_rows(), first = chunk_first_[c], n = stage().chunks[c];
+void TransformerPasses<Elem>::queue_chunk_forward(Transformer<Elem>& m, Activations<Elem>& a, int c) {
+  const int N = m.rows(), C = m.cfg_.channels, Nl = m.tp_.local_rows(), first = m.chunk_first_[c],
+            n = m.stage().chunks[c];
   const size_t NC = static_cast<size_t>(N) * C, NlC = static_cast<size_t>(Nl) * C;
-  Activations<Elem>& w = slots_[0];
-  cudaStream_t s = stream_.get();
-  params_.use_model_bucket();
-  params_.begin_pass(true);
-  params_.enter_layer(first);
-  if (embeds_at(c)) {
+  Activations<Elem>& w = m.slots_[0];
+  cudaStream_t s = m.stream_.get();
+  m.params_.use_model_bucket();
+  m.params_.begin_pass(true);
+  m.params_.enter_layer(first);
+  if (m.embeds_at(c)) {
     // Each TP rank embeds the tokens of its vocabulary rows (zero for the others); the sum over
     // the group is the embedding, wpe (learned positions) added once.
-    encoder_forward(a.encoded.get(), a.inputs.get(), param(kWte), tp_.once(param(kWpe)), B_, seq_len_, C, s,
-                    vocab_begin(), vl_);
-    tp_.reduce(a.encoded.get(), C);
+    encoder_forward(a.encoded.get(), a.inputs.get(), m.param(kWte), m.tp_.once(m.param(kWpe)), m.B_, m.seq_len_, C, s,
+                    m.vocab_begin(), m.vl_);
+    m.tp_.reduce(a.encoded.get(), C);
   }
   // The chunk's first layer normalizes its input; every later ln1 (and lnf) comes out of the
   // previous layer's fused residual add + norm.
-  norm_rows(layer_slice(a.ln1, 0, NC), layer_slice(a.ln1_mean, 0, Nl), layer_slice(a.ln1_rstd, 0, Nl),
-            block_input(a, 0), first, kLn1w);
+  norm_rows(m, layer_slice(a.ln1, 0, NC), layer_slice(a.ln1_mean, 0, Nl), layer_slice(a.ln1_rstd, 0, Nl),
+            block_input(m, a, 0), first, kLn1w);
   for (int j = 0; j < n; ++j) {
     const int l = first + j;
-    block_forward(a, l, j);
-    matmul_forward(w.branch.get(), layer_slice(a.fch_gelu, j, static_cast<size_t>(N) * hl_), param(kFcprojw, l),
-                   tp_.once(param(kFcprojb, l)), N, hl_, C, s);
-    const Elem* fcproj = tp_.reduce(w.branch.get(), C);
+    block_forward(m, a, l, j);
+    matmul_forward(w.branch.get(), layer_slice(a.fch_gelu, j, static_cast<size_t>(N) * m.hl_), m.param(kFcprojw, l),
+                   m.tp_.once(m.param(kFcprojb, l)), N, m.hl_, C, s);
+    const Elem* fcproj = m.tp_.reduce(w.branch.get(), C);
     Elem* residual3 = a.residual3.get() + j * NlC;
     const Elem* residual2 = layer_slice(a.residual2, j, NlC);
     if (j + 1 < n) {
-      params_.enter_layer(l + 1);
+      m.params_.enter_layer(l + 1);
       Elem* ln1 = layer_slice(a.ln1, j + 1, NC);
-      residual_norm_forward(cfg_, residual3, tp_.local(ln1, C), layer_slice(a.ln1_mean, j + 1, Nl),
-                            layer_slice(a.ln1_rstd, j + 1, Nl), residual2, fcproj, param(kLn1w, l + 1),
-                            param(kLn1b, l + 1), Nl, s);
-      tp_.gather(ln1, C);
-    } else if (head_at(c)) {
-      residual_norm_forward(cfg_, residual3, tp_.local(a.lnf.get(), C), a.lnf_mean.get(), a.lnf_rstd.get(), residual2,
-                            fcproj, param(kLnfw), param(kLnfb), Nl, s);
-      tp_.gather(a.lnf.get(), C);
+      residual_norm_forward(m.cfg_, residual3, m.tp_.local(ln1, C), layer_slice(a.ln1_mean, j + 1, Nl),
+                            layer_slice(a.ln1_rstd, j + 1, Nl), residual2, fcproj, m.param(kLn1w, l + 1),
+                            m.param(kLn1b, l + 1), Nl, s);
+      m.tp_.gather(ln1, C);
+    } else if (m.head_at(c)) {
+      residual_norm_forward(m.cfg_, residual3, m.tp_.local(a.lnf.get(), C), a.lnf_mean.get(), a.lnf_rstd.get(),
+                            residual2, fcproj, m.param(kLnfw), m.param(kLnfb), Nl, s);
+      m.tp_.gather(a.lnf.get(), C);
     } else {  // the next stage normalizes it: the same bits as the fused add (residual.cuh)
       residual_forward(residual3, residual2, fcproj, NlC, s);
     }
-    params_.leave_layer(l);
+    m.params_.leave_layer(l);
   }
 }
 
 template <typename Elem>
-void Transformer<Elem>::queue_chunk_backward(Activations<Elem>& a, int slot, int c) {
-  const int N = rows(), C = cfg_.channels, Nl = tp_.local_rows(), first = chunk_first_[c], n = stage().chunks[c];
+void TransformerPasses<Elem>::queue_chunk_backward(Transformer<Elem>& m, Activations<Elem>& a, int slot, int c) {
+  const int N = m.rows(), C = m.cfg_.channels, Nl = m.tp_.local_rows(), first = m.chunk_first_[c],
+            n = m.stage().chunks[c];
   const size_t NC = static_cast<size_t>(N) * C, NlC = static_cast<size_t>(Nl) * C;
-  const size_t Ncl = static_cast<size_t>(N) * cl_, Nh = static_cast<size_t>(N) * hl_;
-  Activations<Elem>& w = slots_[0];
-  cudaStream_t s = stream_.get();
+  const size_t Ncl = static_cast<size_t>(N) * m.cl_, Nh = static_cast<size_t>(N) * m.hl_;
+  Activations<Elem>& w = m.slots_[0];
+  cudaStream_t s = m.stream_.get();
   Elem* dresidual_rows = w.dresidual.get();  // every row, once gathered
-  Elem* dresidual = tp_.local(dresidual_rows, C);
+  Elem* dresidual = m.tp_.local(dresidual_rows, C);
   Elem* dbranch = w.branch.get();
   Elem* dwide = w.dwide.get();
   float* scratch = w.scratch.get();
   cuda_check(cudaMemsetAsync(dresidual_rows, 0, w.dresidual.bytes(), s), "zeroing the residual gradient");
-  if (head_at(c))
-    norm_backward(cfg_, dresidual, grad(kLnfw), grad(kLnfb), scratch, tp_.local(dbranch, C),
-                  a.residual3.get() + (n - 1) * NlC, param(kLnfw), a.lnf_mean.get(), a.lnf_rstd.get(), Nl, s);
+  if (m.head_at(c))
+    norm_backward(m.cfg_, dresidual, m.grad(kLnfw), m.grad(kLnfb), scratch, m.tp_.local(dbranch, C),
+                  a.residual3.get() + (n - 1) * NlC, m.param(kLnfw), a.lnf_mean.get(), a.lnf_rstd.get(), Nl, s);
   else
     cuda_check(cudaMemcpyAsync(dresidual, a.output_grad.get(), a.output_grad.bytes(), cudaMemcpyDeviceToDevice, s),
                "the chunk output's gradient");
-  const bool rerun_block = !block_keeps(BlockTensor::other, recompute_);
-  const bool recompute_act = !rerun_block && !block_keeps(BlockTensor::fch_gelu, recompute_);
-  const bool recompute_ln = !rerun_block && !block_keeps(BlockTensor::ln_output, recompute_);
+  const bool rerun_block = !block_keeps(BlockTensor::other, m.recompute_);
+  const bool recompute_act = !rerun_block && !block_keeps(BlockTensor::fch_gelu, m.recompute_);
+  const bool recompute_ln = !rerun_block && !block_keeps(BlockTensor::ln_output, m.recompute_);
   // zb-h1: the products' weight gradients wait for queue_chunk_weight_gradients, their output
   // gradients kept for it.
-  const bool defer = pipeline_.split_backward;
-  const DeferredGradients kept = deferred_gradients(cfg_, B_, seq_len_, tp_.shape());
+  const bool defer = m.pipeline_.split_backward;
+  const DeferredGradients kept = deferred_gradients(m.cfg_, m.B_, m.seq_len_, m.tp_.shape());
   auto keep = [&](int j, size_t at, const Elem* g, size_t n) {
     if (defer)
-      cuda_check(cudaMemcpyAsync(a.douts.get() + j * kept.per_layer + at, g, n * sizeof(Elem), cudaMemcpyDeviceToDevice, s),
-                 "keeping an output gradient for the weight backward");
+      cuda_check(
+          cudaMemcpyAsync(a.douts.get() + j * kept.per_layer + at, g, n * sizeof(Elem), cudaMemcpyDeviceToDevice, s),
+          "keeping an output gradient for the weight backward");
   };
-  auto weight_grad = [&](int tensor, int l) { return defer ? nullptr : grad(tensor, l); };
-  params_.begin_pass(false);
+  auto weight_grad = [&](int tensor, int l) { return defer ? nullptr : m.grad(tensor, l); };
+  m.params_.begin_pass(false);
   for (int j = n - 1; j >= 0; --j) {
     const int l = first + j;
-    grads_.open_layer_gradients(l);  // gradient communication: grad_sync.h
-    params_.enter_layer(l);          // ZeRO 3's gathered parameters: model_parameters.h
-    const Elem* residual = block_input(a, j);
+    m.grads_.open_layer_gradients(l);  // gradient communication: grad_sync.h
+    m.params_.enter_layer(l);          // ZeRO 3's gathered parameters: model_parameters.h
+    const Elem* residual = block_input(m, a, j);
     Elem* ln1 = layer_slice(a.ln1, j, NC);
     float* ln1_mean = layer_slice(a.ln1_mean, j, Nl);
     float* ln1_rstd = layer_slice(a.ln1_rstd, j, Nl);
@@ -132,70 +187,71 @@ void Transformer<Elem>::queue_chunk_backward(Activations<Elem>& a, int slot, int
     float* ln2_mean = layer_slice(a.ln2_mean, j, Nl);
     float* ln2_rstd = layer_slice(a.ln2_rstd, j, Nl);
     const Elem* residual2 = layer_slice(a.residual2, j, NlC);
-    const Elem* qkv = layer_slice(a.qkv, j, static_cast<size_t>(N) * qkvl_);
+    const Elem* qkv = layer_slice(a.qkv, j, static_cast<size_t>(N) * m.qkvl_);
     const Elem* atty = layer_slice(a.atty, j, Ncl);
-    Elem* fch = layer_slice(a.fch, j, cfg_.mlp_products() * Nh);
+    Elem* fch = layer_slice(a.fch, j, m.cfg_.mlp_products() * Nh);
     Elem* fch_gelu = layer_slice(a.fch_gelu, j, Nh);
     // A recomputed ln1 or ln2 (norm_forward of the kept, rounded input) equals the forward's
     // fused residual norm output bit for bit, statistics included (kept statistics are
     // rewritten with the values they hold).
     if (rerun_block) {
-      norm_rows(ln1, ln1_mean, ln1_rstd, residual, l, kLn1w);
-      block_forward(a, l, j);
+      norm_rows(m, ln1, ln1_mean, ln1_rstd, residual, l, kLn1w);
+      block_forward(m, a, l, j);
     }
-    if (recompute_act) mlp_activation_forward(cfg_, fch_gelu, fch, N, hl_, s);
+    if (recompute_act) mlp_activation_forward(m.cfg_, fch_gelu, fch, N, m.hl_, s);
     // MLP branch; dresidual = d/d residual3 = d/d fcproj.
-    tp_.gather(dresidual_rows, C);
-    matmul_backward(dwide, weight_grad(kFcprojw, l), tp_.replicated_grad(grad(kFcprojb, l)), nullptr, dresidual_rows,
-                    fch_gelu, param(kFcprojw, l), nullptr, N, hl_, C, s);
+    m.tp_.gather(dresidual_rows, C);
+    matmul_backward(dwide, weight_grad(kFcprojw, l), m.tp_.replicated_grad(m.grad(kFcprojb, l)), nullptr,
+                    dresidual_rows, fch_gelu, m.param(kFcprojw, l), nullptr, N, m.hl_, C, s);
     keep(j, kept.fcproj, dresidual_rows, NC);
-    if (recompute_ln) norm_rows(ln2, ln2_mean, ln2_rstd, residual2, l, kLn2w);
-    mlp_up_backward(cfg_, dbranch, weight_grad(kFcw, l), grad(kFcb, l), weight_grad(kFc2w, l), dwide, fch, ln2,
-                    param(kFcw, l), param(kFc2w, l), N, hl_, s, [&] { tp_.start_reduce(dbranch, C); });
-    if (cfg_.mlp == Mlp::gelu) keep(j, kept.fc, dwide, Nh);  // GELU's g (SwiGLU's stay in fch)
-    norm_backward(cfg_, dresidual, grad(kLn2w, l), grad(kLn2b, l), scratch, tp_.finish_reduce(dbranch, C), residual2,
-                  param(kLn2w, l), ln2_mean, ln2_rstd, Nl, s);
+    if (recompute_ln) norm_rows(m, ln2, ln2_mean, ln2_rstd, residual2, l, kLn2w);
+    mlp_up_backward(m.cfg_, dbranch, weight_grad(kFcw, l), m.grad(kFcb, l), weight_grad(kFc2w, l), dwide, fch, ln2,
+                    m.param(kFcw, l), m.param(kFc2w, l), N, m.hl_, s, [&] { m.tp_.start_reduce(dbranch, C); });
+    if (m.cfg_.mlp == Mlp::gelu) keep(j, kept.fc, dwide, Nh);  // GELU's g (SwiGLU's stay in fch)
+    norm_backward(m.cfg_, dresidual, m.grad(kLn2w, l), m.grad(kLn2b, l), scratch, m.tp_.finish_reduce(dbranch, C),
+                  residual2, m.param(kLn2w, l), ln2_mean, ln2_rstd, Nl, s);
     // Attention branch; dresidual = d/d residual2 = d/d attproj.
-    tp_.gather(dresidual_rows, C);
-    matmul_backward(dbranch, weight_grad(kAttprojw, l), tp_.replicated_grad(grad(kAttprojb, l)), nullptr, dresidual_rows,
-                    atty, param(kAttprojw, l), nullptr, N, cl_, C, s);
+    m.tp_.gather(dresidual_rows, C);
+    matmul_backward(dbranch, weight_grad(kAttprojw, l), m.tp_.replicated_grad(m.grad(kAttprojb, l)), nullptr,
+                    dresidual_rows, atty, m.param(kAttprojw, l), nullptr, N, m.cl_, C, s);
     keep(j, kept.attproj, dresidual_rows, NC);
-    model_attention_backward(attention_, dwide, scratch, dbranch, qkv, atty,
-                             layer_slice(a.lse, j, static_cast<size_t>(N) * nhl_), B_, seq_len_, cl_, nhl_, nkvl_, s);
-    if (cfg_.positions == Positions::rope)  // d q, d k before the rotation: rotated back
-      rope_backward(dwide, dwide, rope_table_.get(), seq_len_, B_, seq_len_, nhl_ + nkvl_, cfg_.head_size(), qkvl_, 0,
-                    s);
-    if (recompute_ln) norm_rows(ln1, ln1_mean, ln1_rstd, residual, l, kLn1w);
-    matmul_backward(dbranch, weight_grad(kQkvw, l), grad(kQkvb, l), nullptr, dwide, ln1, param(kQkvw, l), nullptr, N, C,
-                    qkvl_, s, [&] { tp_.start_reduce(dbranch, C); });
-    keep(j, kept.qkv, dwide, static_cast<size_t>(N) * qkvl_);
-    norm_backward(cfg_, dresidual, grad(kLn1w, l), grad(kLn1b, l), scratch, tp_.finish_reduce(dbranch, C), residual,
-                  param(kLn1w, l), ln1_mean, ln1_rstd, Nl, s);
-    params_.leave_layer(l);
-    grads_.send_finished_bucket(l);  // all-reduce / reduce-scatter once its bucket is done
+    model_attention_backward(m.attention_, dwide, scratch, dbranch, qkv, atty,
+                             layer_slice(a.lse, j, static_cast<size_t>(N) * m.nhl_), m.B_, m.seq_len_, m.cl_, m.nhl_,
+                             m.nkvl_, s);
+    if (m.cfg_.positions == Positions::rope)  // d q, d k before the rotation: rotated back
+      rope_backward(dwide, dwide, m.rope_table_.get(), m.seq_len_, m.B_, m.seq_len_, m.nhl_ + m.nkvl_,
+                    m.cfg_.head_size(), m.qkvl_, 0, s);
+    if (recompute_ln) norm_rows(m, ln1, ln1_mean, ln1_rstd, residual, l, kLn1w);
+    matmul_backward(dbranch, weight_grad(kQkvw, l), m.grad(kQkvb, l), nullptr, dwide, ln1, m.param(kQkvw, l), nullptr,
+                    N, C, m.qkvl_, s, [&] { m.tp_.start_reduce(dbranch, C); });
+    keep(j, kept.qkv, dwide, static_cast<size_t>(N) * m.qkvl_);
+    norm_backward(m.cfg_, dresidual, m.grad(kLn1w, l), m.grad(kLn1b, l), scratch, m.tp_.finish_reduce(dbranch, C),
+                  residual, m.param(kLn1w, l), ln1_mean, ln1_rstd, Nl, s);
+    m.params_.leave_layer(l);
+    m.grads_.send_finished_bucket(l);  // all-reduce / reduce-scatter once its bucket is done
   }
-  if (!embeds_at(c)) return;
-  tp_.gather(dresidual_rows, C);
-  encoder_backward(grad(kWte), tp_.replicated_grad(grad(kWpe)), scratch, a.buckets.get(), bucket_segments_[slot],
-                   dresidual_rows, B_, seq_len_, C, s);
+  if (!m.embeds_at(c)) return;
+  m.tp_.gather(dresidual_rows, C);
+  encoder_backward(m.grad(kWte), m.tp_.replicated_grad(m.grad(kWpe)), scratch, a.buckets.get(),
+                   m.bucket_segments_[slot], dresidual_rows, m.B_, m.seq_len_, C, s);
 }
 
 template <typename Elem>
-void Transformer<Elem>::queue_chunk_weight_gradients(Activations<Elem>& a, int c) {
-  const int N = rows(), C = cfg_.channels, first = chunk_first_[c];
-  const size_t NC = static_cast<size_t>(N) * C, Nh = static_cast<size_t>(N) * hl_;
-  const DeferredGradients kept = deferred_gradients(cfg_, B_, seq_len_, tp_.shape());
-  cudaStream_t s = stream_.get();
-  for (int j = stage().chunks[c] - 1; j >= 0; --j) {
+void TransformerPasses<Elem>::queue_chunk_weight_gradients(Transformer<Elem>& m, Activations<Elem>& a, int c) {
+  const int N = m.rows(), C = m.cfg_.channels, first = m.chunk_first_[c];
+  const size_t NC = static_cast<size_t>(N) * C, Nh = static_cast<size_t>(N) * m.hl_;
+  const DeferredGradients kept = deferred_gradients(m.cfg_, m.B_, m.seq_len_, m.tp_.shape());
+  cudaStream_t s = m.stream_.get();
+  for (int j = m.stage().chunks[c] - 1; j >= 0; --j) {
     const int l = first + j;
     const Elem* g = a.douts.get() + j * kept.per_layer;
     const Elem* ln2 = layer_slice(a.ln2, j, NC);
-    const Elem* fch = layer_slice(a.fch, j, cfg_.mlp_products() * Nh);  // SwiGLU: its two products' g
-    matmul_weight_gradient(grad(kFcprojw, l), layer_slice(a.fch_gelu, j, Nh), g + kept.fcproj, N, hl_, C, s);
-    matmul_weight_gradient(grad(kFcw, l), ln2, cfg_.mlp == Mlp::gelu ? g + kept.fc : fch, N, C, hl_, s);
-    if (cfg_.mlp == Mlp::swiglu) matmul_weight_gradient(grad(kFc2w, l), ln2, fch + Nh, N, C, hl_, s);
-    matmul_weight_gradient(grad(kAttprojw, l), layer_slice(a.atty, j, static_cast<size_t>(N) * cl_), g + kept.attproj, N,
-                           cl_, C, s);
-    matmul_weight_gradient(grad(kQkvw, l), layer_slice(a.ln1, j, NC), g + kept.qkv, N, C, qkvl_, s);
+    const Elem* fch = layer_slice(a.fch, j, m.cfg_.mlp_products() * Nh);  // SwiGLU: its two products' g
+    matmul_weight_gradient(m.grad(kFcprojw, l), layer_slice(a.fch_gelu, j, Nh), g + kept.fcproj, N, m.hl_, C, s);
+    matmul_weight_gradient(m.grad(kFcw, l), ln2, m.cfg_.mlp == Mlp::gelu ? g + kept.fc : fch, N, C, m.hl_, s);
+    if (m.cfg_.mlp == Mlp::swiglu) matmul_weight_gradient(m.grad(kFc2w, l), ln2, fch + Nh, N, C, m.hl_, s);
+    matmul_weight_gradient(m.grad(kAttprojw, l), layer_slice(a.atty, j, static_cast<size_t>(N) * m.cl_),
+                           g + kept.attproj, N, m.cl_, C, s);
+    matmul_weight_gradient(m.grad(kQkvw, l), layer_slice(a.ln1, j, NC), g + kept.qkv, N, C, m.qkvl_, s);
   }
 }

@@ -5,6 +5,7 @@
 #pragma once
 #include "kernels/common.cuh"
 #include "src/base/durable_file.h"
+#include "src/dist/comm.h"
 #include "src/run/throughput.h"
 
 #include <nlohmann/json.hpp>
@@ -72,6 +73,25 @@ inline nlohmann::json profile_json(const std::vector<ProfileSite>& sites, long l
   return out;
 }
 
+// --profile under pipeline parallelism: each stage's measured idle share of the profiled steps'
+// wall time (1 - its device time / the step's: its bubble, and whatever else kept it idle), from
+// the stage's first rank (`reports`: TP rank 0 of data-parallel replica 0), beside the schedule's
+// unit-cost bubble (pipeline_check.h). A collective over `world`: every rank calls it.
+inline nlohmann::json pipeline_profile_json(Communicator& world, int stages, int stage, bool reports,
+                                            const std::vector<ProfileSite>& sites, long long steps, double step_ms,
+                                            double planned_bubble) {
+  std::vector<double> idle(stages, 0.0);
+  double device_ms = 0;
+  for (const ProfileSite& s : sites) device_ms += s.ms;
+  if (reports && steps > 0 && step_ms > 0)
+    idle[stage] = std::max(0.0, 1.0 - device_ms / static_cast<double>(steps) / step_ms);
+  world.sum(idle);
+  double mean = 0;
+  for (double x : idle) mean += x / stages;
+  return {{"stages", stages}, {"measured_idle_per_stage", idle}, {"measured_bubble", mean},
+          {"planned_bubble", planned_bubble}};
+}
+
 // The report as a table (stdout).
 inline void print_profile(const nlohmann::json& p) {
   std::printf("profile: %lld step(s), %.3f ms per step, %.3f ms of device work per step; %s\n",
@@ -84,6 +104,13 @@ inline void print_profile(const nlohmann::json& p) {
                 e["launches_per_micro_step"].get<double>(), e["ms_per_step"].get<double>(), e["percent"].get<double>(),
                 e["bytes_per_call"].get<double>(), e["flops_per_call"].get<double>(), e.value("gb_per_s", 0.0),
                 e.value("tflop_per_s", 0.0), e["site"].get<std::string>().c_str());
+  }
+  if (p.contains("pipeline")) {
+    const nlohmann::json& q = p["pipeline"];
+    std::printf("  pipeline: measured idle per stage");
+    for (const nlohmann::json& x : q["measured_idle_per_stage"]) std::printf(" %.1f%%", 100.0 * x.get<double>());
+    std::printf(" (mean %.1f%%); the schedule's bubble at unit costs %.1f%%\n", 100.0 * q["measured_bubble"].get<double>(),
+                100.0 * q["planned_bubble"].get<double>());
   }
   std::fflush(stdout);
 }

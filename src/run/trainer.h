@@ -6,6 +6,7 @@
 #include "src/base/units.h"
 #include "src/ckpt/checkpoint_load.h"
 #include "src/ckpt/checkpoint_write.h"
+#include "src/ckpt/resume.h"
 #include "src/config/config_warnings.h"
 #include "src/dist/comm.h"
 #include "src/dist/parallel_groups.h"
@@ -179,15 +180,24 @@ class Trainer {
 
   // --profile: rank 0's record of the profiled steps, printed and written to DIR/profile.json.
   void report_profile() const {
+    const double step_ms = profiled_ms_ / static_cast<double>(std::max(profiled_steps_, 1LL));
+    nlohmann::json pipeline;  // a collective: before rank 0 alone goes on
+    if (cfg_.pp > 1) {
+      const PipelineShape shape = run_pipeline_shape(cfg_, setup_.grad_accum_steps);
+      pipeline = pipeline_profile_json(
+          comm_, cfg_.pp, groups_.pp_rank(), groups_.dp().rank() == 0 && (groups_.tp() == nullptr || groups_.tp()->rank() == 0),
+          DeviceProfiler::get().sites(), profiled_steps_, step_ms,
+          time_pipeline_schedule(shape, build_pipeline_schedule(shape)).bubble());
+    }
     if (!lead_ || profiled_steps_ == 0) return;
     ProfilePlan plan;
     plan.grad_accum_steps = setup_.grad_accum_steps;
     plan.lm_head_chunks = model_.lm_head_chunks();
     plan.lm_head_chunk_rows = model_.logits_chunk_rows();
     plan.encoder_backward_launches = model_.encoder_backward_launches();
-    const nlohmann::json p = profile_json(DeviceProfiler::get().sites(), profiled_steps_,
-                                          profiled_ms_ / static_cast<double>(profiled_steps_), plan,
-                                          device_properties().name, peak_);
+    nlohmann::json p = profile_json(DeviceProfiler::get().sites(), profiled_steps_, step_ms, plan, device_properties().name,
+                                    peak_);
+    if (!pipeline.is_null()) p["pipeline"] = pipeline;
     print_profile(p);
     write_profile(cfg_.out_dir + "/profile.json", p);
     std::printf("profile written to %s/profile.json\n", cfg_.out_dir.c_str());
@@ -233,7 +243,8 @@ class Trainer {
     } else if (setup_.resume_from) {
       with_context("--resume " + setup_.resume_from->path, [&] {
         load_checkpoint(*setup_.resume_from, model_, &state_);
-        check_global_batch(state_.train_data.global_batch_tokens);
+        check_resumed_global_batch(state_.train_data.global_batch_tokens, groups_.dp().world_size(), cfg_.batch_size,
+                                   cfg_.seq_len);
         if (data_.train) data_.train->restore(state_.train_data);
       });
     } else if (!cfg_.init_from.empty()) {
@@ -241,21 +252,6 @@ class Trainer {
     } else {
       model_.init_random(static_cast<uint64_t>(cfg_.seed));
     }
-  }
-
-  // A checkpoint resumes on any number of ranks (its optimizer state is resharded) if each
-  // micro-step still reads the same tokens: data-parallel ranks × --batch-size × --seq-len as written.
-  void check_global_batch(uint64_t written) const {
-    const uint64_t ranks = static_cast<uint64_t>(groups_.dp().world_size());
-    const uint64_t row = static_cast<uint64_t>(cfg_.seq_len), now = ranks * cfg_.batch_size * row;
-    if (written == now) return;
-    throw std::runtime_error(
-        "written with a global micro-batch of " + std::to_string(written) +
-        " tokens (data-parallel ranks x --batch-size x --seq-len), this run's is " + std::to_string(now) + ": " +
-        (written % (ranks * row) == 0 ? "with " + std::to_string(ranks) + " data-parallel rank(s) use --batch-size " +
-                                            std::to_string(written / (ranks * row))
-                                      : "no --batch-size gives it with " + std::to_string(ranks) +
-                                            " data-parallel rank(s)"));
   }
 
   // A stop signal that came during start-up (main installs the handlers first; reading the data

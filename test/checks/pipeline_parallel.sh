@@ -9,8 +9,8 @@
 # reproducing step 3; the model file a PP 2 run writes (gathered from both stages) gives its last
 # validation loss on one process; Llama (llama-micro: untied, GQA) at PP 2 with interleaved
 # (2 chunks per rank) matches its one-process run; HellaSwag-style evaluation of a PP 2 run equals
-# one process's. Every schedule, PP 4 and Llama tied are covered at the model level by
-# test/mpi/mpi_pipeline.cu.
+# one process's; --profile records each stage's measured idle share beside --plan's bubble. Every
+# schedule, PP 4 and Llama tied are covered at the model level by test/mpi/mpi_pipeline.cu.
 # usage: pipeline_parallel.sh cpu|gpu   (gpu: needs 4 GPUs, else skipped)
 set -u
 # shellcheck source=test/checks/lib/trainer.sh
@@ -58,6 +58,25 @@ sys.exit(0 if abs(got - last) <= 1e-5 * abs(last) else 1)
 PY
 else
   fail "reload of the PP 2 model.bin exited non-zero"; tail -n 5 "$tmp/reload.log"
+fi
+
+# --profile under PP 2 (1f1b, 4 micro-batches): profile.json records each stage's measured idle
+# share beside the schedule's bubble at unit costs, which is the one --plan prints for the run.
+profile_flags=(--init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$ref/train.bin" --seq-len 16
+               --batch-size 2 --total-batch-tokens 128 --pp 2 --dtype fp32)
+if mpirun -np 2 "${mpi_opts[@]}" "$bin" "${profile_flags[@]}" --profile 2 --out-dir "$tmp/profile" >"$tmp/profile.log" 2>&1 &&
+    "$bin" "${profile_flags[@]}" --plan --world-size 2 >"$tmp/profile.plan" 2>&1; then
+  "$python" - "$tmp/profile/profile.json" "$tmp/profile.plan" <<'PY' || fail "--profile's pipeline record"
+import json, re, sys
+p = json.load(open(sys.argv[1]))["pipeline"]
+planned = float(re.search(r"bubble \(unit costs\): ([0-9.]+)%", open(sys.argv[2]).read()).group(1))
+idle = p["measured_idle_per_stage"]
+print(f"  profile: idle per stage {[round(100 * x, 1) for x in idle]}, planned bubble {100 * p['planned_bubble']:.1f}% (--plan: {planned}%)")
+ok = p["stages"] == 2 and len(idle) == 2 and all(0 < x < 1 for x in idle) and abs(100 * p["planned_bubble"] - planned) < 0.06
+sys.exit(0 if ok else 1)
+PY
+else
+  fail "--profile 2 at PP 2 or its --plan exited non-zero"; tail -n 5 "$tmp/profile.log"
 fi
 
 # Everything else a run does under PP 2, on a GPT-2-vocabulary model: HellaSwag-style evaluation

@@ -1,6 +1,7 @@
 // Pipeline parallelism under mpirun (test/checks/distributed_nccl.sh, 2 and 4 ranks: every rank a
 // pipeline stage): for each schedule (gpipe, 1f1b, interleaved with 2 chunks per rank, zb-h1), GPT-2
-// (tied embeddings: wte on the first and the last stage) and Llama 3 (untied, GQA), micro-batch
+// (tied embeddings: wte on the first and the last stage, whose copies stay the same bits) and
+// Llama 3 (untied, GQA; tied once, with 1f1b, as Llama 3.2 is), micro-batch
 // counts that are and are not multiples of the stages, every --recompute setting once: two
 // optimizer steps' loss and gradient norm within 1e-6 relative of one process's on the same
 // micro-batches, the parameters after them within 1e-5 (gathered from the stages), and the forward
@@ -12,6 +13,7 @@
 #include "src/model/transformer.h"
 
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,6 +44,25 @@ struct Figures {
   std::vector<double> loss, norm;
   std::vector<float> parameters, val_losses;
 };
+
+// The first and the last stage's copies of a tied wte are the same bits after training.
+void check_tied_copies(const Transformer<float>& stage, Communicator& tied) {
+  std::vector<float> wte;
+  for (const OptimizerSegment& s : stage.gradient_sync().segments()) {
+    if (s.tensor != kWte) continue;
+    const std::vector<float> part = copy_floats_to_host(stage.owned_parameters(s), s.count, stage.stream());
+    wte.insert(wte.end(), part.begin(), part.end());
+  }
+  REQUIRE(!wte.empty());
+  DeviceArray<float> both(2 * wte.size(), "both copies of wte");
+  float* mine = both.get() + tied.rank() * wte.size();
+  cuda_check(cudaMemcpyAsync(mine, wte.data(), wte.size() * sizeof(float), cudaMemcpyHostToDevice, tied.stream()),
+             "wte");
+  tied.all_gather(mine, both.get(), wte.size());
+  cuda_check(cudaStreamSynchronize(tied.stream()), "wte");
+  const std::vector<float> copies = copy_floats_to_host(both.get(), both.count(), tied.stream());
+  CHECK(std::memcmp(copies.data(), copies.data() + wte.size(), wte.size() * sizeof(float)) == 0);
+}
 
 template <typename Run>
 Figures train(Transformer<float>& model, Run&& run_step, int micro_steps, const std::vector<int>& val_inputs,
@@ -121,6 +142,7 @@ void check_pipeline(const ModelConfig& config, PipelineKind kind, int virtual_st
   }
   CHECK(test::all_close("parameters after the steps", got.parameters, want.parameters, 1e-5, 1e-7));
   CHECK(test::bytes_of(got.val_losses) == test::bytes_of(want.val_losses));
+  if (parts.tied != nullptr) check_tied_copies(stage, *parts.tied);
 }
 
 }  // namespace
@@ -133,6 +155,7 @@ TEST_CASE("pipeline parallelism: every schedule trains as one process", "[pp]") 
   Communicator tied(world(), end ? 0 : rank, rank, "tied-embedding");
   const ModelConfig gpt2{16, 37, 48, 2 * p, 2, 16};  // maxT, V, Vp, L, NH, C
   const ModelConfig llama = llama3_config(16, 40, 2 * p + 1, 4, 2, 32, 48, llama32_rope(), false);
+  const ModelConfig llama_tied = llama3_config(16, 40, p, 4, 2, 32, 48, llama32_rope(), true);
   const PipelineKind kinds[] = {PipelineKind::gpipe, PipelineKind::one_f_one_b, PipelineKind::interleaved,
                                  PipelineKind::zb_h1};
   int recompute = 0;  // cycled through the settings; zb-h1 needs 0
@@ -143,4 +166,5 @@ TEST_CASE("pipeline parallelism: every schedule trains as one process", "[pp]") 
         check_pipeline(config, kind, v, micro_steps, kind == PipelineKind::zb_h1 ? 0 : recompute, end ? &tied : nullptr);
         recompute = (recompute + 1) % (kRecomputeMax + 1);
       }
+  check_pipeline(llama_tied, PipelineKind::one_f_one_b, 1, p + 1, 1, end ? &tied : nullptr);
 }
