@@ -3,6 +3,7 @@
 // so this test does too.
 #include "test/test_util.h"
 #include "src/model/transformer.h"
+#include "src/dist/pipeline_schedule.h"
 #include "src/run/memory_plan.h"
 
 #include <vector>
@@ -139,6 +140,56 @@ TEMPLATE_TEST_CASE("the memory plan is what the model allocates", "[simt][memory
         CHECK(planned - allocated >= 0);
         CHECK(planned - allocated <= 8);
       }
+}
+
+TEMPLATE_TEST_CASE("the memory plan is what a pipeline stage allocates", "[simt][memory_plan]", float, bf16) {
+  // Every stage of 3 (its layers, the embedding on the first, the head on the last) under each
+  // schedule: its activation sets in flight (zb-h1's kept output gradients too), on a one-rank
+  // communicator standing in for the pipeline's (nothing travels while the model is built).
+  const DType dtype = Transformer<TestType>::dtype;
+  Communicator pipeline_comm{CommOptions{}};
+  ModelConfig gpt2 = kTiny;
+  gpt2.num_layers = 7;
+  ModelConfig llama = llama3_config(32, 512, 7, 4, 2, 64, 96, llama31_rope(), false);
+  const int p = 3, B = 3, T = 7;
+  for (const ModelConfig& cfg : {gpt2, llama})
+    for (PipelineKind kind : {PipelineKind::one_f_one_b, PipelineKind::interleaved, PipelineKind::zb_h1}) {
+      PipelineShape shape;
+      shape.stages = p;
+      shape.microbatches = 5;
+      shape.virtual_stages = kind == PipelineKind::interleaved ? 2 : 1;
+      shape.kind = kind;
+      const std::vector<PipelineTable> tables = build_pipeline_schedule(shape);
+      std::vector<int> chunk_layers(shape.chunks(), 1);
+      for (int extra = 0; extra < cfg.num_layers - shape.chunks(); ++extra) ++chunk_layers[extra % shape.chunks()];
+      for (int r = 0; r < p; ++r) {
+        PipelineMemory planned_stage;
+        planned_stage.stage = StagePart::of_rank(chunk_layers, p, r);
+        planned_stage.stages = p;
+        planned_stage.in_flight = pipeline_activation_sets(tables[r]);
+        planned_stage.split_backward = kind == PipelineKind::zb_h1;
+        PipelineParts parts;
+        for (int q = 0; q < p; ++q) parts.stages.push_back(StagePart::of_rank(chunk_layers, p, q));
+        parts.rank = r;
+        parts.comm = &pipeline_comm;
+        parts.in_flight = planned_stage.in_flight;
+        parts.split_backward = planned_stage.split_backward;
+        const int recompute = planned_stage.split_backward ? 0 : 1;
+        matmul_destroy();  // the model's constructor allocates the cuBLASLt workspace again
+        const long long before = simt::counters().device_bytes;
+        Transformer<TestType> model(cfg, B, T, recompute, nullptr, 0, "auto", kDefaultBucketMiB, kLogitsChunkRows,
+                                    kDefaultZero3Prefetch, nullptr, false, parts);
+        const long long allocated = simt::counters().device_bytes - before;
+        const long long planned = static_cast<long long>(
+            plan_memory(cfg, B, T, recompute, dtype, 0, p, kDefaultBucketMiB, 0, kLogitsChunkRows,
+                        kDefaultZero3Prefetch, {}, planned_stage)
+                .total());
+        INFO(describe(cfg) << ", " << pipeline_kind_name(kind) << ", stage " << r << " of " << p << " ("
+                           << planned_stage.in_flight << " sets): allocated " << allocated << ", planned " << planned);
+        CHECK(planned - allocated >= 0);
+        CHECK(planned - allocated <= 8);
+      }
+    }
 }
 
 TEMPLATE_TEST_CASE("the plan's sampling term is what the --sample-every decoder allocates", "[simt][memory_plan]",
