@@ -258,6 +258,7 @@ class Communicator {
     purpose_what_ = std::move(what);
     purpose_when_ = std::move(when);
   }
+  const std::string& purpose_when() const { return purpose_when_; }
 
   // In place over n device elements: every rank gets the sum (average) over ranks.
   template <typename T> void all_reduce(T* data, size_t n, ncclRedOp_t op) {

@@ -5,8 +5,11 @@
 //
 // A pipeline rank runs its table in order, each action queued on the model's stream or, for a
 // transfer, on the pipeline communicator's stream between the work before it and the work after it
-// (Communicator::ordered_with). The table's global order is what rules out a deadlock
-// (pipeline_check.h checks it under blocking sends). A chunk pass takes an activation set when it
+// (Communicator::ordered_with); the transfers that follow one another in the table go as one group
+// (ncclGroupStart/End: e.g. 1f1b's steady state sends an activation forward and receives a gradient
+// back at once). The table's global order is what rules out a deadlock (pipeline_check.h checks it
+// under blocking sends; a group completes only when each of its transfers would have, in turn). A
+// chunk pass takes an activation set when it
 // first needs one (its input's receive, or its forward on the first chunk) and gives it back after
 // its backward (zb-h1: after its weight backward); pipeline_schedule.h's pipeline_activation_sets
 // counts the most a table holds at once, which the model allocates.
@@ -52,6 +55,11 @@ class MicroBatchRunner {
     const int p = shape_.stages;
     for (const PipelineAction& a : table_) {
       const int c = a.chunk / p;  // the chunk's index on its rank
+      if (!is_computation(a.op)) {
+        queue_transfer(a, c);
+        continue;
+      }
+      send_transfers();
       switch (a.op) {
         case PipelineOp::forward: {
           const int slot = a.chunk == 0 ? take(a.microbatch, a.chunk) : slots_.at({a.microbatch, a.chunk});
@@ -66,30 +74,13 @@ class MicroBatchRunner {
           if (a.op == PipelineOp::backward) give_back(a);
           break;
         }
-        case PipelineOp::backward_weight:
+        default:  // backward_weight
           model_.weight_backward_pass(slots_.at({a.microbatch, a.chunk}), c);
           give_back(a);
           break;
-        case PipelineOp::recv_activation:
-          transfer(a, [&](Communicator& pp, size_t n) {
-            pp.recv(model_.chunk_input(take(a.microbatch, a.chunk + 1)), n, a.peer);
-          });
-          break;
-        case PipelineOp::send_activation:
-          transfer(a, [&](Communicator& pp, size_t n) {
-            pp.send(model_.chunk_output(slots_.at({a.microbatch, a.chunk}), c), n, a.peer);
-          });
-          break;
-        case PipelineOp::recv_gradient:
-          transfer(a, [&](Communicator& pp, size_t n) {
-            pp.recv(model_.chunk_output_gradient(slots_.at({a.microbatch, a.chunk - 1})), n, a.peer);
-          });
-          break;
-        case PipelineOp::send_gradient:
-          transfer(a, [&](Communicator& pp, size_t n) { pp.send(model_.chunk_input_gradient(), n, a.peer); });
-          break;
       }
     }
+    send_transfers();
     model_.finish_pipeline_step(micro_steps);
   }
 
@@ -107,13 +98,13 @@ class MicroBatchRunner {
     batch_.bucket_segments = 0;
     for (int chunk = 0; chunk <= last; ++chunk) {
       if (chunk % p != rank) continue;
-      const PipelineAction a{PipelineOp::forward, 0, chunk, -1};
+      const std::string what = "activations of the forward pass";
       if (chunk > 0)
-        transfer(a, [&](Communicator& pp, size_t n) { pp.recv(model_.chunk_input(0), n, (chunk - 1) % p); });
+        transfer(what, [&](Communicator& pp, size_t n) { pp.recv(model_.chunk_input(0), n, (chunk - 1) % p); });
       model_.upload_pass_tokens(0, chunk / p, batch_);
       model_.forward_pass(0, chunk / p);
       if (chunk < last)
-        transfer(a, [&](Communicator& pp, size_t n) { pp.send(model_.chunk_output(0, chunk / p), n, (chunk + 1) % p); });
+        transfer(what, [&](Communicator& pp, size_t n) { pp.send(model_.chunk_output(0, chunk / p), n, (chunk + 1) % p); });
       else
         model_.head_losses(0);
     }
@@ -147,11 +138,37 @@ class MicroBatchRunner {
     slots_.erase({a.microbatch, a.chunk});
   }
 
-  // A transfer on the pipeline communicator, between the model stream's work before and after it.
-  template <typename Issue> void transfer(const PipelineAction& a, Issue&& issue) {
+  // Transfer `a` (of local chunk c) into the group sent next: its buffer (a receive of an
+  // activation takes the consuming pass's activation set) and, for the watchdog's messages, what it
+  // carries ("activations of micro-batch 3 from chunk 5").
+  void queue_transfer(const PipelineAction& a, int c) {
+    Transfer<Elem> t;
+    t.n = model_.boundary_elements();
+    t.peer = a.peer;
+    switch (a.op) {
+      case PipelineOp::recv_activation: t.recv = model_.chunk_input(take(a.microbatch, a.chunk + 1)); break;
+      case PipelineOp::send_activation: t.send = model_.chunk_output(slots_.at({a.microbatch, a.chunk}), c); break;
+      case PipelineOp::recv_gradient: t.recv = model_.chunk_output_gradient(slots_.at({a.microbatch, a.chunk - 1})); break;
+      default: t.send = model_.chunk_input_gradient(); break;  // send_gradient
+    }
+    transfers_.push_back(t);
+    group_what_ += std::string(group_what_.empty() ? "" : "; ") +
+                   (is_activation_transfer(a.op) ? "activations" : "activation gradients") + " of micro-batch " +
+                   std::to_string(a.microbatch) + " from chunk " + std::to_string(a.chunk);
+  }
+  // The transfers queued since the last computation, as one group.
+  void send_transfers() {
+    if (transfers_.empty()) return;
+    transfer(group_what_, [&](Communicator& pp, size_t) { pp.exchange(transfers_); });
+    transfers_.clear();
+    group_what_.clear();
+  }
+
+  // A transfer on the pipeline communicator, between the model stream's work before and after it;
+  // the communicator's messages name `what` it carries (and still the step the caller set).
+  template <typename Issue> void transfer(const std::string& what, Issue&& issue) {
     Communicator& pp = *model_.pipeline().comm;
-    pp.set_purpose(is_activation_transfer(a.op) ? "activations" : "activation gradients",
-                   "of micro-batch " + std::to_string(a.microbatch));
+    pp.set_purpose(what, pp.purpose_when());
     pp.ordered_with(model_.stream(), [&] { issue(pp, model_.boundary_elements()); });
   }
 
@@ -162,4 +179,6 @@ class MicroBatchRunner {
   std::vector<TokenBatch> batches_;        // a pipeline step's micro-batches
   std::map<std::pair<int, int>, int> slots_;  // (micro-batch, chunk) -> its activation set
   std::vector<int> free_;
+  std::vector<Transfer<Elem>> transfers_;  // queued for the next group, and what they carry
+  std::string group_what_;
 };

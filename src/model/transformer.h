@@ -138,7 +138,7 @@ class Transformer {
   const GradientSync<Elem>& gradient_sync() const { return grads_; }
 
   // Device buffers for checkpoints: every parameter in llm.c order (nullptr at ZeRO 3 or with
-  // tensor parallelism, where no rank holds them all), the parameters of an optimizer segment, the
+  // tensor or pipeline parallelism, where no rank holds them all), the parameters of an optimizer segment, the
   // state (master weights: nullptr for Elem = float).
   Elem* params_device() const { return split_.whole() ? params_.full() : nullptr; }
   Elem* owned_parameters(const OptimizerSegment& s) const { return params_.owned(s); }
@@ -171,8 +171,8 @@ class Transformer {
   }
 
   // Writes an llm.c model file of `file_dtype` values (version 3 fp32, 5 bf16) atomically
-  // (durable_file.h), on the ranks that are `writer`s. At ZeRO 3 or with tensor parallelism every
-  // rank calls it (the parameters are gathered).
+  // (durable_file.h), on the ranks that are `writer`s. At ZeRO 3 or with tensor or pipeline
+  // parallelism every rank calls it (the parameters are gathered).
   void save(const std::string& path, DType file_dtype = dtype, bool writer = true) const {
     params_.save(path, cfg_, file_dtype, writer);
   }
@@ -312,7 +312,7 @@ class Transformer {
   // Device bytes of the parameters (at ZeRO 3: the shard and the gather windows) and master weights.
   size_t parameter_bytes() const { return params_.bytes(); }
 
-  // Host copies as float, the whole model's llm.c order (at ZeRO 3 or with TP a collective).
+  // Host copies as float, the whole model's llm.c order (at ZeRO 3 or with TP or PP a collective).
   std::vector<float> parameters() const { return params_.host_floats(); }
   // In layout()'s order (at ZeRO stages 2 and 3 no rank holds them all: throws).
   std::vector<float> gradients() const { return grads_.llmc_order(stream_.get()); }

@@ -96,8 +96,8 @@ class Trainer {
     stop_if_signalled_during_start_up();
     if (lead_ && !eval_only_ && !cfg_.eval) prepare_out_dir();
     if (lead_ && !eval_only_ && !cfg_.eval && cfg_.sample_every > 0) {
-      // At ZeRO 3 or with tensor parallelism no rank holds every parameter: rank 0 gathers them
-      // for each sample.
+      // At ZeRO 3 or with tensor or pipeline parallelism no rank holds every parameter: rank 0
+      // gathers them for each sample.
       if (model_.params_device() == nullptr)
         sample_params_ = DeviceArray<Elem>(model_.num_parameters(), "parameters gathered for sampling");
       decoder_ = std::make_unique<KvCacheDecoder<Elem>>(
@@ -343,8 +343,8 @@ class Trainer {
 
   // Rank 0's sample after `step` (--sample-every): --prompt continued by the current weights, with
   // draws seeded by --seed and the step (a resumed run draws the same ones); its log line and record.
-  // At ZeRO 3 or with tensor parallelism every rank calls it: the parameters are gathered into rank
-  // 0's sample_params_ first.
+  // At ZeRO 3 or with tensor or pipeline parallelism every rank calls it: the parameters are
+  // gathered into rank 0's sample_params_ first.
   void log_sample(long long step) {
     if (model_.params_device() == nullptr) {
       groups_.set_purpose("the sample's parameters", after_step());
@@ -490,7 +490,7 @@ class Trainer {
   OptimizerSettings opt_;
   OpenOutDir out_dir_;  // rank 0 of a run that trains
   std::unique_ptr<KvCacheDecoder<Elem>> decoder_;  // rank 0 of a run with --sample-every
-  DeviceArray<Elem> sample_params_;                // its parameters at ZeRO 3 or with TP (else the model's own)
+  DeviceArray<Elem> sample_params_;                // its parameters at ZeRO 3 or with TP or PP (else the model's own)
   int stop_votes_ = 0;  // ranks that had a stop signal at the last step's figures
   StepClock clock_;
 };
