@@ -104,6 +104,9 @@ const std::vector<Flag>& flag_table() {
        &TrainConfig::pp_virtual, {1, 1 << 16}},
       {"pp-layers", "A,B,...", "layers per pipeline rank, first to last: --pp counts summing to the model's layers, each "
        "a multiple of --pp-virtual", &TrainConfig::pp_layers, {1, INT_MAX}, {}, "none (balanced by cost)"},
+      {"pp-recompute", "A,B,...", "--recompute per pipeline rank, first to last (--pp values of 0..3; the first stages, "
+       "which keep the most micro-batches in flight, may recompute more)", &TrainConfig::pp_recompute, {0, 3}, {},
+       "none (--recompute on every stage)"},
       {"bucket-mib", "MIB", "gradients travel between ranks in buckets of about MIB MiB (whole layers, at least one), "
        "each sent as soon as its layers' backward is done", &TrainConfig::bucket_mib, {0, HUGE_VAL, true, false}},
       {"rendezvous", "file:PATH|tcp:HOST:PORT",

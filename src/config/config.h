@@ -71,6 +71,7 @@ struct TrainConfig {
   std::string pp_schedule = "1f1b";    // src/dist/pipeline_schedule.h's kinds
   int pp_virtual = 1;                  // model chunks per pipeline rank (interleaved only)
   std::vector<int> pp_layers;          // layers per pipeline rank; empty: balanced by cost
+  std::vector<int> pp_recompute;       // --recompute per pipeline rank; empty: --recompute on every one
   double bucket_mib = kDefaultBucketMiB;
   std::string rendezvous;
   double comm_timeout = 600.0;  // every wait for the other ranks (start-up, each collective)
@@ -107,6 +108,11 @@ struct TrainConfig {
   std::set<std::string> explicitly_set;
   bool was_set(const std::string& name) const { return explicitly_set.count(name) != 0; }
 };
+
+// The --recompute of pipeline rank `stage`: its --pp-recompute value, else --recompute.
+inline int stage_recompute(const TrainConfig& cfg, int stage) {
+  return cfg.pp_recompute.empty() ? cfg.recompute : cfg.pp_recompute[stage];
+}
 
 // Allowed interval for a numeric flag.
 struct Range {

@@ -58,13 +58,20 @@ int validate_config(TrainConfig& cfg, int world_size) {
     throw std::invalid_argument("--zero " + std::to_string(cfg.zero) + " with --pp " + std::to_string(cfg.pp) +
                                 ": the pipeline accumulates every micro-batch's weight gradients until the schedule's "
                                 "last backward; use --zero 0 or 1");
+  if (!cfg.pp_recompute.empty() && cfg.pp == 1)
+    throw std::invalid_argument("--pp-recompute sets --recompute per pipeline stage: without --pp, give --recompute");
+  if (!cfg.pp_recompute.empty() && static_cast<int>(cfg.pp_recompute.size()) != cfg.pp)
+    throw std::invalid_argument("--pp-recompute: " + std::to_string(cfg.pp_recompute.size()) + " value(s) for --pp " +
+                                std::to_string(cfg.pp) + " (one per pipeline rank)");
   // zb-h1's weight backward reads the products' inputs late: it keeps every activation (the default
   // --recompute becomes 0; another one given is refused).
   if (cfg.pp > 1 && cfg.pp_schedule == "zb-h1" && !cfg.was_set("recompute")) cfg.recompute = 0;
-  if (cfg.pp > 1 && cfg.pp_schedule == "zb-h1" && cfg.recompute != 0)
-    throw std::invalid_argument("--pp-schedule zb-h1 with --recompute " + std::to_string(cfg.recompute) +
-                                ": its weight backward reads each product's input after the input backward moved on; "
-                                "use --recompute 0");
+  for (int s = 0; s < cfg.pp; ++s)
+    if (cfg.pp > 1 && cfg.pp_schedule == "zb-h1" && stage_recompute(cfg, s) != 0)
+      throw std::invalid_argument("--pp-schedule zb-h1 with --recompute " + std::to_string(stage_recompute(cfg, s)) +
+                                  (cfg.pp_recompute.empty() ? "" : " (--pp-recompute, stage " + std::to_string(s) + ")") +
+                                  ": its weight backward reads each product's input after the input backward moved on; "
+                                  "use --recompute 0");
   // A model replica (a TP group per stage) reads one micro-batch: the data-parallel ranks read different ones.
   const int data_ranks = static_cast<int>(world_size / model_ranks);
   const long long micro_tokens = static_cast<long long>(cfg.batch_size) * cfg.seq_len * data_ranks;

@@ -47,30 +47,31 @@ inline TensorParallelism run_tensor_parallelism(const TrainConfig& cfg) {
 // A run's lm-head chunk rows (memory_plan.h's lm_head_chunk_rows against chunk_budget, for the
 // pipeline's last stage, which holds the head); `world`: every rank of the run; `micro_steps`: its
 // gradient accumulation steps.
-inline size_t run_logits_rows(const TrainConfig& cfg, const ModelConfig& model, int batch_size, int recompute,
-                              int world, int sample_positions, int micro_steps) {
-  return lm_head_chunk_rows(model, batch_size, cfg.seq_len, recompute, dtype_named(cfg.dtype), cfg.zero, world,
+inline size_t run_logits_rows(const TrainConfig& cfg, const ModelConfig& model, int batch_size, int world,
+                              int sample_positions, int micro_steps) {
+  return lm_head_chunk_rows(model, batch_size, cfg.seq_len, stage_recompute(cfg, cfg.pp - 1), dtype_named(cfg.dtype),
+                            cfg.zero, world,
                             cfg.bucket_mib, sample_positions, chunk_budget(cfg), cfg.zero3_prefetch,
                             run_tensor_parallelism(cfg), run_pipeline_memory(cfg, model, micro_steps, cfg.pp - 1));
 }
 
-// Pipeline rank `stage`'s plan (any rank without --pp).
-inline MemoryPlan run_memory_plan(const TrainConfig& cfg, const ModelConfig& model, int batch_size, int recompute,
-                                  int world, int sample_positions, int micro_steps, int stage = 0) {
-  return plan_memory(model, batch_size, cfg.seq_len, recompute, dtype_named(cfg.dtype), cfg.zero, world,
-                     cfg.bucket_mib, sample_positions,
-                     run_logits_rows(cfg, model, batch_size, recompute, world, sample_positions, micro_steps),
+// Pipeline rank `stage`'s plan (any rank without --pp), at its --recompute (stage_recompute).
+inline MemoryPlan run_memory_plan(const TrainConfig& cfg, const ModelConfig& model, int batch_size, int world,
+                                  int sample_positions, int micro_steps, int stage = 0) {
+  return plan_memory(model, batch_size, cfg.seq_len, stage_recompute(cfg, stage), dtype_named(cfg.dtype), cfg.zero,
+                     world, cfg.bucket_mib, sample_positions,
+                     run_logits_rows(cfg, model, batch_size, world, sample_positions, micro_steps),
                      cfg.zero3_prefetch, run_tensor_parallelism(cfg),
                      run_pipeline_memory(cfg, model, micro_steps, stage));
 }
 
 // The pipeline rank whose plan is the largest (0 without --pp): the one that decides what fits.
-inline int largest_stage(const TrainConfig& cfg, const ModelConfig& model, int batch_size, int recompute, int world,
+inline int largest_stage(const TrainConfig& cfg, const ModelConfig& model, int batch_size, int world,
                          int sample_positions, int micro_steps) {
   int largest = 0;
   size_t most = 0;
   for (int s = 0; s < cfg.pp; ++s) {
-    const size_t total = run_memory_plan(cfg, model, batch_size, recompute, world, sample_positions, micro_steps, s).total();
+    const size_t total = run_memory_plan(cfg, model, batch_size, world, sample_positions, micro_steps, s).total();
     if (total > most) most = total, largest = s;
   }
   return largest;
@@ -130,11 +131,12 @@ inline std::string communication_lines(const TrainConfig& cfg, const ModelConfig
            format_traffic(step_traffic(buckets, data_ranks, stage, micro_steps, cfg.zero3_prefetch, elem)) + "\n";
   if (tp.size > 1) {
     const size_t rows = static_cast<size_t>(cfg.batch_size) * cfg.seq_len;
-    const size_t chunk = run_logits_rows(cfg, model, cfg.batch_size, cfg.recompute, world,
-                                         sampling_positions(cfg, model, nullptr), micro_steps);
+    const size_t chunk = run_logits_rows(cfg, model, cfg.batch_size, world, sampling_positions(cfg, model, nullptr),
+                                         micro_steps);
     const int head_chunks = static_cast<int>((rows + chunk - 1) / chunk);
     out += "tensor-parallel communication" + per_step + "rank within its group of " + std::to_string(tp.size) + ":" +
-           format_traffic(tp_step_traffic(stage_model, cfg.batch_size, cfg.seq_len, tp, cfg.recompute, head_chunks,
+           format_traffic(tp_step_traffic(stage_model, cfg.batch_size, cfg.seq_len, tp,
+                                          stage_recompute(cfg, pipeline_rank), head_chunks,
                                           micro_steps, buckets, stage >= 2, elem, part.embedding, part.head)) + "\n";
   }
   return out;
@@ -174,13 +176,14 @@ inline std::string pipeline_plan_lines(const TrainConfig& cfg, const ModelConfig
   std::string out = line;
   for (int s = 0; s < cfg.pp; ++s) {
     const PipelineMemory m = run_pipeline_memory(cfg, model, micro_steps, s);
-    const MemoryPlan plan = run_memory_plan(cfg, model, cfg.batch_size, cfg.recompute, world, sampling, micro_steps, s);
+    const MemoryPlan plan = run_memory_plan(cfg, model, cfg.batch_size, world, sampling, micro_steps, s);
     int sends = 0;
     for (const PipelineAction& a : tables[s]) sends += is_send(a.op) ? 1 : 0;
-    std::snprintf(line, sizeof line, "  stage %d: layers %s%s%s, %d activation set(s) in flight, %s per rank%s; sends "
-                  "%s per step in %d transfer(s)\n",
+    std::snprintf(line, sizeof line, "  stage %d: layers %s%s%s, %d activation set(s) in flight at --recompute %d, %s "
+                  "per rank%s; sends %s per step in %d transfer(s)\n",
                   s, layer_ranges(m.stage.layers).c_str(), m.stage.embedding ? " + embedding" : "",
-                  m.stage.head ? " + final norm, lm head and loss" : "", m.in_flight, format_bytes(plan.total()).c_str(),
+                  m.stage.head ? " + final norm, lm head and loss" : "", m.in_flight, stage_recompute(cfg, s),
+                  format_bytes(plan.total()).c_str(),
                   s == largest ? " (the largest: its terms below)" : "", format_bytes(sends * boundary).c_str(), sends);
     out += line;
   }
@@ -210,15 +213,15 @@ inline int print_memory_plan(TrainConfig cfg) {
   check_pipeline_split(model, cfg);
   const size_t budget = chunk_budget(cfg);
   const int sampling = sampling_positions(cfg, model, nullptr);
-  const int largest = largest_stage(cfg, model, cfg.batch_size, cfg.recompute, world, sampling, micro_steps);
-  const MemoryPlan plan = run_memory_plan(cfg, model, cfg.batch_size, cfg.recompute, world, sampling, micro_steps, largest);
+  const int largest = largest_stage(cfg, model, cfg.batch_size, world, sampling, micro_steps);
+  const MemoryPlan plan = run_memory_plan(cfg, model, cfg.batch_size, world, sampling, micro_steps, largest);
   const int status = budget > 0 && plan.total() > budget ? kPlanDoesNotFitStatus : 0;
   if (launch.rank != 0) return status;
   const int data_ranks = world / (cfg.tp * cfg.pp);
   std::printf("memory plan per rank: %s (%s parameters) from %s, --batch-size %d --seq-len %d, %s, --recompute %d, "
               "ZeRO stage %d over %d rank(s)%s%s\n",
               describe(model).c_str(), thousands(ParameterLayout(model).total).c_str(), source.c_str(), cfg.batch_size,
-              cfg.seq_len, cfg.dtype.c_str(), cfg.recompute, effective_zero_stage(cfg.zero, data_ranks), world,
+              cfg.seq_len, cfg.dtype.c_str(), stage_recompute(cfg, largest), effective_zero_stage(cfg.zero, data_ranks), world,
               cfg.tp > 1 ? (" in tensor-parallel groups of " + std::to_string(cfg.tp) +
                             (cfg.sequence_parallel ? " (sequence parallel)" : "")).c_str()
                          : "",
@@ -245,8 +248,8 @@ inline void check_memory_fits(const RunSetup& setup, int world) {
   const int sampling = sampling_positions(cfg, setup.model, setup.sampler.get());
   const int m = setup.grad_accum_steps;
   // Every rank decides alike: by the pipeline stage that needs the most.
-  const int stage = largest_stage(cfg, setup.model, cfg.batch_size, cfg.recompute, world, sampling, m);
-  const MemoryPlan plan = run_memory_plan(cfg, setup.model, cfg.batch_size, cfg.recompute, world, sampling, m, stage);
+  const int stage = largest_stage(cfg, setup.model, cfg.batch_size, world, sampling, m);
+  const MemoryPlan plan = run_memory_plan(cfg, setup.model, cfg.batch_size, world, sampling, m, stage);
   if (plan.total() <= budget) return;
   std::printf("memory plan per rank (%s%s):\n%s", model_sizing(setup).c_str(),
               cfg.pp > 1 ? (", pipeline stage " + std::to_string(stage)).c_str() : "",

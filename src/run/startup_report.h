@@ -24,7 +24,7 @@ void print_startup_report(const RunSetup& setup, const Transformer<Elem>& model,
   const ActivationBytes acts =
       model_activation_bytes(setup.model, B, seq_len, model.recompute(), Transformer<Elem>::dtype, kLogitsChunkRows, tp);
   // What the model allocated, by the plan's terms (equal: test/simt/simt_counters.cpp).
-  const MemoryPlan plan = run_memory_plan(cfg, setup.model, B, model.recompute(), world_size,
+  const MemoryPlan plan = run_memory_plan(cfg, setup.model, B, world_size,
                                           sampling_positions(cfg, setup.model, setup.sampler.get()),
                                           setup.grad_accum_steps, model.pipeline().rank);
   const size_t param_bytes = term_bytes(plan, "parameters"), grad_bytes = term_bytes(plan, "gradients"),

@@ -42,18 +42,19 @@
 template <typename Elem>
 Transformer<Elem> allocate_model(const RunSetup& setup, ParallelGroups& groups) {
   const TrainConfig& cfg = setup.cfg;
-  const size_t logits_rows = run_logits_rows(cfg, setup.model, cfg.batch_size, cfg.recompute, groups.world().world_size(),
+  const int recompute = stage_recompute(cfg, groups.pp_rank());
+  const size_t logits_rows = run_logits_rows(cfg, setup.model, cfg.batch_size, groups.world().world_size(),
                                              sampling_positions(cfg, setup.model, setup.sampler.get()),
                                              setup.grad_accum_steps);
   return with_context(model_sizing(setup), [&] {
     try {
-      return Transformer<Elem>(setup.model, cfg.batch_size, cfg.seq_len, cfg.recompute, &groups.dp(), cfg.zero,
+      return Transformer<Elem>(setup.model, cfg.batch_size, cfg.seq_len, recompute, &groups.dp(), cfg.zero,
                         cfg.attention, cfg.bucket_mib, logits_rows, cfg.zero3_prefetch, groups.tp(),
                         cfg.sequence_parallel, run_pipeline_parts(cfg, setup.model, setup.grad_accum_steps, groups));
     } catch (const std::bad_alloc&) {
       throw std::runtime_error(
           "out of host memory allocating the model (its activations alone take " +
-          thousands(model_activation_bytes(setup.model, cfg.batch_size, cfg.seq_len, cfg.recompute, Transformer<Elem>::dtype,
+          thousands(model_activation_bytes(setup.model, cfg.batch_size, cfg.seq_len, recompute, Transformer<Elem>::dtype,
                                           logits_rows, run_tensor_parallelism(cfg))
                         .total()) +
           " bytes)");

@@ -110,6 +110,13 @@ expect_error "ZeRO 2 under a pipeline" "--zero 2 with --pp 2" "use --zero 0 or 1
 expect_error "zb-h1 with recomputation" "--pp-schedule zb-h1 with --recompute 1" "use --recompute 0" -- \
   --plan --init-from "$ref/model.bin" --seq-len 32 --world-size 2 --pp 2 --pp-schedule zb-h1 --recompute 1 \
   --total-batch-tokens 16384
+expect_error "--pp-recompute not one per rank" "--pp-recompute: 1 value(s) for --pp 2 (one per pipeline rank)" -- \
+  --plan --init-from "$ref/model.bin" --seq-len 32 --world-size 2 --pp 2 --pp-recompute 1 --total-batch-tokens 16384
+expect_error "--pp-recompute without a pipeline" "--pp-recompute sets --recompute per pipeline stage" -- \
+  + --pp-recompute 1
+expect_error "zb-h1 with a stage recomputing" "--pp-schedule zb-h1 with --recompute 1 (--pp-recompute, stage 1)" -- \
+  --plan --init-from "$ref/model.bin" --seq-len 32 --world-size 2 --pp 2 --pp-schedule zb-h1 --pp-recompute 0,1 \
+  --total-batch-tokens 16384
 expect_error "more pipeline chunks than layers" "--pp 1 x --pp-virtual 4 = 4 pipeline chunks for a model of 2 layers" -- \
   + --pp-schedule interleaved --pp-virtual 4
 expect_error "--pp-layers not one per rank" "--pp-layers: 2 counts for --pp 1" -- + --pp-layers 1,1

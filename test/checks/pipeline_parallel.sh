@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Pipeline parallelism (--pp) in the trainer against one process with the same global batch, on
 # the tiny reference model (GPT-2, L = 2, tied embeddings: wte on the first and the last stage),
-# 3 steps of 3 micro-batches: PP 2 with zb-h1, PP 2 x DP 2 with 1f1b at ZeRO 1, and TP 2 x PP 2
+# 3 steps of 3 micro-batches: PP 2 with zb-h1, PP 2 x DP 2 with 1f1b at ZeRO 1 (the first stage at
+# --recompute 3, the last at 0: --pp-recompute), and TP 2 x PP 2
 # with sequence parallelism and gpipe (4 ranks), fp32, must reproduce the one-process per-step
 # losses, gradient norms and validation losses within 1e-5, and PP 2 in bf16 within 2e-3 (the
 # data-parallel checks' tolerance); the TP 2 x PP 2 run's step-2 checkpoint resumes on one rank
@@ -23,7 +24,7 @@ common=(--init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$
         --total-batch-tokens 96)
 run single 1 --dtype fp32 --batch-size 2 --checkpoint-every 2
 run zb 2 --dtype fp32 --batch-size 2 --pp 2 --pp-schedule zb-h1 --recompute 0 && same_steps single zb 1e-5
-run dp_pp 4 --dtype fp32 --batch-size 1 --pp 2 --zero 1 && same_steps single dp_pp 1e-5
+run dp_pp 4 --dtype fp32 --batch-size 1 --pp 2 --zero 1 --pp-recompute 3,0 && same_steps single dp_pp 1e-5
 run tp_pp 4 --dtype fp32 --batch-size 2 --pp 2 --tp 2 --sequence-parallel 1 --pp-schedule gpipe --checkpoint-every 2 &&
   same_steps single tp_pp 1e-5
 run single_bf16 1 --batch-size 2 --save 0 && run pp_bf16 2 --batch-size 2 --pp 2 --save 0 &&
