@@ -30,22 +30,10 @@ run tp_pp 4 --dtype fp32 --batch-size 2 --pp 2 --tp 2 --sequence-parallel 1 --pp
 run single_bf16 1 --batch-size 2 --save 0 && run pp_bf16 2 --batch-size 2 --pp 2 --save 0 &&
   same_steps single_bf16 pp_bf16 2e-3
 
-# step3_matches NAME: run NAME's step 3 (train and validation) equals the single run's within 1e-5.
-step3_matches() {
-  "$python" - "$tmp/single/metrics.jsonl" "$tmp/$1/metrics.jsonl" <<'PY' || fail "$1: step 3 differs from one process"
-import json, sys
-a, b = ({("val" if "val_loss" in r else "train", r["step"]): r for r in map(json.loads, open(p)) if "step" in r}
-        for p in sys.argv[1:3])
-keys = [k for k in b if k[1] == 3]
-worst = max((abs(b[k][f] - a[k][f]) / abs(a[k][f]) for k in keys for f in ("train_loss", "grad_norm", "val_loss")
-             if f in b[k]), default=1.0)
-print(f"  {sys.argv[2].split('/')[-2]}: step 3 worst relative difference {worst:.2e} over {len(keys)} records")
-sys.exit(0 if len(keys) == 2 and worst <= 1e-5 else 1)
-PY
-}
-run resumed_on_1 1 --dtype fp32 --batch-size 2 --save 0 --resume "$tmp/tp_pp/checkpoint_00000002" && step3_matches resumed_on_1
+run resumed_on_1 1 --dtype fp32 --batch-size 2 --save 0 --resume "$tmp/tp_pp/checkpoint_00000002" &&
+  same_step3 single resumed_on_1
 run resumed_on_pp 2 --dtype fp32 --batch-size 2 --pp 2 --save 0 --resume "$tmp/single/checkpoint_00000002" &&
-  step3_matches resumed_on_pp
+  same_step3 single resumed_on_pp
 
 # The PP 2 run's model.bin, read by one process, gives the run's last validation loss.
 if "$bin" --init-from "$tmp/zb/model.bin" --val-data "$ref/train.bin" --val-steps 1 --seq-len 16 --batch-size 2 \
@@ -83,36 +71,13 @@ fi
 # Everything else a run does under PP 2, on a GPT-2-vocabulary model: HellaSwag-style evaluation
 # (the last stage's losses shared with every stage), greedy samples (rank 0 decodes from the
 # parameters gathered over the stages) and validation equal one process's.
+write_gpt2vocab_eval
 model=$tmp/gpt2vocab
-"$python" dev/gpt2_reference.py --out "$model" --vocab 50257 --layers 2 --heads 4 --channels 32 --max-seq-len 64 \
-  --batch 1 --seq-len 8 --steps 4 >/dev/null 2>&1 || fail "dev/gpt2_reference.py could not write the model"
-"$python" - "$tmp/eval.bin" <<'PY' || fail "writing the eval file"
-import sys
-import numpy as np
-sys.path.insert(0, "test/checks/lib")
-from eval_file import write_eval_file
-rng = np.random.default_rng(3)
-write_eval_file(sys.argv[1], [(i % 2, rng.integers(0, 50257, 3).tolist(),
-                               [rng.integers(0, 50257, 2).tolist() for _ in range(2 + i % 2)]) for i in range(4)])
-PY
 common=(--init-from "$model/model.bin" --train-data "$model/train.bin" --val-data "$model/train.bin" --val-every 2
         --val-steps 1 --batch-size 2 --seq-len 8 --max-steps 2 --lr 1e-2 --warmup-steps 0 --eval-data "$tmp/eval.bin"
         --eval-every 2 --sample-every 2 --prompt "Once upon" --max-new-tokens 6 --temperature 0 --dtype fp32
         --total-batch-tokens 32)
-if run all_ref 1 && run all_pp2 2 --pp 2; then
-  "$python" - "$tmp/all_ref/metrics.jsonl" "$tmp/all_pp2/metrics.jsonl" <<'PY' || fail "PP 2's evaluation, sample or validation differ from one process's"
-import json, sys
-a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
-def pick(rs, key): return [r[key] for r in rs if key in r]
-bad = False
-for key in ("sample", "hellaswag_acc", "hellaswag_acc_norm"):
-    if pick(a, key) != pick(b, key) or not pick(a, key): print(f"  {key}: {pick(a, key)} vs {pick(b, key)}"); bad = True
-for key in ("val_loss", "train_loss"):
-    for x, y in zip(pick(a, key), pick(b, key)):
-        if abs(x - y) > 1e-5 * abs(x): print(f"  {key}: {x} vs {y}"); bad = True
-sys.exit(1 if bad else 0)
-PY
-fi
+run all_ref 1 && run all_pp2 2 --pp 2 && same_eval_and_samples all_ref all_pp2
 
 # Llama (llama-micro: 4 layers, untied lm head, one K/V head) at PP 2 with interleaved, 2 chunks per
 # rank (layers 0 and 2 on rank 0, 1 and 3 on rank 1), on Llama 3 token shards.

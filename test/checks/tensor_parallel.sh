@@ -110,34 +110,11 @@ done
 
 # Everything else a run does under TP 2: on a GPT-2-vocabulary model, HellaSwag-style evaluation,
 # greedy samples (rank 0 decodes from the gathered parameters) and validation equal one process's.
+write_gpt2vocab_eval
 model=$tmp/gpt2vocab
-"$python" dev/gpt2_reference.py --out "$model" --vocab 50257 --layers 2 --heads 4 --channels 32 --max-seq-len 64 \
-  --batch 1 --seq-len 8 --steps 4 >/dev/null 2>&1 || fail "dev/gpt2_reference.py could not write the model"
-"$python" - "$tmp/eval.bin" <<'PY' || fail "writing the eval file"
-import sys
-import numpy as np
-sys.path.insert(0, "test/checks/lib")
-from eval_file import write_eval_file
-rng = np.random.default_rng(3)
-write_eval_file(sys.argv[1], [(i % 2, rng.integers(0, 50257, 3).tolist(),
-                               [rng.integers(0, 50257, 2).tolist() for _ in range(2 + i % 2)]) for i in range(4)])
-PY
 common=(--init-from "$model/model.bin" --train-data "$model/train.bin" --val-data "$model/train.bin" --val-every 2
         --val-steps 1 --batch-size 2 --seq-len 8 --max-steps 2 --lr 1e-2 --warmup-steps 0 --eval-data "$tmp/eval.bin"
         --eval-every 2 --sample-every 2 --prompt "Once upon" --max-new-tokens 6 --temperature 0 --dtype fp32)
-if run all_ref 1 && run all_tp2 2 --tp 2; then
-  "$python" - "$tmp/all_ref/metrics.jsonl" "$tmp/all_tp2/metrics.jsonl" <<'PY' || fail "TP 2's evaluation, sample or validation differ from one process's"
-import json, sys
-a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
-def pick(rs, key): return [r[key] for r in rs if key in r]
-bad = False
-for key in ("sample", "hellaswag_acc", "hellaswag_acc_norm"):
-    if pick(a, key) != pick(b, key) or not pick(a, key): print(f"  {key}: {pick(a, key)} vs {pick(b, key)}"); bad = True
-for key in ("val_loss", "train_loss"):
-    for x, y in zip(pick(a, key), pick(b, key)):
-        if abs(x - y) > 1e-5 * abs(x): print(f"  {key}: {x} vs {y}"); bad = True
-sys.exit(1 if bad else 0)
-PY
-fi
+run all_ref 1 && run all_tp2 2 --tp 2 && same_eval_and_samples all_ref all_tp2
 [ "$failures" -eq 0 ] && echo "ok"
 exit $((failures > 0))

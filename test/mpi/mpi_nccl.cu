@@ -8,6 +8,7 @@
 // order of additions depends on its algorithm; the stand-in adds in rank order in fp32, which
 // the reference also does, so on the CPU they agree exactly), and every rank must hold the
 // same bits as rank 0 (checked through MPI).
+#include "test/raw_nccl.h"
 #include "test/test_util.h"
 #include "src/dist/comm.h"
 
@@ -58,27 +59,6 @@ template <typename T> bool same_on_all_ranks(const std::vector<T>& values) {
   return all == 1;
 }
 
-// Polls ncclCommGetAsyncError while `status` is ncclInProgress; the final status.
-ncclResult_t settle(ncclComm_t c, ncclResult_t status) {
-  while (status == ncclInProgress) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    if (ncclCommGetAsyncError(c, &status) != ncclSuccess) return ncclInternalError;
-  }
-  return status;
-}
-
-// A non-blocking NCCL communicator of its own over the same ranks, set up.
-ncclComm_t non_blocking_comm() {
-  ncclUniqueId id;
-  if (comm().rank() == 0) REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
-  MPI_Bcast(id.internal, sizeof(id.internal), MPI_BYTE, 0, MPI_COMM_WORLD);
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-  ncclComm_t c = nullptr;
-  const ncclResult_t status = ncclCommInitRankConfig(&c, comm().world_size(), id, comm().rank(), &config);
-  REQUIRE(settle(c, status) == ncclSuccess);
-  return c;
-}
 
 template <typename T> void check_reduced(const std::vector<T>& got, size_t first, ncclRedOp_t op) {
   std::vector<float> want(got.size());
@@ -203,17 +183,17 @@ TEST_CASE("invalid collective calls are refused before NCCL sees them", "[nccl]"
 
 TEST_CASE("a non-blocking communicator completes a collective that a late peer joins", "[nccl]") {
   const size_t n = 300;
-  ncclComm_t c = non_blocking_comm();
+  ncclComm_t c = test::non_blocking_comm(comm().rank(), comm().world_size());
   cudaStream_t stream = nullptr;
   CUDA_CHECK(cudaStreamCreate(&stream));
   test::DeviceBuffer<float> data(inputs_of<float>(comm().rank(), n));
   if (comm().rank() != 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
   const ncclResult_t status = ncclAllReduce(data.ptr, data.ptr, n, ncclFloat32, ncclSum, c, stream);
-  REQUIRE(settle(c, status) == ncclSuccess);
+  REQUIRE(test::settle(c, status) == ncclSuccess);
   CUDA_CHECK(cudaStreamSynchronize(stream));
   check_reduced(data.download(), 0, ncclSum);
   // NCCL destroys a non-blocking communicator only after a finalize polled to its end.
-  CHECK(settle(c, ncclCommFinalize(c)) == ncclSuccess);
+  CHECK(test::settle(c, ncclCommFinalize(c)) == ncclSuccess);
   CHECK(ncclCommDestroy(c) == ncclSuccess);
   CUDA_CHECK(cudaStreamDestroy(stream));
 }
@@ -224,7 +204,7 @@ TEST_CASE("a non-blocking communicator completes a collective that a late peer j
 TEST_CASE("a collective a peer never joins stays unfinished until ncclCommAbort ends it", "[nccl]") {
   if (comm().world_size() == 1) return;  // no peer to stay away
   const size_t n = 64;
-  ncclComm_t c = non_blocking_comm();
+  ncclComm_t c = test::non_blocking_comm(comm().rank(), comm().world_size());
   cudaStream_t stream = nullptr;
   cudaEvent_t after = nullptr;
   CUDA_CHECK(cudaStreamCreate(&stream));

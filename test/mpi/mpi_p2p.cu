@@ -4,6 +4,7 @@
 // cases have no peer and pass empty. Named mpi_* so the single-process test runner does not pick
 // it up. The hidden case "[.hazard]" is the stream checker's planted violation, run on its own by
 // the check script (it ends the processes).
+#include "test/raw_nccl.h"
 #include "test/test_util.h"
 #include "src/dist/comm.h"
 
@@ -32,26 +33,6 @@ template <typename T> std::vector<T> message(int rank, int m, size_t n) {
   return test::from_floats<T>(v);
 }
 
-// Polls ncclCommGetAsyncError while `status` is ncclInProgress; the final status.
-ncclResult_t settle(ncclComm_t c, ncclResult_t status) {
-  while (status == ncclInProgress) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    if (ncclCommGetAsyncError(c, &status) != ncclSuccess) return ncclInternalError;
-  }
-  return status;
-}
-
-// A non-blocking NCCL communicator of its own over the same ranks, set up.
-ncclComm_t non_blocking_comm() {
-  ncclUniqueId id;
-  if (me() == 0) REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
-  MPI_Bcast(id.internal, sizeof(id.internal), MPI_BYTE, 0, MPI_COMM_WORLD);
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-  ncclComm_t c = nullptr;
-  REQUIRE(settle(c, ncclCommInitRankConfig(&c, ranks(), id, me(), &config)) == ncclSuccess);
-  return c;
-}
 
 }  // namespace
 
@@ -106,7 +87,7 @@ TEST_CASE("a ring exchange in one group completes on every rank", "[p2p]") {
 // above needs its group (a stand-in that let small sends complete alone would hide such deadlocks).
 TEST_CASE("ncclSend completes only once the peer's receive is posted", "[p2p]") {
   if (ranks() < 2) return;
-  ncclComm_t c = non_blocking_comm();
+  ncclComm_t c = test::non_blocking_comm(me(), ranks());
   cudaStream_t stream = nullptr;
   CUDA_CHECK(cudaStreamCreate(&stream));
   test::DeviceBuffer<float> data(message<float>(me(), 4, 16));
@@ -121,9 +102,9 @@ TEST_CASE("ncclSend completes only once the peer's receive is posted", "[p2p]") 
   }
   MPI_Barrier(MPI_COMM_WORLD);  // rank 1 posts its receive only now
   if (me() == 1) status = ncclRecv(data.ptr, 16, ncclFloat32, 0, c, stream);
-  CHECK(settle(c, status) == ncclSuccess);
+  CHECK(test::settle(c, status) == ncclSuccess);
   if (me() == 1) CHECK(test::same_bits(data.download(), message<float>(0, 4, 16)));
-  CHECK(settle(c, ncclCommFinalize(c)) == ncclSuccess);
+  CHECK(test::settle(c, ncclCommFinalize(c)) == ncclSuccess);
   CHECK(ncclCommDestroy(c) == ncclSuccess);
   CUDA_CHECK(cudaStreamDestroy(stream));
 }
@@ -163,12 +144,12 @@ TEST_CASE("a receive of another size than its send is an error, not a truncation
   if (ranks() < 2) return;
   for (const size_t received : {size_t(4), size_t(6)}) {
     INFO("5 elements sent, " << received << " received");
-    ncclComm_t c = non_blocking_comm();
+    ncclComm_t c = test::non_blocking_comm(me(), ranks());
     test::DeviceBuffer<float> data(message<float>(me(), 5, 6));
     ncclResult_t status = ncclSuccess;
-    if (me() == 0) status = settle(c, ncclSend(data.ptr, 5, ncclFloat32, 1, c, cudaStreamLegacy));
+    if (me() == 0) status = test::settle(c, ncclSend(data.ptr, 5, ncclFloat32, 1, c, cudaStreamLegacy));
     if (me() == 1) {
-      status = settle(c, ncclRecv(data.ptr, received, ncclFloat32, 0, c, cudaStreamLegacy));
+      status = test::settle(c, ncclRecv(data.ptr, received, ncclFloat32, 0, c, cudaStreamLegacy));
       CHECK(status == ncclInvalidUsage);
       CHECK_THAT(ncclGetLastError(c), Catch::Contains("same count and type"));
     } else {
@@ -194,11 +175,11 @@ TEST_CASE("transfers to no rank or to oneself are refused", "[p2p]") {
                       Catch::Contains("both a send and a receive buffer"));
     // The stand-in refuses what NCCL would (own rank: NCCL allows it in a group; the stand-in
     // does not), poisoning the non-blocking communicator as NCCL's enqueue does.
-    ncclComm_t c = non_blocking_comm();
+    ncclComm_t c = test::non_blocking_comm(me(), ranks());
     CHECK(ncclSend(data.ptr, 8, ncclFloat32, me(), c, cudaStreamLegacy) == ncclInvalidArgument);
     CHECK_THAT(ncclGetLastError(c), Catch::Contains("is this rank"));
     CHECK(ncclCommAbort(c) == ncclSuccess);
-    c = non_blocking_comm();
+    c = test::non_blocking_comm(me(), ranks());
     CHECK(ncclRecv(data.ptr, 8, ncclFloat32, ranks(), c, cudaStreamLegacy) == ncclInvalidArgument);
     CHECK_THAT(ncclGetLastError(c), Catch::Contains("peer " + std::to_string(ranks()) + " is not a rank"));
     CHECK(ncclCommAbort(c) == ncclSuccess);

@@ -8,8 +8,10 @@
 # require_files to stop early when something make test builds is missing, and with_flags to vary
 # a set of flags (the trainer refuses a flag given twice), wait_for_steps to wait for a running
 # trainer's N-th step, require_ranks for checks that run several ranks under mpirun, for checks
-# that compare runs: run (one run of the check's `common` flags) and same_steps, and for checks
-# that nothing on disk changed or that a run is refused: tree_digest, train_steps and expect_refused.
+# that compare runs: run (one run of the check's `common` flags), same_steps, same_step3 (a resumed
+# run's last step) and, on a GPT-2-vocabulary model with an eval file (write_gpt2vocab_eval),
+# same_eval_and_samples; and for checks that nothing on disk changed or that a run is refused:
+# tree_digest, train_steps and expect_refused.
 # shellcheck shell=bash disable=SC2034
 cd "$(dirname "${BASH_SOURCE[0]}")/../../.." || exit 1
 mode=${1:-cpu}
@@ -117,6 +119,54 @@ for x, y in zip(a, b):
         if d > rel:
             print(f"  step {x['step']} {key}: {x[key]} vs {y[key]} (relative {d:.2e} > {rel})"); bad = True
 print(f"  {sys.argv[2].split('/')[-2]}: worst relative difference {worst:.2e}")
+sys.exit(1 if bad else 0)
+PY
+}
+
+# same_step3 REFERENCE OTHER: run OTHER's step 3 (training and validation: a run resumed from step
+# 2's checkpoint) equals run REFERENCE's within 1e-5.
+same_step3() {
+  "$python" - "$tmp/$1/metrics.jsonl" "$tmp/$2/metrics.jsonl" <<'PY' || fail "$2: step 3 differs from $1's"
+import json, sys
+a, b = ({("val" if "val_loss" in r else "train", r["step"]): r for r in map(json.loads, open(p)) if "step" in r}
+        for p in sys.argv[1:3])
+keys = [k for k in b if k[1] == 3]
+worst = max((abs(b[k][f] - a[k][f]) / abs(a[k][f]) for k in keys for f in ("train_loss", "grad_norm", "val_loss")
+             if f in b[k]), default=1.0)
+print(f"  {sys.argv[2].split('/')[-2]}: step 3 worst relative difference {worst:.2e} over {len(keys)} records")
+sys.exit(0 if len(keys) == 2 and worst <= 1e-5 else 1)
+PY
+}
+
+# write_gpt2vocab_eval: a 2-layer model of GPT-2's vocabulary with its token shard in $tmp/gpt2vocab
+# (dev/gpt2_reference.py) and a HellaSwag-style eval file of 4 random examples in $tmp/eval.bin.
+write_gpt2vocab_eval() {
+  "$python" dev/gpt2_reference.py --out "$tmp/gpt2vocab" --vocab 50257 --layers 2 --heads 4 --channels 32 \
+    --max-seq-len 64 --batch 1 --seq-len 8 --steps 4 >/dev/null 2>&1 || fail "dev/gpt2_reference.py could not write the model"
+  "$python" - "$tmp/eval.bin" <<'PY' || fail "writing the eval file"
+import sys
+import numpy as np
+sys.path.insert(0, "test/checks/lib")
+from eval_file import write_eval_file
+rng = np.random.default_rng(3)
+write_eval_file(sys.argv[1], [(i % 2, rng.integers(0, 50257, 3).tolist(),
+                               [rng.integers(0, 50257, 2).tolist() for _ in range(2 + i % 2)]) for i in range(4)])
+PY
+}
+
+# same_eval_and_samples REFERENCE OTHER: runs REFERENCE and OTHER recorded the same samples and
+# HellaSwag accuracies, and training and validation losses within 1e-5.
+same_eval_and_samples() {
+  "$python" - "$tmp/$1/metrics.jsonl" "$tmp/$2/metrics.jsonl" <<'PY' || fail "$2's evaluation, sample or validation differ from $1's"
+import json, sys
+a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
+def pick(rs, key): return [r[key] for r in rs if key in r]
+bad = False
+for key in ("sample", "hellaswag_acc", "hellaswag_acc_norm"):
+    if pick(a, key) != pick(b, key) or not pick(a, key): print(f"  {key}: {pick(a, key)} vs {pick(b, key)}"); bad = True
+for key in ("val_loss", "train_loss"):
+    for x, y in zip(pick(a, key), pick(b, key)):
+        if abs(x - y) > 1e-5 * abs(x): print(f"  {key}: {x} vs {y}"); bad = True
 sys.exit(1 if bad else 0)
 PY
 }
