@@ -159,6 +159,8 @@ const std::vector<Flag>& flag_table() {
        {0, kMaxGpuMemoryGiB}, {}, "0 (the device's)"},
       {"world-size", "N", "with --plan: plan for N ranks (ZeRO shards, batch per rank) (0 = the run's)",
        &TrainConfig::world_size, {0, 1 << 20}, {}, "0 (the run's)"},
+      {"pp-timeline", "FILE", "with --plan and --pp: write the schedule's timeline at unit costs to FILE as JSON "
+       "(dev/pipeline_timeline.py FILE -o FILE.png draws it)", &TrainConfig::pp_timeline, {}, {}, "none"},
       {"generate", "0|1", "print --prompt and its continuation by the model (--init-from or --resume), then exit "
        "writing nothing ('--generate' alone means 1)", &TrainConfig::generate},
       {"prompt", "TEXT", "text the model continues (--generate, --sample-every); a Llama 3 model's starts with BOS",

@@ -95,6 +95,7 @@ struct TrainConfig {
   bool plan = false;           // print the per-rank device memory plan and exit
   double gpu_memory = 0.0;     // GiB; 0: the device's (free memory before a run, total for --plan)
   int world_size = 0;          // --plan for this many ranks; 0: the run's
+  std::string pp_timeline;     // with --plan and --pp: the schedule's timeline written here as JSON
   // Text generation (src/gen/generate.h, src/gen/sample_text.h)
   bool generate = false;       // print the prompt and its continuation, then exit, writing nothing
   std::string prompt;          // "": start from <|endoftext|>

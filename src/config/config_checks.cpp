@@ -58,6 +58,9 @@ int validate_config(TrainConfig& cfg, int world_size) {
     throw std::invalid_argument("--zero " + std::to_string(cfg.zero) + " with --pp " + std::to_string(cfg.pp) +
                                 ": the pipeline accumulates every micro-batch's weight gradients until the schedule's "
                                 "last backward; use --zero 0 or 1");
+  if (!cfg.pp_timeline.empty() && (!cfg.plan || cfg.pp == 1))
+    throw std::invalid_argument("--pp-timeline " + cfg.pp_timeline + ": writes a pipeline's timeline with --plan and "
+                                "--pp > 1 (a run writes nothing of the kind)");
   if (!cfg.pp_recompute.empty() && cfg.pp == 1)
     throw std::invalid_argument("--pp-recompute sets --recompute per pipeline stage: without --pp, give --recompute");
   if (!cfg.pp_recompute.empty() && static_cast<int>(cfg.pp_recompute.size()) != cfg.pp)

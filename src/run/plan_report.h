@@ -2,6 +2,8 @@
 // as the check before a run allocates (a run that would not fit stops with its plan).
 #pragma once
 #include "src/base/device.h"
+#include "src/base/durable_file.h"
+#include "src/base/error_context.h"
 #include "src/base/units.h"
 #include "src/config/config_checks.h"
 #include "src/dist/comm_plan.h"
@@ -190,6 +192,17 @@ inline std::string pipeline_plan_lines(const TrainConfig& cfg, const ModelConfig
   return out;
 }
 
+// --pp-timeline FILE: the run's schedule at unit costs as pipeline_timeline_json (atomically).
+inline void write_pipeline_timeline(const TrainConfig& cfg, int micro_steps) {
+  const PipelineShape shape = run_pipeline_shape(cfg, micro_steps);
+  const std::string json = pipeline_timeline_json(shape, time_pipeline_schedule(shape, build_pipeline_schedule(shape))) + "\n";
+  AtomicFileWriter file(cfg.pp_timeline);
+  file.write(json.data(), json.size());
+  file.commit();
+  std::printf("  timeline written to %s (draw it: dev/pipeline_timeline.py %s -o TIMELINE.png)\n", cfg.pp_timeline.c_str(),
+              cfg.pp_timeline.c_str());
+}
+
 // --plan's exit status when the plan exceeds the budget (scripts can test it; 1 is a bad input).
 constexpr int kPlanDoesNotFitStatus = 2;
 
@@ -227,6 +240,7 @@ inline int print_memory_plan(TrainConfig cfg) {
                          : "",
               cfg.pp > 1 ? (", " + std::to_string(cfg.pp) + " pipeline stages").c_str() : "");
   if (cfg.pp > 1) std::printf("%s", pipeline_plan_lines(cfg, model, world, sampling, micro_steps, largest).c_str());
+  if (!cfg.pp_timeline.empty()) with_context("--pp-timeline " + cfg.pp_timeline, [&] { write_pipeline_timeline(cfg, micro_steps); });
   std::printf("%s", format_memory_plan(plan, budget).c_str());
   if (budget > 0) std::printf("%s\n", fitting_batch_sizes(cfg, model, world, budget, sampling, micro_steps, largest).c_str());
   else std::printf("no device and no --gpu-memory: pass --gpu-memory GiB to see what fits\n");

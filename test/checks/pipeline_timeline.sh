@@ -2,7 +2,8 @@
 # dev/pipeline_timeline.py draws a pipeline timeline (the JSON of src/dist/pipeline_check.h's
 # pipeline_timeline_json, here zb-h1 at p = 2, m = 2) as a PNG of the right size whose cells have
 # the right colours (forward blue, input backward green, weight backward orange, idle white), and
-# refuses a missing or malformed file in one line with a non-zero exit.
+# refuses a missing or malformed file in one line with a non-zero exit; and what --plan
+# --pp-timeline writes for a run draws with --plan's bubble.
 # usage: pipeline_timeline.sh cpu|gpu   (the same in both builds; gpu: skipped)
 set -u
 cd "$(dirname "$0")/../.." || exit 1
@@ -57,6 +58,24 @@ for input in "$tmp/missing.json" "$tmp/bad.json"; do
   fi
   [ ! -e "$tmp/bad.png" ] || fail "$input left a PNG"
 done
+
+# --plan --pp-timeline writes the run's own schedule (interleaved, 4 stages x 2 chunks, 8
+# micro-batches); drawn, its bubble is the one --plan printed.
+bin=./train_gpt_cpu
+if [ -x "$bin" ]; then
+  if "$bin" --plan --model d12 --pp 4 --pp-schedule interleaved --pp-virtual 2 --world-size 4 --batch-size 4 \
+      --seq-len 1024 --total-batch-tokens 32768 --pp-timeline "$tmp/run.json" >"$tmp/plan.txt" 2>&1 &&
+      drawn=$("$python" dev/pipeline_timeline.py "$tmp/run.json" -o "$tmp/run.png" 2>&1); then
+    planned=$(sed -En 's/^  bubble \(unit costs\): ([0-9.]+)% of the step.*/\1/p' "$tmp/plan.txt")
+    "$python" - "$drawn" "$planned" <<'PY' || fail "--pp-timeline's drawing ($drawn) and --plan's bubble ($planned%) disagree"
+import re, sys
+drawn = float(re.search(r"bubble ([0-9.]+)", sys.argv[1]).group(1))
+sys.exit(0 if sys.argv[2] and abs(100 * drawn - float(sys.argv[2])) < 0.051 and "interleaved p=4 m=8 v=2" in sys.argv[1] else 1)
+PY
+  else
+    fail "--plan --pp-timeline or its drawing failed: $(tail -n 2 "$tmp/plan.txt")"
+  fi
+fi
 
 [ "$failures" -eq 0 ] && echo "pipeline_timeline: PASS"
 exit $((failures > 0))
