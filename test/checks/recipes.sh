@@ -138,8 +138,10 @@ grep -q "^srun called: --ntasks 16 --kill-on-bad-exit=1 $tmp/bin/train_gpt .*--m
 recipe=scripts/run_llama3_70b.sh
 if env TRAIN_GPT="$bin" PLAN=1 "$recipe" >"$tmp/plan.log" 2>&1; then
   head -n 1 "$tmp/plan.log" | grep -q "^llama3_70b: memory plan for 32 rank(s)" || fail "70B: no plan for 32 ranks"
-  grep -q "^memory plan per rank: .* from preset llama3.1-70b, .*in tensor-parallel groups of 8 (sequence parallel)$" \
-    "$tmp/plan.log" || fail "70B: plan not for llama3.1-70b in TP groups of 8"
+  grep -q "^memory plan per rank: .* from preset llama3.1-70b, .*in tensor-parallel groups of 8 (sequence parallel), 4 pipeline stages$" \
+    "$tmp/plan.log" || fail "70B: plan not for llama3.1-70b in TP groups of 8 and 4 pipeline stages"
+  grep -q "^pipeline: interleaved, 4 stage(s) x 2 chunks, " "$tmp/plan.log" || fail "70B: plan without its pipeline's lines"
+  [ "$(grep -c "^  stage [0-3]: layers " "$tmp/plan.log")" -eq 4 ] || fail "70B: plan without a line per stage"
   grep -qE "^  total per rank .* of 80.00 GiB: fits$" "$tmp/plan.log" || fail "70B: does not fit 80 GiB"
 else
   fail "70B: train_gpt --plan refused the recipe's flags"; cat "$tmp/plan.log"
