@@ -1,6 +1,7 @@
 // config.cpp — the flag table, parsing of the command line and --config files, the configuration as JSON
 #include "src/config/config.h"
 
+#include "src/base/utf8_text.h"
 #include "src/config/model_config.h"
 #include "src/config/lr_schedule.h"
 
@@ -210,7 +211,10 @@ std::string expectation(const Flag& flag) {
         } else if constexpr (std::is_same_v<V, bool>) {
           return "0 or 1";
         } else if constexpr (std::is_same_v<V, std::vector<int>>) {
-          return "a comma-separated list of integers >= " + format_number(flag.range.lo);
+          const bool bounded = flag.range.hi < static_cast<double>(INT_MAX);
+          return "a comma-separated list of integers " +
+                 (bounded ? "from " + format_number(flag.range.lo) + " to " + format_number(flag.range.hi)
+                          : ">= " + format_number(flag.range.lo));
         } else {
           const char* kind = std::is_same_v<V, double> ? "a number" : "an integer";
           const Range& r = flag.range;
@@ -247,38 +251,6 @@ bool parse_real(const std::string& text, double* out) {
   if (errno != 0 || *end != '\0' || !std::isfinite(v)) return false;
   *out = v;
   return true;
-}
-
-// The offset of the first byte that is not part of well-formed UTF-8 (RFC 3629: no overlong forms,
-// no surrogates, nothing above U+10FFFF), or npos: every value reaches a JSON file (the checkpoint
-// manifest's configuration, metrics.jsonl's samples), and JSON holds Unicode text only.
-size_t invalid_utf8_offset(const std::string& text) {
-  const auto byte = [&](size_t i) { return static_cast<unsigned char>(text[i]); };
-  for (size_t i = 0; i < text.size();) {
-    const unsigned char c = byte(i);
-    size_t length = 1;
-    unsigned char lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
-    if (c >= 0xC2 && c <= 0xDF) {
-      length = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      length = 3;
-      if (c == 0xE0) lo = 0xA0;  // no overlong forms
-      if (c == 0xED) hi = 0x9F;  // no surrogates
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      length = 4;
-      if (c == 0xF0) lo = 0x90;  // no overlong forms
-      if (c == 0xF4) hi = 0x8F;  // nothing above U+10FFFF
-    } else if (c >= 0x80) {
-      return i;  // a continuation byte, an overlong lead (0xC0, 0xC1) or 0xF5..0xFF
-    }
-    if (i + length > text.size()) return i;
-    for (size_t k = 1; k < length; ++k) {
-      const unsigned char next = byte(i + k);
-      if (k == 1 ? next < lo || next > hi : next < 0x80 || next > 0xBF) return i;
-    }
-    i += length;
-  }
-  return std::string::npos;
 }
 
 // Throws unless a command-line value is UTF-8 text (see invalid_utf8_offset), naming the flag.

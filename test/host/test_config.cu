@@ -126,7 +126,7 @@ TEST_CASE("every flag of the table parses its own default text back") {
     if (f.command_line_only) continue;
     std::string value = config_detail::value_text(defaults, f);
     const bool list = std::holds_alternative<std::vector<int> TrainConfig::*>(f.field);
-    if (value.empty()) value = list ? "6,6" : f.choices.empty() ? "x.bin" : f.choices.front();  // no default value
+    if (value.empty()) value = list ? "1,1" : f.choices.empty() ? "x.bin" : f.choices.front();  // no default value
     std::string arg = std::string("--") + f.name + "=" + value;
     INFO(arg);
     TrainConfig c = parse({arg.c_str()}).config;
@@ -294,6 +294,9 @@ TEST_CASE("pipeline flags: --pp-layers lists, and the cross-flag checks of --pp"
   for (const char* bad : {"", "4,", ",4", "4,,4", "4,0", "4,-1", "4, 4", "a", "4;4", "99999999999"})
     CHECK(parse_error({"--pp-layers", bad}) ==
           "--pp-layers: expected a comma-separated list of integers >= 1, got '" + std::string(bad) + "'");
+  // --pp-recompute: one setting (0..3) per stage, bounds named.
+  CHECK(parse({"--pp-recompute", "3,1,0"}).config.pp_recompute == std::vector<int>{3, 1, 0});
+  CHECK(parse_error({"--pp-recompute", "1,4"}) == "--pp-recompute: expected a comma-separated list of integers from 0 to 3, got '1,4'");
   TempJson list(R"({"pp-layers": [6, 6], "pp": 2, "pp-schedule": "interleaved", "pp-virtual": 3})");
   TrainConfig c = parse({"--config", list.path.c_str()}).config;
   CHECK(c.pp_layers == std::vector<int>{6, 6});
