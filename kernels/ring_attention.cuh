@@ -13,14 +13,17 @@
 // query block) and causal_diagonal (the two blocks are the same positions, Tq == Tk: row i sees
 // keys 0..i). A key block wholly after the query block is simply not launched.
 //
-// The kernels are attention.cuh's (one warp per row, its row functions and lane split), with
-// keys and queries bounded by the mask kind instead of the causal prefix, so they run at every
-// head size attention.cuh does, in float and bf16, and are bitwise reproducible.
+// Two implementations, both bitwise reproducible. ring_attention_*: attention.cuh's kernels (one
+// warp per row, its row functions and lane split) with keys and queries bounded by the mask kind
+// instead of the causal prefix: float and bf16, every head size attention.cuh takes.
+// ring_flash_attention_*: flash_attention.cuh's tensor-core kernels instantiated for a K/V block
+// (FlashKeys::block_diagonal, block_full): bf16, head sizes 16, 32, 64, 128, block outputs in fp32.
 // docs/ATTENTION.md, "Blockwise attention for context parallelism", has the merge and the zigzag.
 #pragma once
 #include <cstdint>
 
 #include "attention.cuh"
+#include "flash_attention.cuh"
 
 enum class AttentionBlockMask { full, causal_diagonal };
 
@@ -224,6 +227,38 @@ void ring_attention_forward(OutT* out, float* lse, const T* qkv, const T* kv, in
   CUDA_CHECK(cudaGetLastError());
 }
 
+// ring_attention_forward on tensor cores (flash_attention.cuh's forward kernel with a K/V block):
+// bf16 inputs, head sizes flash_attention_supports; out (B, Tq, C) in fp32, the merge's input.
+template <int HD>
+void ring_flash_attention_forward_hd(float* out, float* lse, const bf16* qkv, const bf16* kv, int B, int Tq, int Tk,
+                                     int NH, int NKV, bool full, cudaStream_t stream) {
+  using Tiles = FlashTiles<HD>;
+  const float scale = 1.0f / sqrtf(static_cast<float>(HD));
+  const FlashKeys keys = full ? FlashKeys::block_full : FlashKeys::block_diagonal;
+  auto kernel = full ? flash_attention_forward_kernel<HD, FlashKeys::block_full>
+                     : flash_attention_forward_kernel<HD, FlashKeys::block_diagonal>;
+  // Both kinds have the same tiling (forward_m_tiles depends only on causal or not).
+  static_assert(Tiles::forward_rows(FlashKeys::block_full) == Tiles::forward_rows(FlashKeys::block_diagonal), "");
+  flash_attention_allow_smem(kernel, Tiles::forward_smem(keys));
+  launch(kernel, flash_attention_grid(B, Tq, NH, Tiles::forward_rows(keys)), dim3(Tiles::kThreads),
+         Tiles::forward_smem(keys), stream, nullptr, lse, qkv, Tq, NH, NKV, scale * kFlashLog2e, kv, Tk, out);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+inline void ring_flash_attention_forward(float* out, float* lse, const bf16* qkv, const bf16* kv, int B, int Tq, int Tk,
+                                         int C, int NH, int NKV, AttentionBlockMask mask, cudaStream_t stream) {
+  const char* who = "ring_flash_attention_forward";
+  ring_attention_check(who, B, Tq, Tk, C, NH, NKV, mask, {out, qkv, kv});
+  const int head_size = flash_attention_check(who, B, Tq, C, NH, NKV, {out, qkv, kv});
+  const bool full = mask == AttentionBlockMask::full;
+  switch (head_size) {
+    case 16: ring_flash_attention_forward_hd<16>(out, lse, qkv, kv, B, Tq, Tk, NH, NKV, full, stream); break;
+    case 32: ring_flash_attention_forward_hd<32>(out, lse, qkv, kv, B, Tq, Tk, NH, NKV, full, stream); break;
+    case 64: ring_flash_attention_forward_hd<64>(out, lse, qkv, kv, B, Tq, Tk, NH, NKV, full, stream); break;
+    default: ring_flash_attention_forward_hd<128>(out, lse, qkv, kv, B, Tq, Tk, NH, NKV, full, stream); break;
+  }
+}
+
 // A running result that has seen no key: lse (B, NH, T) = -inf, out (B, T, C) fp32 = 0.
 inline void ring_attention_merge_reset(float* out, float* lse, int B, int T, int C, int NH, cudaStream_t stream) {
   const size_t out_n = static_cast<size_t>(B) * T * C, lse_n = static_cast<size_t>(B) * NH * T;
@@ -279,6 +314,48 @@ void ring_attention_backward(float* dq, float* dkv, float* scratch, const T* dou
   launch(ring_attention_backward_key_value_kernel<T>, attention_grid(B, Tk, NKV), block, 0, stream, dkv, scratch, dout,
          qkv, lse, kv, B, Tq, Tk, NH, NKV, head_size, scale, mask);
   CUDA_CHECK(cudaGetLastError());
+}
+
+// ring_attention_backward on tensor cores (flash_attention.cuh's delta kernel and backward kernels,
+// BLOCKWISE): bf16 inputs, head sizes flash_attention_supports; the same fp32 accumulation.
+template <int HD>
+void ring_flash_attention_backward_hd(float* dq, float* dkv, float* delta, const bf16* dout, const bf16* qkv,
+                                      const bf16* out, const float* lse, const bf16* kv, int B, int Tq, int Tk, int NH,
+                                      int NKV, bool full, cudaStream_t stream) {
+  using Tiles = FlashTiles<HD>;
+  const float scale = 1.0f / sqrtf(static_cast<float>(HD));
+  const size_t delta_threads = static_cast<size_t>(B) * Tq * NH * (HD / 8);
+  launch(flash_attention_backward_delta_kernel<HD>, dim3(static_cast<unsigned>(ceil_div<size_t>(delta_threads, 256))),
+         dim3(256), 0, stream, delta, dout, out, B, Tq, NH);
+  CUDA_CHECK(cudaGetLastError());
+  auto key_value_kernel = full ? flash_attention_backward_key_value_kernel<HD, FlashKeys::block_full>
+                                : flash_attention_backward_key_value_kernel<HD, FlashKeys::block_diagonal>;
+  flash_attention_allow_smem(key_value_kernel, Tiles::key_value_smem());
+  launch(key_value_kernel, flash_attention_grid(B, Tk, NKV, Tiles::kRows), dim3(Tiles::kThreads),
+         Tiles::key_value_smem(), stream, nullptr, delta, dout, qkv, lse, Tq, NH, NKV, scale, scale * kFlashLog2e, kv,
+         Tk, dkv);
+  CUDA_CHECK(cudaGetLastError());
+  auto query_kernel = full ? flash_attention_backward_query_kernel<HD, FlashKeys::block_full>
+                           : flash_attention_backward_query_kernel<HD, FlashKeys::block_diagonal>;
+  flash_attention_allow_smem(query_kernel, Tiles::query_smem());
+  launch(query_kernel, flash_attention_grid(B, Tq, NH, Tiles::kRows), dim3(Tiles::kThreads), Tiles::query_smem(),
+         stream, nullptr, delta, dout, qkv, lse, Tq, NH, NKV, scale, scale * kFlashLog2e, kv, Tk, dq);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+inline void ring_flash_attention_backward(float* dq, float* dkv, float* scratch, const bf16* dout, const bf16* qkv,
+                                          const bf16* out, const float* lse, const bf16* kv, int B, int Tq, int Tk,
+                                          int C, int NH, int NKV, AttentionBlockMask mask, cudaStream_t stream) {
+  const char* who = "ring_flash_attention_backward";
+  ring_attention_check(who, B, Tq, Tk, C, NH, NKV, mask, {dq, dkv, dout, qkv, out, kv});
+  const int head_size = flash_attention_check(who, B, Tq, C, NH, NKV, {dq, dkv, dout, qkv, out, kv});
+  const bool full = mask == AttentionBlockMask::full;
+  switch (head_size) {
+    case 16: ring_flash_attention_backward_hd<16>(dq, dkv, scratch, dout, qkv, out, lse, kv, B, Tq, Tk, NH, NKV, full, stream); break;
+    case 32: ring_flash_attention_backward_hd<32>(dq, dkv, scratch, dout, qkv, out, lse, kv, B, Tq, Tk, NH, NKV, full, stream); break;
+    case 64: ring_flash_attention_backward_hd<64>(dq, dkv, scratch, dout, qkv, out, lse, kv, B, Tq, Tk, NH, NKV, full, stream); break;
+    default: ring_flash_attention_backward_hd<128>(dq, dkv, scratch, dout, qkv, out, lse, kv, B, Tq, Tk, NH, NKV, full, stream); break;
+  }
 }
 
 // Zigzag layout: a sequence of T tokens is cut into 2N chunks of T / (2N); rank r holds chunks r

@@ -16,6 +16,29 @@
 
 namespace {
 
+// Which blockwise kernels a ring runs: the simple ones (float, bf16) or flash (bf16).
+enum class Kernels { simple, flash };
+
+template <typename T, typename OutT>
+void block_forward(Kernels kernels, OutT* out, float* lse, const T* qkv, const T* kv, int B, int Tq, int Tk, int C,
+                   int NH, int NKV, AttentionBlockMask mask) {
+  if constexpr (std::is_same<T, bf16>::value && std::is_same<OutT, float>::value) {  // flash: fp32 out
+    if (kernels == Kernels::flash) return ring_flash_attention_forward(out, lse, qkv, kv, B, Tq, Tk, C, NH, NKV, mask, nullptr);
+  }
+  ring_attention_forward<T, OutT>(out, lse, qkv, kv, B, Tq, Tk, C, NH, NKV, mask, nullptr);
+}
+
+template <typename T>
+void block_backward(Kernels kernels, float* dq, float* dkv, float* scratch, const T* dout, const T* qkv, const T* out,
+                    const float* lse, const T* kv, int B, int Tq, int Tk, int C, int NH, int NKV,
+                    AttentionBlockMask mask) {
+  if constexpr (std::is_same<T, bf16>::value) {
+    if (kernels == Kernels::flash)
+      return ring_flash_attention_backward(dq, dkv, scratch, dout, qkv, out, lse, kv, B, Tq, Tk, C, NH, NKV, mask, nullptr);
+  }
+  ring_attention_backward<T>(dq, dkv, scratch, dout, qkv, out, lse, kv, B, Tq, Tk, C, NH, NKV, mask, nullptr);
+}
+
 struct BlockShape {
   int B, Tq, Tk, NH, NKV, HS;
   float input_std = 1.0f;
@@ -187,6 +210,58 @@ void check_block(const BlockShape& s, AttentionBlockMask mask, uint64_t& seed) {
   CHECK(test::same_bits(dkv.download(), dkv_got));
 }
 
+// Flash's blockwise forward and backward (bf16) on one block pair against reference_block: out
+// (fp32), lse, and the gradients (handed out rounded to bf16) added into random accumulators; a
+// second run gives the same bits.
+void check_flash_block(const BlockShape& s, AttentionBlockMask mask, uint64_t& seed) {
+  const int C = s.NH * s.HS, W = (s.NH + 2 * s.NKV) * s.HS, KW = 2 * s.NKV * s.HS;
+  INFO("flash B=" << s.B << " Tq=" << s.Tq << " Tk=" << s.Tk << " NH=" << s.NH << " NKV=" << s.NKV << " HS=" << s.HS
+                  << " mask=" << (mask == AttentionBlockMask::full ? "full" : "causal_diagonal"));
+  const size_t out_n = static_cast<size_t>(s.B) * s.Tq * C, lse_n = static_cast<size_t>(s.B) * s.NH * s.Tq;
+  std::vector<float> qkv_host = test::round_to<bf16>(test::random_floats(static_cast<size_t>(s.B) * s.Tq * W, seed++, s.input_std));
+  const size_t dkv_n = static_cast<size_t>(s.B) * s.Tk * KW;
+  std::vector<float> kv_host = test::round_to<bf16>(test::random_floats(dkv_n, seed++, s.input_std));
+  std::vector<float> dout_host = test::round_to<bf16>(test::random_floats(out_n, seed++));
+  std::vector<float> dq_start = test::random_floats(out_n, seed++), dkv_start = test::random_floats(dkv_n, seed++);
+  test::DeviceBuffer<bf16> qkv(test::from_floats<bf16>(qkv_host)), kv(test::from_floats<bf16>(kv_host)), out(out_n);
+  test::DeviceBuffer<bf16> dout(test::from_floats<bf16>(dout_host));
+  test::DeviceBuffer<float> out_fp32(out_n), lse(lse_n), dq(dq_start), dkv(dkv_start);
+  test::DeviceBuffer<float> scratch(ring_attention_backward_scratch_bytes(s.B, s.Tq, s.NH) / sizeof(float));
+  ring_flash_attention_forward(out_fp32, lse, qkv, kv, s.B, s.Tq, s.Tk, C, s.NH, s.NKV, mask, nullptr);
+  ring_attention_round<bf16>(out, out_fp32, out_n, nullptr);  // the bf16 out the backward is handed
+  ring_flash_attention_backward(dq, dkv, scratch, dout, qkv, out, lse, kv, s.B, s.Tq, s.Tk, C, s.NH, s.NKV, mask,
+                                nullptr);
+  test::require_no_cuda_error();
+  std::vector<float> out_fp32_got = out_fp32.download(), lse_got = lse.download();
+  std::vector<float> dq_got = dq.download(), dkv_got = dkv.download();
+  std::vector<double> out_seen = to_doubles(test::to_floats(out.download()));
+  BlockReference want = reference_block(to_doubles(qkv_host), to_doubles(kv_host), to_doubles(dout_host), s, mask,
+                                        &out_seen);
+  // P is rounded to bf16 before P·V: up to 2^-7 of Σ|P v| <= max|v| (docs/ATTENTION.md "Numerics").
+  const double v_max = max_abs(to_doubles(kv_host));
+  const double score_error = 4 * 0x1p-24 * want.max_abs_score * v_max;
+  CHECK(test::all_close("flash out", out_fp32_got, want.out, 0x1p-8, 0x1p-7 * v_max + score_error));
+  CHECK(test::all_close("flash lse", lse_got, want.lse, 2e-5, 2e-5));
+  std::vector<double> dq_want = want.dq, dkv_want = want.dkv;
+  for (size_t i = 0; i < out_n; ++i) dq_want[i] += dq_start[i];
+  for (size_t i = 0; i < dkv_n; ++i) dkv_want[i] += dkv_start[i];
+  CHECK(test::all_close("flash dq", dq_got, dq_want, 2e-2, 1e-2 * max_abs(want.dq)));
+  CHECK(test::all_close("flash dkv", dkv_got, dkv_want, 2e-2, 1e-2 * max_abs(want.dkv)));
+
+  out_fp32.poison();
+  lse.poison();
+  scratch.poison();
+  dq.upload(dq_start);
+  dkv.upload(dkv_start);
+  ring_flash_attention_forward(out_fp32, lse, qkv, kv, s.B, s.Tq, s.Tk, C, s.NH, s.NKV, mask, nullptr);
+  ring_flash_attention_backward(dq, dkv, scratch, dout, qkv, out, lse, kv, s.B, s.Tq, s.Tk, C, s.NH, s.NKV, mask,
+                                nullptr);
+  CHECK(test::same_bits(out_fp32.download(), out_fp32_got));
+  CHECK(test::same_bits(lse.download(), lse_got));
+  CHECK(test::same_bits(dq.download(), dq_got));
+  CHECK(test::same_bits(dkv.download(), dkv_got));
+}
+
 struct ZigzagShape {
   int B, chunk, NH, NKV, HS;  // chunk: rows per chunk; the sequence has 2N of them
 };
@@ -202,7 +277,7 @@ struct ZigzagResult {
 // dk/dv added into fp32 per chunk (the owner's fixed-order sum).
 template <typename T>
 ZigzagResult run_zigzag(const std::vector<float>& qkv_host, const std::vector<float>& dout_host, const ZigzagShape& s,
-                        int N) {
+                        int N, Kernels kernels) {
   const int chunks = 2 * N, T_ = chunks * s.chunk, c = s.chunk;
   const int C = s.NH * s.HS, kv_C = s.NKV * s.HS, W = C + 2 * kv_C;
   std::vector<test::DeviceBuffer<T>> qkv, kv, dout, out;
@@ -235,14 +310,14 @@ ZigzagResult run_zigzag(const std::vector<float>& qkv_host, const std::vector<fl
   ring([&](int qc, int kc, AttentionBlockMask mask) {
     block_out.poison();
     block_lse.poison();
-    ring_attention_forward<T, float>(block_out, block_lse, qkv[qc], kv[kc], s.B, c, c, C, s.NH, s.NKV, mask, nullptr);
+    block_forward<T, float>(kernels, block_out, block_lse, qkv[qc], kv[kc], s.B, c, c, C, s.NH, s.NKV, mask);
     ring_attention_merge<float>(run_out[qc], run_lse[qc], block_out, block_lse, s.B, c, C, s.NH, nullptr);
   });
   for (int j = 0; j < chunks; ++j) ring_attention_round<T>(out[j], run_out[j], static_cast<size_t>(s.B) * c * C, nullptr);
   ring([&](int qc, int kc, AttentionBlockMask mask) {
     scratch.poison();
-    ring_attention_backward<T>(dq[qc], dkv[kc], scratch, dout[qc], qkv[qc], out[qc], run_lse[qc], kv[kc], s.B, c, c,
-                               C, s.NH, s.NKV, mask, nullptr);
+    block_backward<T>(kernels, dq[qc], dkv[kc], scratch, dout[qc], qkv[qc], out[qc], run_lse[qc], kv[kc], s.B, c, c,
+                      C, s.NH, s.NKV, mask);
   });
   test::require_no_cuda_error();
 
@@ -262,10 +337,10 @@ ZigzagResult run_zigzag(const std::vector<float>& qkv_host, const std::vector<fl
 // The zigzag ring against the unsplit causal kernel (attention.cuh) on the same inputs, and a
 // second ring giving the same bits.
 template <typename T>
-void check_zigzag(const ZigzagShape& s, int N, uint64_t& seed) {
-  const bool is_bf16 = sizeof(T) == 2;
+void check_zigzag(const ZigzagShape& s, int N, uint64_t& seed, Kernels kernels = Kernels::simple) {
+  const bool is_bf16 = sizeof(T) == 2, flash = kernels == Kernels::flash;
   const int T_ = 2 * N * s.chunk, C = s.NH * s.HS, W = C + 2 * s.NKV * s.HS;
-  INFO("N=" << N << " B=" << s.B << " T=" << T_ << " (chunks of " << s.chunk << ") NH=" << s.NH << " NKV=" << s.NKV
+  INFO((flash ? "flash " : "simple ") << "N=" << N << " B=" << s.B << " T=" << T_ << " (chunks of " << s.chunk << ") NH=" << s.NH << " NKV=" << s.NKV
             << " HS=" << s.HS);
   std::vector<float> qkv_host = test::round_to<T>(test::random_floats(static_cast<size_t>(s.B) * T_ * W, seed++));
   std::vector<float> dout_host = test::round_to<T>(test::random_floats(static_cast<size_t>(s.B) * T_ * C, seed++));
@@ -280,17 +355,22 @@ void check_zigzag(const ZigzagShape& s, int N, uint64_t& seed) {
   std::vector<float> out_want = test::to_floats(out.download()), lse_want = lse.download();
   std::vector<float> dqkv_want = test::to_floats(dqkv.download());
 
-  ZigzagResult got = run_zigzag<T>(qkv_host, dout_host, s, N);
+  ZigzagResult got = run_zigzag<T>(qkv_host, dout_host, s, N, kernels);
   // fp32: both are fp32 sums of the same terms in other orders. bf16: each is rounded once from
-  // fp32, so they may differ by one bf16 step.
-  CHECK(test::all_close("out", got.out, out_want, is_bf16 ? 1e-2 : 1e-5, is_bf16 ? 1e-3 : 1e-6));
-  CHECK(test::all_close("lse", got.lse, lse_want, 1e-5, 1e-5));
+  // fp32, so they may differ by one bf16 step. Flash also rounds P to bf16 (2^-8 relative per
+  // term, docs/ATTENTION.md "Numerics"): up to 2^-7 of the terms' magnitude, at most max|v|.
+  const double v_max = max_abs(to_doubles(qkv_host));
+  CHECK(test::all_close("out", got.out, out_want, is_bf16 ? 1e-2 : 1e-5,
+                        flash ? 0x1p-7 * v_max : is_bf16 ? 1e-3 : 1e-6));
+  CHECK(test::all_close("lse", got.lse, lse_want, flash ? 2e-5 : 1e-5, flash ? 2e-5 : 1e-5));
   // Gradients: the unsplit bf16 dqkv is rounded to bf16 and its D came from its own rounded out.
   std::vector<double> dqkv_want_d(dqkv_want.begin(), dqkv_want.end());
-  const double grad_rel = is_bf16 ? 1e-2 : 1e-4, grad_abs = (is_bf16 ? 5e-3 : 1e-5) * max_abs(dqkv_want_d);
+  // Flash also rounds P and dS to bf16 before their products.
+  const double grad_rel = flash ? 2e-2 : is_bf16 ? 1e-2 : 1e-4;
+  const double grad_abs = (flash ? 1e-2 : is_bf16 ? 5e-3 : 1e-5) * max_abs(dqkv_want_d);
   CHECK(test::all_close("dqkv", got.dqkv, dqkv_want, grad_rel, grad_abs));
 
-  ZigzagResult again = run_zigzag<T>(qkv_host, dout_host, s, N);
+  ZigzagResult again = run_zigzag<T>(qkv_host, dout_host, s, N, kernels);
   CHECK(test::same_bits(again.out, got.out));
   CHECK(test::same_bits(again.lse, got.lse));
   CHECK(test::same_bits(again.dqkv, got.dqkv));
@@ -327,13 +407,46 @@ TEMPLATE_TEST_CASE("zigzag ring attention equals the unsplit causal kernel", "[r
     for (const ZigzagShape& s : shapes) check_zigzag<T>(s, N, seed);
 }
 
-// Every preset's heads (all NH on its NKV K/V heads, its head size), N = 2 ranks, chunks of 1 and 2 rows.
+// Flash: its head sizes, blocks shorter and longer than a streamed tile (64 rows, 32 at HD 128),
+// T = 1 blocks, GQA and MHA, sharp inputs.
+TEST_CASE("flash blockwise attention matches double loops for each mask kind", "[ring_attention]") {
+  const BlockShape shapes[] = {
+      {1, 1, 1, 1, 1, 16},  {2, 7, 7, 4, 2, 16}, {1, 70, 70, 2, 1, 16}, {2, 33, 33, 4, 2, 32},
+      {1, 37, 37, 3, 3, 64}, {1, 33, 33, 2, 2, 128}, {2, 9, 9, 4, 2, 64, 4.0f},
+  };
+  uint64_t seed = 900;
+  for (const BlockShape& s : shapes) {
+    check_flash_block(s, AttentionBlockMask::causal_diagonal, seed);
+    check_flash_block(s, AttentionBlockMask::full, seed);
+  }
+  const BlockShape full_only[] = {
+      {1, 1, 70, 4, 2, 16}, {2, 70, 1, 4, 1, 16}, {1, 5, 33, 2, 2, 128}, {1, 130, 7, 2, 2, 32},
+  };
+  for (const BlockShape& s : full_only) check_flash_block(s, AttentionBlockMask::full, seed);
+}
+
+TEST_CASE("zigzag ring attention on flash equals the unsplit causal kernel", "[ring_attention]") {
+  const ZigzagShape shapes[] = {
+      {1, 1, 4, 2, 16}, {2, 5, 4, 1, 32}, {1, 37, 2, 2, 64}, {1, 33, 2, 1, 128}, {1, 70, 2, 2, 16},
+  };
+  uint64_t seed = 1100;
+  for (int N : {2, 3})
+    for (const ZigzagShape& s : shapes) check_zigzag<bf16>(s, N, seed, Kernels::flash);
+}
+
+// Every preset's heads (all NH on its NKV K/V heads, its head size), N = 2 ranks, chunks of 1 and 2
+// rows; flash's forward at the head sizes it takes.
 TEMPLATE_TEST_CASE("zigzag ring attention at every preset's heads", "[ring_attention]", float, bf16) {
   uint64_t seed = 700;
   for (const test::PresetShape& p : test::preset_shapes()) {
     INFO("presets " << p.presets);
     check_zigzag<TestType>({1, 1, p.NH, p.NKV, p.head_size}, 2, seed);
     check_zigzag<TestType>({1, 2, p.NH, p.NKV, p.head_size}, 2, seed);
+    if (std::is_same<TestType, bf16>::value && flash_attention_supports(p.head_size)) {
+      // Flash launches a 64- or 128-row block per head whatever T is: one block pair (full: its
+      // masking differs only in the tail of the keys, covered at these head sizes above).
+      check_flash_block({1, 2, 2, p.NH, p.NKV, p.head_size}, AttentionBlockMask::causal_diagonal, seed);
+    }
   }
 }
 
