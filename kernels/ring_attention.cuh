@@ -371,6 +371,9 @@ inline bool zigzag_block_mask(int qc, int kc, AttentionBlockMask* mask) {
 // over the rank's two query chunks and all 2N key chunks. Equal on every rank: chunk r sees r full
 // chunks, chunk 2N-1-r sees 2N-1-r, plus one diagonal each. T must be divisible by 2N.
 inline int64_t zigzag_tiles(int64_t T, int N, int rank, int64_t tile) {
+  if (N < 1 || T < 2 * N || T % (2 * N) != 0 || rank < 0 || rank >= N || tile < 1)
+    throw_errorf("zigzag_tiles: need T divisible by 2N, 0 <= rank < N and tile >= 1; got T=%lld N=%d rank=%d "
+                 "tile=%lld", static_cast<long long>(T), N, rank, static_cast<long long>(tile));
   const int64_t chunk = T / (2 * N), tiles = (chunk + tile - 1) / tile;
   int64_t diagonal = 0;  // key tile j before or at query tile i within one chunk
   for (int64_t i = 0; i < tiles; ++i) diagonal += i + 1;

@@ -555,3 +555,22 @@ TEST_CASE("zigzag layout gives every rank the same causal tile count", "[ring_at
           CHECK(count_tiles(T, N, tile, {0, 1}) < count_tiles(T, N, tile, {2 * N - 2, 2 * N - 1}));
       }
 }
+
+// Bad calls: one line naming the call, nothing launched.
+TEST_CASE("blockwise attention refuses shapes it cannot run", "[ring_attention]") {
+  test::DeviceBuffer<bf16> qkv(4 * 3 * 64), kv(4 * 2 * 64);
+  test::DeviceBuffer<float> out(4 * 64), lse(4), dq(4 * 64), dkv(4 * 2 * 64), scratch(4);
+  // causal_diagonal needs the same positions on both sides.
+  CHECK_THROWS_WITH((ring_attention_forward<bf16, float>(out, lse, qkv, kv, 1, 4, 3, 64, 1, 1,
+                                                         AttentionBlockMask::causal_diagonal, nullptr)),
+                    Catch::Contains("ring_attention_forward") && Catch::Contains("Tq=4 Tk=3"));
+  CHECK_THROWS_WITH(ring_attention_backward<bf16>(dq, dkv, scratch, qkv, qkv, qkv, lse, kv, 1, 4, 0, 64, 1, 1,
+                                                  AttentionBlockMask::full, nullptr),
+                    Catch::Contains("Tk=0"));
+  // Flash's head sizes: 16, 32, 64, 128 (48 is the simple kernel's only).
+  CHECK_THROWS_WITH(ring_flash_attention_forward(out, lse, qkv, kv, 1, 2, 2, 48, 1, 1, AttentionBlockMask::full, nullptr),
+                    Catch::Contains("ring_flash_attention_forward") && Catch::Contains("48"));
+  CHECK_THROWS_WITH(zigzag_tiles(10, 2, 0, 16), Catch::Contains("zigzag_tiles") && Catch::Contains("T=10"));
+  CHECK_THROWS_WITH(zigzag_tiles(8, 2, 2, 16), Catch::Contains("rank=2"));
+  test::require_no_cuda_error();
+}
