@@ -114,6 +114,98 @@ struct AttentionOnlineSoftmax {
   }
 };
 
+// One query row (q: this lane's chunk) over keys 0 .. key_count-1, whose chunks for this lane
+// start at k_chunk and v_chunk, kv_stride elements per key: each group's online softmax over the
+// keys it visits, merged over the groups (every lane ends with the row's max, sum and weighted v).
+// Shared by the causal kernels here (key_count = t + 1) and the blockwise ones (ring_attention.cuh).
+template <typename T>
+__device__ __forceinline__ AttentionOnlineSoftmax<Vec128<T>::size> attention_row_softmax(
+    const float q[Vec128<T>::size], const T* k_chunk, const T* v_chunk, size_t kv_stride, int key_count,
+    const AttentionLane& lane, float scale) {
+  constexpr int V = Vec128<T>::size;
+  AttentionOnlineSoftmax<V> softmax;
+  // The trip count is the same for every lane (shuffles need the whole warp); a group past the last key idles.
+  for (int step = 0; step < key_count; step += lane.groups) {
+    int s = step + lane.group;
+    bool key_valid = s < key_count;
+    float k[V];
+    attention_load_floats<T>(k, k_chunk + s * kv_stride, key_valid && lane.owns_chunk);
+    float score = attention_group_sum(attention_dot<V>(q, k), lane.group_lanes) * scale;
+    if (key_valid) {
+      float v[V];
+      attention_load_floats<T>(v, v_chunk + s * kv_stride, lane.owns_chunk);
+      softmax.add(score, v);
+    }
+  }
+  softmax.merge_groups(lane.group_lanes);
+  return softmax;
+}
+
+// D_t = dout_t · out_t of one row (every lane of a group gets it).
+template <int V>
+__device__ __forceinline__ float attention_row_delta(const float dout_t[V], const float out_t[V], int group_lanes) {
+  float partial_delta = 0.0f;
+  for (int i = 0; i < V; ++i) partial_delta += dout_t[i] * out_t[i];
+  return attention_group_sum(partial_delta, group_lanes);
+}
+
+// dq = sum_{s < key_count} P_ts (dout_t · v_s - D_t) k_s for one query row (without the scale),
+// summed over the groups: every lane ends with its chunk's sum. Keys as in attention_row_softmax;
+// row_lse is the row's log-sum-exp over all the keys it sees, so P is the row's final softmax.
+template <typename T>
+__device__ __forceinline__ void attention_row_dq(float dq[Vec128<T>::size], const float q[Vec128<T>::size],
+                                                 const float dout_t[Vec128<T>::size], float row_lse, float row_delta,
+                                                 const T* k_chunk, const T* v_chunk, size_t kv_stride, int key_count,
+                                                 const AttentionLane& lane, float scale) {
+  constexpr int V = Vec128<T>::size;
+  for (int i = 0; i < V; ++i) dq[i] = 0.0f;
+  for (int step = 0; step < key_count; step += lane.groups) {
+    int s = step + lane.group;
+    bool key_valid = s < key_count;
+    float k[V], v[V];
+    attention_load_floats<T>(k, k_chunk + s * kv_stride, key_valid && lane.owns_chunk);
+    attention_load_floats<T>(v, v_chunk + s * kv_stride, key_valid && lane.owns_chunk);
+    float score = attention_group_sum(attention_dot<V>(q, k), lane.group_lanes) * scale;
+    float dp = attention_group_sum(attention_dot<V>(dout_t, v), lane.group_lanes);
+    if (key_valid) {
+      float ds = expf(score - row_lse) * (dp - row_delta);
+      for (int i = 0; i < V; ++i) dq[i] += ds * k[i];
+    }
+  }
+  for (int i = 0; i < V; ++i) dq[i] = attention_across_groups_sum(dq[i], lane.group_lanes);
+}
+
+// One key row (k, v: this lane's chunks) and one query head: adds sum_t P_ts dout_t to dv and
+// sum_t P_ts (dout_t · v_s - D_t) q_t to dk (without the scale) over the queries
+// first_query .. query_count-1, whose chunks start at q_chunk (q_stride elements per row) and
+// dout_chunk (dout_stride), with their lse and D in lse_row and delta_row. Each group's partial sums
+// run on across calls; the caller merges the groups once at the end.
+template <typename T>
+__device__ __forceinline__ void attention_key_value_accumulate(
+    float dk[Vec128<T>::size], float dv[Vec128<T>::size], const float k[Vec128<T>::size],
+    const float v[Vec128<T>::size], const T* q_chunk, size_t q_stride, const T* dout_chunk, size_t dout_stride,
+    const float* lse_row, const float* delta_row, int first_query, int query_count, const AttentionLane& lane,
+    float scale) {
+  constexpr int V = Vec128<T>::size;
+  for (int step = first_query; step < query_count; step += lane.groups) {
+    int t = step + lane.group;
+    bool query_valid = t < query_count;
+    float q[V], dout_t[V];
+    attention_load_floats<T>(q, q_chunk + t * q_stride, query_valid && lane.owns_chunk);
+    attention_load_floats<T>(dout_t, dout_chunk + t * dout_stride, query_valid && lane.owns_chunk);
+    float score = attention_group_sum(attention_dot<V>(k, q), lane.group_lanes) * scale;
+    float dp = attention_group_sum(attention_dot<V>(v, dout_t), lane.group_lanes);
+    if (query_valid) {
+      float p = expf(score - lse_row[t]);
+      float ds = p * (dp - delta_row[t]);
+      for (int i = 0; i < V; ++i) {
+        dv[i] += p * dout_t[i];
+        dk[i] += ds * q[i];
+      }
+    }
+  }
+}
+
 // One warp per (b, h, t): online softmax over keys s <= t. Each group keeps its own running
 // max, sum and weighted sum of v over the keys it visited; the groups are merged at the end.
 template <typename T>
@@ -136,21 +228,7 @@ __global__ void attention_forward_kernel(T* out, float* lse, const T* qkv, int B
   float q[V];
   attention_load_floats<T>(q, q_chunk + t * row_stride, lane.owns_chunk);
 
-  AttentionOnlineSoftmax<V> softmax;
-  // The trip count is the same for every lane (shuffles need the whole warp); a group past t idles.
-  for (int step = 0; step <= t; step += lane.groups) {
-    int s = step + lane.group;
-    bool key_valid = s <= t;
-    float k[V];
-    attention_load_floats<T>(k, k_chunk + s * row_stride, key_valid && lane.owns_chunk);
-    float score = attention_group_sum(attention_dot<V>(q, k), lane.group_lanes) * scale;
-    if (key_valid) {
-      float v[V];
-      attention_load_floats<T>(v, v_chunk + s * row_stride, lane.owns_chunk);
-      softmax.add(score, v);
-    }
-  }
-  softmax.merge_groups(lane.group_lanes);
+  AttentionOnlineSoftmax<V> softmax = attention_row_softmax<T>(q, k_chunk, v_chunk, row_stride, t + 1, lane, scale);
 
   if (lane.group == 0 && lane.owns_chunk)
     store128(out + (static_cast<size_t>(b) * seq_len + t) * C + h * head_size + lane.chunk * V, softmax.template output<T>());
@@ -184,28 +262,11 @@ __global__ void attention_backward_query_kernel(T* dqkv, float* delta, const T* 
   attention_load_floats<T>(q, q_chunk + t * row_stride, lane.owns_chunk);
   attention_load_floats<T>(dout_t, dout + out_row, lane.owns_chunk);
   attention_load_floats<T>(out_t, out + out_row, lane.owns_chunk);
-  float partial_delta = 0.0f;
-  for (int i = 0; i < V; ++i) partial_delta += dout_t[i] * out_t[i];
-  float row_delta = attention_group_sum(partial_delta, lane.group_lanes);
+  float row_delta = attention_row_delta<V>(dout_t, out_t, lane.group_lanes);
   if (threadIdx.x % 32 == 0) delta[bh_row + t] = row_delta;
-  float row_lse = lse[bh_row + t];
 
   float dq[V];
-  for (int i = 0; i < V; ++i) dq[i] = 0.0f;
-  for (int step = 0; step <= t; step += lane.groups) {
-    int s = step + lane.group;
-    bool key_valid = s <= t;
-    float k[V], v[V];
-    attention_load_floats<T>(k, k_chunk + s * row_stride, key_valid && lane.owns_chunk);
-    attention_load_floats<T>(v, v_chunk + s * row_stride, key_valid && lane.owns_chunk);
-    float score = attention_group_sum(attention_dot<V>(q, k), lane.group_lanes) * scale;
-    float dp = attention_group_sum(attention_dot<V>(dout_t, v), lane.group_lanes);
-    if (key_valid) {
-      float ds = expf(score - row_lse) * (dp - row_delta);
-      for (int i = 0; i < V; ++i) dq[i] += ds * k[i];
-    }
-  }
-  for (int i = 0; i < V; ++i) dq[i] = attention_across_groups_sum(dq[i], lane.group_lanes);
+  attention_row_dq<T>(dq, q, dout_t, lse[bh_row + t], row_delta, k_chunk, v_chunk, row_stride, t + 1, lane, scale);
 
   if (lane.group == 0 && lane.owns_chunk) {
     Vec128<T> g;
@@ -243,23 +304,8 @@ __global__ void attention_backward_key_value_kernel(T* dqkv, const float* delta,
     size_t bh_row = (static_cast<size_t>(b) * NH + h) * seq_len;
     const T* q_chunk = b_chunk + h * head_size;
     const T* dout_chunk = dout + static_cast<size_t>(b) * seq_len * C + h * head_size + lane.chunk * V;
-    for (int step = s; step < seq_len; step += lane.groups) {
-      int t = step + lane.group;
-      bool query_valid = t < seq_len;
-      float q[V], dout_t[V];
-      attention_load_floats<T>(q, q_chunk + t * row_stride, query_valid && lane.owns_chunk);
-      attention_load_floats<T>(dout_t, dout_chunk + static_cast<size_t>(t) * C, query_valid && lane.owns_chunk);
-      float score = attention_group_sum(attention_dot<V>(k, q), lane.group_lanes) * scale;
-      float dp = attention_group_sum(attention_dot<V>(v, dout_t), lane.group_lanes);
-      if (query_valid) {
-        float p = expf(score - lse[bh_row + t]);
-        float ds = p * (dp - delta[bh_row + t]);
-        for (int i = 0; i < V; ++i) {
-          dv[i] += p * dout_t[i];
-          dk[i] += ds * q[i];
-        }
-      }
-    }
+    attention_key_value_accumulate<T>(dk, dv, k, v, q_chunk, row_stride, dout_chunk, C, lse + bh_row,
+                                      delta + bh_row, s, seq_len, lane, scale);
   }
   for (int i = 0; i < V; ++i) {
     dk[i] = attention_across_groups_sum(dk[i], lane.group_lanes);

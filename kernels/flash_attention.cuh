@@ -34,6 +34,11 @@
 
 #include "common.cuh"
 
+// Which keys a kernel sees: qkv's own under the causal mask (the model's attention), or a separate
+// K/V block of ring attention (ring_attention.cuh) under its causal diagonal or in full. A template
+// parameter, so that the causal kernels compile as they did without the blockwise code.
+enum class FlashKeys { causal, block_diagonal, block_full };
+
 template <int HD>
 struct FlashTiles {
   static_assert(HD == 16 || HD == 32 || HD == 64 || HD == 128, "flash attention head dims: 16, 32, 64, 128");
@@ -45,6 +50,13 @@ struct FlashTiles {
   // shared-memory traffic per FLOP against one m-tile, for ~70 more registers (docs/ATTENTION.md).
   static constexpr int kForwardMTiles = 2;
   static constexpr int kForwardRows = 16 * kForwardMTiles * kWarps;  // query rows a forward block owns
+  // The blockwise forward (ring_attention.cuh: K and V from a separate block) spills 4-24 bytes
+  // with two m-tiles at HD 128 (CUDA 13.0, 255 registers): it keeps one there (64-row blocks,
+  // ~130 registers, docs/ATTENTION.md's remedy for the causal kernel too).
+  __host__ __device__ static constexpr int forward_m_tiles(FlashKeys keys) {
+    return keys != FlashKeys::causal && HD == 128 ? 1 : kForwardMTiles;
+  }
+  __host__ __device__ static constexpr int forward_rows(FlashKeys keys) { return 16 * forward_m_tiles(keys) * kWarps; }
   // Blocks per SM the query kernel is built for (__launch_bounds__: ptxas keeps it at or below
   // 65536 / (128 · 3) = 168 registers; its shared memory allows 3 on sm_90). The key/value kernel
   // has no such bound: at HD 64 ptxas allocates 167-168 registers on its own (3 blocks on sm_90),
@@ -60,7 +72,9 @@ struct FlashTiles {
 
   static constexpr size_t tile_bytes(int rows) { return static_cast<size_t>(rows) * kStride * sizeof(bf16); }
   // Q + two K and two V buffers.
-  static constexpr size_t forward_smem() { return tile_bytes(kForwardRows) + 4 * tile_bytes(kStream); }
+  static constexpr size_t forward_smem(FlashKeys keys = FlashKeys::causal) {
+    return tile_bytes(forward_rows(keys)) + 4 * tile_bytes(kStream);
+  }
   // K, V + two Q and two dO buffers + two buffers of the streamed rows' lse and D.
   static constexpr size_t key_value_smem() {
     return 2 * tile_bytes(kRows) + 4 * tile_bytes(kStream) + 4 * kStream * sizeof(float);
@@ -210,6 +224,28 @@ __device__ __forceinline__ void flash_store_rows(bf16* dst, size_t row_stride, i
   }
 }
 
+// A warp's 16 x HD accumulator as fp32 straight from the fragments (8-byte stores): this lane's
+// rows `row` and row + 8, skipping rows at or beyond seq_len. With ACCUMULATE, added (+=) to what
+// dst holds instead (every element has this one writer).
+template <int HD, bool ACCUMULATE = false>
+__device__ __forceinline__ void flash_store_rows_fp32(float* dst, size_t row_stride, int row, int seq_len,
+                                                      const float acc[HD / 8][4]) {
+  const int t = threadIdx.x % 4;
+  for (int r = 0; r < 2; ++r) {
+    if (row + 8 * r >= seq_len) continue;
+    float* dst_row = dst + static_cast<size_t>(row + 8 * r) * row_stride + 2 * t;
+    for (int n = 0; n < HD / 8; ++n) {
+      float2 v = make_float2(acc[n][2 * r], acc[n][2 * r + 1]);
+      if (ACCUMULATE) {
+        const float2 was = *reinterpret_cast<const float2*>(dst_row + 8 * n);
+        v.x += was.x;
+        v.y += was.y;
+      }
+      *reinterpret_cast<float2*>(dst_row + 8 * n) = v;
+    }
+  }
+}
+
 // What every tile kernel derives from its block index. Blocks of one (b, h) are adjacent in
 // launch order, so a head's streamed operand (K and V, or Q and dO) stays in L2 across its
 // tiles; within a head, LAST_FIRST launches the last tile of rows first (the longest causal
@@ -284,13 +320,19 @@ __device__ __forceinline__ FlashBlock<HD> flash_block(int seq_len, int NH, int N
 // One block per (128 query rows, b, h), streaming K and V of h's K/V head, the longest causal
 // prefixes first; each warp owns MT = kForwardMTiles m-tiles of 16 rows. Scores are kept in log2
 // units (scaled by scale·log2 e) so the exponentials are exp2f.
-template <int HD>
+// KEYS other than causal (ring_attention.cuh): K and V come from `kv`, a separate
+// (B, kv_len, 2·NKV·HD) block, under the causal diagonal (block_diagonal, kv_len = seq_len) or with
+// every key visible (block_full); the output goes to out_fp32, in fp32 (`out` is unused). For
+// causal, those arguments are unused.
+template <int HD, FlashKeys KEYS = FlashKeys::causal>
 __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
     flash_attention_forward_kernel(bf16* out, float* lse, const bf16* qkv, int seq_len, int NH, int NKV,
-                                   float scale_log2) {
+                                   float scale_log2, const bf16* kv, int kv_len, float* out_fp32) {
   LAUNCH_BOUNDS_GUARD(FlashTiles<HD>::kThreads);
+  constexpr bool BLOCKWISE = KEYS != FlashKeys::causal, full = KEYS == FlashKeys::block_full;
   using Tiles = FlashTiles<HD>;
-  constexpr int BM = Tiles::kForwardRows, BN = Tiles::kStream, S = Tiles::kStride, MT = Tiles::kForwardMTiles;
+  constexpr int BM = Tiles::forward_rows(KEYS), BN = Tiles::kStream, S = Tiles::kStride;
+  constexpr int MT = Tiles::forward_m_tiles(KEYS);
   DYNAMIC_SHARED(bf16, smem);
   bf16* q_tile = smem;
   bf16* k_tiles = q_tile + BM * S;
@@ -303,12 +345,22 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
   const size_t row_stride = blk.row_stride;
   const bf16* q_src = blk.qkv_head(qkv);
   const bf16* k_src = q_src + blk.k_offset();
+  size_t kv_stride = row_stride;
+  int keys = seq_len;
+  int kv_tiles = ceil_div(min(q0 + BM, seq_len), BN);  // keys up to the block's last valid row
+  if constexpr (BLOCKWISE) {
+    kv_stride = 2 * static_cast<size_t>(blk.kv_C);
+    k_src = kv + (static_cast<size_t>(blk.b) * kv_len * (2 * NKV) + blk.kv_h) * HD;
+    if (full) {  // block_diagonal: kv_len = seq_len
+      keys = kv_len;
+      kv_tiles = ceil_div(kv_len, BN);
+    }
+  }
   const bf16* v_src = k_src + blk.kv_C;
 
-  const int kv_tiles = ceil_div(min(q0 + BM, seq_len), BN);  // keys up to the block's last valid row
   flash_load_tile<HD, BM>(q_tile, q_src, row_stride, q0, seq_len);
-  flash_load_tile<HD, BN>(k_tiles, k_src, row_stride, 0, seq_len);
-  flash_load_tile<HD, BN>(v_tiles, v_src, row_stride, 0, seq_len);
+  flash_load_tile<HD, BN>(k_tiles, k_src, kv_stride, 0, keys);
+  flash_load_tile<HD, BN>(v_tiles, v_src, kv_stride, 0, keys);
   cp_async_commit();
 
   float o[MT][HD / 8][4] = {};
@@ -323,8 +375,8 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
   for (int j = 0; j < kv_tiles; ++j) {
     if (j + 1 < kv_tiles) {  // prefetch the next tile into the other buffer
       const int next = (j + 1) % 2;
-      flash_load_tile<HD, BN>(k_tiles + next * BN * S, k_src, row_stride, (j + 1) * BN, seq_len);
-      flash_load_tile<HD, BN>(v_tiles + next * BN * S, v_src, row_stride, (j + 1) * BN, seq_len);
+      flash_load_tile<HD, BN>(k_tiles + next * BN * S, k_src, kv_stride, (j + 1) * BN, keys);
+      flash_load_tile<HD, BN>(v_tiles + next * BN * S, v_src, kv_stride, (j + 1) * BN, keys);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -338,6 +390,7 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
     flash_mma_rows_by_rows<HD, BN, MT>(s, q_tile, warp_row0 - q0, k_tile);
     const int k0 = j * BN;
     const bool diagonal = k0 + BN - 1 > q0;  // some key of the tile lies after some row of the block
+    const bool tail = full && k0 + BN > kv_len;  // full: the keys at or beyond kv_len
     uint32_t p[MT][BN / 16][4];
     UNROLL
     for (int m = 0; m < MT; ++m) {
@@ -345,7 +398,11 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
       for (int n = 0; n < BN / 8; ++n) {
         for (int i = 0; i < 4; ++i) {
           float x = s[m][n][i] * scale_log2;
-          if (diagonal && k0 + 8 * n + 2 * t + i % 2 > row + 16 * m + 8 * (i / 2)) x = -INFINITY;
+          if (full) {
+            if (tail && k0 + 8 * n + 2 * t + i % 2 >= kv_len) x = -INFINITY;
+          } else if (diagonal && k0 + 8 * n + 2 * t + i % 2 > row + 16 * m + 8 * (i / 2)) {
+            x = -INFINITY;
+          }
           s[m][n][i] = x;
           tile_max[i / 2] = fmaxf(tile_max[i / 2], x);
         }
@@ -393,6 +450,10 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
         }
       }
     }
+    if constexpr (BLOCKWISE) {
+      flash_store_rows_fp32<HD>(blk.io_head(out_fp32), C, row + 16 * m, seq_len, o[m]);
+      continue;
+    }
     // The warp's own Q rows are free now: they stage its output rows.
     flash_store_rows<HD>(blk.io_head(out), C, warp_row0 + 16 * m, seq_len, q_tile + (warp_row0 - q0 + 16 * m) * S,
                          o[m]);
@@ -429,12 +490,17 @@ __global__ void flash_attention_backward_delta_kernel(float* delta, const bf16* 
 // ascending order, each head's tiles in order, so the group's sum has a fixed order (and with
 // NKV = NH it is multi-head attention's loop). The streamed rows' lse (in log2 units) and D sit
 // in shared memory, +inf and 0 beyond T so those zero-filled queries contribute exactly 0.
-template <int HD>
+// KEYS other than causal (ring_attention.cuh): the keys are those of `kv`, a separate
+// (B, kv_len, 2·NKV·HD) block, seen by the seq_len queries under the causal diagonal
+// (block_diagonal, kv_len = seq_len) or by all of them (block_full); dK and dV are added (+=) in
+// fp32 into dkv_fp32 (kv's layout).
+template <int HD, FlashKeys KEYS = FlashKeys::causal>
 __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
     flash_attention_backward_key_value_kernel(bf16* dqkv, const float* delta, const bf16* dout, const bf16* qkv,
                                               const float* lse, int seq_len, int NH, int NKV, float scale,
-                                              float scale_log2) {
+                                              float scale_log2, const bf16* kv, int kv_len, float* dkv_fp32) {
   LAUNCH_BOUNDS_GUARD(FlashTiles<HD>::kThreads);
+  constexpr bool BLOCKWISE = KEYS != FlashKeys::causal, full = KEYS == FlashKeys::block_full;
   using Tiles = FlashTiles<HD>;
   constexpr int BN = Tiles::kRows, BM = Tiles::kStream, S = Tiles::kStride;
   DYNAMIC_SHARED(bf16, smem);
@@ -444,17 +510,21 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
   bf16* do_tiles = q_tiles + 2 * BM * S;
   float* stats = reinterpret_cast<float*>(do_tiles + 2 * BM * S);  // per buffer: lse·log2 e [BM], then D [BM]
 
-  const FlashBlock<HD> blk = flash_block<HD, BN, false, true>(seq_len, NH, NKV);
+  const FlashBlock<HD> blk = flash_block<HD, BN, false, true>(BLOCKWISE ? kv_len : seq_len, NH, NKV);
   const int k0 = blk.row0, C = blk.C, warp = blk.warp, t = blk.t;
   const int key = blk.row;  // this lane's keys: key and key + 8
   const size_t row_stride = blk.row_stride;
   // The group's first query head; head h + g is g·HD channels further (and g·T rows of lse and D).
   const bf16* q_src = blk.qkv_head(qkv);
   const bf16* do_src = blk.io_head(dout);
+  if constexpr (BLOCKWISE) {  // blk counts the key block's rows; the queries have seq_len
+    q_src = qkv + static_cast<size_t>(blk.b) * seq_len * row_stride + blk.h * HD;
+    do_src = dout + static_cast<size_t>(blk.b) * seq_len * C + blk.h * HD;
+  }
   const float* lse_bh = lse + static_cast<size_t>(blk.bh) * seq_len;
   const float* delta_bh = delta + static_cast<size_t>(blk.bh) * seq_len;
 
-  const int first_q0 = k0 / BM * BM;  // the query tile holding the block's first key
+  const int first_q0 = full ? 0 : k0 / BM * BM;  // the query tile holding the block's first key
   const int steps = NH / NKV * ceil_div(seq_len - first_q0, BM);
   // The step being loaded: query head h + load_head, query rows load_q0 .. load_q0 + BM - 1.
   int load_head = 0, load_q0 = first_q0;
@@ -479,9 +549,16 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
   };
   const bool holds_stat = static_cast<int>(threadIdx.x) < 2 * BM;
 
-  const bf16* k_src = blk.k_head(qkv);
-  flash_load_tile<HD, BN>(k_tile, k_src, row_stride, k0, seq_len);
-  flash_load_tile<HD, BN>(v_tile, k_src + blk.kv_C, row_stride, k0, seq_len);
+  if constexpr (BLOCKWISE) {
+    const size_t kv_stride = 2 * static_cast<size_t>(blk.kv_C);
+    const bf16* k_src = kv + static_cast<size_t>(blk.b) * kv_len * kv_stride + blk.kv_h * HD;
+    flash_load_tile<HD, BN>(k_tile, k_src, kv_stride, k0, kv_len);
+    flash_load_tile<HD, BN>(v_tile, k_src + blk.kv_C, kv_stride, k0, kv_len);
+  } else {
+    const bf16* k_src = blk.k_head(qkv);
+    flash_load_tile<HD, BN>(k_tile, k_src, row_stride, k0, seq_len);
+    flash_load_tile<HD, BN>(v_tile, k_src + blk.kv_C, row_stride, k0, seq_len);
+  }
   load_step(0);
   cp_async_commit();
   if (holds_stat) stats[threadIdx.x] = query_stat();
@@ -508,7 +585,7 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
     // Pᵀ (16 keys x BM queries): this lane holds keys key, key + 8 and queries q0 + 8n + 2t (+1).
     float p[BM / 8][4] = {};
     flash_mma_rows_by_rows<HD, BM>(p, k_tile, 16 * warp, q_tile);
-    const bool diagonal = k0 + BN - 1 > q0;
+    const bool diagonal = !full && k0 + BN - 1 > q0;
     for (int n = 0; n < BM / 8; ++n) {
       for (int e = 0; e < 4; ++e) {
         const int col = 8 * n + 2 * t + e % 2;
@@ -535,6 +612,13 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
   for (int n = 0; n < HD / 8; ++n) {
     for (int e = 0; e < 4; ++e) dk[n][e] *= scale;
   }
+  if constexpr (BLOCKWISE) {
+    const size_t kv_stride = 2 * static_cast<size_t>(blk.kv_C);
+    float* dk_dst = dkv_fp32 + static_cast<size_t>(blk.b) * kv_len * kv_stride + blk.kv_h * HD;
+    flash_store_rows_fp32<HD, true>(dk_dst, kv_stride, key, kv_len, dk);
+    flash_store_rows_fp32<HD, true>(dk_dst + blk.kv_C, kv_stride, key, kv_len, dv);
+    return;
+  }
   // The warp's own K and V rows are free now: they stage its dK and dV rows.
   bf16* dk_dst = blk.k_head(dqkv);
   flash_store_rows<HD>(dk_dst, row_stride, k0 + 16 * warp, seq_len, k_tile + 16 * warp * S, dk);
@@ -543,12 +627,16 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads)
 
 // One block per (64 query rows, b, h), the longest causal prefixes first:
 // dQ = scale · dS K over the key tiles (of h's K/V head) up to the diagonal.
-template <int HD>
+// KEYS other than causal (ring_attention.cuh): K and V come from `kv`, a separate
+// (B, kv_len, 2·NKV·HD) block, under the causal diagonal (block_diagonal) or with every key
+// visible (block_full); dQ is added (+=) in fp32 into dq_fp32 (B, seq_len, C).
+template <int HD, FlashKeys KEYS = FlashKeys::causal>
 __global__ void __launch_bounds__(FlashTiles<HD>::kThreads, FlashTiles<HD>::kQueryMinBlocks)
     flash_attention_backward_query_kernel(bf16* dqkv, const float* delta, const bf16* dout, const bf16* qkv,
                                           const float* lse, int seq_len, int NH, int NKV, float scale,
-                                          float scale_log2) {
+                                          float scale_log2, const bf16* kv, int kv_len, float* dq_fp32) {
   LAUNCH_BOUNDS_GUARD(FlashTiles<HD>::kThreads);
+  constexpr bool BLOCKWISE = KEYS != FlashKeys::causal, full = KEYS == FlashKeys::block_full;
   using Tiles = FlashTiles<HD>;
   constexpr int BM = Tiles::kRows, BN = Tiles::kStream, S = Tiles::kStride;
   DYNAMIC_SHARED(bf16, smem);
@@ -563,13 +651,23 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads, FlashTiles<HD>::kQue
   const size_t row_stride = blk.row_stride;
   const bf16* q_src = blk.qkv_head(qkv);
   const bf16* k_src = blk.k_head(qkv);
+  size_t kv_stride = row_stride;
+  int keys = seq_len;
+  int kv_tiles = ceil_div(min(q0 + BM, seq_len), BN);
+  if constexpr (BLOCKWISE) {
+    kv_stride = 2 * static_cast<size_t>(blk.kv_C);
+    k_src = kv + static_cast<size_t>(blk.b) * kv_len * kv_stride + blk.kv_h * HD;
+    if (full) {  // block_diagonal: kv_len = seq_len
+      keys = kv_len;
+      kv_tiles = ceil_div(kv_len, BN);
+    }
+  }
   const bf16* v_src = k_src + blk.kv_C;
 
-  const int kv_tiles = ceil_div(min(q0 + BM, seq_len), BN);
   flash_load_tile<HD, BM>(q_tile, q_src, row_stride, q0, seq_len);
   flash_load_tile<HD, BM>(do_tile, blk.io_head(dout), C, q0, seq_len);
-  flash_load_tile<HD, BN>(k_tiles, k_src, row_stride, 0, seq_len);
-  flash_load_tile<HD, BN>(v_tiles, v_src, row_stride, 0, seq_len);
+  flash_load_tile<HD, BN>(k_tiles, k_src, kv_stride, 0, keys);
+  flash_load_tile<HD, BN>(v_tiles, v_src, kv_stride, 0, keys);
   cp_async_commit();
   float lse_log2[2], row_delta[2];  // rows beyond T: P = 0 (their results are never written)
   for (int r = 0; r < 2; ++r) {
@@ -582,8 +680,8 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads, FlashTiles<HD>::kQue
   for (int j = 0; j < kv_tiles; ++j) {
     if (j + 1 < kv_tiles) {
       const int next = (j + 1) % 2;
-      flash_load_tile<HD, BN>(k_tiles + next * BN * S, k_src, row_stride, (j + 1) * BN, seq_len);
-      flash_load_tile<HD, BN>(v_tiles + next * BN * S, v_src, row_stride, (j + 1) * BN, seq_len);
+      flash_load_tile<HD, BN>(k_tiles + next * BN * S, k_src, kv_stride, (j + 1) * BN, keys);
+      flash_load_tile<HD, BN>(v_tiles + next * BN * S, v_src, kv_stride, (j + 1) * BN, keys);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -597,9 +695,12 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads, FlashTiles<HD>::kQue
     flash_mma_rows_by_rows<HD, BN>(p, q_tile, 16 * warp, k_tile);
     const int k0 = j * BN;
     const bool diagonal = k0 + BN - 1 > q0;
+    // full: only the zero-filled keys at or beyond kv_len (their p could overflow the 0 they multiply)
+    const bool tail = full && k0 + BN > kv_len;
     for (int n = 0; n < BN / 8; ++n) {
       for (int e = 0; e < 4; ++e) {
-        const bool masked = diagonal && k0 + 8 * n + 2 * t + e % 2 > row + 8 * (e / 2);
+        const int k = k0 + 8 * n + 2 * t + e % 2;
+        const bool masked = full ? tail && k >= kv_len : diagonal && k > row + 8 * (e / 2);
         p[n][e] = masked ? 0.0f : exp2f(p[n][e] * scale_log2 - lse_log2[e / 2]);
       }
     }
@@ -616,6 +717,10 @@ __global__ void __launch_bounds__(FlashTiles<HD>::kThreads, FlashTiles<HD>::kQue
 
   for (int n = 0; n < HD / 8; ++n) {
     for (int e = 0; e < 4; ++e) dq[n][e] *= scale;
+  }
+  if constexpr (BLOCKWISE) {
+    flash_store_rows_fp32<HD, true>(blk.io_head(dq_fp32), C, row, seq_len, dq);
+    return;
   }
   flash_store_rows<HD>(blk.qkv_head(dqkv), row_stride, q0 + 16 * warp, seq_len, q_tile + 16 * warp * S, dq);
 }
@@ -672,7 +777,8 @@ void flash_attention_forward_hd(bf16* out, float* lse, const bf16* qkv, int B, i
   const float scale = 1.0f / sqrtf(static_cast<float>(HD));
   flash_attention_allow_smem(flash_attention_forward_kernel<HD>, Tiles::forward_smem());
   launch(flash_attention_forward_kernel<HD>, flash_attention_grid(B, seq_len, NH, Tiles::kForwardRows),
-         dim3(Tiles::kThreads), Tiles::forward_smem(), stream, out, lse, qkv, seq_len, NH, NKV, scale * kFlashLog2e);
+         dim3(Tiles::kThreads), Tiles::forward_smem(), stream, out, lse, qkv, seq_len, NH, NKV, scale * kFlashLog2e,
+         nullptr, 0, nullptr);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -691,12 +797,12 @@ void flash_attention_backward_hd(bf16* dqkv, float* delta, const bf16* dout, con
   flash_attention_allow_smem(flash_attention_backward_key_value_kernel<HD>, Tiles::key_value_smem());
   launch(flash_attention_backward_key_value_kernel<HD>, flash_attention_grid(B, seq_len, NKV, Tiles::kRows),
          dim3(Tiles::kThreads), Tiles::key_value_smem(), stream, dqkv, delta, dout, qkv, lse, seq_len, NH, NKV, scale,
-         scale * kFlashLog2e);
+         scale * kFlashLog2e, nullptr, 0, nullptr);
   CUDA_CHECK(cudaGetLastError());
   flash_attention_allow_smem(flash_attention_backward_query_kernel<HD>, Tiles::query_smem());
   launch(flash_attention_backward_query_kernel<HD>, flash_attention_grid(B, seq_len, NH, Tiles::kRows),
          dim3(Tiles::kThreads), Tiles::query_smem(), stream, dqkv, delta, dout, qkv, lse, seq_len, NH, NKV, scale,
-         scale * kFlashLog2e);
+         scale * kFlashLog2e, nullptr, 0, nullptr);
   CUDA_CHECK(cudaGetLastError());
 }
 
