@@ -149,12 +149,6 @@ inline ActivationCounts activation_counts(const ModelConfig& cfg, int B, int seq
   return n;
 }
 
-// Pipeline parallelism keeps several micro-batches' activations at once (the schedule's in-flight
-// chunk passes), each set sized for the rank's largest chunk, `cfg` with num_layers = its layers.
-// The first set is whole; every further set holds what a pass keeps until its backward (the
-// per-layer tensors, the chunk's input and output, lnf, losses, tokens, the received output
-// gradient), while the buffers a pass only works in (logits, branch, residual and wide gradients,
-// scratch) are the first set's alone.
 // zb-h1 (pipeline_schedule.h) splits a pass's backward: the input backward leaves each product's
 // output gradient for the weight backward, per layer: the two residual-branch projections' (N, C
 // each), qkv's (N, QKV/size) and, with GELU, fc's (N, H/size) (SwiGLU's two stay in fch, where its
@@ -173,7 +167,13 @@ inline DeferredGradients deferred_gradients(const ModelConfig& cfg, int B, int s
   return d;
 }
 
-// A stage without the head has no logits at all.
+// Pipeline parallelism keeps several micro-batches' activations at once (the schedule's in-flight
+// chunk passes), each set's counts those of activation_counts for the rank's largest chunk (its
+// cfg.num_layers), then these. The first set is whole; every further set holds what a pass keeps
+// until its backward (the per-layer tensors, the chunk's input and output, lnf, losses, tokens,
+// the received output gradient), while the buffers a pass only works in (branch, residual and
+// wide gradients, scratch; the logits) are the first set's alone. A stage without the head has
+// no logits at all.
 inline ActivationCounts pipeline_slot_counts(ActivationCounts n, bool first, bool head) {
   n.output_grad = n.lnf_stat * (n.lnf / n.losses);  // this rank's rows × C
   if (!first) n.branch = n.dresidual = n.dwide = n.scratch = n.norm_squared = 0;
