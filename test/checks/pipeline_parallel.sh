@@ -2,9 +2,10 @@
 # Pipeline parallelism (--pp) in the trainer against one process with the same global batch, on
 # the tiny reference model (GPT-2, L = 2, tied embeddings: wte on the first and the last stage),
 # 3 steps of 3 micro-batches: PP 2 with zb-h1, PP 2 x DP 2 with 1f1b at ZeRO 1 (the first stage at
-# --recompute 3, the last at 0: --pp-recompute), and TP 2 x PP 2
-# with sequence parallelism and gpipe (4 ranks), fp32, must reproduce the one-process per-step
-# losses, gradient norms and validation losses within 1e-5, and PP 2 in bf16 within 2e-3 (the
+# --recompute 3, the last at 0: --pp-recompute), TP 2 x PP 2 with sequence parallelism and gpipe
+# (4 ranks) and, on the CPU build, TP 2 x PP 2 x DP 2 (8 ranks), fp32, must reproduce the
+# one-process per-step losses, gradient norms and validation losses within 1e-6 (issue 33's
+# bound; the tied wte's two-stage sum rounds differently: ~1e-7), and PP 2 in bf16 within 2e-3 (the
 # data-parallel checks' tolerance); the TP 2 x PP 2 run's step-2 checkpoint resumes on one rank
 # and a one-process checkpoint on PP 2 (resharded by the whole model's parameter index), each
 # reproducing step 3; the model file a PP 2 run writes (gathered from both stages) gives its last
@@ -23,10 +24,14 @@ common=(--init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$
         --val-steps 1 --seq-len 16 --max-steps 3 --lr 1e-3 --warmup-steps 0 --lr-schedule linear --bucket-mib 0.1
         --total-batch-tokens 96)
 run single 1 --dtype fp32 --batch-size 2 --checkpoint-every 2
-run zb 2 --dtype fp32 --batch-size 2 --pp 2 --pp-schedule zb-h1 --recompute 0 && same_steps single zb 1e-5
-run dp_pp 4 --dtype fp32 --batch-size 1 --pp 2 --zero 1 --pp-recompute 3,0 && same_steps single dp_pp 1e-5
+run zb 2 --dtype fp32 --batch-size 2 --pp 2 --pp-schedule zb-h1 --recompute 0 && same_steps single zb 1e-6
+run dp_pp 4 --dtype fp32 --batch-size 1 --pp 2 --zero 1 --pp-recompute 3,0 && same_steps single dp_pp 1e-6
 run tp_pp 4 --dtype fp32 --batch-size 2 --pp 2 --tp 2 --sequence-parallel 1 --pp-schedule gpipe --checkpoint-every 2 &&
-  same_steps single tp_pp 1e-5
+  same_steps single tp_pp 1e-6
+if [ "$mode" = cpu ]; then
+  run tp_pp_dp 8 --dtype fp32 --batch-size 1 --pp 2 --tp 2 --zero 1 --pp-schedule interleaved &&
+    same_steps single tp_pp_dp 1e-6
+fi
 run single_bf16 1 --batch-size 2 --save 0 && run pp_bf16 2 --batch-size 2 --pp 2 --save 0 &&
   same_steps single_bf16 pp_bf16 2e-3
 
@@ -88,10 +93,10 @@ if [ -s data/llama3_bpe/tokenizer.model ]; then
           --seq-len 16 --batch-size 1 --total-batch-tokens 32 --max-steps 3 --val-every 2 --val-steps 1 --dtype fp32
           --seed 7 --save 0)
   run llama_single 1 && run llama_interleaved 2 --pp 2 --pp-schedule interleaved --pp-virtual 2 &&
-    same_steps llama_single llama_interleaved 1e-5
+    same_steps llama_single llama_interleaved 1e-6
 else
   echo "  Llama part skipped: Llama 3's vocabulary is missing (scripts/install_deps.sh)"
 fi
 
-[ "$failures" -eq 0 ] && echo "pipeline_parallel: PP 2 (zb-h1, bf16), PP 2 x DP 2, TP 2 x PP 2, Llama interleaved match one process; resumes across --pp; model.bin, eval and samples"
+[ "$failures" -eq 0 ] && echo "pipeline_parallel: PP 2 (zb-h1, bf16), PP 2 x DP 2, TP 2 x PP 2 (x DP 2), Llama interleaved match one process; resumes across --pp; model.bin, eval and samples"
 exit $((failures > 0))
