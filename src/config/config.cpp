@@ -98,6 +98,9 @@ const std::vector<Flag>& flag_table() {
       {"pp", "N", "pipeline parallelism: the layers cut into N stages (balanced by cost, or --pp-layers), --tp inside "
        "each stage, data parallelism (and --zero 0|1) across; N x --tp divides the ranks, and a step needs at least N "
        "micro-batches (--total-batch-tokens / (B*T*data-parallel ranks))", &TrainConfig::pp, {1, 1 << 16}},
+      {"cp", "N", "context parallelism: each sequence of T tokens cut into 2N chunks, rank r of a group of N holding "
+       "chunks r and 2N-1-r (equal causal work), K/V passed around the group (ring attention); N x --tp x --pp "
+       "divides the ranks and 2N divides --seq-len", &TrainConfig::cp, {1, 1 << 16}},
       {"pp-schedule", "NAME", "gpipe | 1f1b | interleaved | zb-h1: with --pp > 1, the order of each stage's work "
        "(zb-h1 splits each backward into input and weight gradients and needs --recompute 0, its default there)",
        &TrainConfig::pp_schedule, {}, {"gpipe", "1f1b", "interleaved", "zb-h1"}},

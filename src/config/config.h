@@ -72,6 +72,7 @@ struct TrainConfig {
   int pp_virtual = 1;                  // model chunks per pipeline rank (interleaved only)
   std::vector<int> pp_layers;          // layers per pipeline rank; empty: balanced by cost
   std::vector<int> pp_recompute;       // --recompute per pipeline rank; empty: --recompute on every one
+  int cp = 1;                          // context-parallel group size: each sequence split over it (zigzag)
   double bucket_mib = kDefaultBucketMiB;
   std::string rendezvous;
   double comm_timeout = 600.0;  // every wait for the other ranks (start-up, each collective)

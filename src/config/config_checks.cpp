@@ -51,6 +51,15 @@ int validate_config(TrainConfig& cfg, int world_size) {
     throw std::invalid_argument("--tp " + std::to_string(cfg.tp) + " x --pp " + std::to_string(cfg.pp) + " = " +
                                 std::to_string(model_ranks) + " must divide the number of ranks, " +
                                 std::to_string(world_size) + (cfg.plan ? " (--world-size)" : ""));
+  if (cfg.cp > 1 && world_size % (model_ranks * cfg.cp) != 0)
+    throw std::invalid_argument("--cp " + std::to_string(cfg.cp) + " x --tp " + std::to_string(cfg.tp) + " x --pp " +
+                                std::to_string(cfg.pp) + " = " + std::to_string(model_ranks * cfg.cp) +
+                                " must divide the number of ranks, " + std::to_string(world_size) +
+                                (cfg.plan ? " (--world-size)" : ""));
+  if (cfg.cp > 1 && cfg.seq_len % (2 * static_cast<long long>(cfg.cp)) != 0)
+    throw std::invalid_argument("--seq-len " + std::to_string(cfg.seq_len) + " with --cp " + std::to_string(cfg.cp) +
+                                ": the sequence is cut into 2 x " + std::to_string(cfg.cp) +
+                                " equal chunks, so 2 x --cp must divide it");
   if (cfg.pp_virtual > 1 && cfg.pp_schedule != "interleaved")
     throw std::invalid_argument("--pp-virtual " + std::to_string(cfg.pp_virtual) +
                                 " chunks per rank need --pp-schedule interleaved (not " + cfg.pp_schedule + ")");
@@ -75,8 +84,9 @@ int validate_config(TrainConfig& cfg, int world_size) {
                                   (cfg.pp_recompute.empty() ? "" : " (--pp-recompute, stage " + std::to_string(s) + ")") +
                                   ": its weight backward reads each product's input after the input backward moved on; "
                                   "use --recompute 0");
-  // A model replica (a TP group per stage) reads one micro-batch: the data-parallel ranks read different ones.
-  const int data_ranks = static_cast<int>(world_size / model_ranks);
+  // A model replica (a TP group per stage) reads one micro-batch, the CP group's replicas share one (each its part of
+  // every sequence): the data-parallel ranks read different ones.
+  const int data_ranks = static_cast<int>(world_size / (model_ranks * cfg.cp));
   const long long micro_tokens = static_cast<long long>(cfg.batch_size) * cfg.seq_len * data_ranks;
   if (cfg.total_batch_tokens == 0) cfg.total_batch_tokens = micro_tokens;
   if (cfg.total_batch_tokens % micro_tokens != 0)

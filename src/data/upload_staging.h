@@ -9,12 +9,14 @@
 #include "kernels/encoder.cuh"
 #include "src/base/device.h"
 #include "src/data/dataloader.h"
+#include "src/dist/context_split.h"
 
 #include <algorithm>
 #include <cstddef>
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 // Every one of the B·T ids must index a real vocabulary row; anything else means the data was
 // tokenized for another vocabulary than the model's. `what`: "input" or "target".
@@ -30,14 +32,18 @@ inline void check_token_ids(const int* tokens, int B, int seq_len, int vocab_siz
 }
 
 // The host work a B×T micro-batch needs before its upload, for DataLoader::set_prepare (on the
-// loader thread, a step ahead): the encoder-backward buckets of its inputs whose ids are in
-// [vocab_begin, vocab_end) (a tensor-parallel rank's wte rows). Shapes captured by value.
-inline std::function<void(TokenBatch&)> encoder_buckets_preparer(int B, int seq_len, int vocab_size, int vocab_begin,
-                                                                 int vocab_end) {
+// loader thread, a step ahead): the encoder-backward buckets of the rank's tokens (context_split.h:
+// all of them without context parallelism) whose ids are in [vocab_begin, vocab_end) (a
+// tensor-parallel rank's wte rows). Shapes captured by value.
+inline std::function<void(TokenBatch&)> encoder_buckets_preparer(int B, const ContextSplit& context, int vocab_size,
+                                                                 int vocab_begin, int vocab_end) {
   return [=](TokenBatch& batch) {
+    const int seq_len = context.local_len();
+    std::vector<int> tokens(static_cast<size_t>(B) * seq_len);
+    context.select(tokens.data(), batch.inputs.data(), B);
     batch.buckets.resize(encoder_backward_buckets_bytes(B, seq_len) / sizeof(int));
-    batch.bucket_segments = encoder_backward_build_buckets(batch.buckets.data(), batch.inputs.data(), B, seq_len,
-                                                           vocab_size, vocab_begin, vocab_end);
+    batch.bucket_segments = encoder_backward_build_buckets(batch.buckets.data(), tokens.data(), B, seq_len, vocab_size,
+                                                           vocab_begin, vocab_end);
   };
 }
 

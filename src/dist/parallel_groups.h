@@ -1,21 +1,27 @@
-// parallel_groups.h — a run's ranks as a grid of data-parallel (DP) × pipeline-parallel (PP) ×
-// tensor-parallel (TP) groups, each group its own communicator split from the world's
-// (ncclCommSplit).
+// parallel_groups.h — a run's ranks as a grid of data-parallel (DP) × context-parallel (CP) ×
+// pipeline-parallel (PP) × tensor-parallel (TP) groups, each group its own communicator split from
+// the world's (ncclCommSplit).
 //
-// With --tp T and --pp P (T·P divides the world size W; D = W/(T·P) replicas of the model), world
-// rank (d·P + s)·T + t is TP rank t of pipeline stage s of data-parallel replica d: TP innermost —
-// consecutive ranks, so under mpirun's and srun's usual block placement a TP group shares a node
-// and its NVLink — then the pipeline stages, then the replicas. The groups:
-//   TP group  the T ranks of the same (d, s), ranked by t: they split each layer's work
+// With --tp T, --pp P and --cp N (T·P·N divides the world size W; R = W/(T·P) replicas of the
+// model, D = R/N of them reading different data), world rank (r·P + s)·T + t is TP rank t of
+// pipeline stage s of replica r = d·N + c, which is CP rank c of data-parallel index d: TP
+// innermost — consecutive ranks, so under mpirun's and srun's usual block placement a TP group
+// shares a node and its NVLink — then the pipeline stages, then the replicas. The groups:
+//   TP group  the T ranks of the same (r, s), ranked by t: they split each layer's work
 //             (tensor_split.h) and read the same micro-batches;
-//   PP group  the P ranks of the same (d, t), ranked by s: stage s sends activations to s + 1 and
+//   PP group  the P ranks of the same (r, t), ranked by s: stage s sends activations to s + 1 and
 //             gradients to s - 1 (pipeline_schedule.h);
-//   DP group  the D ranks of the same (s, t), ranked by d: they hold the same parameters, read
-//             different micro-batches and sum gradients at the ZeRO stage.
-//   tied-embedding group  the first and the last stage of the same (d, t) (--pp 2: the PP group):
+//   CP group  the N ranks of the same (d, s, t), ranked by c: they read the same micro-batches, each
+//             its zigzag part of every sequence (context_split.h), and pass K/V around the group
+//             (context_attention.h);
+//   DP group  the R ranks of the same (s, t), ranked by r: they hold the same parameters and sum
+//             their gradients at the ZeRO stage — the CP ranks with the data-parallel ones, as their
+//             tokens are different tokens of the same loss. To everything but attention and the
+//             data a CP rank is one more replica (ZeRO shards, checkpoints: --cp is not saved state).
+//   tied-embedding group  the first and the last stage of the same (r, t) (--pp 2: the PP group):
 //             both hold a tied wte and sum its gradient; the stages between have none.
-// Without TP there is no TP group and without PP no PP group (tp() and pp() are nullptr); with
-// neither, the DP group is the world's communicator itself.
+// Without TP there is no TP group, without PP no PP group and without CP no CP group (tp(), pp()
+// and cp() are nullptr); with none of them, the DP group is the world's communicator itself.
 #pragma once
 #include "src/dist/comm.h"
 
@@ -26,12 +32,14 @@
 
 class ParallelGroups {
  public:
-  // Splits `world` into the grid above (checked: tp_size·pp_size divides the world size).
-  ParallelGroups(Communicator& world, int tp_size, int pp_size = 1) : world_(world), dp_(&world) {
+  // Splits `world` into the grid above (checked: tp_size·pp_size·cp_size divides the world size).
+  ParallelGroups(Communicator& world, int tp_size, int pp_size = 1, int cp_size = 1) : world_(world), dp_(&world) {
     const int rank = world.rank();
-    if (tp_size < 1 || pp_size < 1 || world.world_size() % (static_cast<long long>(tp_size) * pp_size) != 0)
-      throw std::runtime_error("--tp " + std::to_string(tp_size) + " x --pp " + std::to_string(pp_size) +
-                               ": must divide the number of ranks, " + std::to_string(world.world_size()));
+    if (tp_size < 1 || pp_size < 1 || cp_size < 1 ||
+        world.world_size() % (static_cast<long long>(tp_size) * pp_size * cp_size) != 0)
+      throw std::runtime_error("--tp " + std::to_string(tp_size) + " x --pp " + std::to_string(pp_size) + " x --cp " +
+                               std::to_string(cp_size) + ": must divide the number of ranks, " +
+                               std::to_string(world.world_size()));
     if (tp_size > 1) {
       world.set_purpose("the tensor-parallel group's communicator", "during start-up");
       tp_owned_ = std::make_unique<Communicator>(world, rank / tp_size, rank, "tensor-parallel");
@@ -39,15 +47,21 @@ class ParallelGroups {
     const int model_ranks = tp_size * pp_size;  // divides the world size: no overflow
     if (pp_size > 1) {
       world.set_purpose("the pipeline-parallel group's communicator", "during start-up");
-      const int d = rank / model_ranks, s = rank / tp_size % pp_size, t = rank % tp_size;
-      pp_owned_ = std::make_unique<Communicator>(world, d * tp_size + t, s, "pipeline-parallel");
+      const int r = rank / model_ranks, s = rank / tp_size % pp_size, t = rank % tp_size;
+      pp_owned_ = std::make_unique<Communicator>(world, r * tp_size + t, s, "pipeline-parallel");
       if (pp_size > 2) {
         // Colors of the ends' pairs are below W; every other rank gets one of its own (a group of one).
         world.set_purpose("the tied-embedding group's communicator", "during start-up");
         const bool end = s == 0 || s == pp_size - 1;
-        tied_owned_ = std::make_unique<Communicator>(world, end ? d * tp_size + t : world.world_size() + rank, s,
+        tied_owned_ = std::make_unique<Communicator>(world, end ? r * tp_size + t : world.world_size() + rank, s,
                                                      "tied-embedding");
       }
+    }
+    if (cp_size > 1) {
+      world.set_purpose("the context-parallel group's communicator", "during start-up");
+      const int r = rank / model_ranks;
+      cp_owned_ = std::make_unique<Communicator>(world, r / cp_size * model_ranks + rank % model_ranks, r % cp_size,
+                                                 "context-parallel");
     }
     if (model_ranks > 1) {
       world.set_purpose("the data-parallel group's communicator", "during start-up");
@@ -60,6 +74,7 @@ class ParallelGroups {
   // The groups go before the world's communicator they were split from.
   ~ParallelGroups() {
     dp_owned_.reset();
+    cp_owned_.reset();
     tied_owned_.reset();
     pp_owned_.reset();
     tp_owned_.reset();
@@ -72,6 +87,11 @@ class ParallelGroups {
   Communicator* pp() const { return pp_owned_.get(); }  // nullptr without pipeline parallelism
   int pp_size() const { return pp_owned_ ? pp_owned_->world_size() : 1; }
   int pp_rank() const { return pp_owned_ ? pp_owned_->rank() : 0; }  // the stage s
+  Communicator* cp() const { return cp_owned_.get(); }  // nullptr without context parallelism
+  int cp_size() const { return cp_owned_ ? cp_owned_->world_size() : 1; }
+  // The data-parallel index d and their count D: which micro-batches the rank reads (its CP group's).
+  int data_rank() const { return dp_->rank() / cp_size(); }
+  int data_ranks() const { return dp_->world_size() / cp_size(); }
   // The tied-embedding group on the first and the last stage (nullptr elsewhere and without PP).
   Communicator* tied_embedding() const {
     if (pp_size() == 1 || (pp_rank() != 0 && pp_rank() != pp_size() - 1)) return nullptr;
@@ -84,11 +104,12 @@ class ParallelGroups {
     if (tp_owned_) tp_owned_->set_purpose(what, when);
     if (pp_owned_) pp_owned_->set_purpose(what, when);
     if (tied_owned_) tied_owned_->set_purpose(what, when);
+    if (cp_owned_) cp_owned_->set_purpose(what, when);
     if (dp_owned_) dp_owned_->set_purpose(what, when);
   }
 
  private:
   Communicator& world_;
   Communicator* dp_;
-  std::unique_ptr<Communicator> tp_owned_, pp_owned_, tied_owned_, dp_owned_;
+  std::unique_ptr<Communicator> tp_owned_, pp_owned_, tied_owned_, cp_owned_, dp_owned_;
 };

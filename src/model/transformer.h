@@ -4,7 +4,8 @@
 // model_config.h's, the passes' kernels transformer_passes.h's, the architecture's norm and MLP
 // block_ops.h's, the files model_file.h's, the per-micro-batch buffers activations.h's, the
 // gradients and their communication grad_sync.h's, the lm head lm_head.h's; a tensor-parallel
-// rank's part of each layer, and a pipeline stage's layers: tensor_split.h. Parameters,
+// rank's part of each layer, and a pipeline stage's layers: tensor_split.h; a context-parallel
+// rank's tokens of each sequence: context_split.h, its attention: context_attention.h. Parameters,
 // gradients and activations are Elem (float: --dtype fp32, bf16: the default); norm statistics, the
 // RoPE table, attention log-sum-exps, losses, AdamW moments and master weights are fp32. Errors
 // throw std::runtime_error: one line naming the file or setting, what was expected and found.
@@ -17,8 +18,10 @@
 #include "src/model/activations.h"
 #include "src/model/attention.h"
 #include "src/model/block_ops.h"
+#include "src/model/context_attention.h"
 #include "src/model/lm_head.h"
 #include "src/dist/comm.h"
+#include "src/dist/context_split.h"
 #include "src/base/device.h"
 #include "src/config/model_config.h"
 #include "src/dist/grad_sync.h"
@@ -63,20 +66,27 @@ class Transformer {
   // tp_collectives.h), its LayerNorm/residual region too when `sequence_parallel`. With `pipeline`
   // (tensor_split.h's PipelineParts) the rank holds its stage's part and keeps pipeline.in_flight
   // activation sets, one per chunk pass between its forward and its backward (pipeline_step.h).
+  // With a context-parallel communicator `cp_comm` of N ranks the rank holds its T/N tokens of each
+  // sequence (context_split.h) and its attention passes K/V around the group (context_attention.h);
+  // `comm` then includes the CP group's ranks (parallel_groups.h). The model still takes and gives
+  // [B][T] micro-batches and losses: each rank uploads its tokens, and losses are gathered.
   Transformer(const ModelConfig& cfg, int B, int seq_len, int recompute = kRecomputeDefault, Communicator* comm = nullptr,
        int zero_stage = 0, const std::string& attention = "auto", double bucket_mib = kDefaultBucketMiB,
        size_t logits_rows = kLogitsChunkRows, int zero3_prefetch = kDefaultZero3Prefetch,
-       Communicator* tp_comm = nullptr, bool sequence_parallel = false, const PipelineParts& pipeline = {})
+       Communicator* tp_comm = nullptr, bool sequence_parallel = false, const PipelineParts& pipeline = {},
+       Communicator* cp_comm = nullptr)
       : cfg_(check_micro_batch(cfg, B, seq_len, recompute)),
         pipeline_(pipeline.stages.empty() ? PipelineParts::whole(cfg.num_layers) : pipeline),
         split_(tensor_split_of(cfg, tp_comm, pipeline_.mine())),
         layout_(split_.local()),
+        context_(cp_comm != nullptr ? cp_comm->world_size() : 1, cp_comm != nullptr ? cp_comm->rank() : 0, seq_len),
+        cp_(context_.ranks > 1 ? cp_comm : nullptr),
         B_(B),
-        seq_len_(seq_len),
+        seq_len_(context_.local_len()),
         recompute_(recompute),
         attention_(choose_attention(attention, dtype, cfg)),
         stream_("creating the model's CUDA stream"),
-        tp_(tp_comm, sequence_parallel, B * seq_len, stream_.get()),
+        tp_(tp_comm, sequence_parallel, B * context_.local_len(), stream_.get()),
         cl_(cfg.channels / split_.size()),
         nhl_(cfg.num_heads / split_.size()),
         nkvl_(cfg.kv_heads() / split_.size()),
@@ -112,8 +122,14 @@ class Transformer {
     head_ = LmHead<Elem>(slots_[0], cfg_.vocab_size, vocab_begin(), vl_, stage().head ? layout_[lm_head_tensor()].count : 0);
     staging_.emplace(counts.tokens, counts.buckets);
     if (cfg_.positions == Positions::rope) {
-      rope_table_ = DeviceArray<float>(static_cast<size_t>(seq_len_) * cfg_.head_size(), "the RoPE table");
-      upload_floats(rope_table_.get(), rope_table(cfg_.rope, cfg_.head_size(), seq_len_), "the RoPE table");
+      rope_table_ = DeviceArray<float>(static_cast<size_t>(seq_len) * cfg_.head_size(), "the RoPE table");
+      upload_floats(rope_table_.get(), rope_table(cfg_.rope, cfg_.head_size(), seq_len), "the RoPE table");
+    }
+    local_inputs_.resize(rows());
+    local_targets_.resize(rows());
+    if (cp_ != nullptr) {
+      ring_.emplace(*cp_, attention_, B_, context_.chunk_len(), cl_, nhl_, nkvl_, stream_.get());
+      gathered_losses_ = DeviceArray<float>(static_cast<size_t>(B_) * seq_len, "the context-parallel group's losses");
     }
   }
   Transformer(const Transformer&) = delete;
@@ -129,7 +145,8 @@ class Transformer {
   const TensorSplit& tensor_split() const { return split_; }
   const TensorParallelism& tensor_parallelism() const { return tp_.shape(); }
   int batch_size() const { return B_; }
-  int seq_len() const { return seq_len_; }
+  int seq_len() const { return context_.seq_len(); }  // the sequences' (this rank holds seq_len() / CP of each)
+  const ContextSplit& context_split() const { return context_; }
   int recompute() const { return recompute_; }
   AttentionKernel attention() const { return attention_; }
   cudaStream_t stream() const { return stream_.get(); }
@@ -207,15 +224,16 @@ class Transformer {
   // The same from a loader's batch: ids checked against this model's vocabulary and encoder
   // buckets built by batch_preparer() on the loader thread are not checked or built again.
   void forward_backward(const TokenBatch& batch, int grad_accum_steps, bool last_micro_step = true) {
-    if (batch.inputs.size() != static_cast<size_t>(rows()) || batch.targets.size() != static_cast<size_t>(rows()))
+    const size_t tokens = static_cast<size_t>(B_) * context_.seq_len();
+    if (batch.inputs.size() != tokens || batch.targets.size() != tokens)
       throw std::runtime_error("forward_backward: a batch of " + std::to_string(batch.inputs.size()) + " tokens, expected B*T = " +
-                               std::to_string(rows()));
+                               std::to_string(tokens));
     micro_step(batch.inputs.data(), batch.targets.data(), &batch, grad_accum_steps, last_micro_step);
   }
 
   // The host work a micro-batch needs before its upload, for DataLoader::set_prepare.
   std::function<void(TokenBatch&)> batch_preparer() const {
-    return encoder_buckets_preparer(B_, seq_len_, cfg_.vocab_size, vocab_begin(), vocab_begin() + vl_);
+    return encoder_buckets_preparer(B_, context_, cfg_.vocab_size, vocab_begin(), vocab_begin() + vl_);
   }
 
   // ---- Pipeline parallelism: pipeline_step.h runs a schedule's table with these. A chunk pass (a
@@ -270,8 +288,17 @@ class Transformer {
     Communicator& pp = *pipeline_.comm;
     pp.ordered_with(stream_.get(), [&] { pp.broadcast(slots_[slot].losses.get(), rows(), root); });
   }
-  // Losses of the pass in `slot` (its B·T positions; the head's rank).
-  std::vector<float> pass_losses(int slot) const { return copy_floats_to_host(slots_[slot].losses.get(), rows(), stream_.get()); }
+  // Losses of the pass in `slot` (its B·T positions, [B][T]; the head's rank). With context
+  // parallelism a collective: the CP group's rows are gathered.
+  std::vector<float> pass_losses(int slot) const {
+    const float* losses = slots_[slot].losses.get();
+    if (cp_ == nullptr) return copy_floats_to_host(losses, rows(), stream_.get());
+    cp_->ordered_with(stream_.get(), [&] { cp_->all_gather(losses, gathered_losses_.get(), rows()); });
+    const std::vector<float> gathered = copy_floats_to_host(gathered_losses_.get(), gathered_losses_.bytes() / sizeof(float), stream_.get());
+    std::vector<float> whole(gathered.size());
+    context_.place(whole.data(), gathered.data(), B_);
+    return whole;
+  }
 
   // Starts an optimizer step: gradients and the step's loss sum to zero.
   void zero_grad() {
@@ -301,7 +328,7 @@ class Transformer {
   // summed on the host in position order (double). Waits for the device.
   float mean_loss() const {
     const std::vector<float> losses = position_losses();
-    return static_cast<float>(std::accumulate(losses.begin(), losses.end(), 0.0) / rows());
+    return static_cast<float>(std::accumulate(losses.begin(), losses.end(), 0.0) / static_cast<double>(losses.size()));
   }
 
   // The B·T per-position losses of the last forward() or forward_backward() ([B][T]). Waits.
@@ -344,7 +371,10 @@ class Transformer {
   // (none on a pipeline stage without the head).
   int lm_head_chunks() const { return stage().head ? ceil_div(rows(), head_.chunk_rows()) : 0; }
   // Kernel launches of the encoder's backward per micro-step (encoder.cuh; wpe's where this rank computes it).
-  int encoder_backward_launches() const { return ::encoder_backward_launches(B_, seq_len_, tp_.computes_replicated()); }
+  int encoder_backward_launches() const {
+    const int wpe_pieces = tp_.computes_replicated() ? static_cast<int>(context_.pieces(B_).size()) : 0;
+    return ::encoder_backward_launches(B_, seq_len_, false) + wpe_pieces;
+  }
 
  private:
   friend struct TransformerPasses<Elem>;
@@ -383,12 +413,16 @@ class Transformer {
     grads_.end_micro_step();
   }
 
-  // Checks the micro-batch's tokens and queues their upload (with `buckets`, also the encoder-
-  // backward buckets) from page-locked staging: the host does not wait. What the loader thread did
-  // already (`prepared`) is not done again (upload_staging.h).
+  // Checks the micro-batch's tokens (this rank's of the [B][T] inputs and targets) and queues their
+  // upload (with `buckets`, also the encoder-backward buckets) from page-locked staging: the host
+  // does not wait. What the loader thread did already (`prepared`) is not done again (upload_staging.h).
   void upload_tokens(Activations<Elem>& a, int slot, const int* inputs, const int* targets, bool buckets,
                      const TokenBatch* prepared = nullptr) {
-    const int n = staging_->upload_micro_batch(inputs, targets, prepared, B_, seq_len_, cfg_.vocab_size, vocab_begin(),
+    if (inputs == nullptr) throw std::runtime_error("input tokens: expected B*T ids, found nullptr");
+    context_.select(local_inputs_.data(), inputs, B_);
+    if (targets != nullptr) context_.select(local_targets_.data(), targets, B_);
+    const int n = staging_->upload_micro_batch(local_inputs_.data(), targets != nullptr ? local_targets_.data() : nullptr,
+                                               prepared, B_, seq_len_, cfg_.vocab_size, vocab_begin(),
                                                vocab_begin() + vl_, a.inputs.get(), a.targets.get(),
                                                buckets ? a.buckets.get() : nullptr, stream_.get());
     if (buckets) bucket_segments_[slot] = n;
@@ -407,7 +441,9 @@ class Transformer {
   const PipelineParts pipeline_;  // one whole part without pipeline parallelism
   const TensorSplit split_;
   const ParameterLayout layout_;  // this rank's (split_.local())
-  const int B_, seq_len_, recompute_;
+  const ContextSplit context_;    // one rank without context parallelism
+  Communicator* const cp_;        // the CP group (nullptr without context parallelism)
+  const int B_, seq_len_, recompute_;  // seq_len_: this rank's tokens of each sequence
   const AttentionKernel attention_;
   CudaStream stream_;
   TensorParallelGroup<Elem> tp_;
@@ -426,5 +462,8 @@ class Transformer {
   StepTotals totals_;
   int micro_steps_ = 0;  // since zero_grad()
   DeviceArray<float> rope_table_;  // RoPE: (seq_len, HS) cos/sin pairs (rope.cuh)
+  std::vector<int> local_inputs_, local_targets_;  // this rank's tokens of a micro-batch, in its row order
+  std::optional<ContextAttention<Elem>> ring_;     // the attention with context parallelism
+  DeviceArray<float> gathered_losses_;              // the CP group's losses (its ranks' rows in turn)
 };
 

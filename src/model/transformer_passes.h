@@ -1,6 +1,8 @@
 // transformer_passes.h — the transformer's forward and backward passes (TransformerPasses, a friend
 // of Transformer in transformer.h): the kernels of one chunk of a stage's layers queued on the
-// model's stream, their activations in one activation set, the TP collectives between them.
+// model's stream, their activations in one activation set, the TP collectives between them. The
+// ops that depend on where a row sits in its sequence (positions, attention) run per piece of
+// the rank's rows (context_split.h: the whole (B, T) block, or a CP rank's two chunks).
 #pragma once
 #include "kernels/common.cuh"
 #include "kernels/encoder.cuh"
@@ -51,7 +53,39 @@ struct TransformerPasses {
   // zb-h1's weight backward of chunk c in set a: each product's weight gradient from the output
   // gradient its input backward kept (a.douts) and its input.
   static void queue_chunk_weight_gradients(Transformer<Elem>& m, Activations<Elem>& a, int c);
+
+  // RoPE of q and k in place in qkv (every row), forward or backward (the gradient's inverse rotation).
+  static void rotate(Transformer<Elem>& m, Elem* qkv, bool backward);
+  // out, lse from qkv: causal attention over each sequence (with CP: the ring over the group).
+  static void attention_forward(Transformer<Elem>& m, Elem* out, float* lse, const Elem* qkv);
+  // dqkv from dout, given the forward's qkv, out and lse.
+  static void attention_backward(Transformer<Elem>& m, Elem* dqkv, float* scratch, const Elem* dout, const Elem* qkv,
+                                 const Elem* out, const float* lse);
 };
+
+template <typename Elem>
+void TransformerPasses<Elem>::rotate(Transformer<Elem>& m, Elem* qkv, bool backward) {
+  for (const ContextSplit::Piece& p : m.context_.pieces(m.B_)) {
+    Elem* rows = qkv + static_cast<size_t>(p.row) * m.qkvl_;
+    (backward ? rope_backward<Elem> : rope_forward<Elem>)(rows, rows, m.rope_table_.get(), m.context_.seq_len(), m.B_,
+                                                          p.len, m.nhl_ + m.nkvl_, m.cfg_.head_size(), m.qkvl_, p.first,
+                                                          m.stream_.get());
+  }
+}
+
+template <typename Elem>
+void TransformerPasses<Elem>::attention_forward(Transformer<Elem>& m, Elem* out, float* lse, const Elem* qkv) {
+  if (m.ring_) return m.ring_->forward(out, lse, qkv);
+  model_attention_forward(m.attention_, out, lse, qkv, m.B_, m.seq_len_, m.cl_, m.nhl_, m.nkvl_, m.stream_.get());
+}
+
+template <typename Elem>
+void TransformerPasses<Elem>::attention_backward(Transformer<Elem>& m, Elem* dqkv, float* scratch, const Elem* dout,
+                                                 const Elem* qkv, const Elem* out, const float* lse) {
+  if (m.ring_) return m.ring_->backward(dqkv, dout, qkv, out, lse);
+  model_attention_backward(m.attention_, dqkv, scratch, dout, qkv, out, lse, m.B_, m.seq_len_, m.cl_, m.nhl_, m.nkvl_,
+                           m.stream_.get());
+}
 
 template <typename Elem>
 const Elem* TransformerPasses<Elem>::block_input(const Transformer<Elem>& m, const Activations<Elem>& a, int j) {
@@ -78,11 +112,8 @@ void TransformerPasses<Elem>::block_forward(Transformer<Elem>& m, Activations<El
   Elem* atty = layer_slice(a.atty, j, Ncl);
   Elem* ln2 = layer_slice(a.ln2, j, NC);
   matmul_forward(qkv, layer_slice(a.ln1, j, NC), m.param(kQkvw, l), m.param(kQkvb, l), N, C, m.qkvl_, s);
-  if (m.cfg_.positions == Positions::rope)
-    rope_forward(qkv, qkv, m.rope_table_.get(), m.seq_len_, m.B_, m.seq_len_, m.nhl_ + m.nkvl_, m.cfg_.head_size(),
-                 m.qkvl_, 0, s);
-  model_attention_forward(m.attention_, atty, layer_slice(a.lse, j, static_cast<size_t>(N) * m.nhl_), qkv, m.B_,
-                          m.seq_len_, m.cl_, m.nhl_, m.nkvl_, s);
+  if (m.cfg_.positions == Positions::rope) rotate(m, qkv, false);
+  attention_forward(m, atty, layer_slice(a.lse, j, static_cast<size_t>(N) * m.nhl_), qkv);
   matmul_forward(w.branch.get(), atty, m.param(kAttprojw, l), m.tp_.once(m.param(kAttprojb, l)), N, m.cl_, C, s);
   const Elem* attproj = m.tp_.reduce(w.branch.get(), C);
   residual_norm_forward(m.cfg_, layer_slice(a.residual2, j, static_cast<size_t>(Nl) * C), m.tp_.local(ln2, C),
@@ -105,9 +136,12 @@ void TransformerPasses<Elem>::queue_chunk_forward(Transformer<Elem>& m, Activati
   m.params_.enter_layer(first);
   if (m.embeds_at(c)) {
     // Each TP rank embeds the tokens of its vocabulary rows (zero for the others); the sum over
-    // the group is the embedding, wpe (learned positions) added once.
-    encoder_forward(a.encoded.get(), a.inputs.get(), m.param(kWte), m.tp_.once(m.param(kWpe)), m.B_, m.seq_len_, C, s,
-                    m.vocab_begin(), m.vl_);
+    // the group is the embedding, wpe (learned positions) added once: each piece's rows of it.
+    const Elem* wpe = m.tp_.once(m.param(kWpe));
+    for (const ContextSplit::Piece& p : m.context_.pieces(m.B_))
+      encoder_forward(a.encoded.get() + static_cast<size_t>(p.row) * C, a.inputs.get() + p.row, m.param(kWte),
+                      wpe != nullptr ? wpe + static_cast<size_t>(p.first) * C : nullptr, m.B_, p.len, C, s,
+                      m.vocab_begin(), m.vl_);
     m.tp_.reduce(a.encoded.get(), C);
   }
   // The chunk's first layer normalizes its input; every later ln1 (and lnf) comes out of the
@@ -215,12 +249,8 @@ void TransformerPasses<Elem>::queue_chunk_backward(Transformer<Elem>& m, Activat
     matmul_backward(dbranch, weight_grad(kAttprojw, l), m.tp_.replicated_grad(m.grad(kAttprojb, l)), nullptr,
                     dresidual_rows, atty, m.param(kAttprojw, l), nullptr, N, m.cl_, C, s);
     keep(j, kept.attproj, dresidual_rows, NC);
-    model_attention_backward(m.attention_, dwide, scratch, dbranch, qkv, atty,
-                             layer_slice(a.lse, j, static_cast<size_t>(N) * m.nhl_), m.B_, m.seq_len_, m.cl_, m.nhl_,
-                             m.nkvl_, s);
-    if (m.cfg_.positions == Positions::rope)  // d q, d k before the rotation: rotated back
-      rope_backward(dwide, dwide, m.rope_table_.get(), m.seq_len_, m.B_, m.seq_len_, m.nhl_ + m.nkvl_,
-                    m.cfg_.head_size(), m.qkvl_, 0, s);
+    attention_backward(m, dwide, scratch, dbranch, qkv, atty, layer_slice(a.lse, j, static_cast<size_t>(N) * m.nhl_));
+    if (m.cfg_.positions == Positions::rope) rotate(m, dwide, true);  // d q, d k before the rotation: rotated back
     if (recompute_ln) norm_rows(m, ln1, ln1_mean, ln1_rstd, residual, l, kLn1w);
     matmul_backward(dbranch, weight_grad(kQkvw, l), m.grad(kQkvb, l), nullptr, dwide, ln1, m.param(kQkvw, l), nullptr,
                     N, C, m.qkvl_, s, [&] { m.tp_.start_reduce(dbranch, C); });
@@ -232,8 +262,13 @@ void TransformerPasses<Elem>::queue_chunk_backward(Transformer<Elem>& m, Activat
   }
   if (!m.embeds_at(c)) return;
   m.tp_.gather(dresidual_rows, C);
-  encoder_backward(m.grad(kWte), m.tp_.replicated_grad(m.grad(kWpe)), scratch, a.buckets.get(),
-                   m.bucket_segments_[slot], dresidual_rows, m.B_, m.seq_len_, C, s);
+  encoder_backward(m.grad(kWte), static_cast<Elem*>(nullptr), scratch, a.buckets.get(), m.bucket_segments_[slot],
+                   dresidual_rows, m.B_, m.seq_len_, C, s);
+  Elem* dwpe = m.tp_.replicated_grad(m.grad(kWpe));
+  if (dwpe == nullptr) return;
+  for (const ContextSplit::Piece& p : m.context_.pieces(m.B_))  // each position's rows, b ascending
+    encoder_backward(static_cast<Elem*>(nullptr), dwpe + static_cast<size_t>(p.first) * C, scratch, nullptr, 0,
+                     dresidual_rows + static_cast<size_t>(p.row) * C, m.B_, p.len, C, s);
 }
 
 template <typename Elem>

@@ -50,11 +50,12 @@ Transformer<Elem> allocate_model(const RunSetup& setup, ParallelGroups& groups) 
     try {
       return Transformer<Elem>(setup.model, cfg.batch_size, cfg.seq_len, recompute, &groups.dp(), cfg.zero,
                         cfg.attention, cfg.bucket_mib, logits_rows, cfg.zero3_prefetch, groups.tp(),
-                        cfg.sequence_parallel, run_pipeline_parts(cfg, setup.model, setup.grad_accum_steps, groups));
+                        cfg.sequence_parallel, run_pipeline_parts(cfg, setup.model, setup.grad_accum_steps, groups),
+                        groups.cp());
     } catch (const std::bad_alloc&) {
       throw std::runtime_error(
           "out of host memory allocating the model (its activations alone take " +
-          thousands(model_activation_bytes(setup.model, cfg.batch_size, cfg.seq_len, recompute, Transformer<Elem>::dtype,
+          thousands(model_activation_bytes(setup.model, cfg.batch_size, cfg.seq_len / cfg.cp, recompute, Transformer<Elem>::dtype,
                                           logits_rows, run_tensor_parallelism(cfg))
                         .total()) +
           " bytes)");
@@ -78,7 +79,7 @@ class Trainer {
         throughput_(cfg_.max_steps),
         inputs_(token_buffer(cfg_)),
         targets_(token_buffer(cfg_)),
-        data_(open_training_data(setup, groups.dp().rank(), groups.dp().world_size(), inputs_, targets_)),
+        data_(open_training_data(setup, groups.data_rank(), groups.data_ranks(), inputs_, targets_)),
         model_(allocate_model<Elem>(setup, groups)),
         runner_(model_, run_pipeline_shape(cfg_, setup.grad_accum_steps)),
         model_path_(cfg_.out_dir + "/model.bin"),
@@ -244,7 +245,7 @@ class Trainer {
     } else if (setup_.resume_from) {
       with_context("--resume " + setup_.resume_from->path, [&] {
         load_checkpoint(*setup_.resume_from, model_, &state_);
-        check_resumed_global_batch(state_.train_data.global_batch_tokens, groups_.dp().world_size(), cfg_.batch_size,
+        check_resumed_global_batch(state_.train_data.global_batch_tokens, groups_.data_ranks(), cfg_.batch_size,
                                    cfg_.seq_len);
         if (data_.train) data_.train->restore(state_.train_data);
       });
@@ -362,13 +363,15 @@ class Trainer {
   }
 
   // Every completion's summed loss over --eval-data (src/data/hellaswag.h), on the current weights; each
-  // data-parallel rank scores its examples (a TP group together), the sums are added over them.
+  // data-parallel rank scores its examples (a TP group and a CP group together), the sums are added over them.
   std::vector<double> eval_completion_losses() {
     groups_.set_purpose("the eval's completion losses", after_step());
     std::vector<double> sums = completion_loss_sums(
-        *data_.eval, groups_.dp().rank(), groups_.dp().world_size(), cfg_.batch_size, cfg_.seq_len,
+        *data_.eval, groups_.data_rank(), groups_.data_ranks(), cfg_.batch_size, cfg_.seq_len,
         [&](const int* inputs, const int* targets) { return runner_.position_losses(inputs, targets); });
-    // One rank holds each value, the others 0: the sum over ranks is exact.
+    // One rank holds each value, the others 0 (a CP group's ranks hold the same sums: its first keeps them): the
+    // sum over ranks is exact.
+    if (groups_.cp() != nullptr && groups_.cp()->rank() != 0) std::fill(sums.begin(), sums.end(), 0.0);
     if (groups_.dp().world_size() > 1) groups_.dp().sum(sums);
     return sums;
   }

@@ -472,3 +472,34 @@ TEST_CASE("ParallelGroups: the DP x PP x TP grid, TP innermost, then the stages,
     }
   }
 }
+
+TEST_CASE("ParallelGroups with --cp: the CP ranks are the inner part of the replica index", "[nccl][split][groups][cp]") {
+  for (int tp = 1; tp <= ranks(); ++tp)
+    for (int pp = 1; tp * pp <= ranks(); ++pp)
+      for (int cp = 2; tp * pp * cp <= ranks(); ++cp) {
+        if (ranks() % (tp * pp * cp) != 0) continue;
+        INFO("--tp " << tp << " --pp " << pp << " --cp " << cp << " over " << ranks() << " ranks");
+        ParallelGroups groups(world(), tp, pp, cp);
+        // World rank = ((d·cp + c)·pp + s)·tp + t.
+        auto t_of = [&](int r) { return r % tp; };
+        auto s_of = [&](int r) { return r / tp % pp; };
+        auto c_of = [&](int r) { return r / (tp * pp) % cp; };
+        auto d_of = [&](int r) { return r / (tp * pp * cp); };
+        std::vector<int> cp_members, pp_members, dp_members;
+        for (int r = 0; r < ranks(); ++r) {
+          if (d_of(r) == d_of(me()) && s_of(r) == s_of(me()) && t_of(r) == t_of(me())) cp_members.push_back(r);  // by c
+          if (d_of(r) == d_of(me()) && c_of(r) == c_of(me()) && t_of(r) == t_of(me())) pp_members.push_back(r);  // by s
+          if (s_of(r) == s_of(me()) && t_of(r) == t_of(me())) dp_members.push_back(r);  // by (d, c)
+        }
+        REQUIRE(groups.cp() != nullptr);
+        CHECK(groups.cp_size() == cp);
+        CHECK(groups.cp()->rank() == c_of(me()));
+        CHECK(world_ranks_of(*groups.cp()) == cp_members);
+        // Gradients are summed over the CP ranks with the data-parallel ones; data is read per d.
+        CHECK(world_ranks_of(groups.dp()) == dp_members);
+        CHECK(groups.data_rank() == d_of(me()));
+        CHECK(groups.data_ranks() == ranks() / (tp * pp * cp));
+        if (pp > 1) CHECK(world_ranks_of(*groups.pp()) == pp_members);
+        world().barrier();
+      }
+}
