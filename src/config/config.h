@@ -41,6 +41,7 @@ struct TrainConfig {
   // batch
   int batch_size = 8;
   int seq_len = 1024;
+  int max_seq_len = 0;  // with --model: the preset's maximum sequence length replaced (0: the preset's)
   long long total_batch_tokens = 0;  // 0: batch_size·seq_len·ranks (no accumulation)
   int recompute = 1;                 // activation recomputation 0..3 (activations.h: kRecomputeDefault)
   std::string attention = "auto";    // attention kernel (attention.h: choose_attention)

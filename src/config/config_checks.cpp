@@ -12,6 +12,10 @@ int validate_config(TrainConfig& cfg, int world_size) {
   if (cfg.was_set("init-from") && !cfg.init_from.empty() && cfg.was_set("model"))
     throw std::invalid_argument("--init-from and --model are mutually exclusive: the model file's header defines the "
                                 "architecture (drop --model)");
+  if (cfg.max_seq_len > 0 && (!cfg.init_from.empty() || !cfg.resume.empty()))
+    throw std::invalid_argument(std::string("--max-seq-len sizes a fresh --model preset; ") +
+                                (cfg.resume.empty() ? "--init-from" : "--resume") +
+                                "'s model file fixes its own maximum sequence length (drop --max-seq-len)");
   if (cfg.eval_data.empty() && (cfg.eval || cfg.eval_every > 0))
     throw std::invalid_argument(std::string(cfg.eval ? "--eval" : "--eval-every") +
                                 " needs --eval-data FILE (an eval file: data/hellaswag.sh writes HellaSwag's)");

@@ -6,6 +6,7 @@
 #pragma once
 #include "kernels/matmul.cuh"
 #include "src/model/activations.h"
+#include "src/model/context_attention.h"
 #include "src/model/optimizer.h"
 #include "src/gen/generate.h"
 #include "src/config/model_config.h"
@@ -58,11 +59,13 @@ inline size_t term_bytes(const MemoryPlan& plan, const std::string& name) {
 // ZeRO stage shards over its data-parallel group of world_size / tp.size ranks. With a pipeline
 // (PipelineMemory), the rank holds its stage's part and its schedule's activation sets (the first
 // whole, each further one what a pass keeps: activations.h), over world_size / (tp.size · stages)
-// data-parallel ranks.
+// data-parallel ranks. With context parallelism over `cp` ranks (included in those data-parallel
+// ranks: parallel_groups.h) the rank's activations are of T/cp tokens per sequence, and it holds
+// the ring's buffers (context_attention.h) and the group's gathered losses.
 inline MemoryPlan plan_memory(const ModelConfig& cfg, int B, int T, int recompute, DType dtype, int zero_stage,
                               int world_size, double bucket_mib = kDefaultBucketMiB, int sample_positions = 0,
                               size_t logits_rows = kLogitsChunkRows, int zero3_prefetch = kDefaultZero3Prefetch,
-                              const TensorParallelism& tp = {}, const PipelineMemory& pipeline = {}) {
+                              const TensorParallelism& tp = {}, const PipelineMemory& pipeline = {}, int cp = 1) {
   const bool piped = !pipeline.stage.layers.empty();
   const StagePart stage = piped ? pipeline.stage : StagePart::whole(cfg.num_layers);
   const ParameterLayout layout = TensorSplit(cfg, tp.size, 0, stage).local();
@@ -73,8 +76,14 @@ inline MemoryPlan plan_memory(const ModelConfig& cfg, int B, int T, int recomput
   const size_t state = buckets.state_count(0);
   ModelConfig chunk = cfg;  // an activation set holds the rank's largest chunk
   chunk.num_layers = *std::max_element(stage.chunks.begin(), stage.chunks.end());
-  ActivationCounts counts = activation_counts(chunk, B, T, recompute, logits_rows, tp);
-  if (pipeline.split_backward) counts.douts = chunk.num_layers * deferred_gradients(cfg, B, T, tp).per_layer;
+  const int local_T = T / cp;
+  ActivationCounts counts = activation_counts(chunk, B, local_T, recompute, logits_rows, tp);
+  if (pipeline.split_backward) counts.douts = chunk.num_layers * deferred_gradients(cfg, B, local_T, tp).per_layer;
+  const size_t ring = cp > 1 ? ContextAttention<float>::workspace_bytes(B, T / (2 * cp), cfg.channels / tp.size,
+                                                                        cfg.num_heads / tp.size, cfg.kv_heads() / tp.size,
+                                                                        elem) +
+                                   sizeof(float) * B * static_cast<size_t>(T)
+                             : 0;
   const ActivationCounts first = piped ? pipeline_slot_counts(counts, true, stage.head) : counts;
   const ActivationBytes activations = activation_bytes(first, dtype);
   const size_t more_sets =
@@ -97,6 +106,7 @@ inline MemoryPlan plan_memory(const ModelConfig& cfg, int B, int T, int recomput
       {"activations: logits chunk", logits},
       {"activations: other buffers", activations.other - logits},
       {"activations: more micro-batches in flight", more_sets},
+      {"context parallelism: ring, losses", ring},
       {"RoPE table (fp32)", cfg.positions == Positions::rope ? sizeof(float) * static_cast<size_t>(T) * static_cast<size_t>(cfg.head_size()) : 0},
       {"cuBLASLt workspace", kMatmulWorkspaceBytes + kBiasPartialFloats * sizeof(float)},
       {"step and communication scalars", (kStepScalars + 1) * sizeof(double)},
@@ -114,12 +124,12 @@ inline MemoryPlan plan_memory(const ModelConfig& cfg, int B, int T, int recomput
 inline size_t lm_head_chunk_rows(const ModelConfig& cfg, int B, int T, int recompute, DType dtype, int zero_stage,
                                  int world_size, double bucket_mib, int sample_positions, size_t budget,
                                  int zero3_prefetch = kDefaultZero3Prefetch, const TensorParallelism& tp = {},
-                                 const PipelineMemory& pipeline = {}) {
-  const size_t N = static_cast<size_t>(B) * T;
+                                 const PipelineMemory& pipeline = {}, int cp = 1) {
+  const size_t N = static_cast<size_t>(B) * (T / cp);
   size_t rows = std::min(N, kLogitsChunkRows);
   while (budget > 0 && rows > kLogitsChunkRowsMin &&
          plan_memory(cfg, B, T, recompute, dtype, zero_stage, world_size, bucket_mib, sample_positions, rows,
-                     zero3_prefetch, tp, pipeline)
+                     zero3_prefetch, tp, pipeline, cp)
                  .total() > budget)
     rows = std::max(rows / 2, kLogitsChunkRowsMin);
   return rows;
@@ -129,11 +139,11 @@ inline size_t lm_head_chunk_rows(const ModelConfig& cfg, int B, int T, int recom
 inline int largest_fitting_batch(const ModelConfig& cfg, int T, int recompute, DType dtype, int zero_stage,
                                  int world_size, size_t budget, double bucket_mib = kDefaultBucketMiB,
                                  int sample_positions = 0, int zero3_prefetch = kDefaultZero3Prefetch,
-                                 const TensorParallelism& tp = {}, const PipelineMemory& pipeline = {},
+                                 const TensorParallelism& tp = {}, const PipelineMemory& pipeline = {}, int cp = 1,
                                  int limit = 1 << 16) {
   auto fits = [&](int B) {
     return plan_memory(cfg, B, T, recompute, dtype, zero_stage, world_size, bucket_mib, sample_positions,
-                       kLogitsChunkRows, zero3_prefetch, tp, pipeline)
+                       kLogitsChunkRows, zero3_prefetch, tp, pipeline, cp)
                .total() <= budget;
   };
   if (!fits(1)) return 0;

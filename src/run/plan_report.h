@@ -54,7 +54,7 @@ inline size_t run_logits_rows(const TrainConfig& cfg, const ModelConfig& model, 
   return lm_head_chunk_rows(model, batch_size, cfg.seq_len, stage_recompute(cfg, cfg.pp - 1), dtype_named(cfg.dtype),
                             cfg.zero, world,
                             cfg.bucket_mib, sample_positions, chunk_budget(cfg), cfg.zero3_prefetch,
-                            run_tensor_parallelism(cfg), run_pipeline_memory(cfg, model, micro_steps, cfg.pp - 1));
+                            run_tensor_parallelism(cfg), run_pipeline_memory(cfg, model, micro_steps, cfg.pp - 1), cfg.cp);
 }
 
 // Pipeline rank `stage`'s plan (any rank without --pp), at its --recompute (stage_recompute).
@@ -64,7 +64,7 @@ inline MemoryPlan run_memory_plan(const TrainConfig& cfg, const ModelConfig& mod
                      world, cfg.bucket_mib, sample_positions,
                      run_logits_rows(cfg, model, batch_size, world, sample_positions, micro_steps),
                      cfg.zero3_prefetch, run_tensor_parallelism(cfg),
-                     run_pipeline_memory(cfg, model, micro_steps, stage));
+                     run_pipeline_memory(cfg, model, micro_steps, stage), cfg.cp);
 }
 
 // The pipeline rank whose plan is the largest (0 without --pp): the one that decides what fits.
@@ -89,7 +89,7 @@ inline std::string fitting_batch_sizes(const TrainConfig& cfg, const ModelConfig
            std::to_string(largest_fitting_batch(model, cfg.seq_len, r, dtype_named(cfg.dtype), cfg.zero, world, budget,
                                                 cfg.bucket_mib, sample_positions, cfg.zero3_prefetch,
                                                 run_tensor_parallelism(cfg),
-                                                run_pipeline_memory(cfg, model, micro_steps, stage)));
+                                                run_pipeline_memory(cfg, model, micro_steps, stage), cfg.cp));
   return out;
 }
 
@@ -111,9 +111,10 @@ inline std::string format_traffic(const StepTraffic& t, long long steps = 1) {
 }
 
 // "communication per optimizer step, sent by each rank: ..." (comm_plan.h) for a run of `world`
-// ranks: the gradients' and parameters' over the data-parallel group, and with --tp the
-// activations' over the tensor-parallel group (one line each; empty where a group has one rank);
-// with --pp, pipeline rank `pipeline_rank`'s (its stage's part).
+// ranks: the gradients' and parameters' over the data-parallel group (the CP ranks with it), with
+// --tp the activations' over the tensor-parallel group, with --cp the ring's K/V and dK/dV
+// (context_attention.h; one line each; empty where a group has one rank); with --pp, pipeline rank
+// `pipeline_rank`'s (its stage's part).
 inline std::string communication_lines(const TrainConfig& cfg, const ModelConfig& model, int world, int micro_steps,
                                        int pipeline_rank = 0) {
   const TensorParallelism tp = run_tensor_parallelism(cfg);
@@ -131,15 +132,31 @@ inline std::string communication_lines(const TrainConfig& cfg, const ModelConfig
   if (data_ranks > 1)
     out += "communication" + per_step + "rank on NCCL's rings:" +
            format_traffic(step_traffic(buckets, data_ranks, stage, micro_steps, cfg.zero3_prefetch, elem)) + "\n";
+  const int local_T = cfg.seq_len / cfg.cp;  // each sequence's tokens on a rank
   if (tp.size > 1) {
-    const size_t rows = static_cast<size_t>(cfg.batch_size) * cfg.seq_len;
+    const size_t rows = static_cast<size_t>(cfg.batch_size) * local_T;
     const size_t chunk = run_logits_rows(cfg, model, cfg.batch_size, world, sampling_positions(cfg, model, nullptr),
                                          micro_steps);
     const int head_chunks = static_cast<int>((rows + chunk - 1) / chunk);
     out += "tensor-parallel communication" + per_step + "rank within its group of " + std::to_string(tp.size) + ":" +
-           format_traffic(tp_step_traffic(stage_model, cfg.batch_size, cfg.seq_len, tp,
+           format_traffic(tp_step_traffic(stage_model, cfg.batch_size, local_T, tp,
                                           stage_recompute(cfg, pipeline_rank), head_chunks,
                                           micro_steps, buckets, stage >= 2, elem, part.embedding, part.head)) + "\n";
+  }
+  if (cfg.cp > 1) {
+    // Each layer's attention passes K/V once per forward (twice where the recompute setting reruns
+    // the block's forward in the backward) and K/V with their gradient once per backward.
+    const int c = cfg.seq_len / (2 * cfg.cp), C = model.channels / tp.size, NH = model.num_heads / tp.size,
+              NKV = model.kv_heads() / tp.size, B = cfg.batch_size;
+    const bool reruns = !block_keeps(BlockTensor::other, stage_recompute(cfg, pipeline_rank));
+    const size_t forward = ContextAttention<float>::forward_send_bytes(cfg.cp, B, c, C, NH, NKV, elem);
+    const size_t backward = ContextAttention<float>::backward_send_bytes(cfg.cp, B, c, C, NH, NKV, elem);
+    const size_t layers = part.layers.size() * static_cast<size_t>(micro_steps);
+    out += "context-parallel communication" + per_step + "rank to the next of its ring of " + std::to_string(cfg.cp) +
+           ": K/V " + format_bytes(layers * forward * (reruns ? 2 : 1)) + " forward, K/V and dK/dV " +
+           format_bytes(layers * backward) + " backward (" + format_bytes(forward) + " and " + format_bytes(backward) +
+           " per layer and micro-batch, " + std::to_string(cfg.cp - 1) + " transfer(s) each, overlapped with the "
+           "attention)\n";
   }
   return out;
 }
@@ -166,8 +183,8 @@ inline std::string pipeline_plan_lines(const TrainConfig& cfg, const ModelConfig
   const PipelineTiming timing = time_pipeline_schedule(shape, tables);
   const TensorParallelism tp = run_tensor_parallelism(cfg);
   const size_t elem = dtype_named(cfg.dtype) == DType::fp32 ? sizeof(float) : sizeof(bf16);
-  const size_t boundary = static_cast<size_t>(cfg.batch_size) * cfg.seq_len / (tp.sequence_parallel ? tp.size : 1) *
-                          model.channels * elem;
+  const size_t boundary = static_cast<size_t>(cfg.batch_size) * (cfg.seq_len / cfg.cp) /
+                          (tp.sequence_parallel ? tp.size : 1) * model.channels * elem;
   char line[256];
   std::snprintf(line, sizeof line,
                 "pipeline: %s, %d stage(s)%s, %d micro-batch(es) per step; rank = (d·%d + s)·%d + t (data-parallel "
@@ -232,13 +249,16 @@ inline int print_memory_plan(TrainConfig cfg) {
   if (launch.rank != 0) return status;
   const int data_ranks = world / (cfg.tp * cfg.pp);
   std::printf("memory plan per rank: %s (%s parameters) from %s, --batch-size %d --seq-len %d, %s, --recompute %d, "
-              "ZeRO stage %d over %d rank(s)%s%s\n",
+              "ZeRO stage %d over %d rank(s)%s%s%s\n",
               describe(model).c_str(), thousands(ParameterLayout(model).total).c_str(), source.c_str(), cfg.batch_size,
               cfg.seq_len, cfg.dtype.c_str(), stage_recompute(cfg, largest), effective_zero_stage(cfg.zero, data_ranks), world,
               cfg.tp > 1 ? (" in tensor-parallel groups of " + std::to_string(cfg.tp) +
                             (cfg.sequence_parallel ? " (sequence parallel)" : "")).c_str()
                          : "",
-              cfg.pp > 1 ? (", " + std::to_string(cfg.pp) + " pipeline stages").c_str() : "");
+              cfg.pp > 1 ? (", " + std::to_string(cfg.pp) + " pipeline stages").c_str() : "",
+              cfg.cp > 1 ? (", context-parallel groups of " + std::to_string(cfg.cp) + " (" +
+                            std::to_string(cfg.seq_len / cfg.cp) + " tokens of each sequence per rank)").c_str()
+                         : "");
   if (cfg.pp > 1) std::printf("%s", pipeline_plan_lines(cfg, model, world, sampling, micro_steps, largest).c_str());
   if (!cfg.pp_timeline.empty()) with_context("--pp-timeline " + cfg.pp_timeline, [&] { write_pipeline_timeline(cfg, micro_steps); });
   std::printf("%s", format_memory_plan(plan, budget).c_str());

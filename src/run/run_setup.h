@@ -49,8 +49,10 @@ inline ModelConfig resolve_model(const TrainConfig& cfg, const std::optional<Che
     *source = cfg.init_from;
     return with_context("--init-from", [&] { return model_source_config(cfg.init_from); });
   }
-  *source = "preset " + cfg.model;
-  return with_context("--model", [&] { return model_preset(cfg.model); });
+  *source = "preset " + cfg.model + (cfg.max_seq_len > 0 ? " with --max-seq-len " + std::to_string(cfg.max_seq_len) : "");
+  ModelConfig model = with_context("--model", [&] { return model_preset(cfg.model); });
+  if (cfg.max_seq_len > 0) model.max_seq_len = cfg.max_seq_len;
+  return model;
 }
 
 // "--batch-size 8 --seq-len 1024 --recompute 1 (d12 from preset d12)": what sizes the model's memory.

@@ -20,9 +20,10 @@ void print_startup_report(const RunSetup& setup, const Transformer<Elem>& model,
   const TrainConfig& cfg = setup.cfg;
   const cudaDeviceProp prop = device_properties();
   const int B = cfg.batch_size, seq_len = cfg.seq_len, world_size = comm.world_size();
+  const int local_len = seq_len / cfg.cp;  // each sequence's tokens on this rank (context parallelism)
   const TensorParallelism& tp = model.tensor_parallelism();
   const ActivationBytes acts =
-      model_activation_bytes(setup.model, B, seq_len, model.recompute(), Transformer<Elem>::dtype, kLogitsChunkRows, tp);
+      model_activation_bytes(setup.model, B, local_len, model.recompute(), Transformer<Elem>::dtype, kLogitsChunkRows, tp);
   // What the model allocated, by the plan's terms (equal: test/simt/simt_counters.cpp).
   const MemoryPlan plan = run_memory_plan(cfg, setup.model, B, world_size,
                                           sampling_positions(cfg, setup.model, setup.sampler.get()),
@@ -42,11 +43,14 @@ void print_startup_report(const RunSetup& setup, const Transformer<Elem>& model,
               model.recompute(), mib(acts.blocks).c_str(), mib(acts.other).c_str());
   for (int r = 0; r <= kRecomputeMax; ++r)
     std::printf(" %d: %s%s", r,
-                mib(model_activation_bytes(setup.model, B, seq_len, r, Transformer<Elem>::dtype, kLogitsChunkRows, tp).blocks)
+                mib(model_activation_bytes(setup.model, B, local_len, r, Transformer<Elem>::dtype, kLogitsChunkRows, tp).blocks)
                     .c_str(),
                 r < kRecomputeMax ? "," : "\n");
-  std::printf("batch: %lld tokens per step = %d x %d tokens x %d rank(s) x %d accumulation step(s)\n",
-              cfg.total_batch_tokens, B, seq_len, world_size / tp.size, setup.grad_accum_steps);
+  std::printf("batch: %lld tokens per step = %d x %d tokens x %d data-parallel rank(s) x %d accumulation step(s)%s\n",
+              cfg.total_batch_tokens, B, seq_len, world_size / (tp.size * cfg.pp * cfg.cp), setup.grad_accum_steps,
+              cfg.cp > 1 ? (", each sequence over " + std::to_string(cfg.cp) + " context-parallel ranks (" +
+                            std::to_string(local_len) + " tokens each)").c_str()
+                         : "");
   const char* separator = "";
   if (data.train) {
     std::printf("train data: %zu shard(s), %s tokens", data.train->num_shards(),

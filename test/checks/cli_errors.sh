@@ -99,6 +99,13 @@ expect_error "no pipeline stage" "--pp" "got '0'" -- + --pp 0
 expect_error "pipeline larger than the run" "--tp 1 x --pp 2 = 2 must divide the number of ranks, 1" -- + --pp 2
 expect_error "plan's TP x PP grid not dividing its world" "--tp 2 x --pp 2 = 4 must divide the number of ranks, 6 (--world-size)" -- \
   --plan --init-from "$ref/model.bin" --seq-len 32 --world-size 6 --tp 2 --pp 2
+expect_error "no context-parallel rank" "--cp" "got '0'" -- + --cp 0
+expect_error "context parallelism larger than the run" "--cp 2 x --tp 1 x --pp 1 = 2 must divide the number of ranks, 1" -- \
+  + --cp 2
+expect_error "plan's CP x TP grid not dividing its world" "--cp 2 x --tp 2 x --pp 1 = 4 must divide the number of ranks, 6 (--world-size)" -- \
+  --plan --init-from "$ref/model.bin" --seq-len 32 --world-size 6 --tp 2 --cp 2
+expect_error "sequence not cut into 2N chunks" "--seq-len 30 with --cp 4" "2 x --cp must divide it" -- \
+  --plan --init-from "$ref/model.bin" --seq-len 30 --world-size 4 --cp 4
 expect_error "unknown pipeline schedule" "--pp-schedule" "got 'zb'" -- + --pp-schedule zb
 expect_error "no chunk per pipeline rank" "--pp-virtual" "got '0'" -- + --pp-virtual 0
 expect_error "virtual stages without interleaving" "--pp-virtual 2 chunks per rank need --pp-schedule interleaved" -- \

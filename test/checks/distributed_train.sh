@@ -52,7 +52,7 @@ for dtype in fp32 bf16; do
       same_steps "accref_$dtype" "$name" "$tol"
   done
 done
-grep -q '2 rank(s) x 2 accumulation step(s)' "$tmp/acc_r2_z1_fp32.log" || fail "accumulation run: batch line"
+grep -q '2 data-parallel rank(s) x 2 accumulation step(s)' "$tmp/acc_r2_z1_fp32.log" || fail "accumulation run: batch line"
 
 # 2. ZeRO 1 = ZeRO 0 bit for bit (the norm is summed in another order, so no clipping here).
 for dtype in fp32 bf16; do

@@ -75,7 +75,7 @@ for dtype in fp32 bf16; do
     run "acc_z3_$dtype" --dtype "$dtype" --zero 3 --total-batch-tokens 64 && identical "acc_z2_$dtype" "acc_z3_$dtype"
 done
 grep -q "ZeRO stage 3" "$tmp/z3_fp32.log" || fail "the start-up report does not say ZeRO stage 3"
-grep -q "2 rank(s) x 2 accumulation step(s)" "$tmp/acc_z3_fp32.log" || fail "accumulation run: batch line"
+grep -q "2 data-parallel rank(s) x 2 accumulation step(s)" "$tmp/acc_z3_fp32.log" || fail "accumulation run: batch line"
 
 # The ZeRO 3 run's model file is an ordinary one: one process generates from it.
 "$bin" --generate --init-from "$tmp/z3_fp32/model.bin" --prompt "Once upon" --max-new-tokens 6 --temperature 0 \

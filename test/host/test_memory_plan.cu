@@ -120,6 +120,21 @@ TEST_CASE("memory plan of a Llama 3 by hand: GQA, SwiGLU, RMSNorm, untied head, 
   CHECK(term(tp8, "lm head weight gradient (fp32)") == 4 * (Vp / 8) * C70);
 }
 
+TEST_CASE("memory plan under context parallelism: T/N tokens' activations, the ring's buffers, the losses", "[memory_plan][cp]") {
+  // Llama 3.1 8B at T = 128K over CP 8 (ZeRO 1 over the 8 ranks, which are data-parallel to it):
+  // each rank's activations are those of 16K tokens, the RoPE table covers all 128K positions.
+  const ModelConfig b8 = model_preset("llama3.1-8b");
+  const int T = 131072, N = 8, B = 1;
+  const MemoryPlan cp8 = plan_memory(b8, B, T, 3, DType::bf16, 1, N, kDefaultBucketMiB, 0, kLogitsChunkRows, 1, {}, {}, N);
+  const MemoryPlan local = plan_memory(b8, B, T / N, 3, DType::bf16, 1, N, kDefaultBucketMiB, 0, kLogitsChunkRows);
+  CHECK(term(cp8, "activations: blocks") == term(local, "activations: blocks"));
+  CHECK(term(cp8, "activations: other buffers") == term(local, "activations: other buffers"));
+  CHECK(term(cp8, "RoPE table (fp32)") == 4 * static_cast<size_t>(T) * 128);
+  CHECK(term(cp8, "context parallelism: ring, losses") ==
+        ContextAttention<float>::workspace_bytes(B, T / (2 * N), 4096, 32, 8, 2) + 4 * static_cast<size_t>(B) * T);
+  CHECK(term(local, "context parallelism: ring, losses") == 0);
+}
+
 TEST_CASE("largest_fitting_batch: the largest B whose plan fits", "[memory_plan]") {
   const ModelConfig tiny{64, 500, 512, 3, 4, 64};
   const size_t budget = plan_memory(tiny, 37, 64, 2, DType::bf16, 0, 1).total() + 100;
