@@ -106,6 +106,8 @@ expect_error "plan's CP x TP grid not dividing its world" "--cp 2 x --tp 2 x --p
   --plan --init-from "$ref/model.bin" --seq-len 32 --world-size 6 --tp 2 --cp 2
 expect_error "sequence not cut into 2N chunks" "--seq-len 30 with --cp 4" "2 x --cp must divide it" -- \
   --plan --init-from "$ref/model.bin" --seq-len 30 --world-size 4 --cp 4
+expect_error "--max-seq-len on a model file" "--max-seq-len sizes a fresh --model preset; --init-from's model file" -- \
+  --plan --init-from "$ref/model.bin" --seq-len 32 --max-seq-len 64
 expect_error "unknown pipeline schedule" "--pp-schedule" "got 'zb'" -- + --pp-schedule zb
 expect_error "no chunk per pipeline rank" "--pp-virtual" "got '0'" -- + --pp-virtual 0
 expect_error "virtual stages without interleaving" "--pp-virtual 2 chunks per rank need --pp-schedule interleaved" -- \
