@@ -181,13 +181,15 @@ void check_ring(Communicator& cp, AttentionKernel kernel, const Shape& s, uint64
   const std::vector<float> dout_local = local_rows(dout_all, s.B, T_, C, N, r);
   const Result got = run_ring<T>(ring, cp, qkv_local, dout_local, s, stream.get());
 
-  // Tolerances: test_ring_attention's zigzag ones (fp32: sums of the same terms in other orders;
-  // bf16: one rounding of each output; flash also rounds P and dS to bf16), against both.
+  // Tolerances, against both. fp32: sums of the same terms in other orders (worst measured: out
+  // 5.4e-6 relative, lse 7.2e-7, dqkv 2.4e-5 on elements above 1% of the largest, 5.5e-7 of the
+  // largest). bf16: test_ring_attention's zigzag ones (one rounding of each output; flash also
+  // rounds P and dS to bf16).
   const double v_max = max_abs(std::vector<double>(qkv_all.begin(), qkv_all.end()));
   const double out_rel = is_bf16 ? 1e-2 : 1e-5, out_abs = flash ? 0x1p-7 * v_max : is_bf16 ? 1e-3 : 1e-6;
-  const double lse_tol = flash ? 2e-5 : 1e-5;
-  const double grad_rel = flash ? 2e-2 : is_bf16 ? 1e-2 : 1e-4;
-  const double grad_abs = (flash ? 1e-2 : is_bf16 ? 5e-3 : 1e-5) * max_abs(dqkv_exact);
+  const double lse_tol = flash ? 2e-5 : is_bf16 ? 1e-5 : 2e-6;
+  const double grad_rel = flash ? 2e-2 : is_bf16 ? 1e-2 : 1e-5;
+  const double grad_abs = (flash ? 1e-2 : is_bf16 ? 5e-3 : 2e-6) * max_abs(dqkv_exact);
   CHECK(test::all_close("out vs unsplit", got.out, out_unsplit, out_rel, out_abs));
   CHECK(test::all_close("lse vs unsplit", got.lse, lse_unsplit, lse_tol, lse_tol));
   CHECK(test::all_close("dqkv vs unsplit", got.dqkv, dqkv_unsplit, grad_rel, grad_abs));
