@@ -6,7 +6,8 @@
 // the whole sequence (run on every rank) and to causal attention written out in double here.
 // fp32 simple, bf16 simple and flash (HD 16 to 128); GQA (NH 4 on NKV 2 and 1) and MHA; chunks of
 // 1 row (T = 2N) and odd lengths; a second run gives the same bits; the transfers went on the CP
-// communicator (none on the launch's) with forward_send_bytes / backward_send_bytes each way.
+// communicator (none on the launch's) with forward_send_bytes / backward_send_bytes each way; bad
+// shapes are refused in one line.
 #include "test/test_util.h"
 #include "src/dist/comm.h"
 #include "src/model/context_attention.h"
@@ -235,4 +236,15 @@ TEST_CASE("ring attention over the CP group equals unsplit causal attention (fla
     uint64_t seed = 500;
     for (const Shape& s : shapes) check_ring<bf16>(cp, AttentionKernel::flash, s, seed += 2);
   });
+}
+
+TEST_CASE("ContextAttention refuses shapes it cannot run, in one line naming them", "[cp]") {
+  CudaStream stream("the test's stream");
+  CHECK_THROWS_WITH((ContextAttention<float>(world(), AttentionKernel::simple, 2, 0, 64, 4, 2, stream.get())),
+                    "ContextAttention: need B, chunk length >= 1, C divisible by NH, NH by NKV; got B=2 c=0 C=64 NH=4 "
+                    "NKV=2");
+  CHECK_THROWS_WITH((ContextAttention<bf16>(world(), AttentionKernel::flash, 1, 3, 66, 4, 2, stream.get())),
+                    Catch::Contains("C=66 NH=4"));
+  CHECK_THROWS_WITH((ContextAttention<float>(world(), AttentionKernel::simple, 1, 3, 64, 4, 3, stream.get())),
+                    Catch::Contains("NH=4 NKV=3"));
 }
