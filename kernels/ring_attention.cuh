@@ -1,6 +1,7 @@
 // ring_attention.cuh — blockwise attention for context parallelism (ring attention): one query
 // block attending to one key/value block under a mask kind, the log-sum-exp merge of the blocks'
-// partial results, the blockwise backward, and the zigzag layout's causal work per rank.
+// partial results, the blockwise backward, the ring's buffer copies (K/V packed out of qkv, dqkv
+// assembled from fp32 gradients, accumulators added) and the zigzag layout's causal work per rank.
 //
 // Tensors: q comes from the query block's fused qkv (B, Tq, (NH + 2·NKV)·HS) as the model has it
 // (its own k and v channels are not read); the key/value block is kv (B, Tk, 2·NKV·HS), each row
@@ -356,6 +357,67 @@ inline void ring_flash_attention_backward(float* dq, float* dkv, float* scratch,
     case 64: ring_flash_attention_backward_hd<64>(dq, dkv, scratch, dout, qkv, out, lse, kv, B, Tq, Tk, NH, NKV, full, stream); break;
     default: ring_flash_attention_backward_hd<128>(dq, dkv, scratch, dout, qkv, out, lse, kv, B, Tq, Tk, NH, NKV, full, stream); break;
   }
+}
+
+// ---- The ring's buffers (src/model/context_attention.h): K/V leave the fused qkv for a contiguous
+// block (what travels), and the fp32 gradients come back into the model's dqkv layout. One thread
+// per element: memory-bound copies, a small part of a layer's attention.
+
+// kv (rows, kv_width) = channels [C, C + kv_width) of qkv (rows, C + kv_width).
+template <typename T>
+__global__ void ring_attention_pack_kv_kernel(T* kv, const T* qkv, size_t rows, int C, int kv_width) {
+  size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * kv_width) return;
+  size_t row = i / kv_width, col = i % kv_width;
+  kv[i] = qkv[row * (C + kv_width) + C + col];
+}
+
+// dqkv (rows, C + kv_width) = [dq (rows, C) | dkv (rows, kv_width)] rounded to T.
+template <typename T>
+__global__ void ring_attention_assemble_dqkv_kernel(T* dqkv, const float* dq, const float* dkv, size_t rows, int C,
+                                                    int kv_width) {
+  size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t width = static_cast<size_t>(C) + kv_width;
+  if (i >= rows * width) return;
+  size_t row = i / width, col = i % width;
+  dqkv[i] = from_float<T>(col < static_cast<size_t>(C) ? dq[row * C + col] : dkv[row * kv_width + (col - C)]);
+}
+
+// acc[i] += x[i] (fp32).
+__global__ void ring_attention_add_kernel(float* acc, const float* x, size_t n) {
+  size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) acc[i] += x[i];
+}
+
+// The K/V heads (channels from C on: NKV key heads, then NKV value heads, kv_width = 2·NKV·HS) of
+// `rows` rows of the fused qkv as a kv block (rows, kv_width).
+template <typename T>
+void ring_attention_pack_kv(T* kv, const T* qkv, size_t rows, int C, int kv_width, cudaStream_t stream) {
+  const size_t n = rows * kv_width;
+  if (n == 0) return;
+  launch(ring_attention_pack_kv_kernel<T>, dim3(static_cast<unsigned>(ceil_div(n, size_t{256}))), dim3(256), 0, stream,
+         kv, qkv, rows, C, kv_width);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+// The model's dqkv (rows, C + kv_width) from the ring's fp32 dq (rows, C) and dkv (rows, kv_width),
+// rounded once.
+template <typename T>
+void ring_attention_assemble_dqkv(T* dqkv, const float* dq, const float* dkv, size_t rows, int C, int kv_width,
+                                  cudaStream_t stream) {
+  const size_t n = rows * (static_cast<size_t>(C) + kv_width);
+  if (n == 0) return;
+  launch(ring_attention_assemble_dqkv_kernel<T>, dim3(static_cast<unsigned>(ceil_div(n, size_t{256}))), dim3(256), 0,
+         stream, dqkv, dq, dkv, rows, C, kv_width);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+// acc += x over n fp32 elements: a travelling dK/dV accumulator joins this rank's share.
+inline void ring_attention_add(float* acc, const float* x, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  launch(ring_attention_add_kernel, dim3(static_cast<unsigned>(ceil_div(n, size_t{256}))), dim3(256), 0, stream, acc, x,
+         n);
+  CUDA_CHECK(cudaGetLastError());
 }
 
 // Zigzag layout: a sequence of T tokens is cut into 2N chunks of T / (2N); rank r holds chunks r

@@ -5,7 +5,8 @@
 // block pair with each mask kind against attention written out in double (scores, softmax, out,
 // lse, gradients), accumulating into non-zero gradients; (c) the merge against its formula in
 // double, rows that saw no key (lse = -inf, out poisoned), one block alone, and a fixed order
-// reproducing its bits; (d) the zigzag layout's causal tile count, equal on every rank. Odd block
+// reproducing its bits; (d) the zigzag layout's causal tile count, equal on every rank; (e) the
+// ring's buffer copies (K/V packed, dqkv assembled, fp32 adds) against host loops. Odd block
 // lengths, T = 1 blocks, GQA (NH 4 on NKV 2 and 1), MHA, every preset's heads.
 #include "test/preset_shapes.h"
 #include "test/test_util.h"
@@ -572,5 +573,41 @@ TEST_CASE("blockwise attention refuses shapes it cannot run", "[ring_attention]"
                     Catch::Contains("ring_flash_attention_forward") && Catch::Contains("48"));
   CHECK_THROWS_WITH(zigzag_tiles(10, 2, 0, 16), Catch::Contains("zigzag_tiles") && Catch::Contains("T=10"));
   CHECK_THROWS_WITH(zigzag_tiles(8, 2, 2, 16), Catch::Contains("rank=2"));
+  test::require_no_cuda_error();
+}
+
+// (e) The ring's buffer copies, exact: K/V heads out of qkv, dqkv from fp32 dq and dkv (rounded
+// once), fp32 adds; odd row counts and widths, one row, GQA and MHA widths; outputs poisoned.
+TEMPLATE_TEST_CASE("ring buffers: K/V packed from qkv, dqkv assembled, accumulators added", "[ring_attention]", float,
+                   bf16) {
+  using T = TestType;
+  struct Shape {
+    int rows, C, kv_width;
+  };
+  uint64_t seed = 1300;
+  for (const Shape& s : {Shape{1, 8, 8}, Shape{7, 64, 32}, Shape{37, 24, 48}, Shape{5, 12, 4}}) {
+    INFO("rows " << s.rows << " C " << s.C << " kv width " << s.kv_width);
+    const int W = s.C + s.kv_width;
+    const std::vector<float> qkv_host = test::round_to<T>(test::random_floats(static_cast<size_t>(s.rows) * W, seed++));
+    test::DeviceBuffer<T> qkv(test::from_floats<T>(qkv_host)), kv(static_cast<size_t>(s.rows) * s.kv_width);
+    ring_attention_pack_kv<T>(kv, qkv, s.rows, s.C, s.kv_width, nullptr);
+    CHECK(test::same_bits(test::to_floats(kv.download()), rows(qkv_host, 1, s.rows, W, 0, s.rows, s.C, s.kv_width)));
+
+    const std::vector<float> dq_host = test::random_floats(static_cast<size_t>(s.rows) * s.C, seed++);
+    const std::vector<float> dkv_host = test::random_floats(static_cast<size_t>(s.rows) * s.kv_width, seed++);
+    test::DeviceBuffer<float> dq(dq_host), dkv(dkv_host);
+    test::DeviceBuffer<T> dqkv(static_cast<size_t>(s.rows) * W);
+    ring_attention_assemble_dqkv<T>(dqkv, dq, dkv, s.rows, s.C, s.kv_width, nullptr);
+    std::vector<float> want(static_cast<size_t>(s.rows) * W, NAN);
+    put_rows(want, dq_host, 1, s.rows, W, 0, s.rows, 0, s.C);
+    put_rows(want, dkv_host, 1, s.rows, W, 0, s.rows, s.C, s.kv_width);
+    CHECK(test::same_bits(test::to_floats(dqkv.download()), test::round_to<T>(want)));
+
+    test::DeviceBuffer<float> acc(dkv_host);
+    ring_attention_add(acc, dq, std::min(dq_host.size(), dkv_host.size()), nullptr);
+    std::vector<float> sum = dkv_host;
+    for (size_t i = 0; i < std::min(dq_host.size(), dkv_host.size()); ++i) sum[i] += dq_host[i];
+    CHECK(test::same_bits(acc.download(), sum));
+  }
   test::require_no_cuda_error();
 }
