@@ -26,7 +26,7 @@ run cp2 2 --dtype fp32 --batch-size 2 --cp 2 --recompute 3 --checkpoint-every 2 
 run cp4 4 --dtype fp32 --batch-size 2 --cp 4 --save 0 && same_steps single cp4 1e-6
 run cp_dp 4 --dtype fp32 --batch-size 1 --cp 2 --zero 1 --save 0 && same_steps single cp_dp 1e-6
 run tp_cp 4 --dtype fp32 --batch-size 2 --cp 2 --tp 2 --sequence-parallel 1 --save 0 && same_steps single tp_cp 1e-6
-run pp_cp 4 --dtype fp32 --batch-size 1 --cp 2 --pp 2 --save 0 && same_steps single pp_cp 1e-6
+run pp_cp 4 --dtype fp32 --batch-size 2 --cp 2 --pp 2 --save 0 && same_steps single pp_cp 1e-6
 run single_bf16 1 --batch-size 2 --save 0 && run cp_bf16 2 --batch-size 2 --cp 2 --save 0 &&
   same_steps single_bf16 cp_bf16 2e-3
 
@@ -44,6 +44,21 @@ common=(--init-from "$model/model.bin" --train-data "$model/train.bin" --val-dat
         --eval-every 2 --sample-every 2 --prompt "Once upon" --max-new-tokens 6 --temperature 0 --dtype fp32
         --total-batch-tokens 16)
 run all_ref 1 && run all_cp2 2 --cp 2 && same_eval_and_samples all_ref all_cp2
+# --eval's completion losses themselves (not only the choices they make), one process's within 1e-6.
+eval_only=(--init-from "$model/model.bin" --eval --eval-data "$tmp/eval.bin" --batch-size 2 --seq-len 8 --dtype fp32)
+if "$bin" "${eval_only[@]}" --eval-losses "$tmp/eval_1.jsonl" >"$tmp/eval_1.log" 2>&1 &&
+    mpirun -np 2 "${mpi_opts[@]}" "$bin" "${eval_only[@]}" --cp 2 --eval-losses "$tmp/eval_cp2.jsonl" >"$tmp/eval_cp2.log" 2>&1; then
+  "$python" - "$tmp/eval_1.jsonl" "$tmp/eval_cp2.jsonl" <<'PY' || fail "--eval's completion losses under CP 2 differ from one process's"
+import json, sys
+def losses(p): return [x for line in open(p) for x in json.loads(line)["loss_sum"]]
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+worst = max(abs(x - y) / abs(x) for x, y in zip(a, b)) if a and len(a) == len(b) else 1.0
+print(f"  --eval at CP 2: {len(b)} completion losses, worst relative difference {worst:.2e}")
+sys.exit(0 if worst <= 1e-6 else 1)
+PY
+else
+  fail "--eval at CP 2 or on one process exited non-zero"; tail -n 5 "$tmp/eval_cp2.log"
+fi
 
 # Llama (llama-micro: untied, GQA with one K/V head, RoPE) at CP 2, on Llama 3 token shards.
 if [ -s data/llama3_bpe/tokenizer.model ]; then
