@@ -1,12 +1,12 @@
 // FP8 conversions (kernels/fp8.cuh: cuda_fp8.h's __nv_fp8_e4m3 and __nv_fp8_e5m2) against the two
-// formats written out here from their definitions: all 256 codes of each format decoded; and encoded
+// formats as test/fp8_reference.h writes them out from their definitions: all 256 codes of each format decoded; and encoded
 // from every code's exact value, from each midpoint between neighbouring codes and the floats just
 // above and below it (ties to even), from beyond the largest finite value (saturated, or NaN / inf
 // without saturation), through the subnormals and underflow, ±0, ±inf and NaN. Each conversion runs
 // on the host and inside a kernel; the expected codes come from a search of the table, never from
 // the conversion under test.
+#include "test/fp8_reference.h"
 #include "test/test_util.h"
-#include "kernels/fp8.cuh"
 
 #include <cmath>
 #include <cstdint>
@@ -15,62 +15,12 @@
 
 namespace {
 
-// A format from its definition (OCP 8-bit floating point): field widths, bias, and whether the
-// all-ones exponent is IEEE's (inf and NaNs: E5M2) or ordinary but for the one NaN mantissa (E4M3).
-struct Format {
-  const char* name;
-  __nv_fp8_interpretation_t kind;
-  int exponent_bits, mantissa_bits, bias;
-  bool ieee_specials;
-};
-constexpr Format kE4M3{"E4M3", __NV_E4M3, 4, 3, 7, false};
-constexpr Format kE5M2{"E5M2", __NV_E5M2, 5, 2, 15, true};
-
-// The value of a code, from its sign, exponent and mantissa fields.
-double decode(const Format& f, int code) {
-  const int sign = code >> 7;
-  const int exponent = (code >> f.mantissa_bits) & ((1 << f.exponent_bits) - 1);
-  const int mantissa = code & ((1 << f.mantissa_bits) - 1);
-  const int all_ones_exponent = (1 << f.exponent_bits) - 1, all_ones_mantissa = (1 << f.mantissa_bits) - 1;
-  double magnitude;
-  if (exponent == all_ones_exponent && f.ieee_specials)
-    magnitude = mantissa != 0 ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
-  else if (exponent == all_ones_exponent && mantissa == all_ones_mantissa)
-    magnitude = std::numeric_limits<double>::quiet_NaN();
-  else if (exponent == 0)  // subnormal: 0.mantissa × 2^(1 - bias)
-    magnitude = std::ldexp(mantissa, 1 - f.bias - f.mantissa_bits);
-  else  // normal: 1.mantissa × 2^(exponent - bias)
-    magnitude = std::ldexp((1 << f.mantissa_bits) + mantissa, exponent - f.bias - f.mantissa_bits);
-  return sign ? -magnitude : magnitude;
-}
-
-// The largest finite positive code: the positive codes 0x00..max are finite and increasing.
-int max_finite_code(const Format& f) { return f.ieee_specials ? 0x7B : 0x7E; }
-
-// What converting x should give, found by searching the table: the nearer of the two finite codes
-// around |x| (a tie goes to the even code), where one step past the largest finite value stands for
-// overflow. Overflow saturates to the largest finite value, or without saturation gives NaN (E4M3:
-// 0x7F) or inf (E5M2: 0x7C), of x's sign; NaN gives 0x7F.
-uint8_t expected_code(const Format& f, double x, bool saturate) {
-  if (std::isnan(x)) return 0x7F;
-  const int sign = std::signbit(x) ? 0x80 : 0;
-  const double a = std::fabs(x);
-  const int max_code = max_finite_code(f);
-  auto value = [&](int code) {  // codes up to max_code + 1, the step past the largest finite value
-    return code <= max_code ? decode(f, code) : 2 * decode(f, max_code) - decode(f, max_code - 1);
-  };
-  int code = max_code + 1;  // beyond the step: overflow
-  for (int c = 0; c <= max_code; ++c) {
-    const double low = value(c), high = value(c + 1);
-    if (a < low || a > high) continue;
-    const double mid = (low + high) / 2;  // exact: both have few significant bits
-    code = a < mid ? c : a > mid ? c + 1 : (c % 2 == 0 ? c : c + 1);
-    break;
-  }
-  if (code <= max_code) return static_cast<uint8_t>(code | sign);
-  if (saturate) return static_cast<uint8_t>(max_code | sign);
-  return static_cast<uint8_t>((f.ieee_specials ? 0x7C : 0x7F) | sign);
-}
+using test::decode;
+using test::expected_code;
+using test::kE4M3;
+using test::kE5M2;
+using test::max_finite_code;
+using test::Format;
 
 // The inputs: every finite code's value, each midpoint between neighbouring positive codes (0 with
 // the smallest subnormal included) and the floats next to it, the same step past the largest finite
@@ -147,7 +97,7 @@ float host_decode(const Format& f, int code) {
 
 }  // namespace
 
-TEST_CASE("the formats as written here have the documented extremes", "[fp8]") {
+TEST_CASE("the formats as fp8_reference.h writes them have the documented extremes", "[fp8]") {
   CHECK(decode(kE4M3, 0x7E) == 448.0);
   CHECK(decode(kE4M3, 0x7E) == kFp8E4M3Max);
   CHECK(decode(kE4M3, 0x01) == std::ldexp(1.0, -9));
