@@ -293,6 +293,7 @@ class Transformer {
   std::vector<float> pass_losses(int slot) const {
     const float* losses = slots_[slot].losses.get();
     if (cp_ == nullptr) return copy_floats_to_host(losses, rows(), stream_.get());
+    cp_->set_purpose("the context-parallel group's losses", cp_->purpose_when());
     cp_->ordered_with(stream_.get(), [&] { cp_->all_gather(losses, gathered_losses_.get(), rows()); });
     const std::vector<float> gathered = copy_floats_to_host(gathered_losses_.get(), gathered_losses_.bytes() / sizeof(float), stream_.get());
     std::vector<float> whole(gathered.size());

@@ -152,11 +152,12 @@ inline std::string communication_lines(const TrainConfig& cfg, const ModelConfig
     const size_t forward = ContextAttention<float>::forward_send_bytes(cfg.cp, B, c, C, NH, NKV, elem);
     const size_t backward = ContextAttention<float>::backward_send_bytes(cfg.cp, B, c, C, NH, NKV, elem);
     const size_t layers = part.layers.size() * static_cast<size_t>(micro_steps);
-    out += "context-parallel communication" + per_step + "rank to the next of its ring of " + std::to_string(cfg.cp) +
-           ": K/V " + format_bytes(layers * forward * (reruns ? 2 : 1)) + " forward, K/V and dK/dV " +
-           format_bytes(layers * backward) + " backward (" + format_bytes(forward) + " and " + format_bytes(backward) +
-           " per layer and micro-batch, " + std::to_string(cfg.cp - 1) + " transfer(s) each, overlapped with the "
-           "attention)\n";
+    const std::string n = std::to_string(cfg.cp), n1 = std::to_string(cfg.cp - 1);
+    out += "context-parallel communication" + per_step + "rank to the next of its ring of " + n + ": K/V " +
+           format_bytes(layers * forward * (reruns ? 2 : 1)) + " forward" + (reruns ? " (its forward run twice)" : "") +
+           ", K/V and dK/dV " + format_bytes(layers * backward) + " backward; per layer and micro-batch " +
+           format_bytes(forward) + " in " + n1 + " K/V pass(es) and " + format_bytes(backward) + " in " + n1 +
+           " K/V and " + n + " fp32 dK/dV pass(es), each behind a block's attention\n";
   }
   return out;
 }
