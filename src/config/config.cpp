@@ -52,7 +52,7 @@ const std::vector<Flag>& flag_table() {
       {"seq-len", "T", "tokens per sequence (at most the model's max sequence length)", &TrainConfig::seq_len, {1, INT_MAX}},
       {"max-seq-len", "N", "with --model: a fresh model of the preset with N positions (GPT-2: N rows of wpe; Llama 3: "
        "RoPE's table) instead of the preset's, e.g. for long sequences over --cp ranks",
-       &TrainConfig::max_seq_len, {1, INT_MAX}, {}, "the preset's"},
+       &TrainConfig::max_seq_len, {0, INT_MAX}, {}, "0 (the preset's)"},
       {"total-batch-tokens", "N",
        "tokens per optimizer step; a multiple of B*T*ranks, the rest is done by gradient accumulation",
        &TrainConfig::total_batch_tokens, {0, (double)LLONG_MAX}, {}, "B*T*ranks (no accumulation)"},
