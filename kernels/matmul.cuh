@@ -46,16 +46,21 @@ constexpr size_t kMatmulWorkspaceBytes = 32u << 20;    // cuBLASLt's recommendat
 constexpr size_t kBiasPartialFloats = 4u << 20;        // 16 MiB of fp32 per-chunk column sums
 
 // One cuBLASLt plan: the matmul descriptor, the matrix layouts and the heuristic's algorithm for
-// one (m, n, k, transposes, bias or not, A/B data type, D data type, operand alignments). Made on first use and
-// kept, so a training step makes no descriptor and queries no heuristic after its first.
+// one (m, n, k, transposes, bias or not, A, B and D data types, operand alignments). Made on first
+// use and kept, so a training step makes no descriptor and queries no heuristic after its first.
 struct MatmulPlan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t layout_a = nullptr, layout_b = nullptr, layout_d = nullptr;
   cublasLtMatmulAlgo_t algo{};
   size_t workspace_bytes = 0;  // what the algorithm asked for
 };
-using MatmulPlanKey =
-    std::tuple<int, int, int, bool, bool, bool, cudaDataType_t, cudaDataType_t, uint32_t, uint32_t, uint32_t>;
+using MatmulPlanKey = std::tuple<int, int, int, bool, bool, bool, cudaDataType_t, cudaDataType_t, cudaDataType_t,
+                                 uint32_t, uint32_t, uint32_t>;
+
+// The data types of a product's A, B and D (C is D).
+struct MatmulTypes {
+  cudaDataType_t a, b, d;
+};
 
 struct MatmulContext {
   cublasLtHandle_t handle = nullptr;
@@ -180,13 +185,12 @@ uint32_t matmul_pointer_alignment(const void* p) {
   return alignment;
 }
 
-// The plan for one product (see MatmulPlan): found in matmul_context.plans, or made now. A and B
-// are T, C and D are TD (T, or float for bf16 operands).
-template <typename T, typename TD>
-const MatmulPlan& matmul_plan(bool transpose_a, bool transpose_b, const TD* bias, uint32_t align_a, uint32_t align_b,
-                              uint32_t align_d, int m, int n, int k) {
-  constexpr cudaDataType_t type = matmul_data_type<T>(), d_type = matmul_data_type<TD>();
-  const MatmulPlanKey key{m, n, k, transpose_a, transpose_b, bias != nullptr, type, d_type, align_a, align_b, align_d};
+// The plan for one product (see MatmulPlan): found in matmul_context.plans, or made now. The bias
+// (nullptr: none) is D's type (cuBLASLt's default); its pointer is set again by every call.
+const MatmulPlan& matmul_plan(MatmulTypes types, bool transpose_a, bool transpose_b, const void* bias,
+                              uint32_t align_a, uint32_t align_b, uint32_t align_d, int m, int n, int k) {
+  const MatmulPlanKey key{m,       n,       k,       transpose_a, transpose_b, bias != nullptr,
+                          types.a, types.b, types.d, align_a,     align_b,     align_d};
   const auto found = matmul_context.plans.find(key);
   if (found != matmul_context.plans.end()) return found->second;
 
@@ -198,13 +202,13 @@ const MatmulPlan& matmul_plan(bool transpose_a, bool transpose_b, const TD* bias
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
   const uint32_t epilogue = bias != nullptr ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-  if (bias != nullptr)  // the pointer itself is set again by every call
+  if (bias != nullptr)
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.layout_a, type, transpose_a ? k : m, transpose_a ? m : k,
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.layout_a, types.a, transpose_a ? k : m, transpose_a ? m : k,
                                           transpose_a ? k : m));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.layout_b, type, transpose_b ? n : k, transpose_b ? k : n,
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.layout_b, types.b, transpose_b ? n : k, transpose_b ? k : n,
                                           transpose_b ? n : k));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.layout_d, d_type, m, n, m));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.layout_d, types.d, m, n, m));
 
   cublasLtMatmulPreference_t preference;
   CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
@@ -232,8 +236,9 @@ const MatmulPlan& matmul_plan(bool transpose_a, bool transpose_b, const TD* bias
     CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan.layout_b));
     CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan.layout_a));
     CUBLAS_CHECK(cublasLtMatmulDescDestroy(plan.desc));
-    throw_errorf("cuBLASLt has no algorithm for m=%d n=%d k=%d (transA=%d transB=%d, bias=%d, workspace %zu bytes)",
-                 m, n, k, transpose_a, transpose_b, bias != nullptr, kMatmulWorkspaceBytes);
+    throw_errorf("cuBLASLt has no algorithm for m=%d n=%d k=%d (transA=%d transB=%d, bias=%d, types %d x %d -> %d, "
+                 "workspace %zu bytes)", m, n, k, transpose_a, transpose_b, bias != nullptr, static_cast<int>(types.a),
+                 static_cast<int>(types.b), static_cast<int>(types.d), kMatmulWorkspaceBytes);
   }
   CUBLAS_CHECK(searched);
   plan.algo = heuristic.algo;
@@ -248,9 +253,9 @@ template <typename T, typename TD>
 void matmul_cublaslt(TD* d, const T* a, bool transpose_a, const T* b, bool transpose_b, const TD* bias, int m, int n,
                      int k, float beta, cudaStream_t stream) {
   static_assert(std::is_same<TD, T>::value || std::is_same<TD, float>::value, "D is T or float");
-  const MatmulPlan& plan =
-      matmul_plan<T, TD>(transpose_a, transpose_b, bias, matmul_pointer_alignment(a),
-                     matmul_pointer_alignment(b), matmul_pointer_alignment(d), m, n, k);
+  const MatmulTypes types{matmul_data_type<T>(), matmul_data_type<T>(), matmul_data_type<TD>()};
+  const MatmulPlan& plan = matmul_plan(types, transpose_a, transpose_b, bias, matmul_pointer_alignment(a),
+                                       matmul_pointer_alignment(b), matmul_pointer_alignment(d), m, n, k);
   if (bias != nullptr)
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   const float alpha = 1.0f;
@@ -279,6 +284,39 @@ void matmul_forward(T* out, const T* inp, const T* weight, const NonDeduced<T>* 
                     int out_features, cudaStream_t stream) {
   matmul_check_shape("matmul_forward", rows, in_features, out_features);
   matmul_cublaslt(out, weight, true, inp, false, bias, out_features, rows, in_features, 0.0f, stream);
+}
+
+// matmul_backward's first part: g = dout, or dout ⊙ gelu'(pre_gelu) into dpre_gelu (may be dout:
+// overwritten in place) when pre_gelu != nullptr; dbias (OC) += Σ_rows g when dbias != nullptr. The
+// FP8 products (matmul_fp8.cuh) take g from here too.
+template <typename T>
+void matmul_backward_bias(T* dbias, T* dpre_gelu, const T* dout, const T* pre_gelu, int rows, int OC,
+                          cudaStream_t stream) {
+  if ((pre_gelu == nullptr) != (dpre_gelu == nullptr)) {
+    throw_errorf("matmul_backward: pre_gelu and dpre_gelu must be given together");
+  }
+  if (pre_gelu == nullptr && dbias == nullptr) return;
+  // Chunks of >= 64 rows, at most kBiasMaxChunks of them, within the partial-sum buffer: at
+  // d12's 65,536 rows, 256 chunks of 256 rows, 768 (OC = 768) to 3,072 (OC = 3,072) stage-1
+  // blocks, 5.8 to 23 per H100 SM, and stage 2 adds 16 partials per thread. The chunking
+  // depends only on the shape, so the summation order (and every bit) does too.
+  const int max_chunks = static_cast<int>(std::min<size_t>(kBiasMaxChunks, kBiasPartialFloats / OC));
+  if (max_chunks < 1) {
+    throw_errorf("matmul_backward: out_features=%d exceeds the bias-gradient buffer (%zu)", OC,
+                 kBiasPartialFloats);
+  }
+  const int rows_per_chunk = ceil_div(rows, std::min(ceil_div(rows, 64), max_chunks));
+  const int chunks = ceil_div(rows, rows_per_chunk);
+  const int column_groups = ceil_div(OC / Vec128<T>::size, kBiasBlockX);
+  float* partials = dbias != nullptr ? matmul_context.bias_partials : nullptr;
+  launch(matmul_backward_bias_partial_kernel<T>, dim3(column_groups, chunks), dim3(kBiasBlockX, kBiasBlockY), 0,
+         stream, partials, dpre_gelu, dout, pre_gelu, rows, OC, rows_per_chunk);
+  CUDA_CHECK(cudaGetLastError());
+  if (dbias != nullptr) {
+    launch(matmul_backward_bias_reduce_kernel<T>, dim3(ceil_div(OC, kColumnSumWidth)),
+           dim3(kColumnSumWidth, kColumnSumWarps), 0, stream, dbias, partials, chunks, OC);
+    CUDA_CHECK(cudaGetLastError());
+  }
 }
 
 // Backward of matmul_forward. With g = dout (rows × OC), or g = dout ⊙ gelu'(pre_gelu) when the
@@ -314,32 +352,7 @@ void matmul_backward(T* dinp, NonDeduced<TW>* dweight, NonDeduced<T>* dbias, Non
                      bool accumulate_input_gradient = false) {
   const int C = in_features, OC = out_features;
   matmul_check_shape("matmul_backward", rows, C, OC);
-  if ((pre_gelu == nullptr) != (dpre_gelu == nullptr)) {
-    throw_errorf("matmul_backward: pre_gelu and dpre_gelu must be given together");
-  }
-  if (pre_gelu != nullptr || dbias != nullptr) {
-    // Chunks of >= 64 rows, at most kBiasMaxChunks of them, within the partial-sum buffer: at
-    // d12's 65,536 rows, 256 chunks of 256 rows, 768 (OC = 768) to 3,072 (OC = 3,072) stage-1
-    // blocks, 5.8 to 23 per H100 SM, and stage 2 adds 16 partials per thread. The chunking
-    // depends only on the shape, so the summation order (and every bit) does too.
-    const int max_chunks = static_cast<int>(std::min<size_t>(kBiasMaxChunks, kBiasPartialFloats / OC));
-    if (max_chunks < 1) {
-      throw_errorf("matmul_backward: out_features=%d exceeds the bias-gradient buffer (%zu)", OC,
-                   kBiasPartialFloats);
-    }
-    const int rows_per_chunk = ceil_div(rows, std::min(ceil_div(rows, 64), max_chunks));
-    const int chunks = ceil_div(rows, rows_per_chunk);
-    const int column_groups = ceil_div(OC / Vec128<T>::size, kBiasBlockX);
-    float* partials = dbias != nullptr ? matmul_context.bias_partials : nullptr;
-    launch(matmul_backward_bias_partial_kernel<T>, dim3(column_groups, chunks), dim3(kBiasBlockX, kBiasBlockY), 0,
-           stream, partials, dpre_gelu, dout, pre_gelu, rows, OC, rows_per_chunk);
-    CUDA_CHECK(cudaGetLastError());
-    if (dbias != nullptr) {
-      launch(matmul_backward_bias_reduce_kernel<T>, dim3(ceil_div(OC, kColumnSumWidth)),
-             dim3(kColumnSumWidth, kColumnSumWarps), 0, stream, dbias, partials, chunks, OC);
-      CUDA_CHECK(cudaGetLastError());
-    }
-  }
+  matmul_backward_bias(dbias, dpre_gelu, dout, pre_gelu, rows, OC, stream);
   const T* g = pre_gelu != nullptr ? dpre_gelu : dout;
   matmul_cublaslt<T, T>(dinp, weight, false, g, false, nullptr, C, rows, OC, accumulate_input_gradient ? 1.0f : 0.0f,
                         stream);
