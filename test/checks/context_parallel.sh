@@ -2,7 +2,7 @@
 # Context parallelism (--cp) in the trainer against one process with the same global batch, on the
 # tiny reference model (GPT-2: learned positions, each CP rank reading its zigzag rows of wpe),
 # 3 steps of --seq-len 16 (each sequence cut into 2N chunks of 16/(2N) tokens), fp32: CP 2 (with
-# --recompute 3: the ring runs again in the backward), CP 4, CP 2 x DP 2 at ZeRO 1 (the gradient
+# --recompute 3: the ring runs again in the backward), CP 4, CP 2 x DP 2 at ZeRO 3 (the gradient
 # sum over both), TP 2 x CP 2 with sequence parallelism and PP 2 x CP 2 must reproduce the
 # one-process per-step losses, gradient norms and validation losses within 1e-6 (issue 34's bound);
 # CP 2 in bf16 within 2e-3 (the data-parallel checks' tolerance). Checkpoints do not depend on --cp:
@@ -24,7 +24,7 @@ common=(--init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$
 run single 1 --dtype fp32 --batch-size 2 --checkpoint-every 2
 run cp2 2 --dtype fp32 --batch-size 2 --cp 2 --recompute 3 --checkpoint-every 2 && same_steps single cp2 1e-6
 run cp4 4 --dtype fp32 --batch-size 2 --cp 4 --save 0 && same_steps single cp4 1e-6
-run cp_dp 4 --dtype fp32 --batch-size 1 --cp 2 --zero 1 --save 0 && same_steps single cp_dp 1e-6
+run cp_dp 4 --dtype fp32 --batch-size 1 --cp 2 --zero 3 --save 0 && same_steps single cp_dp 1e-6
 run tp_cp 4 --dtype fp32 --batch-size 2 --cp 2 --tp 2 --sequence-parallel 1 --save 0 && same_steps single tp_cp 1e-6
 run pp_cp 4 --dtype fp32 --batch-size 2 --cp 2 --pp 2 --save 0 && same_steps single pp_cp 1e-6
 run single_bf16 1 --batch-size 2 --save 0 && run cp_bf16 2 --batch-size 2 --cp 2 --save 0 &&
