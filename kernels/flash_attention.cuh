@@ -782,15 +782,23 @@ void flash_attention_forward_hd(bf16* out, float* lse, const bf16* qkv, int B, i
   CUDA_CHECK(cudaGetLastError());
 }
 
+// The backward's first kernel: D_t = dout_t · out_t per (b, h, t) of a (B, T) block into delta
+// (B, NH, T); both backward kernels read it (the whole sequence's, or a ring block's: ring_attention.cuh).
+template <int HD>
+void flash_attention_backward_delta(float* delta, const bf16* dout, const bf16* out, int B, int T, int NH,
+                                    cudaStream_t stream) {
+  const size_t threads = static_cast<size_t>(B) * T * NH * (HD / 8);
+  launch(flash_attention_backward_delta_kernel<HD>, dim3(static_cast<unsigned>(ceil_div<size_t>(threads, 256))),
+         dim3(256), 0, stream, delta, dout, out, B, T, NH);
+  CUDA_CHECK(cudaGetLastError());
+}
+
 template <int HD>
 void flash_attention_backward_hd(bf16* dqkv, float* delta, const bf16* dout, const bf16* qkv, const bf16* out,
                                  const float* lse, int B, int seq_len, int NH, int NKV, cudaStream_t stream) {
   using Tiles = FlashTiles<HD>;
   const float scale = 1.0f / sqrtf(static_cast<float>(HD));
-  const size_t delta_threads = static_cast<size_t>(B) * seq_len * NH * (HD / 8);
-  launch(flash_attention_backward_delta_kernel<HD>, dim3(static_cast<unsigned>(ceil_div<size_t>(delta_threads, 256))),
-         dim3(256), 0, stream, delta, dout, out, B, seq_len, NH);
-  CUDA_CHECK(cudaGetLastError());
+  flash_attention_backward_delta<HD>(delta, dout, out, B, seq_len, NH, stream);
   // Both kernels read D of rows other blocks computed, so they follow the delta kernel. The
   // key/value kernel runs a block per K/V head's keys (the group's dK and dV), the query kernel
   // one per query head's rows.

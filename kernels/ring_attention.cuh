@@ -325,10 +325,7 @@ void ring_flash_attention_backward_hd(float* dq, float* dkv, float* delta, const
                                       int NKV, bool full, cudaStream_t stream) {
   using Tiles = FlashTiles<HD>;
   const float scale = 1.0f / sqrtf(static_cast<float>(HD));
-  const size_t delta_threads = static_cast<size_t>(B) * Tq * NH * (HD / 8);
-  launch(flash_attention_backward_delta_kernel<HD>, dim3(static_cast<unsigned>(ceil_div<size_t>(delta_threads, 256))),
-         dim3(256), 0, stream, delta, dout, out, B, Tq, NH);
-  CUDA_CHECK(cudaGetLastError());
+  flash_attention_backward_delta<HD>(delta, dout, out, B, Tq, NH, stream);
   auto key_value_kernel = full ? flash_attention_backward_key_value_kernel<HD, FlashKeys::block_full>
                                 : flash_attention_backward_key_value_kernel<HD, FlashKeys::block_diagonal>;
   flash_attention_allow_smem(key_value_kernel, Tiles::key_value_smem());
