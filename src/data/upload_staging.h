@@ -31,6 +31,15 @@ inline void check_token_ids(const int* tokens, int B, int seq_len, int vocab_siz
   }
 }
 
+// A B×T micro-batch's ids checked against the vocabulary, unless `prepared`, the loader's batch they
+// come from, was checked against one no larger than vocab_size.
+inline void check_micro_batch_ids(const int* inputs, const int* targets, const TokenBatch* prepared, int B,
+                                  int seq_len, int vocab_size) {
+  if (prepared != nullptr && prepared->ids_below > 0 && prepared->ids_below <= vocab_size) return;
+  check_token_ids(inputs, B, seq_len, vocab_size, "input");
+  if (targets != nullptr) check_token_ids(targets, B, seq_len, vocab_size, "target");
+}
+
 // The host work a B×T micro-batch needs before its upload, for DataLoader::set_prepare (on the
 // loader thread, a step ahead): the encoder-backward buckets of the rank's tokens (context_split.h:
 // all of them without context parallelism) whose ids are in [vocab_begin, vocab_end) (a
@@ -85,18 +94,13 @@ class UploadStaging {
     if (src != nullptr) std::copy(src, src + n, staged);
     cuda_check(cudaMemcpyAsync(dst, staged, n * sizeof(int), cudaMemcpyHostToDevice, stream), what);
   }
-  // One B×T micro-batch: its ids checked (unless `prepared`, the loader's batch they come from,
-  // was checked against a vocabulary no larger than vocab_size), then its uploads queued from the
-  // next set: inputs, targets (nullptr: none) and, with device_buckets, the encoder-backward
-  // buckets of ids in [vocab_begin, vocab_end) (prepared's when it has them, else built here).
-  // Returns their segment count (encoder_backward's `segments`; 0: no buckets).
+  // One B×T micro-batch's uploads (its ids checked: check_micro_batch_ids), queued from the next
+  // set: inputs, targets (nullptr: none) and, with device_buckets, the encoder-backward buckets of
+  // ids in [vocab_begin, vocab_end) (`prepared`'s, the loader's batch they come from, when it has
+  // them, else built here). Returns their segment count (encoder_backward's `segments`; 0: no buckets).
   int upload_micro_batch(const int* inputs, const int* targets, const TokenBatch* prepared, int B, int seq_len,
                          int vocab_size, int vocab_begin, int vocab_end, int* device_inputs, int* device_targets,
                          int* device_buckets, cudaStream_t stream) {
-    if (prepared == nullptr || prepared->ids_below <= 0 || prepared->ids_below > vocab_size) {
-      check_token_ids(inputs, B, seq_len, vocab_size, "input");
-      if (targets != nullptr) check_token_ids(targets, B, seq_len, vocab_size, "target");
-    }
     const Slot slot = next();
     const size_t n = static_cast<size_t>(B) * seq_len;
     upload(device_inputs, slot.inputs, inputs, n, stream, "uploading input tokens");

@@ -414,12 +414,13 @@ class Transformer {
     grads_.end_micro_step();
   }
 
-  // Checks the micro-batch's tokens (this rank's of the [B][T] inputs and targets) and queues their
-  // upload (with `buckets`, also the encoder-backward buckets) from page-locked staging: the host
-  // does not wait. What the loader thread did already (`prepared`) is not done again (upload_staging.h).
+  // Checks the micro-batch's [B][T] tokens (errors name their sequence and position) and queues the
+  // upload of this rank's inputs and targets (with `buckets`, also the encoder-backward buckets)
+  // from page-locked staging: the host does not wait. What the loader thread did already
+  // (`prepared`) is not done again (upload_staging.h).
   void upload_tokens(Activations<Elem>& a, int slot, const int* inputs, const int* targets, bool buckets,
                      const TokenBatch* prepared = nullptr) {
-    if (inputs == nullptr) throw std::runtime_error("input tokens: expected B*T ids, found nullptr");
+    check_micro_batch_ids(inputs, targets, prepared, B_, context_.seq_len(), cfg_.vocab_size);  // [B][T] positions
     context_.select(local_inputs_.data(), inputs, B_);
     if (targets != nullptr) context_.select(local_targets_.data(), targets, B_);
     const int n = staging_->upload_micro_batch(local_inputs_.data(), targets != nullptr ? local_targets_.data() : nullptr,

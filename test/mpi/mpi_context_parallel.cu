@@ -6,7 +6,8 @@
 // one process's per-position losses in [B][T] order within 1e-6. GPT-2 (learned positions: each
 // rank's wpe rows) and Llama 3 (GQA, RoPE at the zigzag positions), one chunk per rank-half of
 // 1 token and of several, every --recompute setting, ZeRO 1; at 4 ranks also CP 2 × DP 2 (the
-// gradient sum over both) and TP 2 × CP 2 (with sequence parallelism).
+// gradient sum over both) and TP 2 × CP 2 (with sequence parallelism). A bad token id is named by
+// its [B][T] place on every rank.
 #include "test/test_util.h"
 #include "src/dist/comm.h"
 #include "src/dist/parallel_groups.h"
@@ -98,6 +99,17 @@ void check_context_parallel(const ModelConfig& config, int T, int tp, int cp, in
   }
   CHECK(test::all_close("parameters after the steps", got.parameters, want.parameters, 1e-5, 1e-7));
   CHECK(test::all_close("validation losses", got.val_losses, want.val_losses, 1e-6, 1e-7));
+  // A bad id is named by its place in [B][T] on every rank, whichever rank holds it.
+  std::vector<int> bad = tokens(0, 0, 7, 0, T, V);
+  bad[static_cast<size_t>(kB) * T - 1] = V;
+  std::string error;
+  try {
+    model.forward(bad.data(), nullptr);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  CHECK_THAT(error, Catch::Contains("input token " + std::to_string(V) + " at batch row " + std::to_string(kB - 1) +
+                                    ", position " + std::to_string(T - 1)));
 }
 
 }  // namespace
