@@ -246,6 +246,24 @@ const MatmulPlan& matmul_plan(MatmulTypes types, bool transpose_a, bool transpos
   return matmul_context.plans.emplace(key, plan).first->second;
 }
 
+// Runs `plan` on (a, b) into d (C is d: beta != 0 adds to it), its bias pointer set (nullptr: none);
+// under --profile as the site site_name() names, moving `bytes` and doing `flops`.
+template <typename SiteName>
+void matmul_run(const MatmulPlan& plan, void* d, const void* a, const void* b, const void* bias, float beta,
+                cudaStream_t stream, double bytes, double flops, SiteName&& site_name) {
+  if (bias != nullptr)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  const float alpha = 1.0f;
+  auto product = [&] {
+    CUBLAS_CHECK(cublasLtMatmul(matmul_context.handle, plan.desc, &alpha, a, plan.layout_a, b, plan.layout_b, &beta,
+                                d, plan.layout_d, d, plan.layout_d, &plan.algo, matmul_context.workspace,
+                                plan.workspace_bytes, stream));
+  };
+  if (!DeviceProfiler::get().on()) return product();
+  profile_declare(bytes, flops);
+  profiled(site_name(), stream, product);
+}
+
 // One cuBLASLt product, column-major, every matrix packed (ld = its stored row count):
 //   D (m × n) = op(A) · op(B) + beta·D,  op(A) (m × k), op(B) (k × n),
 // then + bias (length m, cuBLASLt's BIAS epilogue) if bias != nullptr.
@@ -256,25 +274,16 @@ void matmul_cublaslt(TD* d, const T* a, bool transpose_a, const T* b, bool trans
   const MatmulTypes types{matmul_data_type<T>(), matmul_data_type<T>(), matmul_data_type<TD>()};
   const MatmulPlan& plan = matmul_plan(types, transpose_a, transpose_b, bias, matmul_pointer_alignment(a),
                                        matmul_pointer_alignment(b), matmul_pointer_alignment(d), m, n, k);
-  if (bias != nullptr)
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-  const float alpha = 1.0f;
-  auto product = [&] {
-    CUBLAS_CHECK(cublasLtMatmul(matmul_context.handle, plan.desc, &alpha, a, plan.layout_a, b, plan.layout_b, &beta,
-                                d, plan.layout_d, d, plan.layout_d, &plan.algo, matmul_context.workspace,
-                                plan.workspace_bytes, stream));
-  };
-  if (!DeviceProfiler::get().on()) return product();
-  // --profile's site: the product's shape (each of the model's products has its own).
   const double M = m, N = n, K = k;
-  profile_declare(sizeof(T) * (M * K + K * N) + sizeof(TD) * M * N * (beta != 0.0f ? 2 : 1) +
-                      (bias != nullptr ? sizeof(TD) * M : 0),
-                  2 * M * N * K);
-  profiled(std::string("cublasLt ") + (transpose_a ? "T" : "N") + (transpose_b ? "T" : "N") + " m=" +
-               std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
-               (bias != nullptr ? " +bias" : "") + (beta != 0.0f ? " +=" : "") +
-               (std::is_same<TD, float>::value && !std::is_same<T, float>::value ? " fp32-out" : ""),
-           stream, product);
+  matmul_run(plan, d, a, b, bias, beta, stream,
+             sizeof(T) * (M * K + K * N) + sizeof(TD) * M * N * (beta != 0.0f ? 2 : 1) +
+                 (bias != nullptr ? sizeof(TD) * M : 0),
+             2 * M * N * K, [&] {  // --profile's site: the product's shape (each of the model's products has its own)
+               return std::string("cublasLt ") + (transpose_a ? "T" : "N") + (transpose_b ? "T" : "N") + " m=" +
+                      std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
+                      (bias != nullptr ? " +bias" : "") + (beta != 0.0f ? " +=" : "") +
+                      (std::is_same<TD, float>::value && !std::is_same<T, float>::value ? " fp32-out" : "");
+             });
 }
 
 // out (rows × OC) = inp (rows × C) @ weight (OC × C)^T + bias (OC; nullptr: none). Written, not

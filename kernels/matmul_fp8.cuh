@@ -46,22 +46,13 @@ void matmul_fp8_cublaslt(bf16* d, const TA* a, const float* scale_a, const TB* b
                                        matmul_pointer_alignment(b), matmul_pointer_alignment(d), m, n, k);
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_a, sizeof(scale_a)));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_b, sizeof(scale_b)));
-  if (bias != nullptr)
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-  const float alpha = 1.0f;
-  auto product = [&] {
-    CUBLAS_CHECK(cublasLtMatmul(matmul_context.handle, plan.desc, &alpha, a, plan.layout_a, b, plan.layout_b, &beta,
-                                d, plan.layout_d, d, plan.layout_d, &plan.algo, matmul_context.workspace,
-                                plan.workspace_bytes, stream));
-  };
-  if (!DeviceProfiler::get().on()) return product();
-  // --profile's site: "cublasLt fp8 <what>" and the shape.
   const double M = m, N = n, K = k;
-  profile_declare(M * K + K * N + sizeof(bf16) * M * N * (beta != 0.0f ? 2 : 1) + (bias != nullptr ? 2 * M : 0),
-                  2 * M * N * K);
-  profiled(std::string("cublasLt fp8 ") + what + " m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" +
-               std::to_string(k) + (bias != nullptr ? " +bias" : "") + (beta != 0.0f ? " +=" : ""),
-           stream, product);
+  matmul_run(plan, d, a, b, bias, beta, stream,
+             M * K + K * N + sizeof(bf16) * M * N * (beta != 0.0f ? 2 : 1) + (bias != nullptr ? 2 * M : 0),
+             2 * M * N * K, [&] {  // --profile's site: "cublasLt fp8 <what>" and the shape
+               return std::string("cublasLt fp8 ") + what + " m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                      " k=" + std::to_string(k) + (bias != nullptr ? " +bias" : "") + (beta != 0.0f ? " +=" : "");
+             });
 }
 
 // out (rows × OC) = inp8 (rows × C) @ weight8 (OC × C)^T (decoded: × their scale_invs) + bias.
