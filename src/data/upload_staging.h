@@ -9,7 +9,7 @@
 #include "kernels/encoder.cuh"
 #include "src/base/device.h"
 #include "src/data/dataloader.h"
-#include "src/dist/context_split.h"
+#include "src/data/context_split.h"
 
 #include <algorithm>
 #include <cstddef>

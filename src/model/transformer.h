@@ -21,7 +21,7 @@
 #include "src/model/context_attention.h"
 #include "src/model/lm_head.h"
 #include "src/dist/comm.h"
-#include "src/dist/context_split.h"
+#include "src/data/context_split.h"
 #include "src/base/device.h"
 #include "src/config/model_config.h"
 #include "src/dist/grad_sync.h"

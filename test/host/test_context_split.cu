@@ -1,8 +1,8 @@
-// ContextSplit (src/dist/context_split.h): a CP rank's tokens, positions and row order against a
+// ContextSplit (src/data/context_split.h): a CP rank's tokens, positions and row order against a
 // brute-force statement of the zigzag layout (rank r holds chunks r and 2N-1-r of 2N equal chunks,
 // chunk-major), the way back to [B][T] order, equal causal work per rank, and the refusals.
 #include "test/test_util.h"
-#include "src/dist/context_split.h"
+#include "src/data/context_split.h"
 
 #include <set>
 #include <vector>
