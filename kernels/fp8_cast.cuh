@@ -1,0 +1,164 @@
+// fp8_cast.cuh — the casts that feed cuBLASLt's FP8 matrix products (kernels/fp8.cuh's formats):
+// a bf16 or fp32 matrix times its per-tensor scale, rounded to E4M3 or E5M2 and written as stored,
+// transposed, or both, with the amax of the input recorded on the way; and the amax alone.
+//
+// Why a transpose: cuBLASLt's FP8 products take both operands with the reduction dimension
+// contiguous ("TN" only, docs/SIMT.md "The FP8 oracle"). In the model's row-major terms the forward
+// out(N,OC) = x(N,K)·W(OC,K)^T uses x and W as stored; the input gradient dx(N,K) = dy(N,OC)·W
+// needs W^T (K,OC) in FP8, and the weight gradient dW(OC,K) = dy^T·x needs dy^T (OC,N) and x^T (K,N).
+//
+// What the cast guarantees, element by element: code = from_float<F8>(in · *scale), the product
+// one fp32 multiply (rounded once, as any fp32 product) and then rounded once to F8: to nearest,
+// ties to even, saturating (a product past the format's largest finite value, ±inf included,
+// becomes ±largest finite; NaN becomes 0x7F). Never through bf16 or any other intermediate format.
+//
+// The amax (both kernels): *amax = max(*amax, max |in|) over the whole input, of the input itself,
+// before the scale (the next scale is computed from it, fp8_scaling.cuh). NaN propagates: one NaN
+// in the input makes *amax a NaN, so a bad step is visible in the amax, and fp8_update_scales keeps
+// the previous scale rather than computing one from it. (For comparison: TransformerEngine's amax
+// kernels reduce with fmaxf / __hmax, which drop a NaN operand; torchao takes
+// torch.max(torch.abs(x)), which propagates it.) *amax must hold a non-negative float or a NaN
+// (fp8_update_scales leaves it 0). The result is exact and its bits do not depend on the order of
+// threads or blocks: magnitudes are compared as the integers of their bit patterns with the sign
+// bit cleared, which order non-negative floats by value (+inf above every finite value, every NaN
+// above +inf); an integer max is associative and commutative, and the blocks meet in one atomicMax
+// on those integers.
+#pragma once
+#include "common.cuh"
+#include "fp8.cuh"
+
+#include <algorithm>
+
+// |x| as the integer of its bit pattern, sign bit cleared: an order-preserving key for magnitudes.
+__device__ __forceinline__ int fp8_magnitude_key(float x) {
+  uint32_t bits;
+  memcpy(&bits, &x, sizeof(bits));
+  return static_cast<int>(bits & 0x7FFFFFFFu);
+}
+__device__ __forceinline__ int fp8_larger_key(int a, int b) { return a > b ? a : b; }
+
+// One block's largest magnitude key folded into *amax (see the opening comment); called by every
+// thread of a block of kThreads threads (a multiple of 32, laid out along x then y).
+template <int kThreads>
+__device__ __forceinline__ void fp8_record_amax(float* amax, int key) {
+  static_assert(kThreads % 32 == 0 && kThreads <= 1024, "whole warps");
+  __shared__ int warp_keys[kThreads / 32];
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    key = fp8_larger_key(key, __shfl_xor_sync(0xffffffffu, key, offset));
+  }
+  const int thread = threadIdx.y * blockDim.x + threadIdx.x;
+  if (thread % 32 == 0) warp_keys[thread / 32] = key;
+  __syncthreads();
+  if (thread == 0) {
+    int block_key = warp_keys[0];
+    for (int w = 1; w < kThreads / 32; ++w) block_key = fp8_larger_key(block_key, warp_keys[w]);
+    atomicMax(reinterpret_cast<int*>(amax), block_key);
+  }
+}
+
+// The cast: a block of (32, 8) threads owns 32 columns of kFp8CastTilesPerBlock stacked 32×32
+// tiles. Per tile, a warp reads 32 consecutive elements of a row and writes 32 consecutive bytes of
+// `out`; with a transpose the codes go through shared memory (one 32-bit word each, rows padded to
+// 33 words: conflict-free both ways) and a warp writes 32 consecutive bytes of a row of `out_t`.
+// Several tiles per block keep the atomics to one per 4,096 elements.
+constexpr int kFp8CastTile = 32;
+constexpr int kFp8CastRowsPerPass = 8;
+constexpr int kFp8CastThreads = kFp8CastTile * kFp8CastRowsPerPass;
+constexpr int kFp8CastTilesPerBlock = 4;
+constexpr int kFp8CastRowsPerBlock = kFp8CastTile * kFp8CastTilesPerBlock;
+
+template <typename T, typename F8>
+__global__ void __launch_bounds__(kFp8CastThreads)
+    fp8_cast_kernel(F8* out, F8* out_t, float* amax, const T* in, int rows, int cols, const float* scale) {
+  LAUNCH_BOUNDS_GUARD(kFp8CastThreads);
+  __shared__ uint32_t tile[kFp8CastTile][kFp8CastTile + 1];
+  const float s = *scale;
+  const int col = blockIdx.y * kFp8CastTile + threadIdx.x;
+  int key = 0;
+  for (int t = 0; t < kFp8CastTilesPerBlock; ++t) {
+    const int tile_row = blockIdx.x * kFp8CastRowsPerBlock + t * kFp8CastTile;
+    if (tile_row >= rows) break;  // the same for every thread of the block
+    UNROLL
+    for (int k = 0; k < kFp8CastTile / kFp8CastRowsPerPass; ++k) {
+      const int r = threadIdx.y + k * kFp8CastRowsPerPass;
+      const int row = tile_row + r;
+      if (row < rows && col < cols) {
+        const size_t i = static_cast<size_t>(row) * cols + col;
+        const float x = to_float(in[i]);
+        key = fp8_larger_key(key, fp8_magnitude_key(x));
+        const F8 code = from_float<F8>(x * s);
+        if (out != nullptr) out[i] = code;
+        tile[r][threadIdx.x] = code.__x;
+      }
+    }
+    if (out_t == nullptr) continue;
+    __syncthreads();
+    // Transposed: thread x writes row r of the tile's column c, i.e. out_t[c][r].
+    const int row_t = tile_row + threadIdx.x;
+    UNROLL
+    for (int k = 0; k < kFp8CastTile / kFp8CastRowsPerPass; ++k) {
+      const int c = threadIdx.y + k * kFp8CastRowsPerPass;
+      const int col_t = blockIdx.y * kFp8CastTile + c;
+      if (row_t < rows && col_t < cols) {
+        F8 code;
+        code.__x = static_cast<__nv_fp8_storage_t>(tile[threadIdx.x][c]);
+        out_t[static_cast<size_t>(col_t) * rows + row_t] = code;
+      }
+    }
+    __syncthreads();  // the next tile overwrites this one
+  }
+  if (amax != nullptr) fp8_record_amax<kFp8CastThreads>(amax, key);
+}
+
+// out (rows, cols) = F8(in · *scale) and/or out_t (cols, rows) its transpose, row-major, from
+// in (rows, cols) row-major; either output may be nullptr (not both: fp8_amax measures without
+// casting). amax (nullptr: none) as in the opening comment. `scale` is a device pointer (delayed
+// scaling keeps it on the device, fp8_scaling.cuh). Any rows, cols >= 0 (cols up to 65,535 · 32);
+// every access is scalar, so no alignment is needed beyond the types'. Deterministic.
+template <typename T, typename F8>
+void fp8_cast(F8* out, F8* out_t, float* amax, const T* in, int rows, int cols, const float* scale,
+              cudaStream_t stream) {
+  if (rows < 0 || cols < 0) throw_errorf("fp8_cast: rows=%d cols=%d must not be negative", rows, cols);
+  if (out == nullptr && out_t == nullptr) throw_error("fp8_cast: no output (out and out_t are both null)");
+  if (scale == nullptr) throw_error("fp8_cast: scale is null (a device pointer to the tensor's scale)");
+  const int column_tiles = ceil_div(cols, kFp8CastTile);
+  if (column_tiles > 65535) throw_errorf("fp8_cast: cols=%d exceeds %d (the grid's y dimension)", cols, 65535 * kFp8CastTile);
+  if (rows == 0 || cols == 0) return;
+  const dim3 grid(static_cast<unsigned>(ceil_div(rows, kFp8CastRowsPerBlock)), static_cast<unsigned>(column_tiles));
+  launch(fp8_cast_kernel<T, F8>, grid, dim3(kFp8CastTile, kFp8CastRowsPerPass), 0, stream, out, out_t, amax, in, rows,
+         cols, scale);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+// The amax alone (current scaling measures a tensor before it casts it): a grid-stride loop over
+// 128-bit vectors, then the last n % (16 / sizeof(T)) elements one per thread.
+constexpr int kFp8AmaxThreads = 256;
+constexpr size_t kFp8AmaxMaxBlocks = 1024;
+
+template <typename T>
+__global__ void __launch_bounds__(kFp8AmaxThreads) fp8_amax_kernel(float* amax, const T* in, size_t n) {
+  LAUNCH_BOUNDS_GUARD(kFp8AmaxThreads);
+  constexpr int kVec = Vec128<T>::size;
+  const size_t thread = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t vectors = n / kVec;
+  int key = 0;
+  for (size_t v = thread; v < vectors; v += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const Vec128<T> x = load128(in + v * kVec);
+    for (int k = 0; k < kVec; ++k) key = fp8_larger_key(key, fp8_magnitude_key(to_float(x[k])));
+  }
+  if (thread < n - vectors * kVec) key = fp8_larger_key(key, fp8_magnitude_key(to_float(in[vectors * kVec + thread])));
+  fp8_record_amax<kFp8AmaxThreads>(amax, key);
+}
+
+// *amax = max(*amax, max |in[i]|) for i < n, as fp8_cast records it (NaN propagates; exact,
+// order-free). `in` 16-byte aligned; any n.
+template <typename T>
+void fp8_amax(float* amax, const T* in, size_t n, cudaStream_t stream) {
+  if (amax == nullptr) throw_error("fp8_amax: amax is null");
+  if (n == 0) return;
+  const size_t vectors = n / Vec128<T>::size;
+  const size_t blocks = std::min(std::max(ceil_div(vectors, static_cast<size_t>(kFp8AmaxThreads)), size_t{1}),
+                                 kFp8AmaxMaxBlocks);
+  launch(fp8_amax_kernel<T>, dim3(static_cast<unsigned>(blocks)), dim3(kFp8AmaxThreads), 0, stream, amax, in, n);
+  CUDA_CHECK(cudaGetLastError());
+}
