@@ -20,10 +20,12 @@
 #include "kernels/matmul.cuh"
 #include "kernels/matmul_fp8.cuh"
 #include "src/base/device.h"
+#include "src/config/config.h"
 #include "src/dist/comm.h"
 
 #include <algorithm>
 #include <functional>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -40,6 +42,12 @@ struct Fp8Settings {
   int history = 16;     // --fp8-amax-history
   int margin = 0;       // --fp8-margin
 };
+
+// --fp8's settings from the flags; none without --fp8.
+inline std::optional<Fp8Settings> fp8_settings(const TrainConfig& cfg) {
+  if (!cfg.fp8) return std::nullopt;
+  return Fp8Settings{cfg.fp8_scaling == "delayed", cfg.fp8_amax_history, cfg.fp8_margin};
+}
 
 // One product's shape on this rank: in_features (the reduction) and out_features.
 struct Fp8ProductShape {

@@ -10,6 +10,7 @@
 #include "kernels/residual.cuh"
 #include "kernels/rope.cuh"
 #include "src/config/model_config.h"
+#include "src/dist/context_split.h"
 #include "src/model/activations.h"
 #include "src/model/attention.h"
 #include "src/model/block_ops.h"
