@@ -180,27 +180,28 @@ class Fp8State {
                       settings_.history, settings_.margin, true, stream_);
   }
 
-  // The training state a checkpoint keeps: every tensor's scale, then the histories (M × H), as
-  // fp32 on the host (scale_inv is 1/scale; amaxes are 0 between steps).
+  // The training state a checkpoint keeps, as fp32 on the host: every tensor's scale, inverse
+  // scale and running amax (a validation after the step may have recorded some), then the
+  // histories (M × H). Restored as they are, a resume continues bit for bit.
   std::vector<float> saved_state() const {
-    std::vector<float> out = copy_floats_to_host(scale_.get(), tensors(), stream_);
-    const std::vector<float> h = copy_floats_to_host(history_.get(), history_.count(), stream_);
-    out.insert(out.end(), h.begin(), h.end());
+    std::vector<float> out;
+    for (const DeviceArray<float>* a : {&scale_, &scale_inv_, &amax_, &history_}) {
+      const std::vector<float> v = copy_floats_to_host(a->get(), a->count(), stream_);
+      out.insert(out.end(), v.begin(), v.end());
+    }
     return out;
   }
-  size_t saved_state_count() const { return tensors() + history_.count(); }
-  // Restores saved_state()'s values (a resume); weights to be cast again with the restored scales.
+  size_t saved_state_count() const { return 3 * static_cast<size_t>(tensors()) + history_.count(); }
+  // Restores saved_state()'s values (a resume); the weights are cast again with the restored scales.
   void restore_state(const std::vector<float>& values) {
     if (values.size() != saved_state_count())
       throw std::runtime_error("FP8 state: " + std::to_string(values.size()) + " values, expected " +
                                std::to_string(saved_state_count()) + " (the same model, ranks and --fp8-amax-history)");
-    const int M = tensors();
-    std::vector<float> inv(M);
-    for (int m = 0; m < M; ++m) inv[m] = 1.0f / values[m];
-    upload_floats(scale_.get(), std::vector<float>(values.begin(), values.begin() + M), "FP8 scales");
-    upload_floats(scale_inv_.get(), inv, "FP8 inverse scales");
-    upload_floats(history_.get(), std::vector<float>(values.begin() + M, values.end()), "FP8 amax histories");
-    cuda_check(cudaMemsetAsync(amax_.get(), 0, amax_.bytes(), stream_), "zeroing FP8 amaxes");
+    size_t at = 0;
+    for (DeviceArray<float>* a : {&scale_, &scale_inv_, &amax_, &history_}) {
+      upload_floats(a->get(), std::vector<float>(values.begin() + at, values.begin() + at + a->count()), "FP8 state");
+      at += a->count();
+    }
     weights_stale_ = true;
   }
 

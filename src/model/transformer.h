@@ -175,6 +175,7 @@ class Transformer {
   }
   // The FP8 state (nullptr without --fp8): its scales and histories are checkpointed.
   Fp8State* fp8_state() { return fp8_ ? &*fp8_ : nullptr; }
+  const Fp8State* fp8_state() const { return fp8_ ? &*fp8_ : nullptr; }
   float* adam_m_device() const { return adam_m_.get(); }
   float* adam_v_device() const { return adam_v_.get(); }
   float* master_device() const { return params_.master(); }
