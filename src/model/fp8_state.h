@@ -21,6 +21,7 @@
 #include "kernels/matmul_fp8.cuh"
 #include "src/base/device.h"
 #include "src/config/config.h"
+#include "src/config/model_config.h"
 #include "src/dist/comm.h"
 
 #include <algorithm>
@@ -53,6 +54,13 @@ inline std::optional<Fp8Settings> fp8_settings(const TrainConfig& cfg) {
 struct Fp8ProductShape {
   int in = 0, out = 0;  // out = 0: the architecture has no such product (fc2 without SwiGLU)
 };
+
+// The five products' shapes (Fp8Product order) on a rank of a TP group of `tp` ranks: the QKV and
+// MLP-up products split by output (column-parallel), the attention and MLP-down ones by input.
+inline std::vector<Fp8ProductShape> fp8_product_shapes(const ModelConfig& cfg, int tp) {
+  const int C = cfg.channels, qkv = cfg.qkv_channels() / tp, att = C / tp, hidden = cfg.hidden() / tp;
+  return {{C, qkv}, {att, C}, {C, hidden}, {C, cfg.mlp == Mlp::swiglu ? hidden : 0}, {hidden, C}};
+}
 
 // Refuses --fp8 on a device without FP8 tensor cores, naming it.
 inline void require_fp8_device() {
@@ -203,6 +211,12 @@ class Fp8State {
       at += a->count();
     }
     weights_stale_ = true;
+  }
+
+  // Device bytes held: fp8_state_bytes() of its shapes.
+  size_t bytes() const {
+    return scale_.bytes() + scale_inv_.bytes() + amax_.bytes() + history_.bytes() + format_max_.bytes() +
+           weights8_.bytes() + weights8t_.bytes() + act8_.bytes() + grad8_.bytes() + grad8t_.bytes();
   }
 
   // Tensor m's scale (tests): slot(l, p, operand)'s.

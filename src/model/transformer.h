@@ -107,10 +107,8 @@ class Transformer {
                    params_.master(), grads_.owned_gradients(), adam_m_.get(), adam_v_.get());
     if (fp8) {
       if (dtype != DType::bf16) throw std::runtime_error("--fp8 needs bf16 parameters and activations");
-      const int layers = std::accumulate(stage().chunks.begin(), stage().chunks.end(), 0), C = cfg_.channels;
-      const bool swiglu = cfg_.mlp == Mlp::swiglu;
-      fp8_.emplace(*fp8, layers, rows(), std::vector<Fp8ProductShape>{{C, qkvl_}, {cl_, C}, {C, hl_}, {C, swiglu ? hl_ : 0}, {hl_, C}},
-                   std::vector<Communicator*>{tp_comm, comm}, stream_.get());
+      fp8_.emplace(*fp8, std::accumulate(stage().chunks.begin(), stage().chunks.end(), 0), rows(),
+                   fp8_product_shapes(cfg_, split_.size()), std::vector<Communicator*>{tp_comm, comm}, stream_.get());
     }
     reset_training_state();
     for (int c = 0, first = 0; c < static_cast<int>(stage().chunks.size()); first += stage().chunks[c++])

@@ -64,7 +64,8 @@ inline MemoryPlan run_memory_plan(const TrainConfig& cfg, const ModelConfig& mod
                      world, cfg.bucket_mib, sample_positions,
                      run_logits_rows(cfg, model, batch_size, world, sample_positions, micro_steps),
                      cfg.zero3_prefetch, run_tensor_parallelism(cfg),
-                     run_pipeline_memory(cfg, model, micro_steps, stage), cfg.cp);
+                     run_pipeline_memory(cfg, model, micro_steps, stage), cfg.cp,
+                     cfg.fp8 ? cfg.fp8_amax_history : 0);
 }
 
 // The pipeline rank whose plan is the largest (0 without --pp): the one that decides what fits.

@@ -2,9 +2,10 @@
 // blocks' Linear products in FP8 (the CPU build answers them through simt's exact cuBLASLt FP8
 // oracle) stay within 2% of the same run in bf16 at every step past warm-up (20 steps), for
 // delayed and current scaling; the FP8 run really is another computation (its losses differ from
-// bf16's) and its scales moved away from their initial 1 to format max / amax. Also: the FP8
-// state's checkpointed values restore into a fresh model (same scales), and --recompute 3 (every
-// block rerun in the backward, its inputs cast again) gives the same bits as --recompute 0.
+// bf16's), its scales moved away from their initial 1 to format max / amax, and it holds the
+// bytes --plan counts. Also: the FP8 state's checkpointed values restore into a fresh model (same
+// scales), and --recompute 3 (every block rerun in the backward, its inputs cast again) gives the
+// same bits as --recompute 0.
 #include "test/test_util.h"
 #include "src/config/config.h"
 #include "src/model/transformer.h"
@@ -88,6 +89,7 @@ TEST_CASE("--fp8: 200 steps within 2% of bf16's loss past warm-up, scales from t
     // over theirs: far from the initial 1.
     Fp8State* fp8 = model.fp8_state();
     REQUIRE(fp8 != nullptr);
+    CHECK(fp8->bytes() == fp8_state_bytes(fp8_product_shapes(cfg, 1), cfg.num_layers, kBatch * kSeqLen, 16));
     for (Fp8Product p : {Fp8Product::qkv, Fp8Product::attproj, Fp8Product::fc, Fp8Product::fcproj}) {
       CAPTURE(static_cast<int>(p));
       CHECK(fp8->scale(1, p, Fp8Operand::weight) > 100.0f);
