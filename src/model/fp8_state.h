@@ -121,9 +121,25 @@ class Fp8State {
   }
 
   // Scales 1, histories and amaxes 0 (the state before the first step); weights to be cast again.
+  // Not recording until the next training step starts (begin_step()).
   void reset() {
     fp8_scaling_init(scale_.get(), scale_inv_.get(), history_.get(), amax_.get(), tensors(), settings_.history, stream_);
     weights_stale_ = true;
+    recording_ = false;
+  }
+
+  // A training step starts: its activation and gradient casts record their amaxes (delayed
+  // scaling) until its end_step(). A validation between steps casts with the step's scales and
+  // records nothing, so it changes no later step, and the amaxes pending between steps are the
+  // weights' alone, which a resume's first cast of the weights records again. A step that never
+  // ended (a bad-step guard skipped its update) leaves amaxes no scale should come from: they are
+  // dropped, and the weights' recorded again by casting the weights anew.
+  void begin_step() {
+    if (recording_) {
+      cuda_check(cudaMemsetAsync(amax_.get(), 0, amax_.bytes(), stream_), "dropping a skipped step's FP8 amaxes");
+      weights_stale_ = true;
+    }
+    recording_ = true;
   }
 
   // The weights changed (an optimizer step, an upload): their copies are remade before next use.
@@ -138,7 +154,7 @@ class Fp8State {
         if (sh.out == 0) continue;
         const size_t at = l * per_layer_weights_ + weight_offset_[p];
         cast(weights8_.get() + at, weights8t_.get() + at, weight(static_cast<Fp8Product>(p), l), sh.out, sh.in,
-             slot(l, static_cast<Fp8Product>(p), Fp8Operand::weight), true);
+             slot(l, static_cast<Fp8Product>(p), Fp8Operand::weight), Amax::weight);
       }
     weights_stale_ = false;
   }
@@ -148,7 +164,7 @@ class Fp8State {
   void forward(bf16* out, const bf16* inp, int l, Fp8Product p, const bf16* bias, bool same_input = false) {
     const Fp8ProductShape& sh = shapes_[static_cast<int>(p)];
     const int in_slot = slot(l, input_product(p), Fp8Operand::input);
-    if (!same_input) cast<fp8e4m3>(act8_.get(), nullptr, inp, rows_, sh.in, in_slot, true);
+    if (!same_input) cast<fp8e4m3>(act8_.get(), nullptr, inp, rows_, sh.in, in_slot, Amax::activation);
     const int w = slot(l, p, Fp8Operand::weight);
     matmul_fp8_forward(out, act8_.get(), scale_inv_.get() + in_slot, weights8_.get() + weight_at(l, p),
                        scale_inv_.get() + w, bias, rows_, sh.in, sh.out, stream_);
@@ -165,13 +181,13 @@ class Fp8State {
     matmul_backward_bias(dbias, dpre_gelu, dout, pre_gelu, rows_, sh.out, stream_);
     const bf16* g = pre_gelu != nullptr ? dpre_gelu : dout;
     const int g_slot = slot(l, p, Fp8Operand::grad), w = slot(l, p, Fp8Operand::weight);
-    cast(grad8_.get(), grad8t_.get(), g, rows_, sh.out, g_slot, true);
+    cast(grad8_.get(), grad8t_.get(), g, rows_, sh.out, g_slot, Amax::activation);
     matmul_fp8_input_gradient(dinp, grad8_.get(), scale_inv_.get() + g_slot, weights8t_.get() + weight_at(l, p),
                               scale_inv_.get() + w, rows_, sh.in, sh.out, accumulate_input_gradient, stream_);
     if (after_input_gradient) after_input_gradient();
     if (dweight == nullptr) return;
     const int in_slot = slot(l, input_product(p), Fp8Operand::input);
-    cast<fp8e4m3>(nullptr, act8_.get(), inp, rows_, sh.in, in_slot, false);
+    cast<fp8e4m3>(nullptr, act8_.get(), inp, rows_, sh.in, in_slot, Amax::none);
     matmul_fp8_weight_gradient(dweight, grad8t_.get(), scale_inv_.get() + g_slot, act8_.get(),
                                scale_inv_.get() + in_slot, rows_, sh.in, sh.out, stream_);
   }
@@ -186,30 +202,33 @@ class Fp8State {
     }
     fp8_update_scales(scale_.get(), scale_inv_.get(), history_.get(), amax_.get(), format_max_.get(), tensors(),
                       settings_.history, settings_.margin, true, stream_);
+    recording_ = false;
   }
 
-  // The training state a checkpoint keeps, as fp32 on the host: every tensor's scale, inverse
-  // scale and running amax (a validation after the step may have recorded some), then the
-  // histories (M × H). Restored as they are, a resume continues bit for bit.
+  // The training state a checkpoint keeps, as fp32 on the host: every tensor's scale and inverse
+  // scale, then the histories (M × H): after end_step() the same on every rank of the groups.
+  // Restored as they are (the amaxes pending, the weights', are recorded again when the restored
+  // weights are cast), a resume continues bit for bit.
   std::vector<float> saved_state() const {
     std::vector<float> out;
-    for (const DeviceArray<float>* a : {&scale_, &scale_inv_, &amax_, &history_}) {
+    for (const DeviceArray<float>* a : {&scale_, &scale_inv_, &history_}) {
       const std::vector<float> v = copy_floats_to_host(a->get(), a->count(), stream_);
       out.insert(out.end(), v.begin(), v.end());
     }
     return out;
   }
-  size_t saved_state_count() const { return 3 * static_cast<size_t>(tensors()) + history_.count(); }
+  size_t saved_state_count() const { return 2 * static_cast<size_t>(tensors()) + history_.count(); }
   // Restores saved_state()'s values (a resume); the weights are cast again with the restored scales.
   void restore_state(const std::vector<float>& values) {
     if (values.size() != saved_state_count())
       throw std::runtime_error("FP8 state: " + std::to_string(values.size()) + " values, expected " +
                                std::to_string(saved_state_count()) + " (the same model, ranks and --fp8-amax-history)");
     size_t at = 0;
-    for (DeviceArray<float>* a : {&scale_, &scale_inv_, &amax_, &history_}) {
+    for (DeviceArray<float>* a : {&scale_, &scale_inv_, &history_}) {
       upload_floats(a->get(), std::vector<float>(values.begin() + at, values.begin() + at + a->count()), "FP8 state");
       at += a->count();
     }
+    cuda_check(cudaMemsetAsync(amax_.get(), 0, amax_.bytes(), stream_), "zeroing the FP8 amaxes");
     weights_stale_ = true;
   }
 
@@ -233,13 +252,18 @@ class Fp8State {
   static Fp8Product input_product(Fp8Product p) { return p == Fp8Product::fc2 ? Fp8Product::fc : p; }
   size_t weight_at(int l, Fp8Product p) const { return l * per_layer_weights_ + weight_offset_[static_cast<int>(p)]; }
 
-  // in (rows × cols) cast with tensor m's scale into out and/or out_t. record: the cast's amax
-  // counts for the scale (delayed: recorded for end_step; current: measured and the scale updated
-  // from it first). A transposed copy of an input already cast in the forward records nothing.
+  // What a cast's amax is for: nothing (a transposed copy of an input its forward cast), an
+  // activation or gradient of a training step, or a weight (whose copies may be made by a
+  // validation's forward: their amax counts for the next step all the same).
+  enum class Amax { none, activation, weight };
+
+  // in (rows × cols) cast with tensor m's scale into out and/or out_t. Delayed scaling records the
+  // amax for end_step (see Amax and begin_step()); current scaling measures the input and updates
+  // the scale from it first.
   template <typename F8>
-  void cast(F8* out, F8* out_t, const bf16* in, int rows, int cols, int m, bool record) {
-    const bool current = record && !settings_.delayed;
-    if (current) {
+  void cast(F8* out, F8* out_t, const bf16* in, int rows, int cols, int m, Amax amax) {
+    const bool record = amax == Amax::weight || (amax == Amax::activation && recording_);
+    if (amax != Amax::none && !settings_.delayed) {
       fp8_amax(amax_.get() + m, in, static_cast<size_t>(rows) * cols, stream_);
       fp8_update_scales(scale_.get() + m, scale_inv_.get() + m, history_.get() + static_cast<size_t>(m) * settings_.history,
                         amax_.get() + m, format_max_.get() + m, 1, settings_.history, settings_.margin, false, stream_);
@@ -260,4 +284,5 @@ class Fp8State {
   DeviceArray<fp8e4m3> act8_;  // the forward's input cast, or the backward's transposed input
   DeviceArray<fp8e5m2> grad8_, grad8t_;
   bool weights_stale_ = true;
+  bool recording_ = false;
 };

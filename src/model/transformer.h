@@ -314,9 +314,10 @@ class Transformer {
     return whole;
   }
 
-  // Starts an optimizer step: gradients and the step's loss sum to zero.
+  // Starts an optimizer step: gradients and the step's loss sum to zero; --fp8 records amaxes again.
   void zero_grad() {
     grads_.zero();
+    if (fp8_) fp8_->begin_step();
     totals_.zero(stream_.get());
     micro_steps_ = 0;
   }
