@@ -133,12 +133,12 @@ inline MemoryPlan plan_memory(const ModelConfig& cfg, int B, int T, int recomput
 inline size_t lm_head_chunk_rows(const ModelConfig& cfg, int B, int T, int recompute, DType dtype, int zero_stage,
                                  int world_size, double bucket_mib, int sample_positions, size_t budget,
                                  int zero3_prefetch = kDefaultZero3Prefetch, const TensorParallelism& tp = {},
-                                 const PipelineMemory& pipeline = {}, int cp = 1) {
+                                 const PipelineMemory& pipeline = {}, int cp = 1, int fp8_history = 0) {
   const size_t N = static_cast<size_t>(B) * (T / cp);
   size_t rows = std::min(N, kLogitsChunkRows);
   while (budget > 0 && rows > kLogitsChunkRowsMin &&
          plan_memory(cfg, B, T, recompute, dtype, zero_stage, world_size, bucket_mib, sample_positions, rows,
-                     zero3_prefetch, tp, pipeline, cp)
+                     zero3_prefetch, tp, pipeline, cp, fp8_history)
                  .total() > budget)
     rows = std::max(rows / 2, kLogitsChunkRowsMin);
   return rows;
@@ -149,10 +149,10 @@ inline int largest_fitting_batch(const ModelConfig& cfg, int T, int recompute, D
                                  int world_size, size_t budget, double bucket_mib = kDefaultBucketMiB,
                                  int sample_positions = 0, int zero3_prefetch = kDefaultZero3Prefetch,
                                  const TensorParallelism& tp = {}, const PipelineMemory& pipeline = {}, int cp = 1,
-                                 int limit = 1 << 16) {
+                                 int fp8_history = 0, int limit = 1 << 16) {
   auto fits = [&](int B) {
     return plan_memory(cfg, B, T, recompute, dtype, zero_stage, world_size, bucket_mib, sample_positions,
-                       kLogitsChunkRows, zero3_prefetch, tp, pipeline, cp)
+                       kLogitsChunkRows, zero3_prefetch, tp, pipeline, cp, fp8_history)
                .total() <= budget;
   };
   if (!fits(1)) return 0;
