@@ -57,6 +57,7 @@
 #include "src/gen/generate_text.h"
 #include "src/model/activations.h"
 #include "src/model/attention.h"
+#include "src/model/fp8_state.h"
 #include "src/run/eval_report.h"
 #include "src/run/plan_report.h"
 #include "src/run/run_setup.h"
@@ -145,6 +146,8 @@ int dispatch_command(int argc, char** argv) {
         setup.cfg, setup.resume_from ? setup.resume_from->path + "/" + kModelFileName : setup.cfg.init_from,
         comm->rank() == 0);
   validate_against_model(setup.cfg, setup.model.max_seq_len, setup.model_source);
+  validate_fp8_shapes(setup.cfg, setup.model, setup.model_source);
+  if (setup.cfg.fp8) require_fp8_device();
   if (!setup.cfg.export_hf.empty()) with_context("--export-hf", [&] { check_hf_export(setup.model, setup.cfg.export_hf); });
   with_context("model " + setup.model_source,
                [&] { choose_attention(setup.cfg.attention, dtype_named(setup.cfg.dtype), setup.model); });

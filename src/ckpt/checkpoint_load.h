@@ -34,6 +34,7 @@ struct StateSource {
   std::FILE* file = nullptr;
   StateHeader header{};
   std::vector<OptimizerSegment> runs;
+  uint64_t fp8_count = 0;  // values of its FP8 section (0: none)
   StateSource() = default;
   StateSource(const StateSource&) = delete;
   StateSource& operator=(const StateSource&) = delete;
@@ -99,11 +100,18 @@ void open_state_source(const Checkpoint& c, int rank, int world_size, int tp, in
   if (h.state_count != buckets.state_count(owner))
     throw mismatch("holds " + std::to_string(h.state_count) + " optimizer-state elements, rank " +
                    std::to_string(rank) + "'s share is " + std::to_string(buckets.state_count(owner)));
-  const uint64_t expected = h.header_bytes + 3 * h.state_count * sizeof(float) +
-                            (h.loss_window_count + h.norm_window_count) * sizeof(double);
+  uint64_t expected = h.header_bytes + 3 * h.state_count * sizeof(float) +
+                      (h.loss_window_count + h.norm_window_count) * sizeof(double);
   struct stat st {};
-  if (::fstat(::fileno(src->file), &st) != 0 || static_cast<uint64_t>(st.st_size) != expected)
-    throw mismatch("is " + std::to_string(st.st_size) + " bytes, its header describes " + std::to_string(expected));
+  if (::fstat(::fileno(src->file), &st) != 0) throw file_error(src->path, "cannot read the size of", errno);
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size > expected) {  // a run with --fp8 appended its FP8 section: a count, then that many floats
+    if (std::fseek(src->file, static_cast<long>(expected), SEEK_SET) != 0) throw file_error(src->path, "cannot seek", errno);
+    read_exact(src->file, &src->fp8_count, sizeof src->fp8_count, src->path, "the FP8 section");
+    expected += sizeof src->fp8_count + src->fp8_count * sizeof(float);
+  }
+  if (size != expected)
+    throw mismatch("is " + std::to_string(size) + " bytes, its header describes " + std::to_string(expected));
   for (const OptimizerSegment& s : buckets.segments(owner))
     for_whole_model_runs(split, s.param, s.count, s.state, [&](size_t whole, size_t state, size_t n, size_t) {
       src->runs.push_back(OptimizerSegment{s.tensor, s.bucket, s.at, whole, state, n});
@@ -193,6 +201,24 @@ inline uint64_t read_checkpoint_seed(const Checkpoint& c) {
   return h.seed;
 }
 
+namespace checkpoint_detail {
+// --fp8's scaling state from `first` (rank 0's state file; its file position after the windows).
+// Its scales are every TP and DP rank's (the amaxes are reduced over both), so without a pipeline
+// any rank's file serves; a pipeline's stages hold other layers, which a resume does not map yet. A
+// checkpoint without an FP8 section (a run without --fp8) leaves the fresh state of model.load().
+template <typename Elem>
+void load_fp8_state(const Checkpoint& c, const StateSource& first, int old_pp, Transformer<Elem>& model) {
+  Fp8State* fp8 = model.fp8_state();
+  if (fp8 == nullptr || first.fp8_count == 0) return;
+  if (old_pp > 1 || model.pipeline().comm != nullptr)
+    throw std::runtime_error(c.path + ": resuming --fp8's scaling state with pipeline parallelism is not supported");
+  std::vector<float> values(first.fp8_count);
+  if (std::fseek(first.file, sizeof(uint64_t), SEEK_CUR) != 0) throw file_error(first.path, "cannot seek", errno);
+  read_exact(first.file, values.data(), values.size() * sizeof(float), first.path, "the FP8 section");
+  fp8->restore_state(values);
+}
+}  // namespace checkpoint_detail
+
 // Loads a verified checkpoint into a model built with the checkpoint's architecture and dtype:
 // parameters from model.bin, fp32 weights (master weights for bf16) and AdamW moments of the
 // parameters this rank owns, and the rest into *state (guard limits are left as they are). The
@@ -266,4 +292,5 @@ void load_checkpoint(const Checkpoint& c, Transformer<Elem>& model, TrainingStat
   state->guards.skipped_norm_z = h.skipped_norm_z;
   state->guards.loss_window.assign(loss_values);
   state->guards.norm_window.assign(norm_values);
+  checkpoint_detail::load_fp8_state(c, first, old_pp, model);
 }

@@ -116,7 +116,8 @@ WrittenFile write_checkpoint_model(const std::string& dir, const Transformer<Ele
   return f;
 }
 
-// This rank's state file: its header, then its optimizer shard and the guards' windows.
+// This rank's state file: its header, then its optimizer shard, the guards' windows and, with
+// --fp8, the FP8 scaling state.
 template <typename Elem>
 WrittenFile write_state_file(const std::string& dir, const Transformer<Elem>& model, const TrainingState& state,
                              const CheckpointWriteInfo& info) {
@@ -156,6 +157,12 @@ WrittenFile write_state_file(const std::string& dir, const Transformer<Elem>& mo
   write_device_floats(out, model.adam_v_device(), h.state_count);
   write_window(out, state.guards.loss_window);
   write_window(out, state.guards.norm_window);
+  if (const Fp8State* fp8 = model.fp8_state()) {  // --fp8: its section (docs/CHECKPOINTS.md)
+    const std::vector<float> values = fp8->saved_state();
+    const uint64_t count = values.size();
+    out.write(&count, sizeof count);
+    out.write(values.data(), values.size() * sizeof(float));
+  }
   out.commit();
   return {out.size(), out.crc32c()};
 }

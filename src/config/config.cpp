@@ -64,6 +64,16 @@ const std::vector<Flag>& flag_table() {
        "attention kernel: flash (tensor cores; bf16, head size C/NH of 16, 32, 64 or 128) or simple (CUDA cores; "
        "fp32 and every head size); auto picks flash wherever it can run",
        &TrainConfig::attention, {}, {"auto", "flash", "simple"}},
+      {"fp8", "0|1", "the blocks' Linear products (QKV, attention output, MLP up/gate/down; not the LM head) in FP8 "
+       "on cuBLASLt: E4M3 activations and weights, E5M2 gradients, bf16 results (sm_90 and newer; --dtype bf16)",
+       &TrainConfig::fp8},
+      {"fp8-scaling", "delayed|current", "FP8 per-tensor scales: delayed (from the amax history of past steps, "
+       "reduced over the ranks) or current (from each cast's own amax, this rank's)", &TrainConfig::fp8_scaling, {},
+       {"delayed", "current"}},
+      {"fp8-amax-history", "N", "with --fp8-scaling delayed: steps of amaxes a scale is computed from",
+       &TrainConfig::fp8_amax_history, {1, 1024}},
+      {"fp8-margin", "M", "FP8 scales leave 2^M of headroom below the format's largest value", &TrainConfig::fp8_margin,
+       {0, 32}},
       {"lr", "X", "peak learning rate", &TrainConfig::lr, {0, kMaxFp32}},
       {"lr-schedule", "NAME", "cosine | linear | constant | wsd (warmup-stable-decay, decay over the last 20% of steps)",
        &TrainConfig::lr_schedule, {}, lr_schedule_names()},

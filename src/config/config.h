@@ -45,6 +45,11 @@ struct TrainConfig {
   long long total_batch_tokens = 0;  // 0: batch_size·seq_len·ranks (no accumulation)
   int recompute = 1;                 // activation recomputation 0..3 (activations.h: kRecomputeDefault)
   std::string attention = "auto";    // attention kernel (attention.h: choose_attention)
+  // FP8 products (src/model/fp8_state.h)
+  bool fp8 = false;
+  std::string fp8_scaling = "delayed";
+  int fp8_amax_history = 16;
+  int fp8_margin = 0;
   // optimizer and schedule
   double lr = 6e-4;
   std::string lr_schedule = "cosine";

@@ -3,10 +3,12 @@
 
 #include "src/config/config.h"
 #include "src/config/lr_schedule.h"
+#include "src/config/model_config.h"
 
 #include <climits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 int validate_config(TrainConfig& cfg, int world_size) {
   if (cfg.was_set("init-from") && !cfg.init_from.empty() && cfg.was_set("model"))
@@ -88,6 +90,14 @@ int validate_config(TrainConfig& cfg, int world_size) {
                                   (cfg.pp_recompute.empty() ? "" : " (--pp-recompute, stage " + std::to_string(s) + ")") +
                                   ": its weight backward reads each product's input after the input backward moved on; "
                                   "use --recompute 0");
+  if (cfg.fp8 && cfg.dtype == "fp32")
+    throw std::invalid_argument("--fp8 with --dtype fp32: the FP8 products take bf16 activations; use --dtype bf16");
+  if (cfg.fp8 && cfg.zero == 3)
+    throw std::invalid_argument("--fp8 with --zero 3: the weights' FP8 copies are made from whole parameters once a "
+                                "step, which ZeRO 3 never holds; use --zero 2 or less");
+  if (cfg.fp8 && cfg.pp > 1 && cfg.pp_schedule == "zb-h1")
+    throw std::invalid_argument("--fp8 with --pp-schedule zb-h1: its deferred weight gradients would need the FP8 "
+                                "casts kept until the weight backward; use another --pp-schedule");
   // A model replica (a TP group per stage) reads one micro-batch, the CP group's replicas share one (each its part of
   // every sequence): the data-parallel ranks read different ones.
   const int data_ranks = static_cast<int>(world_size / (model_ranks * cfg.cp));
@@ -116,6 +126,21 @@ void validate_against_model(const TrainConfig& cfg, int max_seq_len, const std::
   if (cfg.seq_len > max_seq_len)
     throw std::invalid_argument("--seq-len " + std::to_string(cfg.seq_len) + " exceeds the maximum sequence length " +
                                 std::to_string(max_seq_len) + " of " + model_source);
+}
+
+void validate_fp8_shapes(const TrainConfig& cfg, const ModelConfig& model, const std::string& model_source) {
+  if (!cfg.fp8) return;
+  const int tp = cfg.tp;
+  const std::pair<const char*, long long> widths[] = {
+      {"the width C", model.channels},
+      {"the qkv width per --tp rank", model.qkv_channels() / tp},
+      {"the attention width per --tp rank", model.channels / tp},
+      {"the MLP hidden width per --tp rank", model.hidden() / tp},
+      {"the rows per rank B*T/--cp", static_cast<long long>(cfg.batch_size) * cfg.seq_len / cfg.cp}};
+  for (const auto& [what, n] : widths)
+    if (n % 16 != 0)
+      throw std::invalid_argument("--fp8: " + std::string(what) + " of " + model_source + " is " + std::to_string(n) +
+                                  ", not a multiple of 16 (cuBLASLt's FP8 products need one)");
 }
 
 LrSchedule make_lr_schedule(const TrainConfig& cfg) {

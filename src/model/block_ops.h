@@ -10,6 +10,7 @@
 #include "kernels/rmsnorm.cuh"
 #include "kernels/swiglu.cuh"
 #include "src/config/model_config.h"
+#include "src/model/linear.h"
 
 #include <functional>
 
@@ -51,11 +52,14 @@ void mlp_activation_forward(const ModelConfig& c, Elem* act, const Elem* fch, in
 // The MLP's products from its input x (N, C) into fch (mlp_activation_forward's layout) and the
 // activation into act. GELU runs as its own kernel on the rounded pre-activation (not cuBLASLt's
 // GELU epilogue on the fp32 product), so that recomputing it from the kept fch reproduces the bits.
+// fp8: layer l's products in FP8 (linear.h), else matmul.cuh's.
 template <typename Elem>
 void mlp_up_forward(const ModelConfig& c, Elem* fch, Elem* act, const Elem* x, const Elem* fcw, const Elem* fcb,
-                    const Elem* fc2w, int N, int H, cudaStream_t s) {
-  matmul_forward(fch, x, fcw, fcb, N, c.channels, H, s);
-  if (c.mlp == Mlp::swiglu) matmul_forward(fch + static_cast<size_t>(N) * H, x, fc2w, nullptr, N, c.channels, H, s);
+                    const Elem* fc2w, int N, int H, cudaStream_t s, Fp8State* fp8 = nullptr, int l = 0) {
+  linear_forward({fp8, l, Fp8Product::fc}, fch, x, fcw, fcb, N, c.channels, H, s);
+  if (c.mlp == Mlp::swiglu)
+    linear_forward({fp8, l, Fp8Product::fc2}, fch + static_cast<size_t>(N) * H, x, fc2w, nullptr, N, c.channels, H, s,
+                   true);
   mlp_activation_forward(c, act, fch, N, H, s);
 }
 
@@ -63,19 +67,20 @@ void mlp_up_forward(const ModelConfig& c, Elem* fch, Elem* act, const Elem* x, c
 // gradients accumulated. SwiGLU's product gradients overwrite fch in place (it is not read again),
 // and its two products' input gradients are summed in dx. after_input_gradient: as matmul_backward's,
 // once all of dx is queued. dfcw and dfc2w nullptr: the weight gradients are left for later (their
-// g: dact with GELU, fch's two halves with SwiGLU).
+// g: dact with GELU, fch's two halves with SwiGLU). fp8, l: as mlp_up_forward's.
 template <typename Elem>
 void mlp_up_backward(const ModelConfig& c, Elem* dx, Elem* dfcw, Elem* dfcb, Elem* dfc2w, Elem* dact, Elem* fch,
                      const Elem* x, const Elem* fcw, const Elem* fc2w, int N, int H, cudaStream_t s,
-                     const std::function<void()>& after_input_gradient) {
+                     const std::function<void()>& after_input_gradient, Fp8State* fp8 = nullptr, int l = 0) {
   const int C = c.channels;
   if (c.mlp == Mlp::gelu) {
-    matmul_backward(dx, dfcw, dfcb, dact, dact, x, fcw, fch, N, C, H, s, after_input_gradient);
+    linear_backward({fp8, l, Fp8Product::fc}, dx, dfcw, dfcb, dact, dact, x, fcw, fch, N, C, H, s, after_input_gradient);
     return;
   }
   Elem* a = fch;
   Elem* b = fch + static_cast<size_t>(N) * H;
   swiglu_backward(a, b, dact, a, b, N, H, H, s);
-  matmul_backward(dx, dfcw, dfcb, nullptr, a, x, fcw, nullptr, N, C, H, s);
-  matmul_backward(dx, dfc2w, nullptr, nullptr, b, x, fc2w, nullptr, N, C, H, s, after_input_gradient, true);
+  linear_backward({fp8, l, Fp8Product::fc}, dx, dfcw, dfcb, nullptr, a, x, fcw, nullptr, N, C, H, s);
+  linear_backward({fp8, l, Fp8Product::fc2}, dx, dfc2w, nullptr, nullptr, b, x, fc2w, nullptr, N, C, H, s,
+                  after_input_gradient, true);
 }

@@ -18,6 +18,7 @@
 #include "src/model/activations.h"
 #include "src/model/attention.h"
 #include "src/model/block_ops.h"
+#include "src/model/fp8_state.h"
 #include "src/model/context_attention.h"
 #include "src/model/lm_head.h"
 #include "src/dist/comm.h"
@@ -69,12 +70,13 @@ class Transformer {
   // With a context-parallel communicator `cp_comm` of N ranks the rank holds its T/N tokens of each
   // sequence (context_split.h) and its attention passes K/V around the group (context_attention.h);
   // `comm` then includes the CP group's ranks (parallel_groups.h). The model still takes and gives
-  // [B][T] micro-batches and losses: each rank uploads its tokens, and losses are gathered.
+  // [B][T] micro-batches and losses: each rank uploads its tokens, and losses are gathered. With
+  // `fp8` (bf16 only) the blocks' Linear products run in FP8 (fp8_state.h).
   Transformer(const ModelConfig& cfg, int B, int seq_len, int recompute = kRecomputeDefault, Communicator* comm = nullptr,
        int zero_stage = 0, const std::string& attention = "auto", double bucket_mib = kDefaultBucketMiB,
        size_t logits_rows = kLogitsChunkRows, int zero3_prefetch = kDefaultZero3Prefetch,
        Communicator* tp_comm = nullptr, bool sequence_parallel = false, const PipelineParts& pipeline = {},
-       Communicator* cp_comm = nullptr)
+       Communicator* cp_comm = nullptr, const std::optional<Fp8Settings>& fp8 = std::nullopt)
       : cfg_(check_micro_batch(cfg, B, seq_len, recompute)),
         pipeline_(pipeline.stages.empty() ? PipelineParts::whole(cfg.num_layers) : pipeline),
         split_(tensor_split_of(cfg, tp_comm, pipeline_.mine())),
@@ -103,6 +105,11 @@ class Transformer {
     adamw_.emplace(layout_, grads_.segments(), [this](const OptimizerSegment& s) { return params_.owned_offset(s); },
                    [this](const OptimizerSegment& s) { return grads_.gradient_offset(s); }, params_.owned_base(),
                    params_.master(), grads_.owned_gradients(), adam_m_.get(), adam_v_.get());
+    if (fp8) {
+      if (dtype != DType::bf16) throw std::runtime_error("--fp8 needs bf16 parameters and activations");
+      fp8_.emplace(*fp8, std::accumulate(stage().chunks.begin(), stage().chunks.end(), 0), rows(),
+                   fp8_product_shapes(cfg_, split_.size()), std::vector<Communicator*>{tp_comm, comm}, stream_.get());
+    }
     reset_training_state();
     for (int c = 0, first = 0; c < static_cast<int>(stage().chunks.size()); first += stage().chunks[c++])
       chunk_first_.push_back(first);
@@ -160,7 +167,13 @@ class Transformer {
   Elem* params_device() const { return split_.whole() ? params_.full() : nullptr; }
   Elem* owned_parameters(const OptimizerSegment& s) const { return params_.owned(s); }
   // Parameters written through owned_parameters() are in place: ZeRO 3's gathers read them from now on.
-  void parameters_written() { params_.changed(); }
+  void parameters_written() {
+    params_.changed();
+    if (fp8_) fp8_->weights_changed();
+  }
+  // The FP8 state (nullptr without --fp8): its scales and histories are checkpointed.
+  Fp8State* fp8_state() { return fp8_ ? &*fp8_ : nullptr; }
+  const Fp8State* fp8_state() const { return fp8_ ? &*fp8_ : nullptr; }
   float* adam_m_device() const { return adam_m_.get(); }
   float* adam_v_device() const { return adam_v_.get(); }
   float* master_device() const { return params_.master(); }
@@ -301,9 +314,10 @@ class Transformer {
     return whole;
   }
 
-  // Starts an optimizer step: gradients and the step's loss sum to zero.
+  // Starts an optimizer step: gradients and the step's loss sum to zero; --fp8 records amaxes again.
   void zero_grad() {
     grads_.zero();
+    if (fp8_) fp8_->begin_step();
     totals_.zero(stream_.get());
     micro_steps_ = 0;
   }
@@ -320,9 +334,11 @@ class Transformer {
   // gradient communication; with sharded optimizer state each rank updates its shard, then the
   // parameters are all-gathered (at ZeRO 3 they stay sharded: the next pass gathers them).
   void apply_update(const OptimizerSettings& opt, float lr, int step, float norm) {
+    if (fp8_) fp8_->end_step();  // the scales for the next step, before its weights' copies
     adamw_->step(opt, lr, step, norm, stream_.get());
     if (params_.sharded()) params_.changed();
     else grads_.gather_parameters(params_.full());
+    if (fp8_) fp8_->weights_changed();
   }
 
   // The mean loss of the last forward() or forward_backward() micro-batch: its per-position losses
@@ -355,7 +371,10 @@ class Transformer {
 
   // Replaces all parameters (llm.c order, as float; rounded to nearest for bf16, master weights get
   // the float values). Gradients and optimizer state are kept.
-  void set_parameters(const std::vector<float>& values) { params_.upload_all(values); }
+  void set_parameters(const std::vector<float>& values) {
+    params_.upload_all(values);
+    if (fp8_) fp8_->weights_changed();
+  }
 
   // Device memory of the activations: model_activation_bytes(...).total(). (All of it: memory_plan.h.)
   size_t activation_bytes() const {
@@ -390,6 +409,7 @@ class Transformer {
 
   void reset_training_state() {
     zero_grad();
+    if (fp8_) fp8_->reset();
     cuda_check(cudaMemsetAsync(adam_m_.get(), 0, adam_m_.bytes(), stream_.get()), "zeroing AdamW moments");
     cuda_check(cudaMemsetAsync(adam_v_.get(), 0, adam_v_.bytes(), stream_.get()), "zeroing AdamW moments");
     cuda_check(cudaStreamSynchronize(stream_.get()), "resetting training state");
@@ -467,5 +487,6 @@ class Transformer {
   std::vector<int> local_inputs_, local_targets_;  // this rank's tokens of a micro-batch, in its row order
   std::optional<ContextAttention<Elem>> ring_;     // the attention with context parallelism
   DeviceArray<float> gathered_losses_;              // the CP group's losses (its ranks' rows in turn)
+  std::optional<Fp8State> fp8_;                     // --fp8's scales, weight copies and casts
 };
 

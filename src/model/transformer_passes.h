@@ -14,8 +14,10 @@
 #include "src/model/activations.h"
 #include "src/model/attention.h"
 #include "src/model/block_ops.h"
+#include "src/model/linear.h"
 
 #include <cstddef>
+#include <type_traits>
 
 template <typename Elem>
 class Transformer;
@@ -55,6 +57,9 @@ struct TransformerPasses {
   // gradient its input backward kept (a.douts) and its input.
   static void queue_chunk_weight_gradients(Transformer<Elem>& m, Activations<Elem>& a, int c);
 
+  // With --fp8: the weights' FP8 copies, remade if the weights changed since they were made.
+  static void refresh_fp8_weights(Transformer<Elem>& m);
+
   // RoPE of q and k in place in qkv (every row), forward or backward (the gradient's inverse rotation).
   static void rotate(Transformer<Elem>& m, Elem* qkv, bool backward);
   // out, lse from qkv: causal attention over each sequence (with CP: the ring over the group).
@@ -89,6 +94,16 @@ void TransformerPasses<Elem>::attention_backward(Transformer<Elem>& m, Elem* dqk
 }
 
 template <typename Elem>
+void TransformerPasses<Elem>::refresh_fp8_weights(Transformer<Elem>& m) {
+  if constexpr (std::is_same<Elem, bf16>::value) {
+    Fp8State* fp8 = m.fp8_state();
+    if (fp8 == nullptr) return;
+    static constexpr int kWeights[kFp8Products] = {kQkvw, kAttprojw, kFcw, kFc2w, kFcprojw};
+    fp8->refresh_weights([&](Fp8Product p, int l) { return m.param(kWeights[static_cast<int>(p)], l); });
+  }
+}
+
+template <typename Elem>
 const Elem* TransformerPasses<Elem>::block_input(const Transformer<Elem>& m, const Activations<Elem>& a, int j) {
   const size_t rows_c = static_cast<size_t>(m.tp_.local_rows()) * m.cfg_.channels;
   return j == 0 ? m.tp_.local(a.encoded.get(), m.cfg_.channels) : a.residual3.get() + (j - 1) * rows_c;
@@ -112,17 +127,20 @@ void TransformerPasses<Elem>::block_forward(Transformer<Elem>& m, Activations<El
   Elem* qkv = layer_slice(a.qkv, j, static_cast<size_t>(N) * m.qkvl_);
   Elem* atty = layer_slice(a.atty, j, Ncl);
   Elem* ln2 = layer_slice(a.ln2, j, NC);
-  matmul_forward(qkv, layer_slice(a.ln1, j, NC), m.param(kQkvw, l), m.param(kQkvb, l), N, C, m.qkvl_, s);
+  Fp8State* fp8 = m.fp8_state();
+  linear_forward({fp8, l, Fp8Product::qkv}, qkv, layer_slice(a.ln1, j, NC), m.param(kQkvw, l), m.param(kQkvb, l), N, C,
+                 m.qkvl_, s);
   if (m.cfg_.positions == Positions::rope) rotate(m, qkv, false);
   attention_forward(m, atty, layer_slice(a.lse, j, static_cast<size_t>(N) * m.nhl_), qkv);
-  matmul_forward(w.branch.get(), atty, m.param(kAttprojw, l), m.tp_.once(m.param(kAttprojb, l)), N, m.cl_, C, s);
+  linear_forward({fp8, l, Fp8Product::attproj}, w.branch.get(), atty, m.param(kAttprojw, l),
+                 m.tp_.once(m.param(kAttprojb, l)), N, m.cl_, C, s);
   const Elem* attproj = m.tp_.reduce(w.branch.get(), C);
   residual_norm_forward(m.cfg_, layer_slice(a.residual2, j, static_cast<size_t>(Nl) * C), m.tp_.local(ln2, C),
                         layer_slice(a.ln2_mean, j, Nl), layer_slice(a.ln2_rstd, j, Nl), block_input(m, a, j), attproj,
                         m.param(kLn2w, l), m.param(kLn2b, l), Nl, s);
   m.tp_.gather(ln2, C);
   mlp_up_forward(m.cfg_, layer_slice(a.fch, j, m.cfg_.mlp_products() * Nh), layer_slice(a.fch_gelu, j, Nh), ln2,
-                 m.param(kFcw, l), m.param(kFcb, l), m.param(kFc2w, l), N, m.hl_, s);
+                 m.param(kFcw, l), m.param(kFcb, l), m.param(kFc2w, l), N, m.hl_, s, fp8, l);
 }
 
 template <typename Elem>
@@ -135,6 +153,7 @@ void TransformerPasses<Elem>::queue_chunk_forward(Transformer<Elem>& m, Activati
   m.params_.use_model_bucket();
   m.params_.begin_pass(true);
   m.params_.enter_layer(first);
+  refresh_fp8_weights(m);
   if (m.embeds_at(c)) {
     // Each TP rank embeds the tokens of its vocabulary rows (zero for the others); the sum over
     // the group is the embedding, wpe (learned positions) added once: each piece's rows of it.
@@ -152,7 +171,8 @@ void TransformerPasses<Elem>::queue_chunk_forward(Transformer<Elem>& m, Activati
   for (int j = 0; j < n; ++j) {
     const int l = first + j;
     block_forward(m, a, l, j);
-    matmul_forward(w.branch.get(), layer_slice(a.fch_gelu, j, static_cast<size_t>(N) * m.hl_), m.param(kFcprojw, l),
+    linear_forward({m.fp8_state(), l, Fp8Product::fcproj}, w.branch.get(),
+                   layer_slice(a.fch_gelu, j, static_cast<size_t>(N) * m.hl_), m.param(kFcprojw, l),
                    m.tp_.once(m.param(kFcprojb, l)), N, m.hl_, C, s);
     const Elem* fcproj = m.tp_.reduce(w.branch.get(), C);
     Elem* residual3 = a.residual3.get() + j * NlC;
@@ -209,6 +229,7 @@ void TransformerPasses<Elem>::queue_chunk_backward(Transformer<Elem>& m, Activat
           "keeping an output gradient for the weight backward");
   };
   auto weight_grad = [&](int tensor, int l) { return defer ? nullptr : m.grad(tensor, l); };
+  Fp8State* fp8 = m.fp8_state();
   m.params_.begin_pass(false);
   for (int j = n - 1; j >= 0; --j) {
     const int l = first + j;
@@ -236,25 +257,28 @@ void TransformerPasses<Elem>::queue_chunk_backward(Transformer<Elem>& m, Activat
     if (recompute_act) mlp_activation_forward(m.cfg_, fch_gelu, fch, N, m.hl_, s);
     // MLP branch; dresidual = d/d residual3 = d/d fcproj.
     m.tp_.gather(dresidual_rows, C);
-    matmul_backward(dwide, weight_grad(kFcprojw, l), m.tp_.replicated_grad(m.grad(kFcprojb, l)), nullptr,
-                    dresidual_rows, fch_gelu, m.param(kFcprojw, l), nullptr, N, m.hl_, C, s);
+    linear_backward({fp8, l, Fp8Product::fcproj}, dwide, weight_grad(kFcprojw, l),
+                    m.tp_.replicated_grad(m.grad(kFcprojb, l)), nullptr, dresidual_rows, fch_gelu,
+                    m.param(kFcprojw, l), nullptr, N, m.hl_, C, s);
     keep(j, kept.fcproj, dresidual_rows, NC);
     if (recompute_ln) norm_rows(m, ln2, ln2_mean, ln2_rstd, residual2, l, kLn2w);
     mlp_up_backward(m.cfg_, dbranch, weight_grad(kFcw, l), m.grad(kFcb, l), weight_grad(kFc2w, l), dwide, fch, ln2,
-                    m.param(kFcw, l), m.param(kFc2w, l), N, m.hl_, s, [&] { m.tp_.start_reduce(dbranch, C); });
+                    m.param(kFcw, l), m.param(kFc2w, l), N, m.hl_, s, [&] { m.tp_.start_reduce(dbranch, C); }, fp8,
+                    l);
     if (m.cfg_.mlp == Mlp::gelu) keep(j, kept.fc, dwide, Nh);  // GELU's g (SwiGLU's stay in fch)
     norm_backward(m.cfg_, dresidual, m.grad(kLn2w, l), m.grad(kLn2b, l), scratch, m.tp_.finish_reduce(dbranch, C),
                   residual2, m.param(kLn2w, l), ln2_mean, ln2_rstd, Nl, s);
     // Attention branch; dresidual = d/d residual2 = d/d attproj.
     m.tp_.gather(dresidual_rows, C);
-    matmul_backward(dbranch, weight_grad(kAttprojw, l), m.tp_.replicated_grad(m.grad(kAttprojb, l)), nullptr,
-                    dresidual_rows, atty, m.param(kAttprojw, l), nullptr, N, m.cl_, C, s);
+    linear_backward({fp8, l, Fp8Product::attproj}, dbranch, weight_grad(kAttprojw, l),
+                    m.tp_.replicated_grad(m.grad(kAttprojb, l)), nullptr, dresidual_rows, atty,
+                    m.param(kAttprojw, l), nullptr, N, m.cl_, C, s);
     keep(j, kept.attproj, dresidual_rows, NC);
     attention_backward(m, dwide, scratch, dbranch, qkv, atty, layer_slice(a.lse, j, static_cast<size_t>(N) * m.nhl_));
     if (m.cfg_.positions == Positions::rope) rotate(m, dwide, true);  // d q, d k before the rotation: rotated back
     if (recompute_ln) norm_rows(m, ln1, ln1_mean, ln1_rstd, residual, l, kLn1w);
-    matmul_backward(dbranch, weight_grad(kQkvw, l), m.grad(kQkvb, l), nullptr, dwide, ln1, m.param(kQkvw, l), nullptr,
-                    N, C, m.qkvl_, s, [&] { m.tp_.start_reduce(dbranch, C); });
+    linear_backward({fp8, l, Fp8Product::qkv}, dbranch, weight_grad(kQkvw, l), m.grad(kQkvb, l), nullptr, dwide, ln1,
+                    m.param(kQkvw, l), nullptr, N, C, m.qkvl_, s, [&] { m.tp_.start_reduce(dbranch, C); });
     keep(j, kept.qkv, dwide, static_cast<size_t>(N) * m.qkvl_);
     norm_backward(m.cfg_, dresidual, m.grad(kLn1w, l), m.grad(kLn1b, l), scratch, m.tp_.finish_reduce(dbranch, C),
                   residual, m.param(kLn1w, l), ln1_mean, ln1_rstd, Nl, s);

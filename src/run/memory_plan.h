@@ -7,6 +7,7 @@
 #include "kernels/matmul.cuh"
 #include "src/model/activations.h"
 #include "src/model/context_attention.h"
+#include "src/model/fp8_state.h"
 #include "src/model/optimizer.h"
 #include "src/gen/generate.h"
 #include "src/config/model_config.h"
@@ -16,6 +17,7 @@
 #include "src/dist/tensor_split.h"
 
 #include <algorithm>
+#include <numeric>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -61,11 +63,13 @@ inline size_t term_bytes(const MemoryPlan& plan, const std::string& name) {
 // whole, each further one what a pass keeps: activations.h), over world_size / (tp.size · stages)
 // data-parallel ranks. With context parallelism over `cp` ranks (included in those data-parallel
 // ranks: parallel_groups.h) the rank's activations are of T/cp tokens per sequence, and it holds
-// the ring's buffers (context_attention.h) and the group's gathered losses.
+// the ring's buffers (context_attention.h) and the group's gathered losses. fp8_history > 0: with
+// --fp8 and that amax history, its weight copies, cast buffers and scaling state (fp8_state.h).
 inline MemoryPlan plan_memory(const ModelConfig& cfg, int B, int T, int recompute, DType dtype, int zero_stage,
                               int world_size, double bucket_mib = kDefaultBucketMiB, int sample_positions = 0,
                               size_t logits_rows = kLogitsChunkRows, int zero3_prefetch = kDefaultZero3Prefetch,
-                              const TensorParallelism& tp = {}, const PipelineMemory& pipeline = {}, int cp = 1) {
+                              const TensorParallelism& tp = {}, const PipelineMemory& pipeline = {}, int cp = 1,
+                              int fp8_history = 0) {
   const bool piped = !pipeline.stage.layers.empty();
   const StagePart stage = piped ? pipeline.stage : StagePart::whole(cfg.num_layers);
   const ParameterLayout layout = TensorSplit(cfg, tp.size, 0, stage).local();
@@ -108,6 +112,11 @@ inline MemoryPlan plan_memory(const ModelConfig& cfg, int B, int T, int recomput
       {"activations: more micro-batches in flight", more_sets},
       {"context parallelism: ring, losses", ring},
       {"RoPE table (fp32)", cfg.positions == Positions::rope ? sizeof(float) * static_cast<size_t>(T) * static_cast<size_t>(cfg.head_size()) : 0},
+      {"FP8 weight copies and casts",
+       fp8_history > 0 ? fp8_state_bytes(fp8_product_shapes(cfg, tp.size),
+                                         std::accumulate(stage.chunks.begin(), stage.chunks.end(), 0),
+                                         static_cast<size_t>(B) * local_T, fp8_history)
+                       : 0},
       {"cuBLASLt workspace", kMatmulWorkspaceBytes + kBiasPartialFloats * sizeof(float)},
       {"step and communication scalars", (kStepScalars + 1) * sizeof(double)},
       {"text sampling (--sample-every)", sample_positions > 0 ? kv_decoder_counts(cfg, sample_positions).bytes(elem) : 0},
@@ -124,12 +133,12 @@ inline MemoryPlan plan_memory(const ModelConfig& cfg, int B, int T, int recomput
 inline size_t lm_head_chunk_rows(const ModelConfig& cfg, int B, int T, int recompute, DType dtype, int zero_stage,
                                  int world_size, double bucket_mib, int sample_positions, size_t budget,
                                  int zero3_prefetch = kDefaultZero3Prefetch, const TensorParallelism& tp = {},
-                                 const PipelineMemory& pipeline = {}, int cp = 1) {
+                                 const PipelineMemory& pipeline = {}, int cp = 1, int fp8_history = 0) {
   const size_t N = static_cast<size_t>(B) * (T / cp);
   size_t rows = std::min(N, kLogitsChunkRows);
   while (budget > 0 && rows > kLogitsChunkRowsMin &&
          plan_memory(cfg, B, T, recompute, dtype, zero_stage, world_size, bucket_mib, sample_positions, rows,
-                     zero3_prefetch, tp, pipeline, cp)
+                     zero3_prefetch, tp, pipeline, cp, fp8_history)
                  .total() > budget)
     rows = std::max(rows / 2, kLogitsChunkRowsMin);
   return rows;
@@ -140,10 +149,10 @@ inline int largest_fitting_batch(const ModelConfig& cfg, int T, int recompute, D
                                  int world_size, size_t budget, double bucket_mib = kDefaultBucketMiB,
                                  int sample_positions = 0, int zero3_prefetch = kDefaultZero3Prefetch,
                                  const TensorParallelism& tp = {}, const PipelineMemory& pipeline = {}, int cp = 1,
-                                 int limit = 1 << 16) {
+                                 int fp8_history = 0, int limit = 1 << 16) {
   auto fits = [&](int B) {
     return plan_memory(cfg, B, T, recompute, dtype, zero_stage, world_size, bucket_mib, sample_positions,
-                       kLogitsChunkRows, zero3_prefetch, tp, pipeline, cp)
+                       kLogitsChunkRows, zero3_prefetch, tp, pipeline, cp, fp8_history)
                .total() <= budget;
   };
   if (!fits(1)) return 0;

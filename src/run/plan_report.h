@@ -46,6 +46,9 @@ inline TensorParallelism run_tensor_parallelism(const TrainConfig& cfg) {
   return {cfg.tp, 0, cfg.sequence_parallel && cfg.tp > 1};
 }
 
+// With --fp8 its amax history (memory_plan.h's fp8_history), else 0.
+inline int run_fp8_history(const TrainConfig& cfg) { return cfg.fp8 ? cfg.fp8_amax_history : 0; }
+
 // A run's lm-head chunk rows (memory_plan.h's lm_head_chunk_rows against chunk_budget, for the
 // pipeline's last stage, which holds the head); `world`: every rank of the run; `micro_steps`: its
 // gradient accumulation steps.
@@ -54,7 +57,8 @@ inline size_t run_logits_rows(const TrainConfig& cfg, const ModelConfig& model, 
   return lm_head_chunk_rows(model, batch_size, cfg.seq_len, stage_recompute(cfg, cfg.pp - 1), dtype_named(cfg.dtype),
                             cfg.zero, world,
                             cfg.bucket_mib, sample_positions, chunk_budget(cfg), cfg.zero3_prefetch,
-                            run_tensor_parallelism(cfg), run_pipeline_memory(cfg, model, micro_steps, cfg.pp - 1), cfg.cp);
+                            run_tensor_parallelism(cfg), run_pipeline_memory(cfg, model, micro_steps, cfg.pp - 1), cfg.cp,
+                            run_fp8_history(cfg));
 }
 
 // Pipeline rank `stage`'s plan (any rank without --pp), at its --recompute (stage_recompute).
@@ -64,7 +68,7 @@ inline MemoryPlan run_memory_plan(const TrainConfig& cfg, const ModelConfig& mod
                      world, cfg.bucket_mib, sample_positions,
                      run_logits_rows(cfg, model, batch_size, world, sample_positions, micro_steps),
                      cfg.zero3_prefetch, run_tensor_parallelism(cfg),
-                     run_pipeline_memory(cfg, model, micro_steps, stage), cfg.cp);
+                     run_pipeline_memory(cfg, model, micro_steps, stage), cfg.cp, run_fp8_history(cfg));
 }
 
 // The pipeline rank whose plan is the largest (0 without --pp): the one that decides what fits.
@@ -89,7 +93,8 @@ inline std::string fitting_batch_sizes(const TrainConfig& cfg, const ModelConfig
            std::to_string(largest_fitting_batch(model, cfg.seq_len, r, dtype_named(cfg.dtype), cfg.zero, world, budget,
                                                 cfg.bucket_mib, sample_positions, cfg.zero3_prefetch,
                                                 run_tensor_parallelism(cfg),
-                                                run_pipeline_memory(cfg, model, micro_steps, stage), cfg.cp));
+                                                run_pipeline_memory(cfg, model, micro_steps, stage), cfg.cp,
+                                                run_fp8_history(cfg)));
   return out;
 }
 
@@ -238,6 +243,7 @@ inline int print_memory_plan(TrainConfig cfg) {
   std::string source;
   const ModelConfig model = resolve_model(cfg, std::nullopt, &source);
   validate_against_model(cfg, model.max_seq_len, source);
+  validate_fp8_shapes(cfg, model, source);
   with_context("model " + source, [&] { choose_attention(cfg.attention, dtype_named(cfg.dtype), model); });
   check_micro_batch(model, cfg.batch_size, cfg.seq_len, cfg.recompute);
   check_tensor_split(model, cfg.tp, "--tp");

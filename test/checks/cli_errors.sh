@@ -119,6 +119,15 @@ expect_error "ZeRO 2 under a pipeline" "--zero 2 with --pp 2" "use --zero 0 or 1
 expect_error "zb-h1 with recomputation" "--pp-schedule zb-h1 with --recompute 1" "use --recompute 0" -- \
   --plan --init-from "$ref/model.bin" --seq-len 32 --world-size 2 --pp 2 --pp-schedule zb-h1 --recompute 1 \
   --total-batch-tokens 16384
+expect_error "--fp8 with fp32" "--fp8 with --dtype fp32" "use --dtype bf16" -- + --fp8 1 --dtype fp32
+expect_error "--fp8 with ZeRO 3" "--fp8 with --zero 3" "use --zero 2 or less" -- + --fp8 1 --zero 3
+expect_error "--fp8 with zb-h1" "--fp8 with --pp-schedule zb-h1" -- \
+  --plan --init-from "$ref/model.bin" --seq-len 32 --world-size 2 --pp 2 --pp-schedule zb-h1 --recompute 0 \
+  --total-batch-tokens 16384 --fp8 1
+expect_error "--fp8 rows not a multiple of 16" "--fp8: the rows per rank B*T/--cp" "is 8, not a multiple of 16" -- \
+  + --fp8 1 --batch-size 1 --seq-len 8
+expect_error "unknown FP8 scaling" "--fp8-scaling" "got 'fast'" -- + --fp8 1 --fp8-scaling fast
+expect_error "FP8 history 0" "--fp8-amax-history" "'0'" -- + --fp8 1 --fp8-amax-history 0
 expect_error "--pp-recompute not one per rank" "--pp-recompute: 1 value(s) for --pp 2 (one per pipeline rank)" -- \
   --plan --init-from "$ref/model.bin" --seq-len 32 --world-size 2 --pp 2 --pp-recompute 1 --total-batch-tokens 16384
 expect_error "--pp-recompute without a pipeline" "--pp-recompute sets --recompute per pipeline stage" -- \

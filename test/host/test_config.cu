@@ -287,6 +287,27 @@ TEST_CASE("cross-flag checks: gradient accumulation and --init-from vs --model")
                                                                 Catch::Contains("m.bin"));
 }
 
+TEST_CASE("--fp8: every product's width per TP rank and the rank's rows multiples of 16") {
+  const ModelConfig tiny{64, 500, 512, 2, 4, 64};  // C 64, qkv 192, hidden 256
+  TrainConfig c = parse({"--fp8", "1", "--batch-size", "2", "--seq-len", "32"}).config;
+  CHECK_NOTHROW(validate_fp8_shapes(c, tiny, "m.bin"));
+  c.tp = 4;  // 16, 48 and 64 per rank
+  CHECK_NOTHROW(validate_fp8_shapes(c, tiny, "m.bin"));
+  c.tp = 2;
+  const ModelConfig narrow{64, 500, 512, 2, 5, 40};  // C 40
+  CHECK_THROWS_WITH(validate_fp8_shapes(c, narrow, "m.bin"), Catch::Contains("--fp8: the width C of m.bin is 40"));
+  const ModelConfig odd_hidden = llama3_config(64, 128, 2, 2, 1, 32, 72, llama32_rope(), false);  // 72 / 2 = 36
+  CHECK_THROWS_WITH(validate_fp8_shapes(c, odd_hidden, "m.bin"), Catch::Contains("MLP hidden width per --tp rank") &&
+                                                                     Catch::Contains("is 36"));
+  c.tp = 1;
+  c.cp = 4;  // 64 rows over 4: 16
+  CHECK_NOTHROW(validate_fp8_shapes(c, tiny, "m.bin"));
+  c.cp = 8;
+  CHECK_THROWS_WITH(validate_fp8_shapes(c, tiny, "m.bin"), Catch::Contains("B*T/--cp") && Catch::Contains("is 8"));
+  c.fp8 = false;
+  CHECK_NOTHROW(validate_fp8_shapes(c, narrow, "m.bin"));
+}
+
 TEST_CASE("pipeline flags: --pp-layers lists, and the cross-flag checks of --pp") {
   CHECK(parse({"--pp-layers", "5,4,3"}).config.pp_layers == std::vector<int>{5, 4, 3});
   CHECK(parse({"--pp-layers=7"}).config.pp_layers == std::vector<int>{7});

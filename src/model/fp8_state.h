@@ -1,0 +1,289 @@
+// fp8_state.h — the FP8 state of a run with --fp8: per local layer, the scales, amax histories and
+// running amaxes of the operands of the blocks' Linear products (kernels/fp8_scaling.cuh), the
+// weights' FP8 copies (as stored and transposed, remade after every change of the weights), the work
+// buffers the activation and gradient casts write, and the products themselves through them
+// (kernels/matmul_fp8.cuh). The LM head stays bf16: its softmax reads logits that FP8's 3 mantissa
+// bits would blur, and at GPT-2's vocabulary the head is a small share of a large model's FLOPs.
+//
+// Scaled tensors, per layer and product (Fp8Product): its input (E4M3), its weight (E4M3) and its
+// output gradient (E5M2). SwiGLU's fc and fc2 read one input (ln2): fc2 uses fc's input slot.
+// Delayed scaling: casts record amaxes during the step; end_step() max-reduces them over the
+// tensor-parallel and data-parallel groups (every rank then computes the same scales) and updates
+// the scales from the histories. Current scaling: each cast measures its input first and takes
+// the scale from that amax alone, this rank's (no collective per cast: a product decodes its
+// operands with their own scales, so ranks need not agree).
+#pragma once
+#include "kernels/common.cuh"
+#include "kernels/fp8.cuh"
+#include "kernels/fp8_cast.cuh"
+#include "kernels/fp8_scaling.cuh"
+#include "kernels/matmul.cuh"
+#include "kernels/matmul_fp8.cuh"
+#include "src/base/device.h"
+#include "src/config/config.h"
+#include "src/config/model_config.h"
+#include "src/dist/comm.h"
+
+#include <algorithm>
+#include <functional>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+// The blocks' Linear products, per layer.
+enum class Fp8Product : int { qkv, attproj, fc, fc2, fcproj };
+constexpr int kFp8Products = 5;
+// The scaled operands of a product.
+enum class Fp8Operand : int { input, weight, grad };
+constexpr int kFp8Operands = 3;
+
+struct Fp8Settings {
+  bool delayed = true;  // --fp8-scaling delayed (else current)
+  int history = 16;     // --fp8-amax-history
+  int margin = 0;       // --fp8-margin
+};
+
+// --fp8's settings from the flags; none without --fp8.
+inline std::optional<Fp8Settings> fp8_settings(const TrainConfig& cfg) {
+  if (!cfg.fp8) return std::nullopt;
+  return Fp8Settings{cfg.fp8_scaling == "delayed", cfg.fp8_amax_history, cfg.fp8_margin};
+}
+
+// One product's shape on this rank: in_features (the reduction) and out_features.
+struct Fp8ProductShape {
+  int in = 0, out = 0;  // out = 0: the architecture has no such product (fc2 without SwiGLU)
+};
+
+// The five products' shapes (Fp8Product order) on a rank of a TP group of `tp` ranks: the QKV and
+// MLP-up products split by output (column-parallel), the attention and MLP-down ones by input.
+inline std::vector<Fp8ProductShape> fp8_product_shapes(const ModelConfig& cfg, int tp) {
+  const int C = cfg.channels, qkv = cfg.qkv_channels() / tp, att = C / tp, hidden = cfg.hidden() / tp;
+  return {{C, qkv}, {att, C}, {C, hidden}, {C, cfg.mlp == Mlp::swiglu ? hidden : 0}, {hidden, C}};
+}
+
+// Refuses --fp8 on a device without FP8 tensor cores, naming it.
+inline void require_fp8_device() {
+  const cudaDeviceProp prop = device_properties();
+  if (prop.major < 9)
+    throw std::invalid_argument("--fp8 needs FP8 tensor cores (sm_90 and newer); " + std::string(prop.name) +
+                                " is sm_" + std::to_string(prop.major * 10 + prop.minor));
+}
+
+// Bytes of the FP8 weight copies and cast buffers of `layers` layers of these product shapes over
+// `rows` rows (memory_plan.h's term), and the fp32 scaling state.
+inline size_t fp8_state_bytes(const std::vector<Fp8ProductShape>& shapes, int layers, size_t rows, int history) {
+  size_t weights = 0, max_in = 0, max_out = 0;
+  for (const Fp8ProductShape& p : shapes) {
+    if (p.out == 0) continue;
+    weights += 2 * static_cast<size_t>(p.in) * p.out;  // as stored and transposed
+    max_in = std::max<size_t>(max_in, p.in);
+    max_out = std::max<size_t>(max_out, p.out);
+  }
+  const size_t tensors = static_cast<size_t>(layers) * kFp8Products * kFp8Operands;
+  return layers * weights + rows * (max_in + 2 * max_out) + tensors * (4 + history) * sizeof(float);
+}
+
+class Fp8State {
+ public:
+  // `shapes`: the five products' shapes on this rank (Fp8Product order); `groups`: the
+  // communicators the amaxes are max-reduced over (nullptr or single-rank entries skipped).
+  Fp8State(const Fp8Settings& settings, int layers, int rows, std::vector<Fp8ProductShape> shapes,
+           std::vector<Communicator*> groups, cudaStream_t stream)
+      : settings_(settings), layers_(layers), rows_(rows), shapes_(std::move(shapes)), stream_(stream) {
+    for (Communicator* g : groups)
+      if (g != nullptr && g->world_size() > 1) groups_.push_back(g);
+    const int M = tensors();
+    scale_ = DeviceArray<float>(M, "FP8 scales");
+    scale_inv_ = DeviceArray<float>(M, "FP8 inverse scales");
+    amax_ = DeviceArray<float>(M, "FP8 amaxes");
+    history_ = DeviceArray<float>(static_cast<size_t>(M) * settings_.history, "FP8 amax histories");
+    format_max_ = DeviceArray<float>(M, "FP8 format maxima");
+    std::vector<float> format_max(M);
+    for (int m = 0; m < M; ++m)
+      format_max[m] = m % kFp8Operands == static_cast<int>(Fp8Operand::grad) ? kFp8E5M2Max : kFp8E4M3Max;
+    upload_floats(format_max_.get(), format_max, "FP8 format maxima");
+    size_t weights = 0, max_in = 0, max_out = 0;
+    for (const Fp8ProductShape& p : shapes_) {
+      weight_offset_.push_back(weights);
+      if (p.out == 0) continue;
+      weights += static_cast<size_t>(p.in) * p.out;
+      max_in = std::max<size_t>(max_in, p.in);
+      max_out = std::max<size_t>(max_out, p.out);
+    }
+    per_layer_weights_ = weights;
+    weights8_ = DeviceArray<fp8e4m3>(layers * weights, "FP8 weight copies");
+    weights8t_ = DeviceArray<fp8e4m3>(layers * weights, "FP8 transposed weight copies");
+    act8_ = DeviceArray<fp8e4m3>(rows * max_in, "the FP8 activation cast");
+    grad8_ = DeviceArray<fp8e5m2>(rows * max_out, "the FP8 gradient cast");
+    grad8t_ = DeviceArray<fp8e5m2>(rows * max_out, "the FP8 transposed gradient cast");
+    reset();
+  }
+
+  // Scales 1, histories and amaxes 0 (the state before the first step); weights to be cast again.
+  // Not recording until the next training step starts (begin_step()).
+  void reset() {
+    fp8_scaling_init(scale_.get(), scale_inv_.get(), history_.get(), amax_.get(), tensors(), settings_.history, stream_);
+    weights_stale_ = true;
+    recording_ = false;
+  }
+
+  // A training step starts: its activation and gradient casts record their amaxes (delayed
+  // scaling) until its end_step(). A validation between steps casts with the step's scales and
+  // records nothing, so it changes no later step, and the amaxes pending between steps are the
+  // weights' alone, which a resume's first cast of the weights records again. A step that never
+  // ended (a bad-step guard skipped its update) leaves amaxes no scale should come from: they are
+  // dropped, and the weights' recorded again by casting the weights anew.
+  void begin_step() {
+    if (recording_) {
+      cuda_check(cudaMemsetAsync(amax_.get(), 0, amax_.bytes(), stream_), "dropping a skipped step's FP8 amaxes");
+      weights_stale_ = true;
+    }
+    recording_ = true;
+  }
+
+  // The weights changed (an optimizer step, an upload): their copies are remade before next use.
+  void weights_changed() { weights_stale_ = true; }
+
+  // Remakes the weights' FP8 copies when stale; weight(p, l) is layer l's weight of product p.
+  void refresh_weights(const std::function<const bf16*(Fp8Product, int)>& weight) {
+    if (!weights_stale_) return;
+    for (int l = 0; l < layers_; ++l)
+      for (int p = 0; p < kFp8Products; ++p) {
+        const Fp8ProductShape& sh = shapes_[p];
+        if (sh.out == 0) continue;
+        const size_t at = l * per_layer_weights_ + weight_offset_[p];
+        cast(weights8_.get() + at, weights8t_.get() + at, weight(static_cast<Fp8Product>(p), l), sh.out, sh.in,
+             slot(l, static_cast<Fp8Product>(p), Fp8Operand::weight), Amax::weight);
+      }
+    weights_stale_ = false;
+  }
+
+  // out (rows × out) = inp @ weight^T + bias for layer l's product p. same_input: inp is the one
+  // the previous forward call cast (SwiGLU's fc2 after fc), which is not cast again.
+  void forward(bf16* out, const bf16* inp, int l, Fp8Product p, const bf16* bias, bool same_input = false) {
+    const Fp8ProductShape& sh = shapes_[static_cast<int>(p)];
+    const int in_slot = slot(l, input_product(p), Fp8Operand::input);
+    if (!same_input) cast<fp8e4m3>(act8_.get(), nullptr, inp, rows_, sh.in, in_slot, Amax::activation);
+    const int w = slot(l, p, Fp8Operand::weight);
+    matmul_fp8_forward(out, act8_.get(), scale_inv_.get() + in_slot, weights8_.get() + weight_at(l, p),
+                       scale_inv_.get() + w, bias, rows_, sh.in, sh.out, stream_);
+  }
+
+  // matmul_backward's contract for layer l's product p (dweight nullptr: no weight gradient), with
+  // the input and weight gradients as FP8 products: g (bf16, with the bias and GELU gradients from
+  // matmul_backward_bias) cast to E5M2 as stored and transposed, the input cast transposed with
+  // the scale its forward used.
+  void backward(bf16* dinp, bf16* dweight, bf16* dbias, bf16* dpre_gelu, const bf16* dout, const bf16* inp,
+                const bf16* pre_gelu, int l, Fp8Product p, const std::function<void()>& after_input_gradient,
+                bool accumulate_input_gradient) {
+    const Fp8ProductShape& sh = shapes_[static_cast<int>(p)];
+    matmul_backward_bias(dbias, dpre_gelu, dout, pre_gelu, rows_, sh.out, stream_);
+    const bf16* g = pre_gelu != nullptr ? dpre_gelu : dout;
+    const int g_slot = slot(l, p, Fp8Operand::grad), w = slot(l, p, Fp8Operand::weight);
+    cast(grad8_.get(), grad8t_.get(), g, rows_, sh.out, g_slot, Amax::activation);
+    matmul_fp8_input_gradient(dinp, grad8_.get(), scale_inv_.get() + g_slot, weights8t_.get() + weight_at(l, p),
+                              scale_inv_.get() + w, rows_, sh.in, sh.out, accumulate_input_gradient, stream_);
+    if (after_input_gradient) after_input_gradient();
+    if (dweight == nullptr) return;
+    const int in_slot = slot(l, input_product(p), Fp8Operand::input);
+    cast<fp8e4m3>(nullptr, act8_.get(), inp, rows_, sh.in, in_slot, Amax::none);
+    matmul_fp8_weight_gradient(dweight, grad8t_.get(), scale_inv_.get() + g_slot, act8_.get(),
+                               scale_inv_.get() + in_slot, rows_, sh.in, sh.out, stream_);
+  }
+
+  // After the step's backward: delayed scaling's amaxes max-reduced over the groups, then every
+  // scale updated from its history (current scaling updated its scales at each cast).
+  void end_step() {
+    if (!settings_.delayed) return;
+    for (Communicator* g : groups_) {
+      g->set_purpose("FP8 amaxes", g->purpose_when());
+      g->ordered_with(stream_, [&] { g->all_reduce(amax_.get(), static_cast<size_t>(tensors()), ncclMax); });
+    }
+    fp8_update_scales(scale_.get(), scale_inv_.get(), history_.get(), amax_.get(), format_max_.get(), tensors(),
+                      settings_.history, settings_.margin, true, stream_);
+    recording_ = false;
+  }
+
+  // The training state a checkpoint keeps, as fp32 on the host: every tensor's scale and inverse
+  // scale, then the histories (M × H): after end_step() the same on every rank of the groups.
+  // Restored as they are (the amaxes pending, the weights', are recorded again when the restored
+  // weights are cast), a resume continues bit for bit.
+  std::vector<float> saved_state() const {
+    std::vector<float> out;
+    for (const DeviceArray<float>* a : {&scale_, &scale_inv_, &history_}) {
+      const std::vector<float> v = copy_floats_to_host(a->get(), a->count(), stream_);
+      out.insert(out.end(), v.begin(), v.end());
+    }
+    return out;
+  }
+  size_t saved_state_count() const { return 2 * static_cast<size_t>(tensors()) + history_.count(); }
+  // Restores saved_state()'s values (a resume); the weights are cast again with the restored scales.
+  void restore_state(const std::vector<float>& values) {
+    if (values.size() != saved_state_count())
+      throw std::runtime_error("FP8 state: " + std::to_string(values.size()) + " values, expected " +
+                               std::to_string(saved_state_count()) + " (the same model, ranks and --fp8-amax-history)");
+    size_t at = 0;
+    for (DeviceArray<float>* a : {&scale_, &scale_inv_, &history_}) {
+      upload_floats(a->get(), std::vector<float>(values.begin() + at, values.begin() + at + a->count()), "FP8 state");
+      at += a->count();
+    }
+    cuda_check(cudaMemsetAsync(amax_.get(), 0, amax_.bytes(), stream_), "zeroing the FP8 amaxes");
+    weights_stale_ = true;
+  }
+
+  // Device bytes held: fp8_state_bytes() of its shapes.
+  size_t bytes() const {
+    return scale_.bytes() + scale_inv_.bytes() + amax_.bytes() + history_.bytes() + format_max_.bytes() +
+           weights8_.bytes() + weights8t_.bytes() + act8_.bytes() + grad8_.bytes() + grad8t_.bytes();
+  }
+
+  // Tensor m's scale (tests): slot(l, p, operand)'s.
+  float scale(int l, Fp8Product p, Fp8Operand o) const {
+    return copy_floats_to_host(scale_.get() + slot(l, p, o), 1, stream_)[0];
+  }
+
+ private:
+  int tensors() const { return layers_ * kFp8Products * kFp8Operands; }
+  static int slot(int l, Fp8Product p, Fp8Operand o) {
+    return (l * kFp8Products + static_cast<int>(p)) * kFp8Operands + static_cast<int>(o);
+  }
+  // SwiGLU's fc2 reads fc's input: one cast, one scale.
+  static Fp8Product input_product(Fp8Product p) { return p == Fp8Product::fc2 ? Fp8Product::fc : p; }
+  size_t weight_at(int l, Fp8Product p) const { return l * per_layer_weights_ + weight_offset_[static_cast<int>(p)]; }
+
+  // What a cast's amax is for: nothing (a transposed copy of an input its forward cast), an
+  // activation or gradient of a training step, or a weight (whose copies may be made by a
+  // validation's forward: their amax counts for the next step all the same).
+  enum class Amax { none, activation, weight };
+
+  // in (rows × cols) cast with tensor m's scale into out and/or out_t. Delayed scaling records the
+  // amax for end_step (see Amax and begin_step()); current scaling measures the input and updates
+  // the scale from it first.
+  template <typename F8>
+  void cast(F8* out, F8* out_t, const bf16* in, int rows, int cols, int m, Amax amax) {
+    const bool record = amax == Amax::weight || (amax == Amax::activation && recording_);
+    if (amax != Amax::none && !settings_.delayed) {
+      fp8_amax(amax_.get() + m, in, static_cast<size_t>(rows) * cols, stream_);
+      fp8_update_scales(scale_.get() + m, scale_inv_.get() + m, history_.get() + static_cast<size_t>(m) * settings_.history,
+                        amax_.get() + m, format_max_.get() + m, 1, settings_.history, settings_.margin, false, stream_);
+    }
+    fp8_cast<bf16, F8>(out, out_t, record && settings_.delayed ? amax_.get() + m : nullptr, in, rows, cols,
+                       scale_.get() + m, stream_);
+  }
+
+  const Fp8Settings settings_;
+  const int layers_, rows_;
+  const std::vector<Fp8ProductShape> shapes_;
+  std::vector<Communicator*> groups_;
+  cudaStream_t stream_;
+  DeviceArray<float> scale_, scale_inv_, amax_, history_, format_max_;
+  std::vector<size_t> weight_offset_;  // per product, within a layer's copies
+  size_t per_layer_weights_ = 0;
+  DeviceArray<fp8e4m3> weights8_, weights8t_;
+  DeviceArray<fp8e4m3> act8_;  // the forward's input cast, or the backward's transposed input
+  DeviceArray<fp8e5m2> grad8_, grad8t_;
+  bool weights_stale_ = true;
+  bool recording_ = false;
+};
