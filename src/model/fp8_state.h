@@ -71,18 +71,30 @@ inline void require_fp8_device() {
                                 " is sm_" + std::to_string(prop.major * 10 + prop.minor));
 }
 
+// The sizes the products' shapes give (one place for the allocations and the plan): each
+// product's weight offset within a layer's copies, a layer's weight elements, and the widest
+// product's input and output (the cast buffers' rows).
+struct Fp8Sizes {
+  std::vector<size_t> weight_offset;
+  size_t per_layer_weights = 0, max_in = 0, max_out = 0;
+  explicit Fp8Sizes(const std::vector<Fp8ProductShape>& shapes) {
+    for (const Fp8ProductShape& p : shapes) {
+      weight_offset.push_back(per_layer_weights);
+      if (p.out == 0) continue;
+      per_layer_weights += static_cast<size_t>(p.in) * p.out;
+      max_in = std::max<size_t>(max_in, p.in);
+      max_out = std::max<size_t>(max_out, p.out);
+    }
+  }
+};
+
 // Bytes of the FP8 weight copies and cast buffers of `layers` layers of these product shapes over
 // `rows` rows (memory_plan.h's term), and the fp32 scaling state.
 inline size_t fp8_state_bytes(const std::vector<Fp8ProductShape>& shapes, int layers, size_t rows, int history) {
-  size_t weights = 0, max_in = 0, max_out = 0;
-  for (const Fp8ProductShape& p : shapes) {
-    if (p.out == 0) continue;
-    weights += 2 * static_cast<size_t>(p.in) * p.out;  // as stored and transposed
-    max_in = std::max<size_t>(max_in, p.in);
-    max_out = std::max<size_t>(max_out, p.out);
-  }
+  const Fp8Sizes sizes(shapes);
   const size_t tensors = static_cast<size_t>(layers) * kFp8Products * kFp8Operands;
-  return layers * weights + rows * (max_in + 2 * max_out) + tensors * (4 + history) * sizeof(float);
+  return 2 * layers * sizes.per_layer_weights + rows * (sizes.max_in + 2 * sizes.max_out) +
+         tensors * (4 + history) * sizeof(float);  // copies as stored and transposed; scale, inverse, amax, max, history
 }
 
 class Fp8State {
@@ -91,7 +103,7 @@ class Fp8State {
   // communicators the amaxes are max-reduced over (nullptr or single-rank entries skipped).
   Fp8State(const Fp8Settings& settings, int layers, int rows, std::vector<Fp8ProductShape> shapes,
            std::vector<Communicator*> groups, cudaStream_t stream)
-      : settings_(settings), layers_(layers), rows_(rows), shapes_(std::move(shapes)), stream_(stream) {
+      : settings_(settings), layers_(layers), rows_(rows), shapes_(std::move(shapes)), sizes_(shapes_), stream_(stream) {
     for (Communicator* g : groups)
       if (g != nullptr && g->world_size() > 1) groups_.push_back(g);
     const int M = tensors();
@@ -104,20 +116,11 @@ class Fp8State {
     for (int m = 0; m < M; ++m)
       format_max[m] = m % kFp8Operands == static_cast<int>(Fp8Operand::grad) ? kFp8E5M2Max : kFp8E4M3Max;
     upload_floats(format_max_.get(), format_max, "FP8 format maxima");
-    size_t weights = 0, max_in = 0, max_out = 0;
-    for (const Fp8ProductShape& p : shapes_) {
-      weight_offset_.push_back(weights);
-      if (p.out == 0) continue;
-      weights += static_cast<size_t>(p.in) * p.out;
-      max_in = std::max<size_t>(max_in, p.in);
-      max_out = std::max<size_t>(max_out, p.out);
-    }
-    per_layer_weights_ = weights;
-    weights8_ = DeviceArray<fp8e4m3>(layers * weights, "FP8 weight copies");
-    weights8t_ = DeviceArray<fp8e4m3>(layers * weights, "FP8 transposed weight copies");
-    act8_ = DeviceArray<fp8e4m3>(rows * max_in, "the FP8 activation cast");
-    grad8_ = DeviceArray<fp8e5m2>(rows * max_out, "the FP8 gradient cast");
-    grad8t_ = DeviceArray<fp8e5m2>(rows * max_out, "the FP8 transposed gradient cast");
+    weights8_ = DeviceArray<fp8e4m3>(layers * sizes_.per_layer_weights, "FP8 weight copies");
+    weights8t_ = DeviceArray<fp8e4m3>(layers * sizes_.per_layer_weights, "FP8 transposed weight copies");
+    act8_ = DeviceArray<fp8e4m3>(rows * sizes_.max_in, "the FP8 activation cast");
+    grad8_ = DeviceArray<fp8e5m2>(rows * sizes_.max_out, "the FP8 gradient cast");
+    grad8t_ = DeviceArray<fp8e5m2>(rows * sizes_.max_out, "the FP8 transposed gradient cast");
     reset();
   }
 
@@ -153,7 +156,7 @@ class Fp8State {
       for (int p = 0; p < kFp8Products; ++p) {
         const Fp8ProductShape& sh = shapes_[p];
         if (sh.out == 0) continue;
-        const size_t at = l * per_layer_weights_ + weight_offset_[p];
+        const size_t at = weight_at(l, static_cast<Fp8Product>(p));
         cast(weights8_.get() + at, weights8t_.get() + at, weight(static_cast<Fp8Product>(p), l), sh.out, sh.in,
              slot(l, static_cast<Fp8Product>(p), Fp8Operand::weight), Amax::weight);
       }
@@ -251,7 +254,9 @@ class Fp8State {
   }
   // SwiGLU's fc2 reads fc's input: one cast, one scale.
   static Fp8Product input_product(Fp8Product p) { return p == Fp8Product::fc2 ? Fp8Product::fc : p; }
-  size_t weight_at(int l, Fp8Product p) const { return l * per_layer_weights_ + weight_offset_[static_cast<int>(p)]; }
+  size_t weight_at(int l, Fp8Product p) const {
+    return l * sizes_.per_layer_weights + sizes_.weight_offset[static_cast<int>(p)];
+  }
 
   // What a cast's amax is for: nothing (a transposed copy of an input its forward cast), an
   // activation or gradient of a training step, or a weight (whose copies may be made by a
@@ -276,11 +281,10 @@ class Fp8State {
   const Fp8Settings settings_;
   const int layers_, rows_;
   const std::vector<Fp8ProductShape> shapes_;
+  const Fp8Sizes sizes_;
   std::vector<Communicator*> groups_;
   cudaStream_t stream_;
   DeviceArray<float> scale_, scale_inv_, amax_, history_, format_max_;
-  std::vector<size_t> weight_offset_;  // per product, within a layer's copies
-  size_t per_layer_weights_ = 0;
   DeviceArray<fp8e4m3> weights8_, weights8t_;
   DeviceArray<fp8e4m3> act8_;  // the forward's input cast, or the backward's transposed input
   DeviceArray<fp8e5m2> grad8_, grad8t_;
