@@ -121,15 +121,23 @@ $(BUILD)/gpu/test/%: $(BUILD)/gpu/test/%.o $(BUILD)/host/test/catch_main.o $(HOS
 # PyTorch reference outputs the model tests compare against (generated, never committed).
 REFERENCE_DIR := $(BUILD)/reference
 # Llama 3 (dev/llama_reference.py, test/model/test_llama.cu): GQA NH=4 NKV=2, T=37; untied with
-# 3.1's RoPE scaling, tied with 3.2's.
+# 3.1's RoPE scaling, tied with 3.2's. Mixtral-style experts (dev/mixtral_reference.py): the same
+# Llama with E=4 experts, top-2, with and without the aux loss; seed 23 keeps every step's routing
+# at least 4e-3 (logits) from a tie.
 REFERENCES    := $(REFERENCE_DIR)/tiny/reference.bin $(REFERENCE_DIR)/llama-untied31/reference.bin \
-                 $(REFERENCE_DIR)/llama-tied32/reference.bin
+                 $(REFERENCE_DIR)/llama-tied32/reference.bin $(REFERENCE_DIR)/mixtral/reference.bin \
+                 $(REFERENCE_DIR)/mixtral-noaux/reference.bin
 $(REFERENCE_DIR)/tiny/reference.bin: dev/gpt2_reference.py dev/reference_common.py
 	$(PYTHON) dev/gpt2_reference.py --out $(@D) > /dev/null
 $(REFERENCE_DIR)/llama-untied31/reference.bin: dev/llama_reference.py dev/reference_common.py
 	$(PYTHON) dev/llama_reference.py --out $(@D) --no-tied --rope 3.1 > /dev/null
 $(REFERENCE_DIR)/llama-tied32/reference.bin: dev/llama_reference.py dev/reference_common.py
 	$(PYTHON) dev/llama_reference.py --out $(@D) --tied --rope 3.2 > /dev/null
+MIXTRAL_REFERENCE := dev/mixtral_reference.py --experts 4 --top-k 2 --no-tied --rope 3.1 --seed 23
+$(REFERENCE_DIR)/mixtral/reference.bin: dev/mixtral_reference.py dev/llama_reference.py dev/reference_common.py
+	$(PYTHON) $(MIXTRAL_REFERENCE) --out $(@D) --aux-loss-coef 0.02 > /dev/null
+$(REFERENCE_DIR)/mixtral-noaux/reference.bin: dev/mixtral_reference.py dev/llama_reference.py dev/reference_common.py
+	$(PYTHON) $(MIXTRAL_REFERENCE) --out $(@D) --aux-loss-coef 0 > /dev/null
 
 test: $(CPU_TEST_BINS) $(CHECK_DEPS)
 	@bash test/run_tests.sh cpu $(CPU_TEST_BINS)

@@ -55,13 +55,14 @@ def param_shapes(cfg):
             "fcw": (L, H, C), "fc2w": (L, H, C), "fcprojw": (L, C, H), "lnfw": (C,), "lm_head": (Vp, C)}
 
 
-def init_params(cfg):
+def init_params(cfg, shapes=None):
     """Initial fp32 weights, drawn in layout order from one seeded generator: GPT-2's scheme
     (weights N(0, 0.02), wo and w2 N(0, 0.02/sqrt(2L)), padded vocabulary rows 0) except qkvw,
     N(0, --qkv-std), so that the attention scores vary and RoPE's rotation shows; with
-    --perturb-norms the RMSNorm weights are 1 + 0.1·N(0,1) so their gradients matter."""
+    --perturb-norms the RMSNorm weights are 1 + 0.1·N(0,1) so their gradients matter. shapes:
+    other shapes for the same names (mixtral_reference.py's experts), drawn the same way."""
     gen = torch.Generator().manual_seed(cfg.seed)
-    shapes = param_shapes(cfg)
+    shapes = shapes or param_shapes(cfg)
     params = {}
     for name in param_names(cfg):
         noise = torch.randn(shapes[name], generator=gen, dtype=torch.float32)
@@ -142,7 +143,16 @@ def attention(x, wqkv, wo, cfg, cos, sin):
     return y @ wo.t()
 
 
-def model_logits(params, inputs, cfg):
+def swiglu(h, w1, w3, w2):
+    return (F.silu(h @ w1.t()) * (h @ w3.t())) @ w2.t()
+
+
+def dense_mlp(h, params, layer, cfg):
+    return swiglu(h, params["fcw"][layer], params["fc2w"][layer], params["fcprojw"][layer])
+
+
+def model_logits(params, inputs, cfg, mlp=dense_mlp):
+    """The logits over the padded vocabulary; mlp(ln2 output, params, layer, cfg) is each block's MLP."""
     p = params
     T = inputs.shape[1]
     cos, sin = rope_cos_sin(cfg, T, p["wte"].dtype)
@@ -150,17 +160,19 @@ def model_logits(params, inputs, cfg):
     for layer in range(cfg.layers):
         x = x + attention(rms_norm(x, p["ln1w"][layer], cfg.norm_eps), p["qkvw"][layer], p["attprojw"][layer],
                           cfg, cos, sin)
-        h = rms_norm(x, p["ln2w"][layer], cfg.norm_eps)
-        x = x + (F.silu(h @ p["fcw"][layer].t()) * (h @ p["fc2w"][layer].t())) @ p["fcprojw"][layer].t()
+        x = x + mlp(rms_norm(x, p["ln2w"][layer], cfg.norm_eps), p, layer, cfg)
     x = rms_norm(x, p["lnfw"], cfg.norm_eps)
     return x @ p["wte" if cfg.tied else "lm_head"].t()
 
 
+def cross_entropy(logits, targets, cfg):
+    """Mean cross-entropy over B·T positions of the first V columns (the padded ones never count)."""
+    return F.cross_entropy(logits[..., :cfg.vocab].reshape(-1, cfg.vocab), targets.reshape(-1))
+
+
 def forward(params, inputs, targets, cfg):
     logits = model_logits(params, inputs, cfg)
-    B, T = inputs.shape
-    loss = F.cross_entropy(logits[..., :cfg.vocab].reshape(B * T, cfg.vocab), targets.reshape(B * T))
-    return logits, loss
+    return logits, cross_entropy(logits, targets, cfg)
 
 
 def graph(cfg):
@@ -191,9 +203,10 @@ def model_header(cfg):
     return h
 
 
-def reference_header(cfg, num_params):
-    """Version 2: version 1's fields, then the Llama shape and the float32 bits of θ, the factor and eps."""
-    h = common.reference_header(cfg, REFERENCE_VERSION, num_params,
+def reference_header(cfg, num_params, version=REFERENCE_VERSION):
+    """Version 2: version 1's fields, then the Llama shape and the float32 bits of θ, the factor and eps
+    (mixtral_reference.py's version 3 adds its own after them)."""
+    h = common.reference_header(cfg, version, num_params,
                                 [cfg.kv_heads, cfg.hidden, 1 if cfg.tied else 0, 1 if cfg.rope != "none" else 0,
                                  cfg.original_context])
     h[17], h[18], h[19] = float_bits(cfg.rope_theta), float_bits(ROPE_FACTORS.get(cfg.rope, 0.0)), float_bits(cfg.norm_eps)
@@ -208,11 +221,14 @@ def self_check(initial, tokens, cfg):
     return ok
 
 
-def parse_args(argv):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def parse_args(argv, description=__doc__.split("\n")[0], own_sizes=(), own_flags=None, own_problems=None):
+    """Llama's flags and checks; a script that extends it (mixtral_reference.py) adds own_sizes (as
+    common.add_size_args's own), own_flags(ap) at the end and own_problems(cfg) to the checks."""
+    ap = argparse.ArgumentParser(description=description)
     own_sizes = [("--heads", "--kv-heads", dict(type=int, default=2)),
                  ("--channels", "--hidden",
-                  dict(type=int, default=None, help="MLP width H (default: Llama's rule, multiple_of 32)"))]
+                  dict(type=int, default=None, help="MLP width H (default: Llama's rule, multiple_of 32)")),
+                 *own_sizes]
     common.add_size_args(ap, vocab=250, padded_vocab_help="default: vocab rounded up to 8", seq_len=37, steps=8,
                          own=own_sizes)
     ap.add_argument("--tied", action=argparse.BooleanOptionalAction, default=False,
@@ -229,14 +245,16 @@ def parse_args(argv):
     ap.add_argument("--qkv-std", type=float, default=0.08,
                     help="qkvw's initial std (GPT-2's 0.02 leaves attention nearly uniform, blind to RoPE)")
     ap.add_argument("--self-check", action="store_true", help="also verify gradients by finite differences (fp64)")
+    if own_flags:
+        own_flags(ap)
     cfg = ap.parse_args(argv)
     if cfg.padded_vocab is None:
         cfg.padded_vocab = (cfg.vocab + 7) // 8 * 8
     if cfg.hidden is None:
         cfg.hidden = llama_hidden_size(cfg.channels, 1.0, 32)
 
-    def own_problems(cfg):
-        problems = []
+    def llama_problems(cfg):
+        problems = own_problems(cfg) if own_problems else []
         if cfg.channels % cfg.heads or (cfg.channels // cfg.heads) % 2:
             problems.append(f"--channels {cfg.channels} must be --heads {cfg.heads} times an even head size")
         if cfg.heads % cfg.kv_heads:
@@ -246,12 +264,10 @@ def parse_args(argv):
         return problems
 
     return common.check_args(ap, cfg, ("layers", "heads", "kv_heads", "channels", "hidden", "vocab", "max_seq_len",
-                                       "batch", "seq_len", "steps"), own_problems)
+                                       "batch", "seq_len", "steps"), llama_problems)
 
 
-def main(argv):
-    cfg = parse_args(argv)
-    dtype = common.torch_setup(cfg)
+def assert_rope_bends(cfg):
     if cfg.rope != "none":
         # The scaling must bend this head size's frequencies, or the test could not tell 3.1 from
         # 3.2 from none: some frequency kept, some divided by the factor, some smoothly between.
@@ -260,6 +276,12 @@ def main(argv):
         factor = ROPE_FACTORS[cfg.rope]
         kinds = {"kept" if abs(r - 1) < 1e-6 else "divided" if abs(r - factor) < 1e-4 else "smooth" for r in ratio}
         assert kinds == {"kept", "divided", "smooth"}, f"RoPE scaling leaves {kinds} at this shape: pick --original-context"
+
+
+def main(argv):
+    cfg = parse_args(argv)
+    dtype = common.torch_setup(cfg)
+    assert_rope_bends(cfg)
     describe = (f"llama_reference: {cfg.out}: L={cfg.layers} NH={cfg.heads} NKV={cfg.kv_heads} C={cfg.channels} "
                 f"H={cfg.hidden} V={cfg.vocab} Vp={cfg.padded_vocab} B={cfg.batch} T={cfg.seq_len} K={cfg.steps} "
                 f"rope {cfg.rope} {'tied' if cfg.tied else 'untied'} {cfg.precision}")

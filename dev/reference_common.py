@@ -1,9 +1,13 @@
-"""What dev/gpt2_reference.py and dev/llama_reference.py share: the token stream and its batches,
-one training step (loss, gradients, global-norm clipping, AdamW), the shard, reference.bin and
-reference.json writers, the finite-difference probe of --self-check and the common CLI flags.
+"""What dev/gpt2_reference.py, dev/llama_reference.py and dev/mixtral_reference.py share: the token
+stream and its batches, one training step (loss, gradients, global-norm clipping, AdamW), the
+shard, reference.bin and reference.json writers, the finite-difference probe of --self-check and
+the common CLI flags.
 
 A model enters as a Graph: its parameter names in file order, the weight-decayed ones and its
-forward(params, inputs, targets, cfg) -> (logits over the padded vocab, mean cross-entropy).
+forward(params, inputs, targets, cfg) -> (logits over the padded vocab, the loss it trains on), or
+(logits, loss, stats) where it has more to report per step (the mixture of experts: cross-entropy,
+auxiliary loss, routing); then its report(per-step stats) -> (float32 sections appended to
+reference.bin, keys added to reference.json).
 Runs only under Debian's python3-torch (see dev/README.md).
 """
 
@@ -23,7 +27,7 @@ SHARD_MAGIC, SHARD_VERSION = 20240520, 1
 REFERENCE_MAGIC = 20261121
 HEADER_INTS = 256
 
-Graph = namedtuple("Graph", "names decayed forward")
+Graph = namedtuple("Graph", "names decayed forward report", defaults=(None,))
 
 # --tokens markov: each token has len(MARKOV_SUCCESSOR_PROBS) likely successors, taken with
 # these probabilities; with the remaining MARKOV_NOISE the next token is uniformly random.
@@ -88,22 +92,25 @@ def adamw_update(params, grads, m, v, step, cfg, graph):
 def forward_backward(params, inputs, targets, cfg, graph):
     for t in params.values():
         t.grad = None
-    logits, loss = graph.forward(params, inputs, targets, cfg)
+    logits, loss, *stats = graph.forward(params, inputs, targets, cfg)
     loss.backward()
-    return logits.detach(), float(loss), {name: params[name].grad.detach().clone() for name in graph.names}
+    grads = {name: params[name].grad.detach().clone() for name in graph.names}
+    return logits.detach(), float(loss), grads, (stats[0] if stats else None)
 
 
 def train(initial, tokens, cfg, dtype, graph, device="cpu"):
     """K clipped AdamW steps from the initial weights: (step-1 logits, loss and gradients before
-    clipping), the per-step losses and gradient norms, and the parameters after K steps."""
+    clipping), the per-step losses and gradient norms, the parameters after K steps and the
+    per-step stats of a forward that reports them (else Nones)."""
     params = {name: t.to(device, dtype).clone().requires_grad_(True) for name, t in initial.items()}
     m = {name: torch.zeros_like(t) for name, t in params.items()}
     v = {name: torch.zeros_like(t) for name, t in params.items()}
-    losses, norms = [], []
+    losses, norms, stats = [], [], []
     first = None
     for step in range(cfg.steps):
         inputs, targets = step_batch(tokens, cfg, step, device)
-        logits, loss, grads = forward_backward(params, inputs, targets, cfg, graph)
+        logits, loss, grads, step_stats = forward_backward(params, inputs, targets, cfg, graph)
+        stats.append(step_stats)
         if step == 0:  # copied: clipping below scales the gradients in place
             first = (logits, loss, {name: g.clone() for name, g in grads.items()})
         norm = global_grad_norm(grads)
@@ -114,7 +121,7 @@ def train(initial, tokens, cfg, dtype, graph, device="cpu"):
             for g in grads.values():
                 g.mul_(scale)
         adamw_update(params, grads, m, v, step + 1, cfg, graph)
-    return first, losses, norms, params
+    return first, losses, norms, params, stats
 
 
 def header(values):
@@ -129,9 +136,11 @@ def reference_header(cfg, version, num_params, extra=()):
                    cfg.channels, cfg.vocab, cfg.padded_vocab, cfg.max_seq_len, num_params, *extra])
 
 
-def write_outputs(cfg, graph, model_header, make_reference_header, initial, tokens, first, losses, norms, final):
+def write_outputs(cfg, graph, model_header, make_reference_header, initial, tokens, first, losses, norms, final,
+                  stats):
     """model.bin (model_header, then the initial weights), train.bin, reference.bin
-    (make_reference_header(number of parameters), then its sections) and reference.json."""
+    (make_reference_header(number of parameters), then its sections, then graph.report's) and
+    reference.json."""
     os.makedirs(cfg.out, exist_ok=True)
     num_params = sum(t.numel() for t in initial.values())
 
@@ -146,13 +155,15 @@ def write_outputs(cfg, graph, model_header, make_reference_header, initial, toke
     logits, loss, grads = first
     sections = [logits.reshape(-1), torch.tensor([loss]), flat(grads, graph),
                 torch.tensor(losses), torch.tensor(norms), flat(final, graph)]
+    own_sections, own_summary = graph.report(stats) if graph.report else ([], {})
+    sections += [section.reshape(-1) for section in own_sections]
     with open(os.path.join(cfg.out, "reference.bin"), "wb") as f:
         f.write(make_reference_header(num_params).tobytes())
         for section in sections:
             f.write(section.double().cpu().numpy().astype("<f4").tobytes())
 
     summary = {key: val for key, val in vars(cfg).items() if key not in ("out", "self_check")}
-    summary.update(num_params=num_params, num_tokens=len(tokens), losses=losses, grad_norms=norms)
+    summary.update(num_params=num_params, num_tokens=len(tokens), losses=losses, grad_norms=norms, **own_summary)
     with open(os.path.join(cfg.out, "reference.json"), "w") as f:
         json.dump(summary, f, indent=2)
         f.write("\n")
@@ -165,9 +176,9 @@ def run(cfg, dtype, graph, initial, model_header, make_reference_header, describ
     outputs (more_outputs(tokens), if given, writes the script's own), prints `describe` with the
     run's figures and, with --self-check, runs self_check(initial, tokens, cfg). Returns the exit status."""
     tokens = make_tokens(cfg)
-    first, losses, norms, final = train(initial, tokens, cfg, dtype, graph, device)
+    first, losses, norms, final, stats = train(initial, tokens, cfg, dtype, graph, device)
     num_params = write_outputs(cfg, graph, model_header, make_reference_header, initial, tokens, first, losses, norms,
-                               final)
+                               final, stats)
     if more_outputs is not None:
         more_outputs(tokens)
     print(f"{describe} params={num_params} loss {losses[0]:.6f} -> {losses[-1]:.6f} "
@@ -183,7 +194,7 @@ def finite_differences(initial, tokens, cfg, graph, extra_probes=()):
     the fp64 parameters, their autograd gradients)."""
     inputs, targets = step_batch(tokens, cfg, 0)
     params = {name: t.double().clone().requires_grad_(True) for name, t in initial.items()}
-    _, _, grads = forward_backward(params, inputs, targets, cfg, graph)
+    _, _, grads, _ = forward_backward(params, inputs, targets, cfg, graph)
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     probes = [(name, int(torch.randint(params[name].numel(), (1,), generator=gen))) for name in graph.names]
     probes += list(extra_probes)

@@ -1,0 +1,304 @@
+#!/usr/bin/python3
+"""PyTorch reference for train_gpt: Llama 3 with Mixtral-style mixture-of-experts blocks.
+
+dev/llama_reference.py's model (its attention, RMSNorm, RoPE, init, flags and training step,
+imported from there) with every block's SwiGLU MLP replaced by E SwiGLU experts and a router,
+in Mixtral's arithmetic as Hugging Face's MixtralSparseMoeBlock and load_balancing_loss_func
+compute it (facts only; written here from their description). On x, the ln2 output of one
+position: the router's logits x·routerᵀ in fp32, probs = softmax over all E (fp32), the top K
+experts by probability (equal probabilities: the lower index first), gates = those K probs over
+their sum, out = Σ_k gate_k · w2_j(silu(w1_j x) ⊙ w3_j x). The auxiliary load-balancing loss pools
+the tokens of every layer: R = L·B·T rows, f_e = (the (row, k) choices of expert e) / R, P_e = the
+mean of probs[·][e] over the rows, aux = E · Σ_e f_e·P_e (f carries no gradient). A step trains on
+cross-entropy + --aux-loss-coef · aux.
+
+Writes model.bin in train_gpt's Llama 3 model file format with the mixture-of-experts extension,
+train.bin, and reference.bin version 3 (dev/README.md); test/model compares train_gpt with it.
+Runs only under Debian's python3-torch:  /usr/bin/python3 dev/mixtral_reference.py --out DIR
+"""
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import llama_reference as llama  # noqa: E402  (the Llama model, its flags and file headers)
+import reference_common as common  # noqa: E402  (tokens, the training step, the file writers; checks torch)
+import torch  # noqa: E402
+
+REFERENCE_VERSION = 3  # version 2's header and sections, then the mixture's (dev/README.md)
+ROUTER_SOFTMAX_TOPK = 0  # model file slot 28: Mixtral's router (the only kind this reference computes)
+# Model file slots of the mixture-of-experts extension (docs/FORMATS.md, "Llama 3 model file").
+EXPERTS_SLOT, TOP_K_SLOT, ROUTER_KIND_SLOT, AUX_COEF_SLOT = 26, 27, 28, 29
+# reference.bin version 3's own header slots, after version 2's 0..19.
+REF_EXPERTS_SLOT, REF_TOP_K_SLOT, REF_ROUTER_KIND_SLOT, REF_AUX_COEF_SLOT = 20, 21, 22, 23
+
+# train_gpt's parameter layout with experts, in file order: the router between ln2w and the experts.
+NAMES = ["wte", "ln1w", "qkvw", "attprojw", "ln2w", "router", "fcw", "fc2w", "fcprojw", "lnfw", "lm_head"]
+DECAYED = llama.DECAYED | {"router"}
+
+
+def param_names(cfg):
+    return [n for n in NAMES if n != "lm_head" or not cfg.tied]
+
+
+def param_shapes(cfg):
+    """Llama's shapes with E experts: fcw and fc2w (L, E·H, C) — expert j's w1 (w3) in rows j·H ..
+    j·H+H-1 —, fcprojw (L, E·C, H) — expert j's w2 in rows j·C .. j·C+C-1 —, router (L, E, C)."""
+    L, C, H, E = cfg.layers, cfg.channels, cfg.hidden, cfg.experts
+    shapes = llama.param_shapes(cfg)
+    shapes.update(router=(L, E, C), fcw=(L, E * H, C), fc2w=(L, E * H, C), fcprojw=(L, E * C, H))
+    return shapes
+
+
+def init_params(cfg):
+    """Llama's initial weights at these shapes (the same generator and order, so with E = 1 every
+    tensor but the router is the dense reference's), and the router N(0, --router-std) from its own
+    generator (seed + 1): a spread of logits that keeps routing decisions away from ties."""
+    params = llama.init_params(cfg, param_shapes(cfg))
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    router = torch.randn(param_shapes(cfg)["router"], generator=gen, dtype=torch.float32) * cfg.router_std
+    return {name: router if name == "router" else params[name] for name in param_names(cfg)}
+
+
+def top_k_experts(probs, k):
+    """The k experts of highest probability per row, best first; equal probabilities in index order
+    (a stable sort: torch.topk promises no order among ties)."""
+    return torch.sort(probs, dim=-1, descending=True, stable=True).indices[:, :k]
+
+
+def route(x, router, k):
+    """x (N, C): probs (N, E) softmax of the fp32 logits, chosen (N, k) expert ids, gates (N, k)."""
+    probs = torch.softmax(llama.wide(x) @ llama.wide(router).t(), dim=-1)
+    chosen = top_k_experts(probs, k)
+    top = probs.gather(1, chosen)
+    return probs, chosen, top / top.sum(-1, keepdim=True)
+
+
+def expert_weights(params, layer, expert, cfg):
+    """Expert j's w1, w3 (H×C) and w2 (C×H) as row blocks of fcw, fc2w and fcprojw."""
+    H, C = cfg.hidden, cfg.channels
+    return (params["fcw"][layer][expert * H:(expert + 1) * H], params["fc2w"][layer][expert * H:(expert + 1) * H],
+            params["fcprojw"][layer][expert * C:(expert + 1) * C])
+
+
+def moe_mlp(h, params, layer, cfg, routing):
+    """One block's experts on h (B, T, C): each expert runs on the rows routed to it, its output
+    scaled by their gates and added at those rows. Appends (probs, chosen) to routing."""
+    x = h.reshape(-1, h.shape[-1])
+    probs, chosen, gates = route(x, params["router"][layer], cfg.top_k)
+    routing.append((probs, chosen))
+    out = torch.zeros_like(x)
+    for expert in range(cfg.experts):
+        rows, slot = torch.nonzero(chosen == expert, as_tuple=True)
+        if rows.numel():
+            y = llama.swiglu(x[rows], *expert_weights(params, layer, expert, cfg))
+            out = out.index_add(0, rows, y * gates[rows, slot, None].type_as(y))
+    return out.view(h.shape)
+
+
+def load_balancing_loss(routing, experts):
+    """E · Σ_e f_e·P_e over the rows of every layer; f (counts of the one-hot choices) is a constant."""
+    probs = torch.cat([p for p, _ in routing])
+    chosen = torch.cat([c for _, c in routing])
+    rows = probs.shape[0]
+    fraction = torch.bincount(chosen.reshape(-1), minlength=experts).to(probs.dtype) / rows
+    return experts * (fraction * probs.mean(0)).sum()
+
+
+def forward(params, inputs, targets, cfg):
+    """(logits, cross-entropy + coef·aux, stats): the step's cross-entropy, aux and routing."""
+    routing = []
+    logits = llama.model_logits(params, inputs, cfg, lambda h, p, layer, c: moe_mlp(h, p, layer, c, routing))
+    ce = llama.cross_entropy(logits, targets, cfg)
+    aux = load_balancing_loss(routing, cfg.experts)
+    loss = ce + cfg.aux_loss_coef * aux if cfg.aux_loss_coef else ce
+    stats = dict(ce=float(ce), aux=float(aux), probs=torch.stack([p.detach() for p, _ in routing]),
+                 chosen=torch.stack([c for _, c in routing]))
+    return logits, loss, stats
+
+
+def router_margin(probs, chosen):
+    """The smallest gap, in logits, between a row's K-th choice and the best expert left out: how far
+    the routing is from a tie another implementation's rounding could break the other way."""
+    k = chosen.shape[-1]
+    if k == probs.shape[-1]:
+        return None
+    ordered = torch.sort(probs, dim=-1, descending=True).values
+    return float((ordered[..., k - 1].log() - ordered[..., k].log()).min())
+
+
+def report(stats):
+    """reference.bin's sections 7-10 and reference.json's keys of the mixture (dev/README.md)."""
+    first = stats[0]
+    sections = [torch.tensor([s["ce"] for s in stats]), torch.tensor([s["aux"] for s in stats]),
+                first["probs"], first["chosen"].to(torch.float64)]
+    experts = first["probs"].shape[-1]
+    summary = dict(ce_losses=[s["ce"] for s in stats], aux_losses=[s["aux"] for s in stats],
+                   expert_counts=[[torch.bincount(c.reshape(-1), minlength=experts).tolist() for c in s["chosen"]]
+                                  for s in stats],
+                   router_margins=[router_margin(s["probs"], s["chosen"]) for s in stats])
+    return sections, summary
+
+
+def graph(cfg):
+    return common.Graph(param_names(cfg), DECAYED, forward, report)
+
+
+def model_header(cfg):
+    """Llama's header (train_gpt's extension) with the experts' slots 26..29."""
+    h = llama.model_header(cfg)
+    h[EXPERTS_SLOT], h[TOP_K_SLOT], h[ROUTER_KIND_SLOT] = cfg.experts, cfg.top_k, ROUTER_SOFTMAX_TOPK
+    h[AUX_COEF_SLOT] = llama.float_bits(cfg.aux_loss_coef)
+    return h
+
+
+def reference_header(cfg, num_params):
+    """Version 3: version 2's slots 0..19, then E, K, the router kind and the aux coefficient's bits."""
+    h = llama.reference_header(cfg, num_params, REFERENCE_VERSION)
+    h[REF_EXPERTS_SLOT], h[REF_TOP_K_SLOT], h[REF_ROUTER_KIND_SLOT] = cfg.experts, cfg.top_k, ROUTER_SOFTMAX_TOPK
+    h[REF_AUX_COEF_SLOT] = llama.float_bits(cfg.aux_loss_coef)
+    return h
+
+
+# ---- --self-check: the reference against itself, in fp64
+
+def dense_moe_mlp(h, params, layer, cfg):
+    """The mixture written the other way: every expert on every row, weighted by an (N, E) gate
+    matrix that is zero off the chosen experts. Must equal moe_mlp."""
+    x = h.reshape(-1, h.shape[-1])
+    _, chosen, gates = route(x, params["router"][layer], cfg.top_k)
+    weights = torch.zeros(x.shape[0], cfg.experts, dtype=gates.dtype).scatter(1, chosen, gates)
+    out = sum(weights[:, e, None] * llama.swiglu(x, *expert_weights(params, layer, e, cfg)) for e in range(cfg.experts))
+    return out.view(h.shape)
+
+
+def hf_style_aux(probs, chosen, experts):
+    """load_balancing_loss_func's formulation: the mean over rows of the one-hot choices per k
+    (K, E) times the mean probability per expert, summed, times E."""
+    per_k = torch.nn.functional.one_hot(chosen, experts).to(probs.dtype).mean(0)
+    return experts * (per_k * probs.mean(0)[None]).sum()
+
+
+def expert_probes(cfg):
+    """One entry of every expert's w1, w3, w2 and router row in every layer (an expert no token
+    chose has gradient 0 there), beyond finite_differences' one per tensor."""
+    L, E, H, C = cfg.layers, cfg.experts, cfg.hidden, cfg.channels
+    probes = []
+    for layer in range(L):
+        for expert in range(E):
+            spot = 7919 * (layer * E + expert + 1)  # a prime stride: a different row and column each time
+            block = layer * E + expert
+            probes += [("fcw", block * H * C + spot % (H * C)), ("fc2w", block * H * C + (spot + 1) % (H * C)),
+                       ("fcprojw", block * C * H + spot % (C * H)), ("router", block * C + spot % C)]
+    return probes
+
+
+def check(ok, what):
+    print(f"  {what}: {'ok' if ok else 'FAIL'}")
+    return ok
+
+
+def self_check(initial, tokens, cfg):
+    """Finite differences of the objective (router included, through the aux loss) against autograd;
+    the gather-and-add experts against the dense formulation; the tie rule; a uniform router's aux
+    loss = K; the aux loss as Hugging Face's formula; with E = K = 1 and no aux loss, the dense Llama
+    reference's losses, norms and weights exactly."""
+    results = []
+    worst, params, grads = common.finite_differences(initial, tokens, cfg, graph(cfg), expert_probes(cfg))
+    results.append(check(worst < 1e-5, f"finite differences worst err {worst:.1e}"))
+
+    inputs, targets = common.step_batch(tokens, cfg, 0)
+    with torch.no_grad():
+        h = torch.randn(cfg.batch, cfg.seq_len, cfg.channels, dtype=torch.float64,
+                        generator=torch.Generator().manual_seed(cfg.seed + 2))
+        diff = max(float((moe_mlp(h, params, l, cfg, []) - dense_moe_mlp(h, params, l, cfg)).abs().max())
+                   for l in range(cfg.layers))
+        results.append(check(diff < 1e-12, f"gathered experts = every expert under a zero-padded gate matrix "
+                                           f"(max diff {diff:.1e})"))
+        ties = torch.tensor([[0.3, 0.2, 0.3, 0.2], [0.25] * 4, [0.1, 0.4, 0.4, 0.1]])
+        results.append(check(top_k_experts(ties, 3).tolist() == [[0, 2, 1], [0, 1, 2], [1, 2, 0]],
+                             "ties go to the lower index"))
+        uniform = {**params, "router": torch.zeros_like(params["router"])}
+        _, _, stats = forward(uniform, inputs, targets, cfg)
+        first_k = list(range(cfg.top_k))
+        results.append(check(abs(stats["aux"] - cfg.top_k) < 1e-12 and
+                             all(row == first_k for row in stats["chosen"].reshape(-1, cfg.top_k).tolist()),
+                             f"a uniform router: aux {stats['aux']:.15f} = K, experts 0..K-1 everywhere"))
+        _, _, stats = forward(params, inputs, targets, cfg)
+        probs, chosen = stats["probs"].reshape(-1, cfg.experts), stats["chosen"].reshape(-1, cfg.top_k)
+        hf_aux = float(hf_style_aux(probs, chosen, cfg.experts))
+        results.append(check(abs(hf_aux - stats["aux"]) < 1e-12, f"aux {stats['aux']:.9f} = Hugging Face's formula's"))
+    if cfg.aux_loss_coef:
+        no_aux = argparse.Namespace(**{**vars(cfg), "aux_loss_coef": 0.0})
+        plain = common.forward_backward({n: t.detach().clone().requires_grad_(True) for n, t in params.items()},
+                                        inputs, targets, no_aux, graph(no_aux))[2]["router"]
+        share = float((grads["router"] - plain).norm() / grads["router"].norm())
+        results.append(check(share > 1e-3, f"the aux loss moves the router's gradient ({share:.1%} of it)"))
+    results.append(check_single_expert_is_dense(cfg, tokens))
+    ok = all(results)
+    print(f"self-check: {'ok' if ok else 'FAIL'}")
+    return ok
+
+
+def check_single_expert_is_dense(cfg, tokens):
+    """E = K = 1 without aux loss trains exactly as llama_reference.py's dense model (fp32): the one
+    expert's gate is 1 and the router's gradient 0."""
+    one = argparse.Namespace(**{**vars(cfg), "experts": 1, "top_k": 1, "aux_loss_coef": 0.0})
+    _, moe_losses, moe_norms, moe_final, _ = common.train(init_params(one), tokens, one, torch.float32, graph(one))
+    _, dense_losses, dense_norms, dense_final, _ = common.train(llama.init_params(one), tokens, one, torch.float32,
+                                                                llama.graph(one))
+    same = (moe_losses == dense_losses and moe_norms == dense_norms and
+            all(torch.equal(moe_final[n], dense_final[n]) for n in llama.param_names(one)))
+    return check(same, f"E = K = 1: the dense Llama's {cfg.steps} losses, norms and final weights, bit for bit")
+
+
+def parse_args(argv):
+    def own_flags(ap):
+        ap.add_argument("--router-std", type=float, default=0.2,
+                        help="the router's initial std (its logits' spread keeps routing away from ties)")
+        ap.add_argument("--aux-loss-coef", type=float, default=0.02,
+                        help="the load-balancing loss's coefficient (Mixtral's router_aux_loss_coef); 0: none")
+        ap.add_argument("--min-router-margin", type=float, default=1e-4,
+                        help="refuse a run whose routing comes closer to a tie than this (logits); 0: no limit")
+
+    def own_problems(cfg):
+        problems = []
+        if cfg.experts < 1 or cfg.top_k < 1 or cfg.top_k > cfg.experts:
+            problems.append(f"--experts {cfg.experts} and --top-k {cfg.top_k} must satisfy 1 <= top-k <= experts")
+        if cfg.aux_loss_coef < 0:
+            problems.append("--aux-loss-coef must be >= 0")
+        return problems
+
+    own_sizes = [("--channels", "--experts", dict(type=int, default=4, help="E, experts per block")),
+                 ("--channels", "--top-k", dict(type=int, default=2, help="K, experts per token"))]
+    return llama.parse_args(argv, __doc__.split("\n")[0], own_sizes, own_flags, own_problems)
+
+
+def main(argv):
+    cfg = parse_args(argv)
+    dtype = common.torch_setup(cfg)
+    llama.assert_rope_bends(cfg)
+    describe = (f"mixtral_reference: {cfg.out}: L={cfg.layers} NH={cfg.heads} NKV={cfg.kv_heads} C={cfg.channels} "
+                f"E={cfg.experts} K={cfg.top_k} H={cfg.hidden} aux {cfg.aux_loss_coef} V={cfg.vocab} "
+                f"Vp={cfg.padded_vocab} B={cfg.batch} T={cfg.seq_len} steps={cfg.steps} rope {cfg.rope} "
+                f"{'tied' if cfg.tied else 'untied'} {cfg.precision}")
+    status = common.run(cfg, dtype, graph(cfg), init_params(cfg), model_header(cfg),
+                        lambda count: reference_header(cfg, count), describe, self_check)
+    with open(os.path.join(cfg.out, "reference.json")) as f:
+        summary = json.load(f)
+    margins = [m for m in summary["router_margins"] if m is not None]
+    if margins:
+        print(f"mixtral_reference: cross-entropy {summary['ce_losses'][0]:.6f} -> {summary['ce_losses'][-1]:.6f}, "
+              f"aux {summary['aux_losses'][0]:.6f} -> {summary['aux_losses'][-1]:.6f}, "
+              f"closest routing decision {min(margins):.1e} (logits)")
+        if min(margins) < cfg.min_router_margin:
+            print(f"mixtral_reference: a routing decision within {min(margins):.1e} of a tie (--min-router-margin "
+                  f"{cfg.min_router_margin}): another implementation could route differently; pick another --seed")
+            return 1
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
