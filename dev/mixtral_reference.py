@@ -25,6 +25,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import llama_reference as llama  # noqa: E402  (the Llama model, its flags and file headers)
 import reference_common as common  # noqa: E402  (tokens, the training step, the file writers; checks torch)
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 REFERENCE_VERSION = 3  # version 2's header and sections, then the mixture's (dev/README.md)
@@ -195,6 +196,17 @@ def expert_probes(cfg):
     return probes
 
 
+def hugging_face_losses(cfg, tokens):
+    """Step 1's cross-entropy and aux loss by hf_llama_check.py's forward (Hugging Face's Mixtral
+    arithmetic in float64, written separately: q/k in rotate-half order, its routing and aux
+    formula) from model.bin as written, so the file's layout is checked too."""
+    import hf_llama_check as hf  # here: only the self-check needs it
+    path = os.path.join(cfg.out, "model.bin")
+    window = tokens[:cfg.batch * cfg.seq_len + 1].astype("int64")
+    rows = np.stack([window[b * cfg.seq_len:(b + 1) * cfg.seq_len + 1] for b in range(cfg.batch)])
+    return hf.forward_loss(hf.hf_config(hf.read_model_bin(path)[1], "fp32"), hf.expected_from_model_bin(path), rows)
+
+
 def check(ok, what):
     print(f"  {what}: {'ok' if ok else 'FAIL'}")
     return ok
@@ -203,8 +215,9 @@ def check(ok, what):
 def self_check(initial, tokens, cfg):
     """Finite differences of the objective (router included, through the aux loss) against autograd;
     the gather-and-add experts against the dense formulation; the tie rule; a uniform router's aux
-    loss = K; the aux loss as Hugging Face's formula; with E = K = 1 and no aux loss, the dense Llama
-    reference's losses, norms and weights exactly."""
+    loss = K; the aux loss as Hugging Face's formula; step 1's losses by hf_llama_check.py's separate
+    Hugging Face forward of model.bin; with E = K = 1 and no aux loss, the dense Llama reference's
+    losses, norms and weights exactly."""
     results = []
     worst, params, grads = common.finite_differences(initial, tokens, cfg, graph(cfg), expert_probes(cfg))
     results.append(check(worst < 1e-5, f"finite differences worst err {worst:.1e}"))
@@ -230,6 +243,10 @@ def self_check(initial, tokens, cfg):
         probs, chosen = stats["probs"].reshape(-1, cfg.experts), stats["chosen"].reshape(-1, cfg.top_k)
         hf_aux = float(hf_style_aux(probs, chosen, cfg.experts))
         results.append(check(abs(hf_aux - stats["aux"]) < 1e-12, f"aux {stats['aux']:.9f} = Hugging Face's formula's"))
+        hf_ce, hf_aux = hugging_face_losses(cfg, tokens)
+        error = max(abs(hf_ce - stats["ce"]) / stats["ce"], abs(hf_aux - stats["aux"]) / stats["aux"])
+        results.append(check(error < 1e-6, f"hf_llama_check.py's Mixtral forward of model.bin: cross-entropy {hf_ce:.9f}, "
+                                           f"aux {hf_aux:.9f} (relative {error:.1e})"))
     if cfg.aux_loss_coef:
         no_aux = argparse.Namespace(**{**vars(cfg), "aux_loss_coef": 0.0})
         plain = common.forward_backward({n: t.detach().clone().requires_grad_(True) for n, t in params.items()},
