@@ -247,7 +247,7 @@ def self_check(initial, tokens, cfg):
         error = max(abs(hf_ce - stats["ce"]) / stats["ce"], abs(hf_aux - stats["aux"]) / stats["aux"])
         results.append(check(error < 1e-6, f"hf_llama_check.py's Mixtral forward of model.bin: cross-entropy {hf_ce:.9f}, "
                                            f"aux {hf_aux:.9f} (relative {error:.1e})"))
-    if cfg.aux_loss_coef:
+    if cfg.aux_loss_coef and cfg.top_k < cfg.experts:  # with K = E every f_e is 1: aux = E, a constant
         no_aux = argparse.Namespace(**{**vars(cfg), "aux_loss_coef": 0.0})
         plain = common.forward_backward({n: t.detach().clone().requires_grad_(True) for n, t in params.items()},
                                         inputs, targets, no_aux, graph(no_aux))[2]["router"]
