@@ -147,6 +147,7 @@ int dispatch_command(int argc, char** argv) {
         comm->rank() == 0);
   validate_against_model(setup.cfg, setup.model.max_seq_len, setup.model_source);
   validate_fp8_shapes(setup.cfg, setup.model, setup.model_source);
+  validate_experts(setup.cfg, setup.model, setup.model_source);
   if (setup.cfg.fp8) require_fp8_device();
   if (!setup.cfg.export_hf.empty()) with_context("--export-hf", [&] { check_hf_export(setup.model, setup.cfg.export_hf); });
   with_context("model " + setup.model_source,

@@ -34,6 +34,7 @@ struct Reference {
   std::vector<float> final;    // P, after K steps
   std::vector<float> initial;  // P, model.bin
   std::vector<int> tokens;     // train.bin
+  std::vector<float> more;     // version 3 (mixtral_reference.py): the sections after the final parameters
   OptimizerSettings opt;
   float lr = 0;
   std::string model_path() const { return dir + "/model.bin"; }
@@ -56,7 +57,7 @@ inline double json_number(const std::string& json, const std::string& key) {
 }
 
 // Reads dir's four files. reference.bin must carry `version` (1: GPT-2, 2: Llama, whose header
-// holds more of the configuration); config_of_header turns its 256-int header into the model's
+// holds more of the configuration, 3: a mixture of experts, whose further sections land in `more`); config_of_header turns its 256-int header into the model's
 // configuration (from the reference's own header, not the model file's, which is under test).
 inline Reference load_reference(const std::string& dir, int version, ModelConfig (*config_of_header)(const int32_t*)) {
   Reference r;
@@ -71,7 +72,8 @@ inline Reference load_reference(const std::string& dir, int version, ModelConfig
   r.P = static_cast<size_t>(h[11]);
   const size_t logit_count = static_cast<size_t>(r.B) * r.T * r.config.padded_vocab_size;
   const size_t floats = logit_count + 1 + r.P + 2 * r.K + r.P;
-  if (bin.size() != 1024 + 4 * floats) throw std::runtime_error(dir + "/reference.bin: size does not match its header");
+  if (version < 3 ? bin.size() != 1024 + 4 * floats : bin.size() < 1024 + 4 * floats || bin.size() % 4 != 0)
+    throw std::runtime_error(dir + "/reference.bin: size does not match its header");
   const float* body = reinterpret_cast<const float*>(bin.data() + 1024);
   auto take = [&](size_t n) {
     std::vector<float> v(body, body + n);
@@ -84,6 +86,7 @@ inline Reference load_reference(const std::string& dir, int version, ModelConfig
   r.losses = take(r.K);
   r.norms = take(r.K);
   r.final = take(r.P);
+  r.more = take((bin.size() - 1024) / 4 - floats);
 
   const std::string model = read_file(r.model_path());
   if (model.size() != 1024 + 4 * r.P) throw std::runtime_error(dir + "/model.bin: size does not match reference.bin");
@@ -105,6 +108,22 @@ inline Reference load_reference(const std::string& dir, int version, ModelConfig
   r.opt.grad_clip = static_cast<float>(json_number(json, "grad_clip"));
   r.opt.seed = 1234;
   return r;
+}
+
+inline float float_of(int32_t bits) {
+  float v;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+}
+
+// reference.bin version 2 (and 3): version 1's slots, then NKV, H, tied, scaled, the original
+// context and the float32 bits of θ, the scaling factor and the norm eps (slots 12-19).
+inline ModelConfig llama_reference_config(const int32_t* h) {
+  const RopeConfig rope{float_of(h[17]), h[15] == 1, float_of(h[18]), 1.0f, 4.0f, h[16]};
+  ModelConfig config = llama3_config(h[10], h[8], h[5], h[6], h[12], h[7], h[13], rope, h[14] == 1);
+  config.padded_vocab_size = h[9];
+  config.norm_eps = float_of(h[19]);
+  return config;
 }
 
 // Tolerances of the step-1 gradients and of every step's loss and gradient norm against the

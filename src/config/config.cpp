@@ -40,13 +40,13 @@ const std::vector<Flag>& flag_table() {
       {"shuffle", "0|1", "shuffle the training data (validation is never shuffled)", &TrainConfig::shuffle},
       {"seed", "N", "seed for weight init, data shuffling, stochastic rounding and sampling", &TrainConfig::seed, {0, (double)LLONG_MAX}},
       {"init-from", "FILE|DIR", "start from this model file (its header, GPT-2's or Llama 3's, defines the architecture), "
-       "or a Hugging Face Llama directory (config.json and model.safetensors or its shards); excludes --model",
+       "or a Hugging Face Llama or Mixtral directory (config.json and model.safetensors or its shards); excludes --model",
        &TrainConfig::init_from, {}, {}, "none (random init of --model)"},
       {"model", "PRESET", "architecture for random init: d12 d24 d36 d48 (GPT-2 124M..1.5B), gpt3-125m gpt3-350m "
        "gpt3-760m gpt3-2.7b gpt3-6.7b gpt3-175b (GPT-3's sizes, T up to 2048), micro, nano: GPT-2's vocabulary; "
        "llama3.2-1b llama3.2-3b llama3.1-8b llama3.1-70b llama3.1-405b (Meta's shapes), llama-micro, llama-nano: "
-       "Llama 3's vocabulary (shards from tokenize --encoding llama3)",
-       &TrainConfig::model},
+       "Llama 3's vocabulary (shards from tokenize --encoding llama3); moe-nano (4 experts, top-2), olmoe-1b-7b, "
+       "mixtral-8x7b: mixtures of experts", &TrainConfig::model},
       {"dtype", "bf16|fp32", "storage type of parameters, activations and gradients", &TrainConfig::dtype, {}, {"bf16", "fp32"}},
       {"batch-size", "B", "sequences per micro-batch (per rank)", &TrainConfig::batch_size, {1, INT_MAX}},
       {"seq-len", "T", "tokens per sequence (at most the model's max sequence length)", &TrainConfig::seq_len, {1, INT_MAX}},
@@ -74,6 +74,13 @@ const std::vector<Flag>& flag_table() {
        &TrainConfig::fp8_amax_history, {1, 1024}},
       {"fp8-margin", "M", "FP8 scales leave 2^M of headroom below the format's largest value", &TrainConfig::fp8_margin,
        {0, 32}},
+      {"moe-experts", "E", "with --model (Llama 3): E experts of H per MLP", &TrainConfig::moe_experts, {0, kMaxExperts}, {}, "0 (the preset's)"},
+      {"moe-top-k", "K", "with --model: experts per token (1..E)", &TrainConfig::moe_top_k, {0, kMaxExperts}, {}, "0 (the preset's)"},
+      {"moe-router", "softmax|sigmoid", "with --model: top-K of the softmax, gates renormalised (Mixtral), or of "
+       "sigmoid + a balancing bias", &TrainConfig::moe_router, {}, {"softmax", "sigmoid"}, "the preset's"},
+      {"moe-aux-loss-coef", "X", "weight of the load-balancing loss E*sum(f_i*P_i) in the objective (0: none)",
+       &TrainConfig::moe_aux_loss_coef, {0, kMaxFp32}, {}, "the model's (0.01 for --moe-experts)"},
+      {"moe-bias-rate", "X", "sigmoid router: each step bias += X*sign(mean load - load)", &TrainConfig::moe_bias_rate, {0, kMaxFp32}},
       {"lr", "X", "peak learning rate", &TrainConfig::lr, {0, kMaxFp32}},
       {"lr-schedule", "NAME", "cosine | linear | constant | wsd (warmup-stable-decay, decay over the last 20% of steps)",
        &TrainConfig::lr_schedule, {}, lr_schedule_names()},

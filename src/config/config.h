@@ -50,6 +50,12 @@ struct TrainConfig {
   std::string fp8_scaling = "delayed";
   int fp8_amax_history = 16;
   int fp8_margin = 0;
+  // Mixture of experts (src/model/expert_mlp.h, docs/MOE.md); 0 / "": the model's
+  int moe_experts = 0;
+  int moe_top_k = 0;
+  std::string moe_router;
+  double moe_aux_loss_coef = 0.0;  // only when set: the model's otherwise
+  double moe_bias_rate = 1e-3;     // the sigmoid router's expert-bias step per optimizer step
   // optimizer and schedule
   double lr = 6e-4;
   std::string lr_schedule = "cosine";

@@ -18,6 +18,11 @@ int validate_config(TrainConfig& cfg, int world_size) {
     throw std::invalid_argument(std::string("--max-seq-len sizes a fresh --model preset; ") +
                                 (cfg.resume.empty() ? "--init-from" : "--resume") +
                                 "'s model file fixes its own maximum sequence length (drop --max-seq-len)");
+  for (const char* flag : {"moe-experts", "moe-top-k", "moe-router"})
+    if (cfg.was_set(flag) && (!cfg.init_from.empty() || !cfg.resume.empty()))
+      throw std::invalid_argument("--" + std::string(flag) + " shapes a fresh --model preset; " +
+                                  (cfg.resume.empty() ? "--init-from" : "--resume") +
+                                  "'s model fixes its own experts (drop --" + flag + ")");
   if (cfg.eval_data.empty() && (cfg.eval || cfg.eval_every > 0))
     throw std::invalid_argument(std::string(cfg.eval ? "--eval" : "--eval-every") +
                                 " needs --eval-data FILE (an eval file: data/hellaswag.sh writes HellaSwag's)");
@@ -141,6 +146,22 @@ void validate_fp8_shapes(const TrainConfig& cfg, const ModelConfig& model, const
     if (n % 16 != 0)
       throw std::invalid_argument("--fp8: " + std::string(what) + " of " + model_source + " is " + std::to_string(n) +
                                   ", not a multiple of 16 (cuBLASLt's FP8 products need one)");
+}
+
+void validate_experts(const TrainConfig& cfg, const ModelConfig& model, const std::string& model_source) {
+  if (!model.moe()) {
+    for (const char* flag : {"moe-aux-loss-coef", "moe-bias-rate"})
+      if (cfg.was_set(flag))
+        throw std::invalid_argument("--" + std::string(flag) + ": " + model_source + " has no experts (" +
+                                    describe(model) + ")");
+    return;
+  }
+  const std::pair<const char*, bool> unsupported[] = {
+      {"--tp", cfg.tp > 1}, {"--pp", cfg.pp > 1}, {"--cp", cfg.cp > 1}, {"--fp8", cfg.fp8}};
+  for (const auto& [flag, set] : unsupported)
+    if (set)
+      throw std::invalid_argument(std::string(flag) + " with experts (" + model_source +
+                                  ") is not supported yet: mixtures of experts train data-parallel (docs/MOE.md)");
 }
 
 LrSchedule make_lr_schedule(const TrainConfig& cfg) {

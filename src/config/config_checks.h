@@ -19,5 +19,7 @@ void validate_against_model(const TrainConfig& cfg, int max_seq_len, const std::
 // With --fp8: every width of the blocks' products (per TP rank) and the rank's rows B*T/--cp are
 // multiples of 16 (kernels/matmul_fp8.cuh). model_source names the model in the error.
 void validate_fp8_shapes(const TrainConfig& cfg, const ModelConfig& model, const std::string& model_source);
+// Throws on expert flags for a model without experts, and on what experts do not compose with yet.
+void validate_experts(const TrainConfig& cfg, const ModelConfig& model, const std::string& model_source);
 
 LrSchedule make_lr_schedule(const TrainConfig& cfg);

@@ -19,7 +19,8 @@ bool operator==(const ModelConfig& a, const ModelConfig& b) {
          a.num_heads == b.num_heads && a.channels == b.channels && a.kv_heads() == b.kv_heads() &&
          a.hidden() == b.hidden() && a.norm == b.norm && a.norm_eps == b.norm_eps && a.positions == b.positions &&
          (a.positions != Positions::rope || a.rope == b.rope) && a.mlp == b.mlp && a.biases == b.biases &&
-         a.tied_embeddings == b.tied_embeddings;
+         a.tied_embeddings == b.tied_embeddings && a.num_experts == b.num_experts &&
+         a.experts_per_token == b.experts_per_token && (!a.moe() || a.router == b.router);
 }
 
 namespace {
@@ -38,7 +39,10 @@ std::string describe(const ModelConfig& c) {
   text += " NKV=" + std::to_string(c.kv_heads()) + " H=" + std::to_string(c.hidden()) + " llama3 (rope theta " +
           number_text(c.rope.theta);
   if (c.rope.scaled) text += " factor " + number_text(c.rope.factor);
-  return text + (c.tied_embeddings ? ", tied)" : ", untied)");
+  text += c.tied_embeddings ? ", tied)" : ", untied)";
+  if (!c.moe()) return text;
+  return text + " E=" + std::to_string(c.num_experts) + " K=" + std::to_string(c.experts_per_token) + " " +
+         router_name(c.router) + " router";
 }
 
 int llama_hidden_size(int channels, float ffn_dim_multiplier, int multiple_of) {
@@ -63,6 +67,15 @@ ModelConfig llama3_config(int max_seq_len, int vocab_size, int num_layers, int n
   c.biases = false;
   c.tied_embeddings = tied_embeddings;
   return c;
+}
+
+ModelConfig with_experts(ModelConfig dense, int num_experts, int experts_per_token, Router router,
+                         float aux_loss_coef) {
+  dense.num_experts = num_experts;
+  dense.experts_per_token = experts_per_token;
+  dense.router = router;
+  dense.aux_loss_coef = aux_loss_coef;
+  return dense;
 }
 
 const std::vector<ModelPreset>& model_presets() {
@@ -90,6 +103,14 @@ const std::vector<ModelPreset>& model_presets() {
                                      llama31_rope(), false)},
       {"llama3.1-405b", llama3_config(131072, 128256, 126, 128, 8, 16384, llama_hidden_size(16384, 1.2f, 4096),
                                       llama31_rope(), false)},
+      // Mixtures of experts: a small one that trains on the CPU build, and two published shapes
+      // (their config.json) for --plan: OLMoE-1B-7B (without its QK norm) and Mixtral 8x7B.
+      {"moe-nano", with_experts(llama3_config(128, 128256, 2, 4, 2, 64, 96, llama32_rope(), true), 4, 2,
+                                Router::softmax, 0.01f)},
+      {"olmoe-1b-7b", with_experts(llama3_config(4096, 50304, 16, 16, 16, 2048, 1024, RopeConfig{10000.0f}, false),
+                                   64, 8, Router::softmax, 0.01f)},
+      {"mixtral-8x7b", with_experts(llama3_config(32768, 32000, 32, 32, 8, 4096, 14336, RopeConfig{1e6f}, false), 8,
+                                    2, Router::softmax, 0.02f)},
   };
   return presets;
 }
@@ -130,6 +151,14 @@ void check_model_config(const ModelConfig& c, const std::string& source) {
          "Llama 3's (RMSNorm, RoPE, SwiGLU, no biases)");
   if (llama && !(c.norm_eps > 0.0f && c.rope.theta > 0.0f))
     fail("expected a positive RMSNorm eps and RoPE theta");
+  if (c.moe() && !llama) fail("expected experts (E > 0) only on Llama 3's architecture");
+  if (c.num_experts < 0 || c.num_experts > kMaxExperts)
+    fail("expected the experts E between 0 and " + std::to_string(kMaxExperts));
+  if (c.moe() && (c.experts_per_token < 1 || c.experts_per_token > c.num_experts))
+    fail("expected experts per token K between 1 and E");
+  if (!c.moe() && c.experts_per_token != 0) fail("expected experts per token K = 0 without experts");
+  if (c.moe() && !(c.aux_loss_coef >= 0.0f && std::isfinite(c.aux_loss_coef)))
+    fail("expected a finite, non-negative auxiliary loss coefficient");
   if (llama && c.rope.scaled &&
       !(c.rope.factor > 0.0f && c.rope.high_freq_factor > c.rope.low_freq_factor && c.rope.original_context > 0))
     fail("expected RoPE scaling with factor > 0, high_freq_factor > low_freq_factor and an original context > 0");
@@ -140,13 +169,17 @@ ParameterLayout::ParameterLayout(const ModelConfig& c) : num_layers(c.num_layers
   const size_t wpe = c.positions == Positions::learned ? c.max_seq_len * C : 0;
   const size_t norm_bias = c.norm == Norm::layernorm ? 1 : 0, bias = c.biases ? 1 : 0;
   const size_t fc2 = c.mlp == Mlp::swiglu ? 1 : 0, lm_head = c.tied_embeddings ? 0 : 1;
+  // E experts' MLPs stacked (1 for the dense MLP); the router (E × C) and expert_bias (E) with experts.
+  const size_t E = c.experts(), router = c.moe() ? c.num_experts : 0,
+               expert_bias = c.moe() && c.router == Router::sigmoid ? c.num_experts : 0;
   const struct { const char* name; size_t count; bool decayed; } specs[kNumParameterTensors] = {
       {"wte", Vp * C, true},          {"wpe", wpe, true},               {"ln1w", L * C, false},
       {"ln1b", norm_bias * L * C, false}, {"qkvw", L * QKV * C, true},  {"qkvb", bias * L * QKV, false},
       {"attprojw", L * C * C, true},  {"attprojb", bias * L * C, false}, {"ln2w", L * C, false},
-      {"ln2b", norm_bias * L * C, false}, {"fcw", L * H * C, true},     {"fcb", bias * L * H, false},
-      {"fc2w", fc2 * L * H * C, true}, {"fcprojw", L * C * H, true},    {"fcprojb", bias * L * C, false},
-      {"lnfw", C, false},             {"lnfb", norm_bias * C, false},   {"lm_head", lm_head * Vp * C, true},
+      {"ln2b", norm_bias * L * C, false}, {"router", L * router * C, true}, {"fcw", L * E * H * C, true},
+      {"fcb", bias * L * H, false},   {"fc2w", fc2 * L * E * H * C, true}, {"fcprojw", L * E * C * H, true},
+      {"fcprojb", bias * L * C, false}, {"expert_bias", L * expert_bias, false}, {"lnfw", C, false},
+      {"lnfb", norm_bias * C, false}, {"lm_head", lm_head * Vp * C, true},
   };
   for (int i = 0; i < kNumParameterTensors; ++i) {
     tensors[i] = ParameterInfo{specs[i].name, specs[i].count, total, specs[i].decayed};
@@ -160,7 +193,7 @@ std::vector<float> initial_values(const ParameterLayout& layout, int i, NormalSa
     case kLn1w: case kLn2w: case kLnfw:
       std::fill(values.begin(), values.end(), 1.0f);
       break;
-    case kLn1b: case kLn2b: case kLnfb: case kQkvb: case kAttprojb: case kFcb: case kFcprojb:
+    case kLn1b: case kLn2b: case kLnfb: case kQkvb: case kAttprojb: case kFcb: case kFcprojb: case kExpertBias:
       break;
     default: {
       const float residual_std = 0.02f / std::sqrt(2.0f * static_cast<float>(layout.num_layers));

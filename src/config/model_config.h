@@ -32,6 +32,13 @@ inline DType dtype_named(const std::string& name) { return name == "fp32" ? DTyp
 enum class Norm : uint8_t { layernorm, rmsnorm };  // LayerNorm with weight and bias | RMSNorm (weight only)
 enum class Positions : uint8_t { learned, rope };  // wpe added to the embeddings | RoPE on q and k
 enum class Mlp : uint8_t { gelu, swiglu };         // fcproj(gelu(fc·x)) | fcproj(silu(fc·x) ⊙ fc2·x)
+// A mixture of experts' router (docs/MOE.md): softmax over the experts, top-K, gates renormalised
+// over the K (Mixtral) | sigmoid scores, top-K of score + expert bias, gates the K scores
+// normalised (aux-loss-free balancing: the bias steers selection and is updated outside the gradient).
+enum class Router : uint8_t { softmax, sigmoid };
+inline const char* router_name(Router r) { return r == Router::sigmoid ? "sigmoid" : "softmax"; }
+// The most experts a layer may have (the routing kernels' per-token work is O(E)).
+constexpr int kMaxExperts = 256;
 
 struct ModelConfig {
   int max_seq_len = 0;        // longest sequence: rows of wpe (maxT)
@@ -50,6 +57,11 @@ struct ModelConfig {
   Mlp mlp = Mlp::gelu;
   bool biases = true;           // the linear layers' biases (qkvb, attprojb, fcb, fcprojb)
   bool tied_embeddings = true;  // the lm head is wte (else its own tensor lm_head)
+  // Mixture of experts (Llama only): each block's MLP is E SwiGLU experts of H hidden units, K per token.
+  int num_experts = 0;        // E (0: the dense MLP)
+  int experts_per_token = 0;  // K
+  Router router = Router::softmax;
+  float aux_loss_coef = 0.0f;  // the load-balancing loss's weight in the objective (training, not architecture)
 
   int kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_heads; }
   int hidden() const { return hidden_size > 0 ? hidden_size : 4 * channels; }
@@ -60,6 +72,9 @@ struct ModelConfig {
   int mlp_products() const { return mlp == Mlp::swiglu ? 2 : 1; }
   // Llama 3's settings (RMSNorm, RoPE, SwiGLU, no biases): its model file and checkpoint names.
   bool is_llama() const { return norm == Norm::rmsnorm; }
+  bool moe() const { return num_experts > 0; }
+  // Experts whose weights a layer holds: E, or 1 for the dense MLP (fcw, fc2w, fcprojw are that many stacked).
+  int experts() const { return moe() ? num_experts : 1; }
 };
 
 // Llama's MLP width: int(2·4C/3), times ffn_dim_multiplier, rounded up to a multiple of multiple_of
@@ -69,6 +84,8 @@ int llama_hidden_size(int channels, float ffn_dim_multiplier, int multiple_of);
 // biases); rope scaling and tying as given. Vp = V (Llama's 128,256 is a multiple of 128).
 ModelConfig llama3_config(int max_seq_len, int vocab_size, int num_layers, int num_heads, int num_kv_heads,
                           int channels, int hidden_size, const RopeConfig& rope, bool tied_embeddings);
+// `dense` (a Llama) with each MLP made E experts of its H hidden units, K per token.
+ModelConfig with_experts(ModelConfig dense, int num_experts, int experts_per_token, Router router, float aux_loss_coef);
 // Llama 3.1's and 3.2's RoPE scaling (factor 8 and 32; low 1, high 4, original context 8,192).
 RopeConfig llama31_rope();
 RopeConfig llama32_rope();
@@ -76,7 +93,8 @@ RopeConfig llama32_rope();
 bool operator==(const ModelConfig& a, const ModelConfig& b);
 inline bool operator!=(const ModelConfig& a, const ModelConfig& b) { return !(a == b); }
 
-// "L=12 NH=12 C=768 maxT=1024 V=50257 Vp=50304"; a Llama adds "NKV=8 H=8192 llama3 (rope factor 32, tied)".
+// "L=12 NH=12 C=768 maxT=1024 V=50257 Vp=50304"; a Llama adds "NKV=8 H=8192 llama3 (rope factor 32, tied)", a
+// mixture of experts "E=8 K=2 softmax router".
 std::string describe(const ModelConfig& c);
 
 struct ModelPreset {
@@ -103,16 +121,19 @@ void check_model_config(const ModelConfig& c, const std::string& source);
 // Parameter layout (llm.c order; docs/FORMATS.md).
 
 // Every tensor either architecture has, in file order; a tensor the configuration lacks has no
-// elements (GPT-2: fc2w, lm_head; Llama: wpe, the biases). For Llama: ln1w/ln2w/lnfw are the
-// RMSNorm weights, qkvw is wq|wk|wv, attprojw wo, fcw w1, fc2w w3, fcprojw w2 (Meta's names).
+// elements (GPT-2: fc2w, lm_head; Llama: wpe, the biases; dense MLPs: router, expert_bias). For
+// Llama: ln1w/ln2w/lnfw are the RMSNorm weights, qkvw is wq|wk|wv, attprojw wo, fcw w1, fc2w w3,
+// fcprojw w2 (Meta's names); with experts, router is the gate (E × C), fcw/fc2w/fcprojw hold the E
+// experts' w1/w3/w2 stacked, and expert_bias (E, sigmoid router only) is the balancing bias.
 enum ParameterTensor : int {
   kWte, kWpe, kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb,
-  kLn2w, kLn2b, kFcw, kFcb, kFc2w, kFcprojw, kFcprojb, kLnfw, kLnfb, kLmHead,
+  kLn2w, kLn2b, kRouterw, kFcw, kFcb, kFc2w, kFcprojw, kFcprojb, kExpertBias, kLnfw, kLnfb, kLmHead,
   kNumParameterTensors
 };
+constexpr int kFirstLayerTensor = kLn1w, kLastLayerTensor = kExpertBias;
 
-// Whether tensor i has one slice per layer (ln1w .. fcprojb) rather than one for the whole model.
-inline bool is_layer_tensor(int i) { return i >= kLn1w && i <= kFcprojb; }
+// Whether tensor i has one slice per layer (ln1w .. expert_bias) rather than one for the whole model.
+inline bool is_layer_tensor(int i) { return i >= kFirstLayerTensor && i <= kLastLayerTensor; }
 
 struct ParameterInfo {
   const char* name = "";

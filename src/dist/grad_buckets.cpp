@@ -12,7 +12,7 @@
 
 int layers_per_bucket(const ParameterLayout& layout, double bucket_mib, size_t elem_bytes) {
   size_t layer_elements = 0;
-  for (int i = kLn1w; i <= kFcprojb; ++i) layer_elements += layout.slice_count(i);
+  for (int i = kFirstLayerTensor; i <= kLastLayerTensor; ++i) layer_elements += layout.slice_count(i);
   const double layers = std::floor(bucket_mib * 1048576.0 / static_cast<double>(layer_elements * elem_bytes));
   return static_cast<int>(std::clamp(layers, 1.0, static_cast<double>(std::max<size_t>(layout.num_layers, 1))));
 }
@@ -28,7 +28,7 @@ GradientBuckets::GradientBuckets(const ParameterLayout& layout, int bucket_layer
     if (replicated_first && replicated) b.replicated = b.elements;
   };
   std::vector<int> layer_tensors;
-  for (int i = kLn1w; i <= kFcprojb; ++i) layer_tensors.push_back(i);
+  for (int i = kFirstLayerTensor; i <= kLastLayerTensor; ++i) layer_tensors.push_back(i);
   const int L = static_cast<int>(layout.num_layers);
   piece_at_.assign(static_cast<size_t>(kNumParameterTensors) * std::max(L, 1), 0);
   for (int top = L - 1; top >= 0; top -= bucket_layers_) {

@@ -10,7 +10,8 @@
 
 bool tp_replicated(int tensor) {
   switch (tensor) {
-    case kWpe: case kLn1w: case kLn1b: case kAttprojb: case kLn2w: case kLn2b: case kFcprojb: case kLnfw: case kLnfb:
+    case kWpe: case kLn1w: case kLn1b: case kAttprojb: case kLn2w: case kLn2b: case kFcprojb: case kRouterw: case kExpertBias:
+    case kLnfw: case kLnfb:
       return true;
     default:
       return false;
@@ -87,7 +88,9 @@ TensorSplit::TensorSplit(const ModelConfig& c, int size, int rank, const StagePa
     std::vector<SplitRun>& r = runs_[i];
     if (global_[i].count == 0 || !stage_holds(c, stage, i)) continue;
     size_t local = 0;
-    switch (i) {
+    // A mixture's experts are whole on every rank (--tp with experts is refused: docs/MOE.md).
+    const bool whole_experts = c.moe() && (i == kFcw || i == kFc2w || i == kFcprojw);
+    switch (whole_experts ? -1 : i) {
       case kWte: case kLmHead: r.push_back({0, t * Vl * C, Vl * C}); break;
       case kQkvw: case kQkvb: {
         const size_t width = i == kQkvw ? C : 1;

@@ -14,6 +14,7 @@
 #include "kernels/rope.cuh"
 #include "src/model/attention.h"
 #include "src/model/block_ops.h"
+#include "src/model/expert_mlp.h"
 #include "src/base/device.h"
 #include "src/config/model_config.h"
 #include "src/base/rng.h"
@@ -74,12 +75,16 @@ inline KvDecoderCounts kv_decoder_counts(const ModelConfig& cfg, int max_len) {
   const size_t H = static_cast<size_t>(cfg.hidden()), mlp_products = static_cast<size_t>(cfg.mlp_products());
   KvDecoderCounts n;
   n.cache = static_cast<size_t>(cfg.num_layers) * rows * static_cast<size_t>(cfg.kv_heads() * cfg.head_size());
-  // x, residual2, ln, atty, branch (C each); qkv; the MLP's products and activation; one row of logits.
-  n.activations = rows * (5 * C + static_cast<size_t>(cfg.qkv_channels()) + (mlp_products + 1) * H) +
+  // x, residual2, ln, atty, branch (C each); qkv; the MLP's products and activation (with experts,
+  // ExpertWork's: K rows per row, and the experts' outputs and rows); one row of logits.
+  const size_t K = cfg.moe() ? cfg.experts_per_token : 0, E = cfg.num_experts;
+  const size_t mlp = cfg.moe() ? rows * K * (3 * H + 2 * C) : rows * (mlp_products + 1) * H;
+  n.activations = rows * (5 * C + static_cast<size_t>(cfg.qkv_channels())) + mlp +
                   static_cast<size_t>(cfg.padded_vocab_size);
   n.floats = rows * (2 + static_cast<size_t>(cfg.num_heads)) +
-             (cfg.positions == Positions::rope ? rows * static_cast<size_t>(cfg.head_size()) : 0);
-  n.tokens = rows;
+             (cfg.positions == Positions::rope ? rows * static_cast<size_t>(cfg.head_size()) : 0) +
+             rows * (2 * E + K);  // the router's logits, probabilities and gates
+  n.tokens = rows + (cfg.moe() ? 3 * rows * K + E + 1 : 0);  // and the experts' routing
   return n;
 }
 
@@ -110,8 +115,12 @@ class KvCacheDecoder {
     qkv_ = DeviceArray<Elem>(rows * static_cast<size_t>(cfg.qkv_channels()), "the decoder's qkv");
     atty_ = DeviceArray<Elem>(rows * C, "the decoder's attention output");
     branch_ = DeviceArray<Elem>(rows * C, "the decoder's branch output");
-    fch_ = DeviceArray<Elem>(rows * mlp_products * H, "the decoder's MLP products");
-    fch_act_ = DeviceArray<Elem>(rows * H, "the decoder's MLP activations");
+    if (cfg.moe()) {
+      experts_ = ExpertWork<Elem>(cfg, rows);
+    } else {
+      fch_ = DeviceArray<Elem>(rows * mlp_products * H, "the decoder's MLP products");
+      fch_act_ = DeviceArray<Elem>(rows * H, "the decoder's MLP activations");
+    }
     mean_ = DeviceArray<float>(rows, "the decoder's norm statistics");
     rstd_ = DeviceArray<float>(rows, "the decoder's norm statistics");
     lse_ = DeviceArray<float>(rows * static_cast<size_t>(cfg.num_heads), "the decoder's attention statistics");
@@ -178,9 +187,14 @@ class KvCacheDecoder {
       matmul_forward(branch_.get(), atty_.get(), param(kAttprojw, l), param(kAttprojb, l), n, C, C, s);
       residual_norm_forward(cfg_, residual2_.get(), ln_.get(), mean_.get(), rstd_.get(), x_.get(), branch_.get(),
                             param(kLn2w, l), param(kLn2b, l), n, s);
-      mlp_up_forward(cfg_, fch_.get(), fch_act_.get(), ln_.get(), param(kFcw, l), param(kFcb, l), param(kFc2w, l), n,
-                     H, s);
-      matmul_forward(branch_.get(), fch_act_.get(), param(kFcprojw, l), param(kFcprojb, l), n, H, C, s);
+      if (cfg_.moe()) {
+        expert_mlp_forward(cfg_, experts_.buffers(cfg_, n), branch_.get(), ln_.get(),
+                           {param(kRouterw, l), param(kFcw, l), param(kFc2w, l), param(kFcprojw, l)}, n, s);
+      } else {
+        mlp_up_forward(cfg_, fch_.get(), fch_act_.get(), ln_.get(), param(kFcw, l), param(kFcb, l), param(kFc2w, l),
+                       n, H, s);
+        matmul_forward(branch_.get(), fch_act_.get(), param(kFcprojw, l), param(kFcprojb, l), n, H, C, s);
+      }
       // The next layer's ln1, or after the last layer lnf.
       const bool last = l + 1 == L;
       residual_norm_forward(cfg_, x_.get(), ln_.get(), mean_.get(), rstd_.get(), residual2_.get(), branch_.get(),
@@ -205,6 +219,7 @@ class KvCacheDecoder {
   DeviceArray<Elem> x_, residual2_, ln_, qkv_, atty_, branch_, fch_, fch_act_, logits_;
   DeviceArray<float> mean_, rstd_, lse_;
   DeviceArray<float> rope_table_;  // RoPE: (max_len, HS) cos/sin pairs (rope.cuh)
+  ExpertWork<Elem> experts_;       // with experts: the mixture's buffers
 };
 
 // The tokens after `prompt`: prefill, then up to max_new_tokens tokens chosen by `settings`,

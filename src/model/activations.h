@@ -6,6 +6,7 @@
 #include "kernels/encoder.cuh"
 #include "kernels/global_norm.cuh"
 #include "kernels/layernorm.cuh"
+#include "kernels/moe_router.cuh"
 #include "kernels/rmsnorm.cuh"
 #include "src/base/device.h"
 #include "src/config/model_config.h"
@@ -16,6 +17,7 @@
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 // Activation recomputation and activation memory.
 //
@@ -52,15 +54,26 @@ struct ActivationCounts {
   size_t lnf = 0, logits = 0, branch = 0, dresidual = 0, dwide = 0;
   size_t output_grad = 0;  // pipeline: the gradient of a chunk's output received from the next stage (N_l, C)
   size_t douts = 0;        // zb-h1: the products' output gradients kept for the weight backward (deferred_gradients)
+  // Mixture of experts (expert_mlp.h), M = N·K expert rows: kept per layer, the experts' outputs
+  // (slices, M, C); work buffers, the permuted rows and their gradients (M, C) each.
+  size_t moe_out = 0, moe_rows = 0;
   // fp32 elements.
   size_t ln_stat = 0;  // each of ln1_rstd, ln2_rstd (and LayerNorm's ln1_mean, ln2_mean): (slices, N)
   size_t ln_mean = 0;  // ln_stat for LayerNorm, 0 for RMSNorm (no mean)
   size_t lse = 0;      // (slices, B, NH, T)
   size_t lnf_stat = 0, lnf_mean = 0, losses = 0, scratch = 0, norm_squared = 0;
   size_t classifier_stats = 0;  // tensor parallel: each lm-head chunk row's max and two sums
+  // Mixture of experts, fp32: kept per layer, the router's probabilities (slices, N, E) and gates
+  // (slices, N, K); per set, the probabilities' column sums over the micro-batch's layers (E); work
+  // buffers, the logits and their gradient (N, E), the gates' gradient (N, K), the auxiliary loss's
+  // gradient per probability (E).
+  size_t moe_probs = 0, moe_gate = 0, moe_prob_sums = 0, moe_logits = 0, moe_dgate = 0, moe_aux_grad = 0;
   // int elements.
   size_t tokens = 0;  // each of inputs, targets
   size_t buckets = 0;
+  // Mixture of experts, int: kept per layer, each row's experts, the slot each (row, k) goes to and
+  // each slot's row (slices, N, K) each, and the experts' slot offsets (slices, E + 1).
+  size_t moe_expert = 0, moe_slot = 0, moe_token = 0, moe_offsets = 0;
 };
 
 // The configuration of a model that runs micro-batches of B×seq_len tokens at setting `recompute`,
@@ -125,12 +138,14 @@ inline ActivationCounts activation_counts(const ModelConfig& cfg, int B, int seq
   n.atty = slices(BlockTensor::other) * N * Cl;
   n.residual2 = slices(BlockTensor::other) * Nl * C;
   n.qkv = slices(BlockTensor::other) * N * QKVl;
-  n.fch = slices(BlockTensor::other) * cfg.mlp_products() * N * Hl;
-  n.fch_gelu = slices(BlockTensor::fch_gelu) * N * Hl;
+  // An MLP's rows: each token's once, or with experts each token's K expert rows.
+  const size_t K = cfg.moe() ? cfg.experts_per_token : 1, M = N * K;
+  n.fch = slices(BlockTensor::other) * cfg.mlp_products() * M * Hl;
+  n.fch_gelu = slices(BlockTensor::fch_gelu) * M * Hl;
   n.lnf = n.branch = n.dresidual = N * C;
   n.logits = std::min(N, logits_rows) * Vl;
   n.classifier_stats = ways > 1 ? 3 * std::min(N, logits_rows) : 0;
-  n.dwide = N * std::max(Hl, QKVl);
+  n.dwide = std::max(M * Hl, N * QKVl);
   n.ln_stat = slices(BlockTensor::other) * Nl;
   n.ln_mean = cfg.norm == Norm::layernorm ? n.ln_stat : 0;
   n.lnf_mean = cfg.norm == Norm::layernorm ? Nl : 0;
@@ -141,11 +156,26 @@ inline ActivationCounts activation_counts(const ModelConfig& cfg, int B, int seq
       std::max({layernorm_backward_scratch_bytes(static_cast<int>(Nl), cfg.channels),
                 rmsnorm_backward_scratch_bytes(static_cast<int>(Nl), cfg.channels),
                 attention_backward_scratch_bytes(B, seq_len, static_cast<int>(NHl)),
-                encoder_backward_scratch_bytes(B, seq_len, cfg.channels), global_norm_scratch_bytes()});
+                encoder_backward_scratch_bytes(B, seq_len, cfg.channels), global_norm_scratch_bytes(),
+                cfg.moe() ? moe_router_input_backward_scratch_bytes(static_cast<int>(N), cfg.channels, cfg.num_experts)
+                          : size_t{0}});
   n.scratch = ceil_div(scratch_bytes, sizeof(float));
   n.norm_squared = 1;
   n.tokens = N;
   n.buckets = encoder_backward_buckets_bytes(B, seq_len) / sizeof(int);
+  if (cfg.moe()) {
+    const size_t E = cfg.num_experts, kept = slices(BlockTensor::other);
+    n.moe_out = kept * M * C;
+    n.moe_rows = 2 * M * C;
+    n.moe_probs = kept * N * E;
+    n.moe_gate = kept * N * K;
+    n.moe_prob_sums = E;
+    n.moe_logits = N * E;
+    n.moe_dgate = N * K;
+    n.moe_aux_grad = E;
+    n.moe_expert = n.moe_slot = n.moe_token = kept * N * K;
+    n.moe_offsets = kept * (E + 1);
+  }
   return n;
 }
 
@@ -176,7 +206,9 @@ inline DeferredGradients deferred_gradients(const ModelConfig& cfg, int B, int s
 // no logits at all.
 inline ActivationCounts pipeline_slot_counts(ActivationCounts n, bool first, bool head) {
   n.output_grad = n.lnf_stat * (n.lnf / n.losses);  // this rank's rows × C
-  if (!first) n.branch = n.dresidual = n.dwide = n.scratch = n.norm_squared = 0;
+  if (!first)
+    n.branch = n.dresidual = n.dwide = n.scratch = n.norm_squared = n.moe_rows = n.moe_logits = n.moe_dgate =
+        n.moe_aux_grad = 0;
   if (!first || !head) n.logits = n.classifier_stats = 0;
   return n;
 }
@@ -195,10 +227,13 @@ struct ActivationBytes {
 inline ActivationBytes activation_bytes(const ActivationCounts& n, DType dtype) {
   const size_t t = dtype == DType::fp32 ? sizeof(float) : sizeof(bf16), f = sizeof(float);
   ActivationBytes bytes;
-  bytes.blocks = t * (n.encoded + n.residual3 + n.ln1 + n.atty + n.residual2 + n.ln2 + n.qkv + n.fch + n.fch_gelu) +
-                 f * (2 * n.ln_stat + 2 * n.ln_mean + n.lse);
-  bytes.other = t * (n.lnf + n.logits + n.branch + n.dresidual + n.dwide + n.output_grad + n.douts) +
-                f * (n.lnf_stat + n.lnf_mean + n.losses + n.scratch + n.norm_squared + n.classifier_stats) +
+  bytes.blocks = t * (n.encoded + n.residual3 + n.ln1 + n.atty + n.residual2 + n.ln2 + n.qkv + n.fch + n.fch_gelu +
+                      n.moe_out) +
+                 f * (2 * n.ln_stat + 2 * n.ln_mean + n.lse + n.moe_probs + n.moe_gate) +
+                 sizeof(int) * (n.moe_expert + n.moe_slot + n.moe_token + n.moe_offsets);
+  bytes.other = t * (n.lnf + n.logits + n.branch + n.dresidual + n.dwide + n.output_grad + n.douts + n.moe_rows) +
+                f * (n.lnf_stat + n.lnf_mean + n.losses + n.scratch + n.norm_squared + n.classifier_stats +
+                     n.moe_prob_sums + n.moe_logits + n.moe_dgate + n.moe_aux_grad) +
                 sizeof(int) * (2 * n.tokens + n.buckets);
   return bytes;
 }
@@ -238,6 +273,13 @@ struct Activations {
   DeviceArray<float> norm_squared;              // (1)
   DeviceArray<int> inputs, targets;             // (N)
   DeviceArray<int> buckets;                     // encoder-backward bucket list
+  // Mixture of experts (ActivationCounts' moe_ fields; expert_mlp.h).
+  DeviceArray<Elem> moe_out, moe_rows;
+  DeviceArray<float> moe_probs, moe_gate, moe_prob_sums, moe_logits, moe_dgate, moe_aux_grad;
+  DeviceArray<int> moe_expert, moe_slot, moe_token, moe_offsets;
+  // Every layer's expert slot offsets on the host (L, E + 1), whatever the recompute setting: the
+  // per-expert products' row counts, and the auxiliary loss's expert counts.
+  std::vector<int> moe_host_offsets;
 
   Activations() = default;
   explicit Activations(const ActivationCounts& n)
@@ -270,7 +312,19 @@ struct Activations {
         norm_squared(n.norm_squared, "gradient norm"),
         inputs(n.tokens, "input tokens"),
         targets(n.tokens, "target tokens"),
-        buckets(n.buckets, "encoder-gradient buckets") {}
+        buckets(n.buckets, "encoder-gradient buckets"),
+        moe_out(n.moe_out, "activations (experts' outputs)"),
+        moe_rows(n.moe_rows, "activations (expert rows and their gradients)"),
+        moe_probs(n.moe_probs, "activations (router probabilities)"),
+        moe_gate(n.moe_gate, "activations (expert gates)"),
+        moe_prob_sums(n.moe_prob_sums, "router probability sums"),
+        moe_logits(n.moe_logits, "router logits and their gradient"),
+        moe_dgate(n.moe_dgate, "expert gates' gradient"),
+        moe_aux_grad(n.moe_aux_grad, "the auxiliary loss's gradient"),
+        moe_expert(n.moe_expert, "activations (routed experts)"),
+        moe_slot(n.moe_slot, "activations (expert slots)"),
+        moe_token(n.moe_token, "activations (expert slots' rows)"),
+        moe_offsets(n.moe_offsets, "activations (expert slot offsets)") {}
 
   // The sum of the buffers allocated, which model_activation_bytes(...).total() predicts.
   size_t bytes() const {
@@ -278,8 +332,12 @@ struct Activations {
     for (size_t b : {encoded.bytes(), ln1.bytes(), atty.bytes(), residual2.bytes(), ln2.bytes(), residual3.bytes(),
                      qkv.bytes(), fch.bytes(), fch_gelu.bytes(), ln1_mean.bytes(), ln1_rstd.bytes(), ln2_mean.bytes(),
                      ln2_rstd.bytes(), lse.bytes(), lnf.bytes(), lnf_mean.bytes(), lnf_rstd.bytes(), logits.bytes(),
-                     losses.bytes(), classifier_stats.bytes(), branch.bytes(), dresidual.bytes(), dwide.bytes(), output_grad.bytes(), douts.bytes(), scratch.bytes(),
-                     norm_squared.bytes(), inputs.bytes(), targets.bytes(), buckets.bytes()})
+                     losses.bytes(), classifier_stats.bytes(), branch.bytes(), dresidual.bytes(), dwide.bytes(),
+                     output_grad.bytes(), douts.bytes(), scratch.bytes(), norm_squared.bytes(), inputs.bytes(),
+                     targets.bytes(), buckets.bytes(), moe_out.bytes(), moe_rows.bytes(), moe_probs.bytes(),
+                     moe_gate.bytes(), moe_prob_sums.bytes(), moe_logits.bytes(), moe_dgate.bytes(),
+                     moe_aux_grad.bytes(), moe_expert.bytes(), moe_slot.bytes(), moe_token.bytes(),
+                     moe_offsets.bytes()})
       total += b;
     return total;
   }

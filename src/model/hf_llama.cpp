@@ -79,12 +79,14 @@ RopeConfig read_rope(const json& config, const std::string& path) {
   return rope;
 }
 
-// What a Llama config.json may say that the transformer we train does not do: refused by key.
-void refuse_unsupported(const json& config, const std::string& path) {
+// What a Llama or Mixtral config.json may say that the transformer we train does not do: refused
+// by key. Returns whether it is a Mixtral (a mixture of experts).
+bool refuse_unsupported(const json& config, const std::string& path) {
   const std::string type = config.value("model_type", std::string());
-  if (type != "llama")
+  if (type != "llama" && type != "mixtral")
     throw std::runtime_error(path + ": key model_type is " + (type.empty() ? "missing" : "\"" + type + "\"") +
-                             ", expected \"llama\"");
+                             ", expected \"llama\" or \"mixtral\"");
+  const bool mixtral = type == "mixtral";
   for (const char* key : {"attention_bias", "mlp_bias"}) {
     const bool no = false;
     if (config_value<bool>(config, path, key, &no))
@@ -92,12 +94,22 @@ void refuse_unsupported(const json& config, const std::string& path) {
   }
   for (const auto& item : config.items()) {
     const std::string& key = item.key();
-    if ((key.find("expert") != std::string::npos || key.rfind("moe", 0) == 0) && !item.value().is_null())
-      throw std::runtime_error(path + ": key " + key + " describes a mixture of experts; train_gpt trains dense models");
+    if (!mixtral && (key.find("expert") != std::string::npos || key.rfind("moe", 0) == 0) && !item.value().is_null())
+      throw std::runtime_error(path + ": key " + key + " describes a mixture of experts, and model_type is \"llama\"");
+  }
+  if (mixtral) {
+    const float no_noise = 0.0f;
+    if (config_value<float>(config, path, "router_jitter_noise", &no_noise) != 0.0f)
+      throw std::runtime_error(path + ": key router_jitter_noise is not 0; train_gpt's router adds no noise");
+    const auto window = config.find("sliding_window");
+    if (window != config.end() && !window->is_null())
+      throw std::runtime_error(path + ": key sliding_window is " + window->dump() + "; train_gpt's attention is causal "
+                               "over the whole sequence (null)");
   }
   const auto act = config.find("hidden_act");
   if (act != config.end() && *act != "silu")
     throw std::runtime_error(path + ": key hidden_act is " + act->dump() + ", expected \"silu\" (SwiGLU)");
+  return mixtral;
 }
 
 // Meta's row 2i + j of a head is Hugging Face's row j·HS/2 + i (j in {0, 1}, i < HS/2).
@@ -124,6 +136,17 @@ struct HfPiece {
 std::vector<HfPiece> hf_pieces(const ModelConfig& c, int i, int layer) {
   const int64_t C = c.channels, V = c.vocab_size, H = c.hidden(), HS = c.head_size();
   const std::string p = "model.layers." + std::to_string(layer) + ".";
+  if (c.moe() && (i == kRouterw || i == kFcw || i == kFc2w || i == kFcprojw)) {  // Mixtral's names
+    if (i == kRouterw) return {{p + "block_sparse_moe.gate.weight", {c.num_experts, C}}};
+    std::vector<HfPiece> experts;
+    for (int j = 0; j < c.num_experts; ++j) {
+      const std::string e = p + "block_sparse_moe.experts." + std::to_string(j) + ".";
+      if (i == kFcw) experts.push_back({e + "w1.weight", {H, C}});
+      if (i == kFc2w) experts.push_back({e + "w3.weight", {H, C}});
+      if (i == kFcprojw) experts.push_back({e + "w2.weight", {C, H}});
+    }
+    return experts;
+  }
   switch (i) {
     case kWte: return {{"model.embed_tokens.weight", {V, C}}};
     case kLn1w: return {{p + "input_layernorm.weight", {C}}};
@@ -234,7 +257,7 @@ ModelConfig read_hf_llama_config(const std::string& dir) {
                              "Hugging Face Llama directory");
   const json config = read_json(path);
   if (!config.is_object()) throw std::runtime_error(path + ": expected a JSON object");
-  refuse_unsupported(config, path);
+  const bool mixtral = refuse_unsupported(config, path);
   const int channels = config_value<int>(config, path, "hidden_size", nullptr);
   const int heads = config_value<int>(config, path, "num_attention_heads", nullptr);
   const int default_context = 2048;
@@ -248,6 +271,12 @@ ModelConfig read_hf_llama_config(const std::string& dir) {
                                 config_value<bool>(config, path, "tie_word_embeddings", &untied));
   c.norm_eps = config_value<float>(config, path, "rms_norm_eps", &default_eps);
   c.padded_vocab_size = (c.vocab_size + 7) / 8 * 8;
+  if (mixtral) {  // softmax top-K routing with gates renormalised over the K; Hugging Face's default coefficient
+    const float default_coef = 0.001f;
+    c = with_experts(c, config_value<int>(config, path, "num_local_experts", nullptr),
+                     config_value<int>(config, path, "num_experts_per_tok", nullptr), Router::softmax,
+                     config_value<float>(config, path, "router_aux_loss_coef", &default_coef));
+  }
   if (heads > 0 && channels % heads == 0) {
     const int head_size = channels / heads;
     if (config_value<int>(config, path, "head_dim", &head_size) != head_size)
@@ -295,7 +324,7 @@ void read_hf_llama_tensors(const std::string& dir, const ModelConfig& config,
   for (const auto& name : files.names()) {
     const bool derived = name.first.find("rotary_emb.inv_freq") != std::string::npos;  // a buffer, not a weight
     if (!used.count(name.first) && !derived)
-      throw std::runtime_error(dir + ": tensor " + name.first + " is not part of train_gpt's Llama (a bias? experts?)");
+      throw std::runtime_error(dir + ": tensor " + name.first + " is not part of train_gpt's Llama or Mixtral (a bias?)");
   }
 }
 
@@ -303,6 +332,9 @@ void check_hf_export(const ModelConfig& c, const std::string& dir) {
   if (!c.is_llama())
     throw std::runtime_error(dir + ": a Hugging Face directory is written for Llama 3 models only; this one is GPT-2's (" +
                              describe(c) + "; dev/export_hf.py exports GPT-2)");
+  if (c.moe() && c.router != Router::softmax)
+    throw std::runtime_error(dir + ": a Hugging Face Mixtral routes by softmax; this model's router is " +
+                             router_name(c.router));
   struct stat st {};
   if (::stat(dir.c_str(), &st) == 0 ? !S_ISDIR(st.st_mode) : !is_directory(parent_directory(dir)))
     throw std::runtime_error(dir + ": expected a directory, or a new name in an existing one");
@@ -346,7 +378,8 @@ void write_hf_llama(const std::string& dir, const ModelConfig& c, DType dtype,
                     {"high_freq_factor", json_float(c.rope.high_freq_factor)},
                     {"original_max_position_embeddings", c.rope.original_context}};
   nlohmann::ordered_json config = {
-      {"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"hidden_size", c.channels},
+      {"architectures", {c.moe() ? "MixtralForCausalLM" : "LlamaForCausalLM"}},
+      {"model_type", c.moe() ? "mixtral" : "llama"}, {"hidden_size", c.channels},
       {"intermediate_size", c.hidden()}, {"num_hidden_layers", c.num_layers}, {"num_attention_heads", c.num_heads},
       {"num_key_value_heads", c.kv_heads()}, {"head_dim", c.head_size()}, {"vocab_size", c.vocab_size},
       {"max_position_embeddings", c.max_seq_len}, {"rms_norm_eps", json_float(c.norm_eps)},
@@ -354,6 +387,16 @@ void write_hf_llama(const std::string& dir, const ModelConfig& c, DType dtype,
       {"tie_word_embeddings", c.tied_embeddings}, {"attention_bias", false}, {"mlp_bias", false},
       {"hidden_act", "silu"}, {"torch_dtype", dtype == DType::fp32 ? "float32" : "bfloat16"},
       {"initializer_range", 0.02}, {"pretraining_tp", 1}, {"use_cache", true}};
+  if (c.moe()) {
+    config["num_local_experts"] = c.num_experts;
+    config["num_experts_per_tok"] = c.experts_per_token;
+    config["router_aux_loss_coef"] = json_float(c.aux_loss_coef);
+    config["router_jitter_noise"] = 0.0;
+    config["output_router_logits"] = false;
+    config["sliding_window"] = nullptr;
+    config.erase("pretraining_tp");
+    config.erase("mlp_bias");
+  }
   if (c.vocab_size == kLlama3VocabSize) {  // Meta's vocabulary: its <|begin_of_text|> and <|end_of_text|>
     config["bos_token_id"] = kLlama3BeginOfText;
     config["eos_token_id"] = kLlama3EndOfText;

@@ -5,7 +5,8 @@
 // rotate-half RoPE (row j·HS/2 + i holds Meta's row 2i + j); our RoPE rotates Meta's adjacent
 // pairs, so reading undoes the permutation and writing applies it. Everything we do not implement
 // (another RoPE scaling, biases, experts, a tie flag the tensors contradict) is refused in one
-// line naming the key, tensor or file.
+// line naming the key, tensor or file. A Mixtral directory (model_type "mixtral": MixtralForCausalLM)
+// is the same with each MLP a mixture of experts: block_sparse_moe.gate and experts.{j}.w1/w2/w3.
 #pragma once
 #include "src/config/model_config.h"
 

@@ -61,6 +61,10 @@ inline std::array<int32_t, kHeaderInts> model_file_header(const ModelConfig& c, 
   float_slot(23, c.rope.factor);
   float_slot(24, c.rope.low_freq_factor);
   float_slot(25, c.rope.high_freq_factor);
+  header[26] = c.num_experts;  // 0: the dense MLP
+  header[27] = c.experts_per_token;
+  header[28] = c.router == Router::sigmoid ? 1 : 0;
+  float_slot(29, c.aux_loss_coef);
   return header;
 }
 
@@ -85,6 +89,13 @@ inline ModelConfig llama_model_config(const int32_t* header, size_t body_bytes, 
     c.padded_vocab_size = header[17];
     c.hidden_size = header[18];
     c.norm_eps = float_slot(21);
+    c.num_experts = header[26];
+    c.experts_per_token = header[27];
+    c.router = header[28] == 1 ? Router::sigmoid : Router::softmax;
+    c.aux_loss_coef = float_slot(29);
+    if (header[28] != 0 && header[28] != 1)
+      throw std::runtime_error(path + ": router kind " + std::to_string(header[28]) +
+                               " in header slot 28 (expected 0: softmax or 1: sigmoid)");
     return c;
   }
   // Every tensor but the MLP's three (3·L·H·C elements) has a size the header gives.

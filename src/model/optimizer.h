@@ -26,11 +26,21 @@ struct OptimizerSettings {
 // parameters, which are updated themselves) at segment.state.
 // The number tensor i's rounding seed is drawn for: GPT-2's 16 tensors keep the numbers they had
 // before Llama's fc2w and lm_head joined the layout (so GPT-2's bf16 updates keep their bits),
-// fc2w and lm_head come after them.
+// fc2w and lm_head come after them (16, 17), and the experts' router and expert_bias after those.
 inline int rounding_stream(int tensor) {
-  if (tensor == kFc2w) return kNumParameterTensors - 2;
-  if (tensor == kLmHead) return kNumParameterTensors - 1;
-  return tensor < kFc2w ? tensor : tensor - 1;
+  switch (tensor) {
+    case kFcw: return 10;
+    case kFcb: return 11;
+    case kFcprojw: return 12;
+    case kFcprojb: return 13;
+    case kLnfw: return 14;
+    case kLnfb: return 15;
+    case kFc2w: return 16;
+    case kLmHead: return 17;
+    case kRouterw: return 18;
+    case kExpertBias: return 19;
+    default: return tensor;  // wte .. ln2b: 0 .. 9
+  }
 }
 
 template <typename Elem>

@@ -110,6 +110,7 @@ class Transformer {
       fp8_.emplace(*fp8, std::accumulate(stage().chunks.begin(), stage().chunks.end(), 0), rows(),
                    fp8_product_shapes(cfg_, split_.size()), std::vector<Communicator*>{tp_comm, comm}, stream_.get());
     }
+    if (cfg_.moe()) experts_ = ExpertStep(static_cast<int>(stage().layers.size()), cfg_.num_experts);
     reset_training_state();
     for (int c = 0, first = 0; c < static_cast<int>(stage().chunks.size()); first += stage().chunks[c++])
       chunk_first_.push_back(first);
@@ -174,6 +175,8 @@ class Transformer {
   // The FP8 state (nullptr without --fp8): its scales and histories are checkpointed.
   Fp8State* fp8_state() { return fp8_ ? &*fp8_ : nullptr; }
   const Fp8State* fp8_state() const { return fp8_ ? &*fp8_ : nullptr; }
+  // With experts: the routing figures of the step since zero_grad() (expert_mlp.h).
+  const ExpertStats& expert_stats() const { return experts_.stats; }
   float* adam_m_device() const { return adam_m_.get(); }
   float* adam_v_device() const { return adam_v_.get(); }
   float* master_device() const { return params_.master(); }
@@ -275,8 +278,9 @@ class Transformer {
   void backward_pass(int slot, int c, int micro_steps) {
     Activations<Elem>& a = slots_[slot];
     grads_.begin_micro_step(false);
+    objective_scale_ = 1.0f / (static_cast<float>(micro_steps) * grads_.ranks_summed());
     if (head_at(c)) {
-      const float dloss = 1.0f / (static_cast<float>(rows()) * static_cast<float>(micro_steps) * grads_.ranks_summed());
+      const float dloss = objective_scale_ / static_cast<float>(rows());
       head_.queue(a, slots_[0], param(lm_head_tensor()), grad(lm_head_tensor()), tp_, rows(), cfg_.channels, true,
                   dloss, true, stream_.get());
       classifier_loss_sum(totals_.loss_sum(), a.losses.get(), rows(), stream_.get());
@@ -318,6 +322,7 @@ class Transformer {
   void zero_grad() {
     grads_.zero();
     if (fp8_) fp8_->begin_step();
+    experts_.reset(stream_.get());
     totals_.zero(stream_.get());
     micro_steps_ = 0;
   }
@@ -424,7 +429,8 @@ class Transformer {
     Activations<Elem>& a = slots_[0];
     upload_tokens(a, 0, inputs, targets, true, prepared);
     Passes::queue_chunk_forward(*this, a, 0);
-    const float dloss = 1.0f / (static_cast<float>(rows()) * static_cast<float>(grad_accum_steps) * grads_.ranks_summed());
+    objective_scale_ = 1.0f / (static_cast<float>(grad_accum_steps) * grads_.ranks_summed());
+    const float dloss = objective_scale_ / static_cast<float>(rows());
     grads_.begin_micro_step(last_micro_step);
     head_.queue(a, a, param(lm_head_tensor()), grad(lm_head_tensor()), tp_, rows(), cfg_.channels, true, dloss, true,
                 stream_.get());
@@ -488,5 +494,7 @@ class Transformer {
   std::optional<ContextAttention<Elem>> ring_;     // the attention with context parallelism
   DeviceArray<float> gathered_losses_;              // the CP group's losses (its ranks' rows in turn)
   std::optional<Fp8State> fp8_;                     // --fp8's scales, weight copies and casts
+  float objective_scale_ = 0.0f;  // a micro-batch's mean loss's weight in the step's gradient
+  ExpertStep experts_;            // with experts: the step's routing counts and figures
 };
 

@@ -14,6 +14,7 @@
 #include "src/model/activations.h"
 #include "src/model/attention.h"
 #include "src/model/block_ops.h"
+#include "src/model/expert_mlp.h"
 #include "src/model/linear.h"
 
 #include <cstddef>
@@ -36,8 +37,10 @@ struct TransformerPasses {
   // projection's output is left in the work set's branch. Products and attention run on every row
   // with this rank's heads and hidden units; the row-parallel products' partial sums are summed
   // over the TP group (tp_collectives.h). With RoPE, q and k are rotated in place in the qkv
-  // product's output, which the attention backward then reads.
-  static void block_forward(Transformer<Elem>& m, Activations<Elem>& a, int l, int j);
+  // product's output, which the attention backward then reads. With experts the MLP runs here
+  // whole, its output in the work set's branch (expert_mlp.h); `rerun`: the backward recomputing
+  // the block (its router probabilities are not summed again).
+  static void block_forward(Transformer<Elem>& m, Activations<Elem>& a, int l, int j, bool rerun = false);
 
   // Chunk c's forward in set a, from its input (embedded here when c embeds, else received into
   // a.encoded's rows) to its output: the head's lnf, or the last layer's residual3 for the next stage.
@@ -59,6 +62,10 @@ struct TransformerPasses {
 
   // With --fp8: the weights' FP8 copies, remade if the weights changed since they were made.
   static void refresh_fp8_weights(Transformer<Elem>& m);
+
+  // Layer l's expert weights and their gradients (expert_mlp.h).
+  static ExpertWeights<Elem> expert_weights(const Transformer<Elem>& m, int l);
+  static ExpertGradients<Elem> expert_gradients(const Transformer<Elem>& m, int l);
 
   // RoPE of q and k in place in qkv (every row), forward or backward (the gradient's inverse rotation).
   static void rotate(Transformer<Elem>& m, Elem* qkv, bool backward);
@@ -104,6 +111,16 @@ void TransformerPasses<Elem>::refresh_fp8_weights(Transformer<Elem>& m) {
 }
 
 template <typename Elem>
+ExpertWeights<Elem> TransformerPasses<Elem>::expert_weights(const Transformer<Elem>& m, int l) {
+  return {m.param(kRouterw, l), m.param(kFcw, l), m.param(kFc2w, l), m.param(kFcprojw, l)};
+}
+
+template <typename Elem>
+ExpertGradients<Elem> TransformerPasses<Elem>::expert_gradients(const Transformer<Elem>& m, int l) {
+  return {m.grad(kRouterw, l), m.grad(kFcw, l), m.grad(kFc2w, l), m.grad(kFcprojw, l)};
+}
+
+template <typename Elem>
 const Elem* TransformerPasses<Elem>::block_input(const Transformer<Elem>& m, const Activations<Elem>& a, int j) {
   const size_t rows_c = static_cast<size_t>(m.tp_.local_rows()) * m.cfg_.channels;
   return j == 0 ? m.tp_.local(a.encoded.get(), m.cfg_.channels) : a.residual3.get() + (j - 1) * rows_c;
@@ -118,7 +135,7 @@ void TransformerPasses<Elem>::norm_rows(Transformer<Elem>& m, Elem* ln, float* m
 }
 
 template <typename Elem>
-void TransformerPasses<Elem>::block_forward(Transformer<Elem>& m, Activations<Elem>& a, int l, int j) {
+void TransformerPasses<Elem>::block_forward(Transformer<Elem>& m, Activations<Elem>& a, int l, int j, bool rerun) {
   const int N = m.rows(), C = m.cfg_.channels, Nl = m.tp_.local_rows();
   const size_t NC = static_cast<size_t>(N) * C, Ncl = static_cast<size_t>(N) * m.cl_,
                Nh = static_cast<size_t>(N) * m.hl_;
@@ -139,6 +156,9 @@ void TransformerPasses<Elem>::block_forward(Transformer<Elem>& m, Activations<El
                         layer_slice(a.ln2_mean, j, Nl), layer_slice(a.ln2_rstd, j, Nl), block_input(m, a, j), attproj,
                         m.param(kLn2w, l), m.param(kLn2b, l), Nl, s);
   m.tp_.gather(ln2, C);
+  if (m.cfg_.moe())
+    return expert_mlp_forward(m.cfg_, expert_buffers(m.cfg_, a, w, j, N, rerun ? nullptr : m.experts_.counts(l)),
+                              w.branch.get(), ln2, expert_weights(m, l), N, s);
   mlp_up_forward(m.cfg_, layer_slice(a.fch, j, m.cfg_.mlp_products() * Nh), layer_slice(a.fch_gelu, j, Nh), ln2,
                  m.param(kFcw, l), m.param(kFcb, l), m.param(kFc2w, l), N, m.hl_, s, fp8, l);
 }
@@ -154,6 +174,8 @@ void TransformerPasses<Elem>::queue_chunk_forward(Transformer<Elem>& m, Activati
   m.params_.begin_pass(true);
   m.params_.enter_layer(first);
   refresh_fp8_weights(m);
+  if (m.cfg_.moe())  // the micro-batch's router probability sums (expert_mlp.h's auxiliary loss)
+    cuda_check(cudaMemsetAsync(a.moe_prob_sums.get(), 0, a.moe_prob_sums.bytes(), s), "zeroing router sums");
   if (m.embeds_at(c)) {
     // Each TP rank embeds the tokens of its vocabulary rows (zero for the others); the sum over
     // the group is the embedding, wpe (learned positions) added once: each piece's rows of it.
@@ -171,9 +193,10 @@ void TransformerPasses<Elem>::queue_chunk_forward(Transformer<Elem>& m, Activati
   for (int j = 0; j < n; ++j) {
     const int l = first + j;
     block_forward(m, a, l, j);
-    linear_forward({m.fp8_state(), l, Fp8Product::fcproj}, w.branch.get(),
-                   layer_slice(a.fch_gelu, j, static_cast<size_t>(N) * m.hl_), m.param(kFcprojw, l),
-                   m.tp_.once(m.param(kFcprojb, l)), N, m.hl_, C, s);
+    if (!m.cfg_.moe())
+      linear_forward({m.fp8_state(), l, Fp8Product::fcproj}, w.branch.get(),
+                     layer_slice(a.fch_gelu, j, static_cast<size_t>(N) * m.hl_), m.param(kFcprojw, l),
+                     m.tp_.once(m.param(kFcprojb, l)), N, m.hl_, C, s);
     const Elem* fcproj = m.tp_.reduce(w.branch.get(), C);
     Elem* residual3 = a.residual3.get() + j * NlC;
     const Elem* residual2 = layer_slice(a.residual2, j, NlC);
@@ -230,6 +253,7 @@ void TransformerPasses<Elem>::queue_chunk_backward(Transformer<Elem>& m, Activat
   };
   auto weight_grad = [&](int tensor, int l) { return defer ? nullptr : m.grad(tensor, l); };
   Fp8State* fp8 = m.fp8_state();
+  if (m.cfg_.moe()) expert_aux_gradient(m.cfg_, a, w, n, N, m.objective_scale_, m.experts_.stats, s);
   m.params_.begin_pass(false);
   for (int j = n - 1; j >= 0; --j) {
     const int l = first + j;
@@ -252,20 +276,27 @@ void TransformerPasses<Elem>::queue_chunk_backward(Transformer<Elem>& m, Activat
     // rewritten with the values they hold).
     if (rerun_block) {
       norm_rows(m, ln1, ln1_mean, ln1_rstd, residual, l, kLn1w);
-      block_forward(m, a, l, j);
+      block_forward(m, a, l, j, true);
     }
-    if (recompute_act) mlp_activation_forward(m.cfg_, fch_gelu, fch, N, m.hl_, s);
-    // MLP branch; dresidual = d/d residual3 = d/d fcproj.
+    // MLP branch; dresidual = d/d residual3 = d/d fcproj (with experts: d/d the combined output).
     m.tp_.gather(dresidual_rows, C);
-    linear_backward({fp8, l, Fp8Product::fcproj}, dwide, weight_grad(kFcprojw, l),
-                    m.tp_.replicated_grad(m.grad(kFcprojb, l)), nullptr, dresidual_rows, fch_gelu,
-                    m.param(kFcprojw, l), nullptr, N, m.hl_, C, s);
-    keep(j, kept.fcproj, dresidual_rows, NC);
-    if (recompute_ln) norm_rows(m, ln2, ln2_mean, ln2_rstd, residual2, l, kLn2w);
-    mlp_up_backward(m.cfg_, dbranch, weight_grad(kFcw, l), m.grad(kFcb, l), weight_grad(kFc2w, l), dwide, fch, ln2,
-                    m.param(kFcw, l), m.param(kFc2w, l), N, m.hl_, s, [&] { m.tp_.start_reduce(dbranch, C); }, fp8,
-                    l);
-    if (m.cfg_.mlp == Mlp::gelu) keep(j, kept.fc, dwide, Nh);  // GELU's g (SwiGLU's stay in fch)
+    if (m.cfg_.moe()) {
+      if (recompute_ln) norm_rows(m, ln2, ln2_mean, ln2_rstd, residual2, l, kLn2w);
+      expert_mlp_backward(m.cfg_, a, w, j, dbranch, expert_gradients(m, l), dresidual_rows, ln2, expert_weights(m, l),
+                          N, recompute_act, s);
+      m.tp_.start_reduce(dbranch, C);
+    } else {
+      if (recompute_act) mlp_activation_forward(m.cfg_, fch_gelu, fch, N, m.hl_, s);
+      linear_backward({fp8, l, Fp8Product::fcproj}, dwide, weight_grad(kFcprojw, l),
+                      m.tp_.replicated_grad(m.grad(kFcprojb, l)), nullptr, dresidual_rows, fch_gelu,
+                      m.param(kFcprojw, l), nullptr, N, m.hl_, C, s);
+      keep(j, kept.fcproj, dresidual_rows, NC);
+      if (recompute_ln) norm_rows(m, ln2, ln2_mean, ln2_rstd, residual2, l, kLn2w);
+      mlp_up_backward(m.cfg_, dbranch, weight_grad(kFcw, l), m.grad(kFcb, l), weight_grad(kFc2w, l), dwide, fch, ln2,
+                      m.param(kFcw, l), m.param(kFc2w, l), N, m.hl_, s, [&] { m.tp_.start_reduce(dbranch, C); },
+                      fp8, l);
+      if (m.cfg_.mlp == Mlp::gelu) keep(j, kept.fc, dwide, Nh);  // GELU's g (SwiGLU's stay in fch)
+    }
     norm_backward(m.cfg_, dresidual, m.grad(kLn2w, l), m.grad(kLn2b, l), scratch, m.tp_.finish_reduce(dbranch, C),
                   residual2, m.param(kLn2w, l), ln2_mean, ln2_rstd, Nl, s);
     // Attention branch; dresidual = d/d residual2 = d/d attproj.

@@ -35,8 +35,14 @@ std::string format_step_line(const StepRecord& r) {
   std::snprintf(buf, sizeof buf, "step %*lld/%lld | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s%s | ETA %s",
                 static_cast<int>(std::to_string(r.total_steps).size()), r.step, r.total_steps, r.train_loss, r.lr,
                 r.grad_norm, r.ms, r.tokens_per_s, mfu, format_duration(r.eta_seconds).c_str());
-  if (!r.skipped.empty()) return std::string(buf) + " | update skipped: " + r.skipped;
-  return buf;
+  std::string line = buf;
+  if (r.experts) {
+    char experts[96];
+    std::snprintf(experts, sizeof experts, " | aux %.4f | imbalance %.2f", r.experts->aux_loss, r.experts->imbalance);
+    line += experts;
+  }
+  if (!r.skipped.empty()) line += " | update skipped: " + r.skipped;
+  return line;
 }
 
 std::string format_val_line(long long step, long long total_steps, double val_loss) {
@@ -99,6 +105,11 @@ void MetricsLog::train_step(const StepRecord& r) {
   nlohmann::ordered_json record = {{"step", r.step}, {"train_loss", r.train_loss}, {"lr", r.lr},
                                    {"grad_norm", r.grad_norm}, {"ms", r.ms}, {"tokens_per_s", r.tokens_per_s}};
   if (std::isfinite(r.mfu)) record["mfu"] = r.mfu;
+  if (r.experts) {
+    record["aux_loss"] = r.experts->aux_loss;
+    record["expert_tokens"] = r.experts->tokens;
+    record["expert_imbalance"] = r.experts->imbalance;
+  }
   if (!r.skipped.empty()) record["skipped"] = r.skipped;
   write(record);
 }

@@ -6,6 +6,9 @@
 //   {"step": k, "sample": "<prompt and continuation>"}   (--sample-every; invalid UTF-8 as U+FFFD)
 // "mfu" is a fraction (0.41 = 41%), absent when the GPU's peak is unknown (src/run/throughput.h).
 // A step whose update was skipped (src/model/step_guards.h) has one more key, "skipped": "<why>".
+// A mixture of experts adds the step's routing on rank 0 (src/model/expert_mlp.h): "aux_loss" (the
+// load-balancing loss, mean over micro-batches), "expert_tokens" (rows routed to each expert, over
+// every layer and micro-batch) and "expert_imbalance" (the most-loaded expert's tokens / the mean).
 // Each line goes to the file with one write() on a descriptor opened for appending, so it lands
 // whole at the end of the file as soon as the step is done: a crash of the process, or a
 // `tail -f`, sees every finished record and never half of one. Non-finite values are written as
@@ -16,8 +19,22 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include <cmath>
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
+
+// A mixture of experts' routing in one step (see above).
+struct ExpertFigures {
+  std::vector<int64_t> tokens;
+  double aux_loss = 0, imbalance = 0;
+};
+
+// ExpertFigures of a model's routing statistics (src/model/expert_mlp.h's ExpertStats).
+template <typename Stats>
+ExpertFigures expert_figures(const Stats& s) {
+  return {s.tokens, s.aux_loss(), s.imbalance()};
+}
 
 struct StepRecord {
   long long step = 0, total_steps = 0;
@@ -25,6 +42,7 @@ struct StepRecord {
   double eta_seconds = 0;  // estimated time for the remaining steps
   double mfu = NAN;        // model FLOPs utilization (src/run/throughput.h); NaN: the GPU's peak is unknown
   std::string skipped;     // why the update was not applied (src/model/step_guards.h); empty: applied
+  std::optional<ExpertFigures> experts;  // a mixture of experts' routing
 };
 
 // "45s", "12m05s", "3h07m".

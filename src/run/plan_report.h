@@ -244,6 +244,7 @@ inline int print_memory_plan(TrainConfig cfg) {
   const ModelConfig model = resolve_model(cfg, std::nullopt, &source);
   validate_against_model(cfg, model.max_seq_len, source);
   validate_fp8_shapes(cfg, model, source);
+  validate_experts(cfg, model, source);
   with_context("model " + source, [&] { choose_attention(cfg.attention, dtype_named(cfg.dtype), model); });
   check_micro_batch(model, cfg.batch_size, cfg.seq_len, cfg.recompute);
   check_tensor_split(model, cfg.tp, "--tp");

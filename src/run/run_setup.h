@@ -37,21 +37,42 @@ struct RunSetup {
   std::unique_ptr<AtomicFileWriter> eval_losses;  // rank 0 of --eval with --eval-losses, open from start-up
 };
 
+// The preset `model` with --moe-experts, --moe-top-k and --moe-router applied (checked: one line naming
+// the flag); *source says so.
+inline ModelConfig preset_experts(const TrainConfig& cfg, ModelConfig model, std::string* source) {
+  if (!cfg.was_set("moe-experts") && !cfg.was_set("moe-top-k") && !cfg.was_set("moe-router")) return model;
+  if (!model.is_llama())
+    throw std::invalid_argument("--moe-experts/--moe-top-k/--moe-router: experts replace a Llama 3 MLP; preset " +
+                                cfg.model + " is GPT-2's architecture");
+  const int E = cfg.moe_experts > 0 ? cfg.moe_experts : model.num_experts;
+  const int K = cfg.moe_top_k > 0 ? cfg.moe_top_k : model.experts_per_token;
+  if (E == 0) throw std::invalid_argument("--moe-top-k/--moe-router: preset " + cfg.model + " has no experts: give --moe-experts E");
+  if (K < 1 || K > E)
+    throw std::invalid_argument("--moe-top-k " + std::to_string(K) + ": expected 1..E = " + std::to_string(E) +
+                                (cfg.moe_top_k == 0 ? " (give --moe-top-k)" : ""));
+  const Router router = cfg.moe_router.empty() ? model.router : cfg.moe_router == "sigmoid" ? Router::sigmoid : Router::softmax;
+  *source += " with " + std::to_string(E) + " experts, top-" + std::to_string(K) + ", " + router_name(router) + " router";
+  return with_experts(model, E, K, router, model.moe() ? model.aux_loss_coef : 0.01f);
+}
+
 // The architecture: --resume's model file, --init-from's header or config.json, or the --model preset; *source
 // names which.
 inline ModelConfig resolve_model(const TrainConfig& cfg, const std::optional<Checkpoint>& resume_from,
                                 std::string* source) {
+  ModelConfig model;
   if (resume_from) {
     *source = resume_from->path + "/" + kModelFileName;
-    return with_context("--resume", [&] { return read_model_header(*source); });
-  }
-  if (!cfg.init_from.empty()) {
+    model = with_context("--resume", [&] { return read_model_header(*source); });
+  } else if (!cfg.init_from.empty()) {
     *source = cfg.init_from;
-    return with_context("--init-from", [&] { return model_source_config(cfg.init_from); });
+    model = with_context("--init-from", [&] { return model_source_config(cfg.init_from); });
+  } else {
+    *source = "preset " + cfg.model + (cfg.max_seq_len > 0 ? " with --max-seq-len " + std::to_string(cfg.max_seq_len) : "");
+    model = with_context("--model", [&] { return model_preset(cfg.model); });
+    if (cfg.max_seq_len > 0) model.max_seq_len = cfg.max_seq_len;
+    model = preset_experts(cfg, model, source);
   }
-  *source = "preset " + cfg.model + (cfg.max_seq_len > 0 ? " with --max-seq-len " + std::to_string(cfg.max_seq_len) : "");
-  ModelConfig model = with_context("--model", [&] { return model_preset(cfg.model); });
-  if (cfg.max_seq_len > 0) model.max_seq_len = cfg.max_seq_len;
+  if (model.moe() && cfg.was_set("moe-aux-loss-coef")) model.aux_loss_coef = static_cast<float>(cfg.moe_aux_loss_coef);
   return model;
 }
 

@@ -21,15 +21,24 @@
 #include <string>
 #include <vector>
 
-// 6·N + 6·L·C·T for a sequence length T.
+// The parameters a token's products read: all of them, less, with experts, the E − K experts
+// (w1, w3, w2: 3·H·C each) of each layer it is not routed to.
+inline size_t active_parameters(const ModelConfig& c) {
+  const size_t unrouted = c.moe() ? static_cast<size_t>(c.num_experts - c.experts_per_token) : 0;
+  return ParameterLayout(c).total - c.num_layers * unrouted * 3 * static_cast<size_t>(c.hidden()) * c.channels;
+}
+
+// 6·N + 6·L·C·T for a sequence length T (N: active_parameters).
 inline double flops_per_token(const ModelConfig& c, int seq_len) {
-  const double parameters = static_cast<double>(ParameterLayout(c).total);
+  const double parameters = static_cast<double>(active_parameters(c));
   return 6.0 * parameters + 6.0 * c.num_layers * static_cast<double>(c.channels) * seq_len;
 }
 
-// "6N + 6LCT, llm.c's: N = 124,475,904 parameters, C = 768 (NH·HS)": the formula with this model's terms.
+// "6N + 6LCT, llm.c's: N = 124,475,904 parameters, C = 768 (NH·HS)": the formula with this model's
+// terms (with experts, N counts the K experts a token is routed to).
 inline std::string flops_formula_text(const ModelConfig& c) {
-  return "6N + 6LCT, llm.c's: N = " + thousands(ParameterLayout(c).total) + " parameters, C = " +
+  return "6N + 6LCT, llm.c's: N = " + thousands(active_parameters(c)) +
+         (c.moe() ? " active parameters (K of E experts)" : " parameters") + ", C = " +
          std::to_string(c.num_heads * c.head_size()) + " (NH·HS)";
 }
 

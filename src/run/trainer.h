@@ -69,8 +69,7 @@ template <typename Elem>
 class Trainer {
  public:
   Trainer(const RunSetup& setup, ParallelGroups& groups)
-      : setup_(setup),
-        cfg_(setup.cfg),
+      : setup_(setup), cfg_(setup.cfg),
         groups_(groups),
         comm_(groups.world()),
         lead_(comm_.rank() == 0),
@@ -297,6 +296,7 @@ class Trainer {
     record.train_loss = figures.loss;
     record.lr = setup_.schedule.at(step);
     record.grad_norm = figures.grad_norm;
+    if (model_.config().moe()) record.experts = expert_figures(model_.expert_stats());
     record.skipped = state_.guards.check(record.train_loss, figures.grad_norm);
     groups_.set_purpose("updated parameters", at_step);
     if (record.skipped.empty())

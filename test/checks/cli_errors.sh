@@ -108,6 +108,22 @@ expect_error "sequence not cut into 2N chunks" "--seq-len 30 with --cp 4" "2 x -
   --plan --init-from "$ref/model.bin" --seq-len 30 --world-size 4 --cp 4
 expect_error "--max-seq-len on a model file" "--max-seq-len sizes a fresh --model preset; --init-from's model file" -- \
   --plan --init-from "$ref/model.bin" --seq-len 32 --max-seq-len 64
+expect_error "experts on GPT-2" "--moe-experts/--moe-top-k/--moe-router: experts replace a Llama 3 MLP; preset d12" -- \
+  --plan --model d12 --seq-len 32 --moe-experts 4 --moe-top-k 2
+expect_error "top-k above the experts" "--moe-top-k 5: expected 1..E = 4" -- \
+  --plan --model llama-nano --seq-len 32 --moe-experts 4 --moe-top-k 5
+expect_error "experts without top-k" "--moe-top-k 0: expected 1..E = 4 (give --moe-top-k)" -- \
+  --plan --model llama-nano --seq-len 32 --moe-experts 4
+expect_error "too many experts" "--moe-experts" "'257'" -- --plan --model llama-nano --seq-len 32 --moe-experts 257
+expect_error "unknown router" "--moe-router" "got 'hash'" -- --plan --model moe-nano --seq-len 32 --moe-router hash
+expect_error "experts reshaping a model file" "--moe-experts shapes a fresh --model preset; --init-from's model" -- \
+  --plan --init-from "$ref/model.bin" --seq-len 32 --moe-experts 4
+expect_error "aux loss without experts" "--moe-aux-loss-coef: preset llama-nano has no experts" -- \
+  --plan --model llama-nano --seq-len 32 --moe-aux-loss-coef 0.1
+expect_error "experts with tensor parallelism" "--tp with experts (preset moe-nano) is not supported yet" -- \
+  --plan --model moe-nano --seq-len 32 --world-size 2 --tp 2
+expect_error "experts with FP8" "--fp8 with experts (preset moe-nano) is not supported yet" -- \
+  --plan --model moe-nano --seq-len 32 --fp8 1
 expect_error "unknown pipeline schedule" "--pp-schedule" "got 'zb'" -- + --pp-schedule zb
 expect_error "no chunk per pipeline rank" "--pp-virtual" "got '0'" -- + --pp-virtual 0
 expect_error "virtual stages without interleaving" "--pp-virtual 2 chunks per rank need --pp-schedule interleaved" -- \

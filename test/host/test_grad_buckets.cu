@@ -13,7 +13,7 @@ const ModelConfig kOdd{9, 13, 16, 5, 3, 12};  // maxT, V, Vp, L, NH, C
 
 size_t layer_elements(const ParameterLayout& layout) {
   size_t n = 0;
-  for (int i = kLn1w; i <= kFcprojb; ++i) n += layout.slice_count(i);
+  for (int i = kFirstLayerTensor; i <= kLastLayerTensor; ++i) n += layout.slice_count(i);
   return n;
 }
 

@@ -24,26 +24,10 @@ namespace {
 
 const std::vector<std::string> kReferenceDirs = {"build/reference/llama-untied31", "build/reference/llama-tied32"};
 
-float float_of(int32_t bits) {
-  float v;
-  std::memcpy(&v, &bits, sizeof v);
-  return v;
-}
-
-// reference.bin version 2: version 1's slots, then NKV, H, tied, scaled, the original context and the
-// float32 bits of θ, the scaling factor and the norm eps (slots 12-19).
-ModelConfig llama_config(const int32_t* h) {
-  const RopeConfig rope{float_of(h[17]), h[15] == 1, float_of(h[18]), 1.0f, 4.0f, h[16]};
-  ModelConfig config = llama3_config(h[10], h[8], h[5], h[6], h[12], h[7], h[13], rope, h[14] == 1);
-  config.padded_vocab_size = h[9];
-  config.norm_eps = float_of(h[19]);
-  return config;
-}
-
 const std::vector<Reference>& references() {
   static const std::vector<Reference> all = [] {
     std::vector<Reference> v;
-    for (const std::string& dir : kReferenceDirs) v.push_back(load_reference(dir, 2, llama_config));
+    for (const std::string& dir : kReferenceDirs) v.push_back(load_reference(dir, 2, llama_reference_config));
     return v;
   }();
   return all;

@@ -1,0 +1,286 @@
+// expert_mlp.h — a block's mixture-of-experts MLP (docs/MOE.md) on one activation set: the fp32
+// router, the dropless dispatch of each row's K expert rows into expert order, the E SwiGLU
+// experts as products over their own rows, and the gated combine; its backward pass, the
+// load-balancing loss's gradient included; and the routing figures a step reports (ExpertStats).
+//
+// The experts' products need each expert's row count on the host (cuBLASLt takes its sizes from
+// the host and has no grouped product): the slot offsets come back once per layer and forward,
+// are kept for the backward (Activations::moe_host_offsets), and give the auxiliary loss its
+// expert counts without another copy. An expert with no rows runs nothing.
+//
+// The auxiliary loss is Hugging Face Mixtral's load_balancing_loss_func: over the R = L·N rows of
+// every layer of a micro-batch, aux = E · Σ_e f_e · P_e with f_e the share of (row, k) choices that
+// went to expert e (counts_e / R: the K choices of a row each count) and P_e the mean router
+// probability of e. f is a count and carries no gradient, so d aux / d prob[row][e] = E · f_e / R,
+// the same for every row of every layer: one E-vector (moe_aux_grad) added in each layer's router
+// backward. The objective is cross-entropy + coefficient · aux; the loss the run reports is the
+// cross-entropy alone, and the auxiliary loss is reported beside it (metrics.jsonl).
+#pragma once
+#include "kernels/matmul.cuh"
+#include "kernels/moe_dispatch.cuh"
+#include "kernels/moe_router.cuh"
+#include "src/base/device.h"
+#include "src/config/model_config.h"
+#include "src/model/activations.h"
+#include "src/model/block_ops.h"
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+// One layer's expert weights: the router (E × C), the E experts' w1 and w3 stacked (E·H × C each)
+// and w2 stacked (E·C × H).
+template <typename Elem>
+struct ExpertWeights {
+  const Elem* router = nullptr;
+  const Elem* w1 = nullptr;
+  const Elem* w3 = nullptr;
+  const Elem* w2 = nullptr;
+};
+template <typename Elem>
+struct ExpertGradients {
+  Elem* router = nullptr;
+  Elem* w1 = nullptr;
+  Elem* w3 = nullptr;
+  Elem* w2 = nullptr;
+};
+
+// The routing figures of one optimizer step on this rank: rows routed to each expert over every
+// layer and micro-batch, and the auxiliary loss of each micro-batch.
+struct ExpertStats {
+  std::vector<int64_t> tokens;  // (E)
+  double aux_sum = 0.0;
+  int micro_batches = 0;
+  void reset(int experts) {
+    tokens.assign(experts, 0);
+    aux_sum = 0.0;
+    micro_batches = 0;
+  }
+  double aux_loss() const { return micro_batches > 0 ? aux_sum / micro_batches : 0.0; }
+  // max / mean of tokens (1: perfectly balanced; 0 when nothing was routed).
+  double imbalance() const {
+    int64_t total = 0, largest = 0;
+    for (int64_t t : tokens) {
+      total += t;
+      largest = std::max(largest, t);
+    }
+    return total > 0 ? static_cast<double>(largest) * static_cast<double>(tokens.size()) / static_cast<double>(total)
+                     : 0.0;
+  }
+};
+
+// A mixture's state across one optimizer step: each local layer's rows per expert on the device
+// (the sigmoid router's bias update reads them), and the step's figures on the host.
+class ExpertStep {
+ public:
+  ExpertStep() = default;
+  ExpertStep(int layers, int experts) : experts_(experts), counts_(static_cast<size_t>(layers) * experts, "expert counts") {}
+  // A step starts (zero_grad): nothing routed yet.
+  void reset(cudaStream_t s) {
+    stats.reset(experts_);
+    if (counts_.count() > 0) cuda_check(cudaMemsetAsync(counts_.get(), 0, counts_.bytes(), s), "zeroing expert counts");
+  }
+  int* counts(int layer) const { return counts_.get() + static_cast<size_t>(layer) * experts_; }
+  ExpertStats stats;
+
+ private:
+  int experts_ = 0;
+  DeviceArray<int> counts_;  // (local layers, E)
+};
+
+// Layer slice j's expert slot offsets on the host (E + 1).
+template <typename Elem>
+const int* expert_offsets(const Activations<Elem>& a, int E, int j) {
+  return a.moe_host_offsets.data() + static_cast<size_t>(j) * (E + 1);
+}
+
+// Where one layer's forward on N rows (M = N·K expert rows) writes: the router's logits (N × E, a
+// work buffer), probabilities (N × E), gates, experts and slots (N × K), each slot's row (M), the
+// experts' slot offsets (E + 1; on the host too), fch (w1's products, then w3's: 2 · M × H), the
+// SwiGLU activations (M × H), the experts' outputs (M × C) and the rows in expert order (M × C, a
+// work buffer). With counts (E; nullptr: none), the rows routed to each expert are added to
+// counts and the probabilities' column sums to prob_sums (E).
+template <typename Elem>
+struct ExpertBuffers {
+  float *logits, *probs, *gate;
+  int *expert, *slot, *token, *offsets;
+  Elem *fch, *act, *y, *rows;
+  int* counts;
+  float* prob_sums;
+  int* host_offsets;
+};
+
+// Layer slice j's buffers in set a (w: the work set). counts: a training forward's (the step's
+// counts of the layer; the probabilities go into the micro-batch's sums for the auxiliary loss);
+// nullptr for a recomputation (the backward rerunning a block), which must not count again.
+template <typename Elem>
+ExpertBuffers<Elem> expert_buffers(const ModelConfig& c, Activations<Elem>& a, Activations<Elem>& w, int j, int N,
+                                   int* counts) {
+  const int E = c.num_experts, M = N * c.experts_per_token;
+  const size_t NE = static_cast<size_t>(N) * E, NK = static_cast<size_t>(M), MH = static_cast<size_t>(M) * c.hidden();
+  const size_t host_at = static_cast<size_t>(j) * (E + 1);
+  if (a.moe_host_offsets.size() < host_at + E + 1) a.moe_host_offsets.resize(host_at + E + 1);
+  return {w.moe_logits.get(),
+          layer_slice(a.moe_probs, j, NE),
+          layer_slice(a.moe_gate, j, NK),
+          layer_slice(a.moe_expert, j, NK),
+          layer_slice(a.moe_slot, j, NK),
+          layer_slice(a.moe_token, j, NK),
+          layer_slice(a.moe_offsets, j, static_cast<size_t>(E + 1)),
+          layer_slice(a.fch, j, 2 * MH),
+          layer_slice(a.fch_gelu, j, MH),
+          layer_slice(a.moe_out, j, static_cast<size_t>(M) * c.channels),
+          w.moe_rows.get(),
+          counts,
+          a.moe_prob_sums.get(),
+          a.moe_host_offsets.data() + host_at};
+}
+
+// The forward on x (N × C, the ln2 output): out (N × C) = Σ_k gate · expert_k(x), everything the
+// backward reads kept in b.
+template <typename Elem>
+void expert_mlp_forward(const ModelConfig& c, const ExpertBuffers<Elem>& b, Elem* out, const Elem* x,
+                        const ExpertWeights<Elem>& wt, int N, cudaStream_t s) {
+  const int C = c.channels, H = c.hidden(), E = c.num_experts, K = c.experts_per_token, M = N * K;
+  const size_t MH = static_cast<size_t>(M) * H;
+  moe_router_logits(b.logits, x, wt.router, N, C, E, s);
+  moe_route_softmax_topk(b.probs, b.expert, b.gate, b.logits, N, E, K, s);
+  if (b.counts != nullptr) moe_router_stats(b.counts, b.prob_sums, b.expert, b.probs, N, E, K, s);
+  moe_dispatch_plan(b.offsets, b.slot, b.token, b.expert, N, E, K, s);
+  copy_to_host(b.host_offsets, b.offsets, (E + 1) * sizeof(int), s);
+  moe_permute(b.rows, x, b.token, M, C, s);
+  const int* at = b.host_offsets;
+  for (int e = 0; e < E; ++e) {
+    const int first = at[e], n = at[e + 1] - at[e];
+    if (n == 0) continue;
+    const size_t eh = static_cast<size_t>(e) * H * C;
+    matmul_forward(b.fch + static_cast<size_t>(first) * H, b.rows + static_cast<size_t>(first) * C, wt.w1 + eh,
+                   nullptr, n, C, H, s);
+    matmul_forward(b.fch + MH + static_cast<size_t>(first) * H, b.rows + static_cast<size_t>(first) * C, wt.w3 + eh,
+                   nullptr, n, C, H, s);
+  }
+  mlp_activation_forward(c, b.act, b.fch, M, H, s);
+  for (int e = 0; e < E; ++e) {
+    const int first = at[e], n = at[e + 1] - at[e];
+    if (n == 0) continue;
+    matmul_forward(b.y + static_cast<size_t>(first) * C, b.act + static_cast<size_t>(first) * H,
+                   wt.w2 + static_cast<size_t>(e) * C * H, nullptr, n, H, C, s);
+  }
+  moe_combine(out, b.y, b.gate, b.slot, N, K, C, s);
+}
+
+// Device buffers of expert_mlp_forward for up to `rows` rows, for a forward that keeps nothing
+// (the decoder: generate.h).
+template <typename Elem>
+class ExpertWork {
+ public:
+  ExpertWork() = default;
+  ExpertWork(const ModelConfig& c, size_t rows)
+      : logits_(rows * c.num_experts, "the experts' router logits"),
+        probs_(rows * c.num_experts, "the experts' router probabilities"),
+        gate_(rows * c.experts_per_token, "the experts' gates"),
+        routing_(3 * rows * c.experts_per_token + c.num_experts + 1, "the experts' routing"),
+        fch_(3 * rows * c.experts_per_token * c.hidden(), "the experts' products"),
+        rows_(2 * rows * c.experts_per_token * c.channels, "the experts' rows and outputs"),
+        host_offsets_(c.num_experts + 1) {}
+  ExpertBuffers<Elem> buffers(const ModelConfig& c, int N) {
+    const size_t M = static_cast<size_t>(N) * c.experts_per_token, MH = M * c.hidden();
+    int* r = routing_.get();
+    return {logits_.get(), probs_.get(), gate_.get(), r, r + M, r + 2 * M, r + 3 * M, fch_.get(), fch_.get() + 2 * MH,
+            rows_.get(), rows_.get() + M * c.channels, nullptr, nullptr, host_offsets_.data()};
+  }
+  size_t bytes() const {
+    return logits_.bytes() + probs_.bytes() + gate_.bytes() + routing_.bytes() + fch_.bytes() + rows_.bytes();
+  }
+
+ private:
+  DeviceArray<float> logits_, probs_, gate_;
+  DeviceArray<int> routing_;  // experts, slots, slots' rows (M each), offsets (E + 1)
+  DeviceArray<Elem> fch_;     // the products (2 · M × H), then the activations (M × H)
+  DeviceArray<Elem> rows_;    // the experts' outputs, then the rows in expert order (M × C each)
+  std::vector<int> host_offsets_;
+};
+
+// Before a micro-batch's backward: its auxiliary loss (from the forward's counts and probability
+// sums) into `stats`, and the loss's gradient per probability, scaled by coefficient · `scale`
+// (the objective's weight of one micro-batch's mean), into w.moe_aux_grad. `layers`: the slices
+// the forward filled. Waits for the device (the probability sums).
+template <typename Elem>
+void expert_aux_gradient(const ModelConfig& c, const Activations<Elem>& a, Activations<Elem>& w, int layers, int N,
+                         float scale, ExpertStats& stats, cudaStream_t s) {
+  const int E = c.num_experts;
+  std::vector<double> counts(E, 0.0);
+  for (int j = 0; j < layers; ++j) {
+    const int* at = expert_offsets(a, E, j);
+    for (int e = 0; e < E; ++e) {
+      counts[e] += at[e + 1] - at[e];
+      stats.tokens[e] += at[e + 1] - at[e];
+    }
+  }
+  std::vector<float> prob_sums(E);
+  copy_to_host(prob_sums.data(), a.moe_prob_sums.get(), E * sizeof(float), s);
+  const double R = static_cast<double>(layers) * N;
+  double aux = 0.0;
+  std::vector<float> grad(E);
+  for (int e = 0; e < E; ++e) {
+    aux += E * (counts[e] / R) * (prob_sums[e] / R);
+    grad[e] = static_cast<float>(c.aux_loss_coef * scale * E * counts[e] / (R * R));
+  }
+  stats.aux_sum += aux;
+  ++stats.micro_batches;
+  cuda_check(cudaMemcpyAsync(w.moe_aux_grad.get(), grad.data(), E * sizeof(float), cudaMemcpyHostToDevice, s),
+             "uploading the auxiliary loss's gradient");
+  cuda_check(cudaStreamSynchronize(s), "uploading the auxiliary loss's gradient");
+}
+
+// Backward of expert_mlp_forward for slice j from dout (N × C, d loss / d out): dx (N × C) written
+// with d loss / d x through the experts and the router, the weight gradients accumulated. fch is
+// overwritten with the products' gradients, as the dense SwiGLU's backward does. x: the forward's
+// input (recomputed where the setting did not keep it); recompute_act: fch_gelu is refilled first.
+template <typename Elem>
+void expert_mlp_backward(const ModelConfig& c, Activations<Elem>& a, Activations<Elem>& w, int j, Elem* dx,
+                         const ExpertGradients<Elem>& dw, const Elem* dout, const Elem* x,
+                         const ExpertWeights<Elem>& wt, int N, bool recompute_act, cudaStream_t s) {
+  const int C = c.channels, H = c.hidden(), E = c.num_experts, K = c.experts_per_token, M = N * K;
+  const size_t NE = static_cast<size_t>(N) * E, NK = static_cast<size_t>(N) * K, MH = static_cast<size_t>(M) * H,
+               MC = static_cast<size_t>(M) * C;
+  const float* probs = layer_slice(a.moe_probs, j, NE);
+  const float* gate = layer_slice(a.moe_gate, j, NK);
+  const int* expert = layer_slice(a.moe_expert, j, NK);
+  const int* slot = layer_slice(a.moe_slot, j, NK);
+  const int* token = layer_slice(a.moe_token, j, NK);
+  Elem* fch = layer_slice(a.fch, j, 2 * MH);
+  Elem* act = layer_slice(a.fch_gelu, j, MH);
+  const Elem* y = layer_slice(a.moe_out, j, MC);
+  Elem* rows = w.moe_rows.get();      // x's rows in expert order
+  Elem* drows = rows + MC;            // d y, then d rows
+  Elem* dact = w.dwide.get();         // (M × H)
+  const int* at = expert_offsets(a, E, j);
+  if (recompute_act) mlp_activation_forward(c, act, fch, M, H, s);
+  moe_combine_backward(drows, w.moe_dgate.get(), dout, y, gate, slot, N, K, C, s);
+  for (int e = 0; e < E; ++e) {
+    const int first = at[e], n = at[e + 1] - at[e];
+    if (n == 0) continue;
+    matmul_backward(dact + static_cast<size_t>(first) * H, dw.w2 + static_cast<size_t>(e) * C * H, nullptr,
+                    nullptr, drows + static_cast<size_t>(first) * C, act + static_cast<size_t>(first) * H,
+                    wt.w2 + static_cast<size_t>(e) * C * H, nullptr, n, H, C, s);
+  }
+  Elem* da = fch;
+  Elem* db = fch + MH;
+  swiglu_backward(da, db, dact, da, db, M, H, H, s);
+  moe_permute(rows, x, token, M, C, s);
+  for (int e = 0; e < E; ++e) {
+    const int first = at[e], n = at[e + 1] - at[e];
+    if (n == 0) continue;
+    const size_t eh = static_cast<size_t>(e) * H * C, r = static_cast<size_t>(first);
+    matmul_backward(drows + r * C, dw.w1 + eh, nullptr, nullptr, da + r * H, rows + r * C, wt.w1 + eh, nullptr, n,
+                    C, H, s);
+    matmul_backward(drows + r * C, dw.w3 + eh, nullptr, nullptr, db + r * H, rows + r * C, wt.w3 + eh, nullptr, n,
+                    C, H, s, nullptr, true);
+  }
+  moe_unpermute_sum(dx, drows, slot, N, K, C, false, s);
+  moe_router_backward_softmax(w.moe_logits.get(), w.moe_dgate.get(), probs, expert, gate, w.moe_aux_grad.get(), N, E,
+                              K, s);
+  moe_router_input_backward(dx, dw.router, w.scratch.get(), w.moe_logits.get(), x, wt.router, N, C, E, s);
+}
