@@ -261,7 +261,8 @@ void matmul_run(const MatmulPlan& plan, void* d, const void* a, const void* b, c
   };
   if (!DeviceProfiler::get().on()) return product();
   profile_declare(bytes, flops);
-  profiled(site_name(), stream, product);
+  const std::string& label = DeviceProfiler::get().label();
+  profiled(label.empty() ? site_name() : label, stream, product);
 }
 
 // One cuBLASLt product, column-major, every matrix packed (ld = its stored row count):

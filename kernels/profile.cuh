@@ -75,6 +75,11 @@ class DeviceProfiler {
   // The sites in the order of their first call.
   const std::vector<ProfileSite>& sites() const { return sites_; }
 
+  // While set (ProfileLabel), products are recorded under `label` rather than their shape: the
+  // experts' products, whose row counts change with every routing, are one site each.
+  void set_label(std::string label) { label_ = std::move(label); }
+  const std::string& label() const { return label_; }
+
  private:
   DeviceProfiler() = default;
 
@@ -135,6 +140,7 @@ class DeviceProfiler {
   }
 
   bool on_ = false;
+  std::string label_;
   double next_bytes_ = 0, next_flops_ = 0;
   std::vector<ProfileSite> sites_;
   std::map<std::string, size_t> index_;
@@ -162,6 +168,15 @@ void profiled_kernel(const void* kernel, cudaStream_t stream, Work&& work) {
   work();
   p.end(stream);
 }
+
+// The products queued while it lives are one --profile site, `label` (DeviceProfiler::set_label).
+class ProfileLabel {
+ public:
+  explicit ProfileLabel(std::string label) { DeviceProfiler::get().set_label(std::move(label)); }
+  ProfileLabel(const ProfileLabel&) = delete;
+  ProfileLabel& operator=(const ProfileLabel&) = delete;
+  ~ProfileLabel() { DeviceProfiler::get().set_label(""); }
+};
 
 // Declares the bytes and FLOPs of the next launch or product (nothing when the profiler is off).
 inline void profile_declare(double bytes, double flops = 0) {

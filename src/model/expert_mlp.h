@@ -25,6 +25,7 @@
 #include "src/model/block_ops.h"
 
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -151,6 +152,7 @@ void expert_mlp_forward(const ModelConfig& c, const ExpertBuffers<Elem>& b, Elem
   copy_to_host(b.host_offsets, b.offsets, (E + 1) * sizeof(int), s);
   moe_permute(b.rows, x, b.token, M, C, s);
   const int* at = b.host_offsets;
+  std::optional<ProfileLabel> site(std::in_place, "experts: w1, w3 products");
   for (int e = 0; e < E; ++e) {
     const int first = at[e], n = at[e + 1] - at[e];
     if (n == 0) continue;
@@ -160,13 +162,16 @@ void expert_mlp_forward(const ModelConfig& c, const ExpertBuffers<Elem>& b, Elem
     matmul_forward(b.fch + MH + static_cast<size_t>(first) * H, b.rows + static_cast<size_t>(first) * C, wt.w3 + eh,
                    nullptr, n, C, H, s);
   }
+  site.reset();
   mlp_activation_forward(c, b.act, b.fch, M, H, s);
+  site.emplace("experts: w2 products");
   for (int e = 0; e < E; ++e) {
     const int first = at[e], n = at[e + 1] - at[e];
     if (n == 0) continue;
     matmul_forward(b.y + static_cast<size_t>(first) * C, b.act + static_cast<size_t>(first) * H,
                    wt.w2 + static_cast<size_t>(e) * C * H, nullptr, n, H, C, s);
   }
+  site.reset();
   moe_combine(out, b.y, b.gate, b.slot, N, K, C, s);
 }
 
@@ -259,6 +264,7 @@ void expert_mlp_backward(const ModelConfig& c, Activations<Elem>& a, Activations
   const int* at = expert_offsets(a, E, j);
   if (recompute_act) mlp_activation_forward(c, act, fch, M, H, s);
   moe_combine_backward(drows, w.moe_dgate.get(), dout, y, gate, slot, N, K, C, s);
+  std::optional<ProfileLabel> site(std::in_place, "experts: w2 backward products");
   for (int e = 0; e < E; ++e) {
     const int first = at[e], n = at[e + 1] - at[e];
     if (n == 0) continue;
@@ -266,10 +272,12 @@ void expert_mlp_backward(const ModelConfig& c, Activations<Elem>& a, Activations
                     nullptr, drows + static_cast<size_t>(first) * C, act + static_cast<size_t>(first) * H,
                     wt.w2 + static_cast<size_t>(e) * C * H, nullptr, n, H, C, s);
   }
+  site.reset();
   Elem* da = fch;
   Elem* db = fch + MH;
   swiglu_backward(da, db, dact, da, db, M, H, H, s);
   moe_permute(rows, x, token, M, C, s);
+  site.emplace("experts: w1, w3 backward products");
   for (int e = 0; e < E; ++e) {
     const int first = at[e], n = at[e + 1] - at[e];
     if (n == 0) continue;
@@ -279,6 +287,7 @@ void expert_mlp_backward(const ModelConfig& c, Activations<Elem>& a, Activations
     matmul_backward(drows + r * C, dw.w3 + eh, nullptr, nullptr, db + r * H, rows + r * C, wt.w3 + eh, nullptr, n,
                     C, H, s, nullptr, true);
   }
+  site.reset();
   moe_unpermute_sum(dx, drows, slot, N, K, C, false, s);
   moe_router_backward_softmax(w.moe_logits.get(), w.moe_dgate.get(), probs, expert, gate, w.moe_aux_grad.get(), N, E,
                               K, s);
