@@ -5,7 +5,10 @@ usage: dev/plot.py RUN_DIR [RUN_DIR ...] -o FILE.png [--baseline 124M] [--baseli
                    [--baseline-hellaswag Y] [--title TEXT]
 
 Panels (each drawn when at least one run has its metric): train and validation loss, HellaSwag
-accuracy (acc_norm), learning rate, gradient norm, tokens/s. One colour per run, labelled by its
+accuracy (acc_norm), learning rate, gradient norm, tokens/s; for a mixture of experts the
+load-balancing (auxiliary) loss, the expert imbalance (the most-loaded expert's tokens over the
+mean) and the expert load (each expert's share of the routed tokens, the first such run's, one line
+per expert: a collapsing router shows lines leaving 1/E). One colour per run, labelled by its
 directory; validation loss dashed. Reference lines: --baseline 124M draws OpenAI's GPT-2 124M
 (validation loss 3.28 on FineWeb as measured by llm.c, HellaSwag acc_norm 0.294);
 --baseline-loss / --baseline-hellaswag draw your own. Prints the panels it drew.
@@ -25,7 +28,10 @@ PANELS = [
     ("learning rate", [("lr", "-", "")], False),
     ("gradient norm", [("grad_norm", "-", "")], True),
     ("tokens/s", [("tokens_per_s", "-", "")], False),
+    ("load-balancing loss", [("aux_loss", "-", "")], False),
+    ("expert imbalance", [("expert_imbalance", "-", "")], False),
 ]
+EXPERT_LOAD = "expert load"  # drawn from "expert_tokens" lists
 
 
 class InputError(Exception):
@@ -49,6 +55,11 @@ def read_run(directory):
             continue  # a line cut short by a crash
         if not isinstance(record, dict) or "step" not in record:
             continue
+        tokens = record.get("expert_tokens")
+        if isinstance(tokens, list) and tokens and sum(tokens) > 0:
+            steps, shares = series.setdefault("expert_tokens", ([], []))
+            steps.append(record["step"])
+            shares.append([t / sum(tokens) for t in tokens])
         for key, value in record.items():
             if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
                 steps, values = series.setdefault(key, ([], []))
@@ -80,11 +91,20 @@ def run(argv):
     import matplotlib.pyplot as plt
 
     panels = [p for p in PANELS if any(key in series for _, series in runs for key, _, _ in p[1])]
+    load = next(((name, series["expert_tokens"]) for name, series in runs if "expert_tokens" in series), None)
+    if load is not None:
+        panels.append((EXPERT_LOAD, [], False))
     columns = min(3, len(panels))
     rows = math.ceil(len(panels) / columns)
     fig, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.6 * rows), squeeze=False)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, (title, lines, log_scale) in zip(axes.flat, panels):
+        if title == EXPERT_LOAD:
+            name, (steps, shares) = load
+            for e in range(len(shares[0])):
+                ax.plot(steps, [s[e] for s in shares], "-", linewidth=0.8, label=f"expert {e}" if e < 8 else None)
+            ax.axhline(1 / len(shares[0]), color="grey", linestyle=":", label="1/E")
+            title = f"{EXPERT_LOAD} ({name})"
         for index, (name, series) in enumerate(runs):
             for key, style, suffix in lines:
                 if key in series:

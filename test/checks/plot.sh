@@ -51,6 +51,19 @@ else
   fail "plot with HellaSwag records: $out"
 fi
 
+# A mixture of experts' routing records (metrics.h: aux_loss, expert_tokens, expert_imbalance).
+mkdir -p "$tmp/experts"
+printf '%s\n' '{"step":1,"train_loss":3.5,"lr":1e-3,"grad_norm":1.0,"ms":10,"tokens_per_s":100,"aux_loss":2.1,"expert_tokens":[30,34,20,44],"expert_imbalance":1.375}' \
+  '{"step":2,"train_loss":3.4,"lr":1e-3,"grad_norm":0.9,"ms":10,"tokens_per_s":100,"aux_loss":2.05,"expert_tokens":[32,32,30,34],"expert_imbalance":1.0625}' \
+  >"$tmp/experts/metrics.jsonl"
+if out=$("$python" dev/plot.py "$tmp/lr1e-3" "$tmp/experts" -o "$tmp/experts.png" 2>&1) &&
+   [ "$out" = "$tmp/experts.png: 2 run(s); panels: loss, learning rate, gradient norm, tokens/s, load-balancing loss, expert imbalance, expert load" ] &&
+   check_png "$tmp/experts.png" 1500 1080; then
+  echo "ok: a run with experts adds the routing panels"
+else
+  fail "plot with routing records: $out"
+fi
+
 mkdir -p "$tmp/empty_run"
 for spec in "$tmp/no_such_run|not a directory" "$tmp/empty_run|metrics.jsonl: cannot read"; do
   run_dir=${spec%%|*} pattern=${spec#*|}
