@@ -24,9 +24,9 @@ constexpr int kLayerNormWarps = 8;  // rows in flight per block (one per warp)
 
 // Finishes one row given this lane's partial sum of x: writes mean, rstd and
 // out = (x - mean)·rstd·weight + bias. Variance is taken about the mean (second pass over x).
-// out8 (nullptr: none): the row's FP8 codes at scale8 (fp8_cast_chunk); returns the lane's
-// magnitude key of its outputs (0 without out8).
-template <typename T>
+// kFp8: also the row's FP8 codes into out8 at scale8 (fp8_cast_chunk); returns the lane's
+// magnitude key of its outputs (0 without kFp8).
+template <typename T, bool kFp8>
 __device__ int layernorm_row(T* out, float* mean, float* rstd, const T* x, const T* weight, const T* bias,
                              float lane_sum, int C, int lane, fp8e4m3* out8, float scale8) {
   constexpr int kVec = Vec128<T>::size;
@@ -49,7 +49,7 @@ __device__ int layernorm_row(T* out, float* mean, float* rstd, const T* x, const
     Vec128<T> y;
     for (int i = 0; i < kVec; ++i) y[i] = from_float<T>((to_float(v[i]) - m) * s * to_float(w[i]) + to_float(b[i]));
     store128(out + j * kVec, y);
-    if (out8 != nullptr) key = fp8_cast_chunk(out8 + j * kVec, y, scale8, key);
+    if constexpr (kFp8) key = fp8_cast_chunk(out8 + j * kVec, y, scale8, key);
   }
   if (lane == 0) {
     *mean = m;
@@ -58,9 +58,10 @@ __device__ int layernorm_row(T* out, float* mean, float* rstd, const T* x, const
   return key;
 }
 
-// The FP8 copy's arguments (out8, scale8, amax8) are Fp8Out's, passed one by one: a kernel's
-// pointer arguments are what the CPU build's stream-order checker sees it touch.
-template <typename T>
+// kFp8 (an FP8 copy, out8 set): a kernel of its own, so that the plain norm keeps its registers.
+// The copy's arguments (out8, scale8, amax8) are Fp8Out's, passed one by one: a kernel's pointer
+// arguments are what the CPU build's stream-order checker sees it touch.
+template <typename T, bool kFp8>
 __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const T* inp, const T* weight,
                                          const T* bias, int N, int C, fp8e4m3* out8, const float* scale8,
                                          float* amax8) {
@@ -77,15 +78,15 @@ __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const
       const Vec128<T> v = load128(inp + offset + j * kVec);
       for (int i = 0; i < kVec; ++i) lane_sum += to_float(v[i]);
     }
-    key = layernorm_row(out + offset, mean + row, rstd + row, inp + offset, weight, bias, lane_sum, C, lane,
-                        out8 != nullptr ? out8 + offset : nullptr, out8 != nullptr ? *scale8 : 0.0f);
+    key = layernorm_row<T, kFp8>(out + offset, mean + row, rstd + row, inp + offset, weight, bias, lane_sum, C,
+                                 lane, kFp8 ? out8 + offset : nullptr, kFp8 ? *scale8 : 0.0f);
   }
-  if (amax8 != nullptr) fp8_record_amax<32 * kLayerNormWarps>(amax8, key);
+  if (kFp8 && amax8 != nullptr) fp8_record_amax<32 * kLayerNormWarps>(amax8, key);
 }
 
 // residual = inp1 + inp2 rounded to T, then LayerNorm of those rounded values. Each lane
 // re-reads only the chunks it wrote itself, so no synchronization is needed between passes.
-template <typename T>
+template <typename T, bool kFp8>
 __global__ void residual_layernorm_forward_kernel(T* residual, T* out, float* mean, float* rstd, const T* inp1,
                                                   const T* inp2, const T* weight, const T* bias, int N, int C,
                                                   fp8e4m3* out8, const float* scale8, float* amax8) {
@@ -106,10 +107,10 @@ __global__ void residual_layernorm_forward_kernel(T* residual, T* out, float* me
       }
       store128(residual + offset + j * kVec, r);
     }
-    key = layernorm_row(out + offset, mean + row, rstd + row, residual + offset, weight, bias, lane_sum, C, lane,
-                        out8 != nullptr ? out8 + offset : nullptr, out8 != nullptr ? *scale8 : 0.0f);
+    key = layernorm_row<T, kFp8>(out + offset, mean + row, rstd + row, residual + offset, weight, bias, lane_sum,
+                                 C, lane, kFp8 ? out8 + offset : nullptr, kFp8 ? *scale8 : 0.0f);
   }
-  if (amax8 != nullptr) fp8_record_amax<32 * kLayerNormWarps>(amax8, key);
+  if (kFp8 && amax8 != nullptr) fp8_record_amax<32 * kLayerNormWarps>(amax8, key);
 }
 
 // Backward of the input, per row (norm = (x - mean)·rstd, dnorm = dout·weight):
@@ -252,7 +253,8 @@ void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* 
                        cudaStream_t stream, const Fp8Out& fp8 = {}) {
   layernorm_check_shape<T>("layernorm_forward", N, C);
   fp8_out_check<T>("layernorm_forward", fp8);
-  launch(layernorm_forward_kernel<T>, dim3(ceil_div(N, kLayerNormWarps)), dim3(32 * kLayerNormWarps), 0, stream, out,
+  auto* kernel = fp8.out != nullptr ? layernorm_forward_kernel<T, true> : layernorm_forward_kernel<T, false>;
+  launch(kernel, dim3(ceil_div(N, kLayerNormWarps)), dim3(32 * kLayerNormWarps), 0, stream, out,
          mean, rstd, inp, weight, bias, N, C, fp8.out, fp8.scale, fp8.amax);
   CUDA_CHECK(cudaGetLastError());
 }
@@ -267,7 +269,9 @@ void residual_layernorm_forward(T* residual, T* out, float* mean, float* rstd, c
                                 const Fp8Out& fp8 = {}) {
   layernorm_check_shape<T>("residual_layernorm_forward", N, C);
   fp8_out_check<T>("residual_layernorm_forward", fp8);
-  launch(residual_layernorm_forward_kernel<T>, dim3(ceil_div(N, kLayerNormWarps)), dim3(32 * kLayerNormWarps), 0,
+  auto* kernel = fp8.out != nullptr ? residual_layernorm_forward_kernel<T, true>
+                                  : residual_layernorm_forward_kernel<T, false>;
+  launch(kernel, dim3(ceil_div(N, kLayerNormWarps)), dim3(32 * kLayerNormWarps), 0,
          stream, residual, out, mean, rstd, inp1, inp2, weight, bias, N, C, fp8.out, fp8.scale, fp8.amax);
   CUDA_CHECK(cudaGetLastError());
 }

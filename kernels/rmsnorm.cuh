@@ -21,9 +21,9 @@
 constexpr int kRmsNormWarps = 8;  // rows in flight per block (one per warp)
 
 // Finishes one row given this lane's partial sum of x²: writes rstd and out = round(x·rstd)·weight.
-// out8 (nullptr: none): the row's FP8 codes at scale8 (fp8_cast_chunk); returns the lane's
-// magnitude key of its outputs (0 without out8).
-template <typename T>
+// kFp8: also the row's FP8 codes into out8 at scale8 (fp8_cast_chunk); returns the lane's
+// magnitude key of its outputs (0 without kFp8).
+template <typename T, bool kFp8>
 __device__ int rmsnorm_row(T* out, float* rstd, const T* x, const T* weight, float lane_sumsq, int C, float eps,
                            int lane, fp8e4m3* out8, float scale8) {
   constexpr int kVec = Vec128<T>::size;
@@ -35,15 +35,16 @@ __device__ int rmsnorm_row(T* out, float* rstd, const T* x, const T* weight, flo
     Vec128<T> y;
     for (int i = 0; i < kVec; ++i) y[i] = from_float<T>(to_float(from_float<T>(to_float(v[i]) * s)) * to_float(w[i]));
     store128(out + j * kVec, y);
-    if (out8 != nullptr) key = fp8_cast_chunk(out8 + j * kVec, y, scale8, key);
+    if constexpr (kFp8) key = fp8_cast_chunk(out8 + j * kVec, y, scale8, key);
   }
   if (lane == 0) *rstd = s;
   return key;
 }
 
-// The FP8 copy's arguments (out8, scale8, amax8) are Fp8Out's, passed one by one: a kernel's
-// pointer arguments are what the CPU build's stream-order checker sees it touch.
-template <typename T>
+// kFp8 (an FP8 copy, out8 set): a kernel of its own, so that the plain norm keeps its registers.
+// The copy's arguments (out8, scale8, amax8) are Fp8Out's, passed one by one: a kernel's pointer
+// arguments are what the CPU build's stream-order checker sees it touch.
+template <typename T, bool kFp8>
 __global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* inp, const T* weight, int N, int C, float eps,
                                        fp8e4m3* out8, const float* scale8, float* amax8) {
   constexpr int kVec = Vec128<T>::size;
@@ -59,15 +60,15 @@ __global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* inp, const 
       const Vec128<T> v = load128(inp + offset + j * kVec);
       for (int i = 0; i < kVec; ++i) lane_sumsq += to_float(v[i]) * to_float(v[i]);
     }
-    key = rmsnorm_row(out + offset, rstd + row, inp + offset, weight, lane_sumsq, C, eps, lane,
-                      out8 != nullptr ? out8 + offset : nullptr, out8 != nullptr ? *scale8 : 0.0f);
+    key = rmsnorm_row<T, kFp8>(out + offset, rstd + row, inp + offset, weight, lane_sumsq, C, eps, lane,
+                               kFp8 ? out8 + offset : nullptr, kFp8 ? *scale8 : 0.0f);
   }
-  if (amax8 != nullptr) fp8_record_amax<32 * kRmsNormWarps>(amax8, key);
+  if (kFp8 && amax8 != nullptr) fp8_record_amax<32 * kRmsNormWarps>(amax8, key);
 }
 
 // residual = inp1 + inp2 rounded to T, then RMSNorm of those rounded values. Each lane re-reads
 // only the chunks it wrote itself, so no synchronization is needed between passes.
-template <typename T>
+template <typename T, bool kFp8>
 __global__ void residual_rmsnorm_forward_kernel(T* residual, T* out, float* rstd, const T* inp1, const T* inp2,
                                                 const T* weight, int N, int C, float eps, fp8e4m3* out8,
                                                 const float* scale8, float* amax8) {
@@ -88,10 +89,10 @@ __global__ void residual_rmsnorm_forward_kernel(T* residual, T* out, float* rstd
       }
       store128(residual + offset + j * kVec, r);
     }
-    key = rmsnorm_row(out + offset, rstd + row, residual + offset, weight, lane_sumsq, C, eps, lane,
-                      out8 != nullptr ? out8 + offset : nullptr, out8 != nullptr ? *scale8 : 0.0f);
+    key = rmsnorm_row<T, kFp8>(out + offset, rstd + row, residual + offset, weight, lane_sumsq, C, eps, lane,
+                               kFp8 ? out8 + offset : nullptr, kFp8 ? *scale8 : 0.0f);
   }
-  if (amax8 != nullptr) fp8_record_amax<32 * kRmsNormWarps>(amax8, key);
+  if (kFp8 && amax8 != nullptr) fp8_record_amax<32 * kRmsNormWarps>(amax8, key);
 }
 
 // Input gradient, one warp per row (x̂ = x·rstd, dx̂ = dout·weight; the rounding of x̂ to T is
@@ -208,7 +209,8 @@ void rmsnorm_forward(T* out, float* rstd, const T* inp, const T* weight, int N, 
                      cudaStream_t stream, const Fp8Out& fp8 = {}) {
   rmsnorm_check_shape<T>("rmsnorm_forward", N, C);
   fp8_out_check<T>("rmsnorm_forward", fp8);
-  launch(rmsnorm_forward_kernel<T>, dim3(ceil_div(N, kRmsNormWarps)), dim3(32 * kRmsNormWarps), 0, stream, out, rstd,
+  auto* kernel = fp8.out != nullptr ? rmsnorm_forward_kernel<T, true> : rmsnorm_forward_kernel<T, false>;
+  launch(kernel, dim3(ceil_div(N, kRmsNormWarps)), dim3(32 * kRmsNormWarps), 0, stream, out, rstd,
          inp, weight, N, C, eps, fp8.out, fp8.scale, fp8.amax);
   CUDA_CHECK(cudaGetLastError());
 }
@@ -221,7 +223,9 @@ void residual_rmsnorm_forward(T* residual, T* out, float* rstd, const T* inp1, c
                               int C, float eps, cudaStream_t stream, const Fp8Out& fp8 = {}) {
   rmsnorm_check_shape<T>("residual_rmsnorm_forward", N, C);
   fp8_out_check<T>("residual_rmsnorm_forward", fp8);
-  launch(residual_rmsnorm_forward_kernel<T>, dim3(ceil_div(N, kRmsNormWarps)), dim3(32 * kRmsNormWarps), 0, stream,
+  auto* kernel = fp8.out != nullptr ? residual_rmsnorm_forward_kernel<T, true>
+                                  : residual_rmsnorm_forward_kernel<T, false>;
+  launch(kernel, dim3(ceil_div(N, kRmsNormWarps)), dim3(32 * kRmsNormWarps), 0, stream,
          residual, out, rstd, inp1, inp2, weight, N, C, eps, fp8.out, fp8.scale, fp8.amax);
   CUDA_CHECK(cudaGetLastError());
 }
