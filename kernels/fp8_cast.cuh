@@ -1,6 +1,7 @@
 // fp8_cast.cuh — the casts that feed cuBLASLt's FP8 matrix products (kernels/fp8.cuh's formats):
 // a bf16 or fp32 matrix times its per-tensor scale, rounded to E4M3 or E5M2 and written as stored,
-// transposed, or both, with the amax of the input recorded on the way; and the amax alone.
+// transposed, or both, with the amax of the input recorded on the way; the amax alone; and the
+// pieces with which a producer kernel writes the same cast of its own output (Fp8Out: the norms).
 //
 // Why a transpose: cuBLASLt's FP8 products take both operands with the reduction dimension
 // contiguous ("TN" only, docs/SIMT.md "The FP8 oracle"). In the model's row-major terms the forward
@@ -54,6 +55,47 @@ __device__ __forceinline__ void fp8_record_amax(float* amax, int key) {
     for (int w = 1; w < kThreads / 32; ++w) block_key = fp8_larger_key(block_key, warp_keys[w]);
     atomicMax(reinterpret_cast<int*>(amax), block_key);
   }
+}
+
+// A producer kernel's FP8 copy of its output, written on the way (the norms write the input cast
+// of the product that reads their output, src/model/fp8_state.h): fp8_cast's stored output and
+// amax, of the values the producer writes, already rounded to its output type, so the codes and
+// the amax are those fp8_cast would give on that output. out (rows, cols) row-major as the
+// producer's output; scale a device pointer; amax nullptr: not recorded. out nullptr: no copy.
+struct Fp8Out {
+  fp8e4m3* out = nullptr;
+  const float* scale = nullptr;
+  float* amax = nullptr;
+};
+
+// A producer launcher's check of its Fp8Out for outputs of 128-bit chunks of T: a scale with the
+// codes, nothing without them, and `out` aligned for fp8_cast_chunk's stores.
+template <typename T>
+void fp8_out_check(const char* op, const Fp8Out& f8) {
+  if (f8.out == nullptr && (f8.scale != nullptr || f8.amax != nullptr))
+    throw_errorf("%s: an FP8 scale or amax without the FP8 output", op);
+  if (f8.out != nullptr && f8.scale == nullptr) throw_errorf("%s: the FP8 output has no scale", op);
+  if (reinterpret_cast<uintptr_t>(f8.out) % Vec128<T>::size != 0)
+    throw_errorf("%s: the FP8 output must be %d-byte aligned", op, Vec128<T>::size);
+}
+
+// One 128-bit chunk v of a producer's output cast as fp8_cast casts it: the Vec128<T>::size codes
+// from_float<E4M3>(v[i] · scale) written to out with one store (8 bytes for bf16, 4 for fp32; out
+// aligned to that), and |v[i]| folded into a thread's magnitude key (fp8_record_amax's input).
+template <typename T>
+__device__ __forceinline__ int fp8_cast_chunk(fp8e4m3* out, const Vec128<T>& v, float scale, int key) {
+  constexpr int kCodes = Vec128<T>::size;
+  static_assert(kCodes == 4 || kCodes == 8, "one 32- or 64-bit store");
+  uint32_t words[kCodes / 4] = {};
+  UNROLL
+  for (int i = 0; i < kCodes; ++i) {
+    const float x = to_float(v[i]);
+    key = fp8_larger_key(key, fp8_magnitude_key(x));
+    words[i / 4] |= static_cast<uint32_t>(from_float<fp8e4m3>(x * scale).__x) << (8 * (i % 4));
+  }
+  if constexpr (kCodes == 8) *reinterpret_cast<uint2*>(out) = uint2{words[0], words[1]};
+  else *reinterpret_cast<uint32_t*>(out) = words[0];
+  return key;
 }
 
 // The cast: a block of (32, 8) threads owns 32 columns of kFp8CastTilesPerBlock stacked 32×32

@@ -8,17 +8,27 @@
 // chunk over chunks of rows, then a column sum. C must be a multiple of 16 / sizeof(T) (4 floats,
 // 8 bf16); the launchers exit with a message otherwise. No kernel's shared memory grows with C
 // (what a block may have, 163 KB on A100 and 227 KB on H100, would otherwise cap the width).
+//
+// The forwards can also write their output's FP8 E4M3 copy and record its amax (Fp8Out,
+// kernels/fp8_cast.cuh: the codes and amax fp8_cast gives on the rounded output, bit for bit), the
+// input cast of the product that reads the norm (src/model/fp8_state.h). Only the copy as stored:
+// the transposed one the weight gradient needs would take a tile across 32 rows that a warp per
+// row does not have (a block's rows through shared memory, and a slower forward for a copy used
+// once), and the backward reads the norm's bf16 output anyway, so it casts it there.
 #pragma once
 #include "common.cuh"
+#include "fp8_cast.cuh"
 
 constexpr float kLayerNormEps = 1e-5f;
 constexpr int kLayerNormWarps = 8;  // rows in flight per block (one per warp)
 
 // Finishes one row given this lane's partial sum of x: writes mean, rstd and
 // out = (x - mean)·rstd·weight + bias. Variance is taken about the mean (second pass over x).
-template <typename T>
-__device__ void layernorm_row(T* out, float* mean, float* rstd, const T* x, const T* weight, const T* bias,
-                              float lane_sum, int C, int lane) {
+// kFp8: also the row's FP8 codes into out8 at scale8 (fp8_cast_chunk); returns the lane's
+// magnitude key of its outputs (0 without kFp8).
+template <typename T, bool kFp8>
+__device__ int layernorm_row(T* out, float* mean, float* rstd, const T* x, const T* weight, const T* bias,
+                             float lane_sum, int C, int lane, fp8e4m3* out8, float scale8) {
   constexpr int kVec = Vec128<T>::size;
   const int chunks = C / kVec;
   const float m = warp_sum(lane_sum) / C;
@@ -31,6 +41,7 @@ __device__ void layernorm_row(T* out, float* mean, float* rstd, const T* x, cons
     }
   }
   const float s = rsqrtf(warp_sum(lane_sq) / C + kLayerNormEps);
+  int key = 0;
   for (int j = lane; j < chunks; j += 32) {
     const Vec128<T> v = load128(x + j * kVec);
     const Vec128<T> w = load128(weight + j * kVec);
@@ -38,51 +49,68 @@ __device__ void layernorm_row(T* out, float* mean, float* rstd, const T* x, cons
     Vec128<T> y;
     for (int i = 0; i < kVec; ++i) y[i] = from_float<T>((to_float(v[i]) - m) * s * to_float(w[i]) + to_float(b[i]));
     store128(out + j * kVec, y);
+    if constexpr (kFp8) key = fp8_cast_chunk(out8 + j * kVec, y, scale8, key);
   }
   if (lane == 0) {
     *mean = m;
     *rstd = s;
   }
+  return key;
 }
 
-template <typename T>
+// kFp8 (an FP8 copy, out8 set): a kernel of its own, so that the plain norm keeps its registers.
+// The copy's arguments (out8, scale8, amax8) are Fp8Out's, passed one by one: a kernel's pointer
+// arguments are what the CPU build's stream-order checker sees it touch.
+template <typename T, bool kFp8>
 __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const T* inp, const T* weight,
-                                         const T* bias, int N, int C) {
+                                         const T* bias, int N, int C, fp8e4m3* out8, const float* scale8,
+                                         float* amax8) {
   constexpr int kVec = Vec128<T>::size;
   const int row = blockIdx.x * kLayerNormWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  if (row >= N) return;  // whole warps leave together, so the warp reductions stay complete
-  const T* x = inp + static_cast<size_t>(row) * C;
-  float lane_sum = 0.0f;
-  for (int j = lane; j < C / kVec; j += 32) {
-    const Vec128<T> v = load128(x + j * kVec);
-    for (int i = 0; i < kVec; ++i) lane_sum += to_float(v[i]);
+  int key = 0;
+  // Whole warps skip together, so the warp reductions stay complete; none returns early, as every
+  // warp takes part in the block's amax.
+  if (row < N) {
+    const size_t offset = static_cast<size_t>(row) * C;
+    float lane_sum = 0.0f;
+    for (int j = lane; j < C / kVec; j += 32) {
+      const Vec128<T> v = load128(inp + offset + j * kVec);
+      for (int i = 0; i < kVec; ++i) lane_sum += to_float(v[i]);
+    }
+    key = layernorm_row<T, kFp8>(out + offset, mean + row, rstd + row, inp + offset, weight, bias, lane_sum, C,
+                                 lane, kFp8 ? out8 + offset : nullptr, kFp8 ? *scale8 : 0.0f);
   }
-  layernorm_row(out + static_cast<size_t>(row) * C, mean + row, rstd + row, x, weight, bias, lane_sum, C, lane);
+  if (kFp8 && amax8 != nullptr) fp8_record_amax<32 * kLayerNormWarps>(amax8, key);
 }
 
 // residual = inp1 + inp2 rounded to T, then LayerNorm of those rounded values. Each lane
 // re-reads only the chunks it wrote itself, so no synchronization is needed between passes.
-template <typename T>
+template <typename T, bool kFp8>
 __global__ void residual_layernorm_forward_kernel(T* residual, T* out, float* mean, float* rstd, const T* inp1,
-                                                  const T* inp2, const T* weight, const T* bias, int N, int C) {
+                                                  const T* inp2, const T* weight, const T* bias, int N, int C,
+                                                  fp8e4m3* out8, const float* scale8, float* amax8) {
   constexpr int kVec = Vec128<T>::size;
   const int row = blockIdx.x * kLayerNormWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  if (row >= N) return;
-  const size_t offset = static_cast<size_t>(row) * C;
-  float lane_sum = 0.0f;
-  for (int j = lane; j < C / kVec; j += 32) {
-    const Vec128<T> a = load128(inp1 + offset + j * kVec);
-    const Vec128<T> b = load128(inp2 + offset + j * kVec);
-    Vec128<T> r;
-    for (int i = 0; i < kVec; ++i) {
-      r[i] = from_float<T>(to_float(a[i]) + to_float(b[i]));
-      lane_sum += to_float(r[i]);
+  int key = 0;
+  if (row < N) {  // as layernorm_forward_kernel's
+    const size_t offset = static_cast<size_t>(row) * C;
+    float lane_sum = 0.0f;
+    for (int j = lane; j < C / kVec; j += 32) {
+      const Vec128<T> a = load128(inp1 + offset + j * kVec);
+      const Vec128<T> b = load128(inp2 + offset + j * kVec);
+      Vec128<T> r;
+      for (int i = 0; i < kVec; ++i) {
+        r[i] = from_float<T>(to_float(a[i]) + to_float(b[i]));
+        lane_sum += to_float(r[i]);
+      }
+      store128(residual + offset + j * kVec, r);
     }
-    store128(residual + offset + j * kVec, r);
+    key = layernorm_row<T, kFp8>(out + offset, mean + row, rstd + row, residual + offset, weight, bias, lane_sum,
+                                 C, lane, kFp8 ? out8 + offset : nullptr, kFp8 ? *scale8 : 0.0f);
   }
-  layernorm_row(out + offset, mean + row, rstd + row, residual + offset, weight, bias, lane_sum, C, lane);
+  if (kFp8 && amax8 != nullptr) fp8_record_amax<32 * kLayerNormWarps>(amax8, key);
 }
 
 // Backward of the input, per row (norm = (x - mean)·rstd, dnorm = dout·weight):
@@ -218,25 +246,33 @@ inline size_t layernorm_backward_scratch_bytes(int N, int C) {
 }
 
 // out = LayerNorm(inp)·weight + bias per row; mean and rstd (fp32, N each) are written for
-// the backward pass.
+// the backward pass. fp8 (none by default): out's FP8 copy (N, C) and its amax, as fp8_cast of
+// out would write them (the opening comment).
 template <typename T>
 void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int N, int C,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, const Fp8Out& fp8 = {}) {
   layernorm_check_shape<T>("layernorm_forward", N, C);
-  launch(layernorm_forward_kernel<T>, dim3(ceil_div(N, kLayerNormWarps)), dim3(32 * kLayerNormWarps), 0, stream, out,
-         mean, rstd, inp, weight, bias, N, C);
+  fp8_out_check<T>("layernorm_forward", fp8);
+  auto* kernel = fp8.out != nullptr ? layernorm_forward_kernel<T, true> : layernorm_forward_kernel<T, false>;
+  launch(kernel, dim3(ceil_div(N, kLayerNormWarps)), dim3(32 * kLayerNormWarps), 0, stream, out,
+         mean, rstd, inp, weight, bias, N, C, fp8.out, fp8.scale, fp8.amax);
   CUDA_CHECK(cudaGetLastError());
 }
 
 // residual = inp1 + inp2 (fp32 add, rounded to T), then out/mean/rstd = LayerNorm of the
 // ROUNDED residual (what the backward pass will read back as its input). residual may be
-// the same buffer as inp1 or inp2 (in-place residual add); out must be distinct.
+// the same buffer as inp1 or inp2 (in-place residual add); out must be distinct. fp8: as
+// layernorm_forward's.
 template <typename T>
 void residual_layernorm_forward(T* residual, T* out, float* mean, float* rstd, const T* inp1, const T* inp2,
-                                const T* weight, const T* bias, int N, int C, cudaStream_t stream) {
+                                const T* weight, const T* bias, int N, int C, cudaStream_t stream,
+                                const Fp8Out& fp8 = {}) {
   layernorm_check_shape<T>("residual_layernorm_forward", N, C);
-  launch(residual_layernorm_forward_kernel<T>, dim3(ceil_div(N, kLayerNormWarps)), dim3(32 * kLayerNormWarps), 0,
-         stream, residual, out, mean, rstd, inp1, inp2, weight, bias, N, C);
+  fp8_out_check<T>("residual_layernorm_forward", fp8);
+  auto* kernel = fp8.out != nullptr ? residual_layernorm_forward_kernel<T, true>
+                                  : residual_layernorm_forward_kernel<T, false>;
+  launch(kernel, dim3(ceil_div(N, kLayerNormWarps)), dim3(32 * kLayerNormWarps), 0,
+         stream, residual, out, mean, rstd, inp1, inp2, weight, bias, N, C, fp8.out, fp8.scale, fp8.amax);
   CUDA_CHECK(cudaGetLastError());
 }
 

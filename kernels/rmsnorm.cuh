@@ -7,64 +7,92 @@
 // (for fp32 both roundings are exact). One warp per row; each lane owns the 128-bit column chunks
 // j ≡ lane (mod 32), so C must be a multiple of 16 / sizeof(T) (4 floats, 8 bf16). No kernel's
 // shared memory grows with C: the weight gradient is summed per column tile (below).
+//
+// The forwards can also write their output's FP8 E4M3 copy and record its amax (Fp8Out,
+// kernels/fp8_cast.cuh: the codes and amax fp8_cast gives on the rounded output, bit for bit), the
+// input cast of the product that reads the norm (src/model/fp8_state.h). Only the copy as stored:
+// the transposed one the weight gradient needs would take a tile across 32 rows that a warp per
+// row does not have (a block's rows through shared memory, and a slower forward for a copy used
+// once), and the backward reads the norm's bf16 output anyway, so it casts it there.
 #pragma once
 #include "common.cuh"
+#include "fp8_cast.cuh"
 
 constexpr int kRmsNormWarps = 8;  // rows in flight per block (one per warp)
 
 // Finishes one row given this lane's partial sum of x²: writes rstd and out = round(x·rstd)·weight.
-template <typename T>
-__device__ void rmsnorm_row(T* out, float* rstd, const T* x, const T* weight, float lane_sumsq, int C, float eps,
-                            int lane) {
+// kFp8: also the row's FP8 codes into out8 at scale8 (fp8_cast_chunk); returns the lane's
+// magnitude key of its outputs (0 without kFp8).
+template <typename T, bool kFp8>
+__device__ int rmsnorm_row(T* out, float* rstd, const T* x, const T* weight, float lane_sumsq, int C, float eps,
+                           int lane, fp8e4m3* out8, float scale8) {
   constexpr int kVec = Vec128<T>::size;
   const float s = rsqrtf(warp_sum(lane_sumsq) / C + eps);
+  int key = 0;
   for (int j = lane; j < C / kVec; j += 32) {
     const Vec128<T> v = load128(x + j * kVec);
     const Vec128<T> w = load128(weight + j * kVec);
     Vec128<T> y;
     for (int i = 0; i < kVec; ++i) y[i] = from_float<T>(to_float(from_float<T>(to_float(v[i]) * s)) * to_float(w[i]));
     store128(out + j * kVec, y);
+    if constexpr (kFp8) key = fp8_cast_chunk(out8 + j * kVec, y, scale8, key);
   }
   if (lane == 0) *rstd = s;
+  return key;
 }
 
-template <typename T>
-__global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* inp, const T* weight, int N, int C, float eps) {
+// kFp8 (an FP8 copy, out8 set): a kernel of its own, so that the plain norm keeps its registers.
+// The copy's arguments (out8, scale8, amax8) are Fp8Out's, passed one by one: a kernel's pointer
+// arguments are what the CPU build's stream-order checker sees it touch.
+template <typename T, bool kFp8>
+__global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* inp, const T* weight, int N, int C, float eps,
+                                       fp8e4m3* out8, const float* scale8, float* amax8) {
   constexpr int kVec = Vec128<T>::size;
   const int row = blockIdx.x * kRmsNormWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  if (row >= N) return;  // whole warps leave together, so the warp reductions stay complete
-  const T* x = inp + static_cast<size_t>(row) * C;
-  float lane_sumsq = 0.0f;
-  for (int j = lane; j < C / kVec; j += 32) {
-    const Vec128<T> v = load128(x + j * kVec);
-    for (int i = 0; i < kVec; ++i) lane_sumsq += to_float(v[i]) * to_float(v[i]);
+  int key = 0;
+  // Whole warps skip together, so the warp reductions stay complete; none returns early, as every
+  // warp takes part in the block's amax.
+  if (row < N) {
+    const size_t offset = static_cast<size_t>(row) * C;
+    float lane_sumsq = 0.0f;
+    for (int j = lane; j < C / kVec; j += 32) {
+      const Vec128<T> v = load128(inp + offset + j * kVec);
+      for (int i = 0; i < kVec; ++i) lane_sumsq += to_float(v[i]) * to_float(v[i]);
+    }
+    key = rmsnorm_row<T, kFp8>(out + offset, rstd + row, inp + offset, weight, lane_sumsq, C, eps, lane,
+                               kFp8 ? out8 + offset : nullptr, kFp8 ? *scale8 : 0.0f);
   }
-  rmsnorm_row(out + static_cast<size_t>(row) * C, rstd + row, x, weight, lane_sumsq, C, eps, lane);
+  if (kFp8 && amax8 != nullptr) fp8_record_amax<32 * kRmsNormWarps>(amax8, key);
 }
 
 // residual = inp1 + inp2 rounded to T, then RMSNorm of those rounded values. Each lane re-reads
 // only the chunks it wrote itself, so no synchronization is needed between passes.
-template <typename T>
+template <typename T, bool kFp8>
 __global__ void residual_rmsnorm_forward_kernel(T* residual, T* out, float* rstd, const T* inp1, const T* inp2,
-                                                const T* weight, int N, int C, float eps) {
+                                                const T* weight, int N, int C, float eps, fp8e4m3* out8,
+                                                const float* scale8, float* amax8) {
   constexpr int kVec = Vec128<T>::size;
   const int row = blockIdx.x * kRmsNormWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  if (row >= N) return;
-  const size_t offset = static_cast<size_t>(row) * C;
-  float lane_sumsq = 0.0f;
-  for (int j = lane; j < C / kVec; j += 32) {
-    const Vec128<T> a = load128(inp1 + offset + j * kVec);
-    const Vec128<T> b = load128(inp2 + offset + j * kVec);
-    Vec128<T> r;
-    for (int i = 0; i < kVec; ++i) {
-      r[i] = from_float<T>(to_float(a[i]) + to_float(b[i]));
-      lane_sumsq += to_float(r[i]) * to_float(r[i]);
+  int key = 0;
+  if (row < N) {  // as rmsnorm_forward_kernel's
+    const size_t offset = static_cast<size_t>(row) * C;
+    float lane_sumsq = 0.0f;
+    for (int j = lane; j < C / kVec; j += 32) {
+      const Vec128<T> a = load128(inp1 + offset + j * kVec);
+      const Vec128<T> b = load128(inp2 + offset + j * kVec);
+      Vec128<T> r;
+      for (int i = 0; i < kVec; ++i) {
+        r[i] = from_float<T>(to_float(a[i]) + to_float(b[i]));
+        lane_sumsq += to_float(r[i]) * to_float(r[i]);
+      }
+      store128(residual + offset + j * kVec, r);
     }
-    store128(residual + offset + j * kVec, r);
+    key = rmsnorm_row<T, kFp8>(out + offset, rstd + row, residual + offset, weight, lane_sumsq, C, eps, lane,
+                               kFp8 ? out8 + offset : nullptr, kFp8 ? *scale8 : 0.0f);
   }
-  rmsnorm_row(out + offset, rstd + row, residual + offset, weight, lane_sumsq, C, eps, lane);
+  if (kFp8 && amax8 != nullptr) fp8_record_amax<32 * kRmsNormWarps>(amax8, key);
 }
 
 // Input gradient, one warp per row (x̂ = x·rstd, dx̂ = dout·weight; the rounding of x̂ to T is
@@ -174,24 +202,31 @@ inline size_t rmsnorm_backward_scratch_bytes(int N, int C) {
 }
 
 // out = round(inp·rstd)·weight per row; rstd (fp32, N) is written for the backward pass.
+// fp8 (none by default): out's FP8 copy (N, C) and its amax, as fp8_cast of out would write them
+// (the opening comment).
 template <typename T>
 void rmsnorm_forward(T* out, float* rstd, const T* inp, const T* weight, int N, int C, float eps,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, const Fp8Out& fp8 = {}) {
   rmsnorm_check_shape<T>("rmsnorm_forward", N, C);
-  launch(rmsnorm_forward_kernel<T>, dim3(ceil_div(N, kRmsNormWarps)), dim3(32 * kRmsNormWarps), 0, stream, out, rstd,
-         inp, weight, N, C, eps);
+  fp8_out_check<T>("rmsnorm_forward", fp8);
+  auto* kernel = fp8.out != nullptr ? rmsnorm_forward_kernel<T, true> : rmsnorm_forward_kernel<T, false>;
+  launch(kernel, dim3(ceil_div(N, kRmsNormWarps)), dim3(32 * kRmsNormWarps), 0, stream, out, rstd,
+         inp, weight, N, C, eps, fp8.out, fp8.scale, fp8.amax);
   CUDA_CHECK(cudaGetLastError());
 }
 
 // residual = inp1 + inp2 (fp32 add, rounded to T), then out/rstd = RMSNorm of the ROUNDED
 // residual (what the backward pass will read back as its input). residual may be the same
-// buffer as inp1 or inp2 (in-place residual add); out must be distinct.
+// buffer as inp1 or inp2 (in-place residual add); out must be distinct. fp8: as rmsnorm_forward's.
 template <typename T>
 void residual_rmsnorm_forward(T* residual, T* out, float* rstd, const T* inp1, const T* inp2, const T* weight, int N,
-                              int C, float eps, cudaStream_t stream) {
+                              int C, float eps, cudaStream_t stream, const Fp8Out& fp8 = {}) {
   rmsnorm_check_shape<T>("residual_rmsnorm_forward", N, C);
-  launch(residual_rmsnorm_forward_kernel<T>, dim3(ceil_div(N, kRmsNormWarps)), dim3(32 * kRmsNormWarps), 0, stream,
-         residual, out, rstd, inp1, inp2, weight, N, C, eps);
+  fp8_out_check<T>("residual_rmsnorm_forward", fp8);
+  auto* kernel = fp8.out != nullptr ? residual_rmsnorm_forward_kernel<T, true>
+                                  : residual_rmsnorm_forward_kernel<T, false>;
+  launch(kernel, dim3(ceil_div(N, kRmsNormWarps)), dim3(32 * kRmsNormWarps), 0, stream,
+         residual, out, rstd, inp1, inp2, weight, N, C, eps, fp8.out, fp8.scale, fp8.amax);
   CUDA_CHECK(cudaGetLastError());
 }
 

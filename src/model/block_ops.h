@@ -15,20 +15,22 @@
 #include <functional>
 
 // out = norm(inp) over N rows of C; LayerNorm keeps mean and rstd, RMSNorm rstd only (mean unused).
+// fp8 (none by default): out's FP8 copy too (Fp8State::norm_output).
 template <typename Elem>
 void norm_forward(const ModelConfig& c, Elem* out, float* mean, float* rstd, const Elem* inp, const Elem* weight,
-                  const Elem* bias, int N, cudaStream_t s) {
-  if (c.norm == Norm::rmsnorm) return rmsnorm_forward(out, rstd, inp, weight, N, c.channels, c.norm_eps, s);
-  layernorm_forward(out, mean, rstd, inp, weight, bias, N, c.channels, s);
+                  const Elem* bias, int N, cudaStream_t s, const Fp8Out& fp8 = {}) {
+  if (c.norm == Norm::rmsnorm) return rmsnorm_forward(out, rstd, inp, weight, N, c.channels, c.norm_eps, s, fp8);
+  layernorm_forward(out, mean, rstd, inp, weight, bias, N, c.channels, s, fp8);
 }
 
-// residual = inp1 + inp2 (rounded, in place allowed), out = norm(residual).
+// residual = inp1 + inp2 (rounded, in place allowed), out = norm(residual). fp8: as norm_forward's.
 template <typename Elem>
 void residual_norm_forward(const ModelConfig& c, Elem* residual, Elem* out, float* mean, float* rstd, const Elem* inp1,
-                           const Elem* inp2, const Elem* weight, const Elem* bias, int N, cudaStream_t s) {
+                           const Elem* inp2, const Elem* weight, const Elem* bias, int N, cudaStream_t s,
+                           const Fp8Out& fp8 = {}) {
   if (c.norm == Norm::rmsnorm)
-    return residual_rmsnorm_forward(residual, out, rstd, inp1, inp2, weight, N, c.channels, c.norm_eps, s);
-  residual_layernorm_forward(residual, out, mean, rstd, inp1, inp2, weight, bias, N, c.channels, s);
+    return residual_rmsnorm_forward(residual, out, rstd, inp1, inp2, weight, N, c.channels, c.norm_eps, s, fp8);
+  residual_layernorm_forward(residual, out, mean, rstd, inp1, inp2, weight, bias, N, c.channels, s, fp8);
 }
 
 // dinp += d inp, dweight (and LayerNorm's dbias) += their gradients, from dout.

@@ -12,6 +12,17 @@
 // the scales from the histories. Current scaling: each cast measures its input first and takes
 // the scale from that amax alone, this rank's (no collective per cast: a product decodes its
 // operands with their own scales, so ranks need not agree).
+//
+// Casts fused into their producers: with delayed scaling the norms write the input casts of QKV
+// (ln1) and of the MLP's up products (ln2) as they write their bf16 output (norm_output()), which
+// saves a kernel reading that output back. Not fused: with current scaling (the amax must be
+// known before the cast, so the norm's output is measured, then cast); under sequence
+// parallelism (a norm writes this rank's rows, the product reads them all once gathered); the
+// backward's transposed input casts (a norm runs a warp per row and cannot write a transposed
+// tile cheaply, and the backward reads the bf16 output anyway); the inputs of the attention
+// projection and the MLP's down projection (the attention and activation kernels, not yet); the
+// gradients (E5M2 as stored and transposed, of matmul_backward_bias's output or cuBLASLt's). The
+// weights' copies are made once per optimizer step (refresh_weights()).
 #pragma once
 #include "kernels/common.cuh"
 #include "kernels/fp8.cuh"
@@ -43,6 +54,9 @@ struct Fp8Settings {
   bool delayed = true;  // --fp8-scaling delayed (else current)
   int history = 16;     // --fp8-amax-history
   int margin = 0;       // --fp8-margin
+  // The norms write their products' input casts where norm_output() can (off: every product casts
+  // its own input; the tests compare the two).
+  bool norm_casts = true;
 };
 
 // --fp8's settings from the flags; none without --fp8.
@@ -130,6 +144,7 @@ class Fp8State {
     fp8_scaling_init(scale_.get(), scale_inv_.get(), history_.get(), amax_.get(), tensors(), settings_.history, stream_);
     weights_stale_ = true;
     recording_ = false;
+    norm_cast_ = {};
   }
 
   // A training step starts: its activation and gradient casts record their amaxes (delayed
@@ -163,12 +178,28 @@ class Fp8State {
     weights_stale_ = false;
   }
 
+  // The FP8 copy the norm writing `ln` makes of its output (kernels/layernorm.cuh, rmsnorm.cuh:
+  // Fp8Out), as layer l's product p's input cast: act8_, the input's scale and, when this step
+  // records, its amax (cast()'s rule), for the next forward() of p on ln, which then casts nothing.
+  // `rows`: the rows of ln the norm writes. None (the product casts its input itself) with current
+  // scaling, which measures the amax before it casts, or when the norm does not write the product's
+  // whole input (sequence parallelism: this rank's rows, gathered after the norm).
+  Fp8Out norm_output(int l, Fp8Product p, const bf16* ln, int rows) {
+    if (!settings_.delayed || !settings_.norm_casts || rows != rows_) return {};
+    const int m = slot(l, input_product(p), Fp8Operand::input);
+    norm_cast_ = {m, ln};
+    return {act8_.get(), scale_.get() + m, recording_ ? amax_.get() + m : nullptr};
+  }
+
   // out (rows × out) = inp @ weight^T + bias for layer l's product p. same_input: inp is the one
-  // the previous forward call cast (SwiGLU's fc2 after fc), which is not cast again.
+  // the previous forward call cast (SwiGLU's fc2 after fc), which is not cast again; nor is an
+  // input whose norm wrote its cast (norm_output()) with nothing else written to act8_ since.
   void forward(bf16* out, const bf16* inp, int l, Fp8Product p, const bf16* bias, bool same_input = false) {
     const Fp8ProductShape& sh = shapes_[static_cast<int>(p)];
     const int in_slot = slot(l, input_product(p), Fp8Operand::input);
-    if (!same_input) cast<fp8e4m3>(act8_.get(), nullptr, inp, rows_, sh.in, in_slot, Amax::activation);
+    const bool norm_cast = norm_cast_.slot == in_slot && norm_cast_.in == inp;
+    norm_cast_ = {};
+    if (!same_input && !norm_cast) cast<fp8e4m3>(act8_.get(), nullptr, inp, rows_, sh.in, in_slot, Amax::activation);
     const int w = slot(l, p, Fp8Operand::weight);
     matmul_fp8_forward(out, act8_.get(), scale_inv_.get() + in_slot, weights8_.get() + weight_at(l, p),
                        scale_inv_.get() + w, bias, rows_, sh.in, sh.out, stream_);
@@ -191,6 +222,7 @@ class Fp8State {
     if (after_input_gradient) after_input_gradient();
     if (dweight == nullptr) return;
     const int in_slot = slot(l, input_product(p), Fp8Operand::input);
+    norm_cast_ = {};
     cast<fp8e4m3>(nullptr, act8_.get(), inp, rows_, sh.in, in_slot, Amax::none);
     matmul_fp8_weight_gradient(dweight, grad8t_.get(), scale_inv_.get() + g_slot, act8_.get(),
                                scale_inv_.get() + in_slot, rows_, sh.in, sh.out, stream_);
@@ -207,6 +239,7 @@ class Fp8State {
     fp8_update_scales(scale_.get(), scale_inv_.get(), history_.get(), amax_.get(), format_max_.get(), tensors(),
                       settings_.history, settings_.margin, true, stream_);
     recording_ = false;
+    norm_cast_ = {};  // cast with the old scales
   }
 
   // The training state a checkpoint keeps, as fp32 on the host: every tensor's scale and inverse
@@ -234,6 +267,7 @@ class Fp8State {
     }
     cuda_check(cudaMemsetAsync(amax_.get(), 0, amax_.bytes(), stream_), "zeroing the FP8 amaxes");
     weights_stale_ = true;
+    norm_cast_ = {};
   }
 
   // Device bytes held: fp8_state_bytes() of its shapes.
@@ -287,6 +321,12 @@ class Fp8State {
   DeviceArray<float> scale_, scale_inv_, amax_, history_, format_max_;
   DeviceArray<fp8e4m3> weights8_, weights8t_;
   DeviceArray<fp8e4m3> act8_;  // the forward's input cast, or the backward's transposed input
+  // The input whose cast a norm wrote into act8_ (norm_output()), until a forward reads it or
+  // anything else is written there or the scales change; slot -1: none.
+  struct NormCast {
+    int slot = -1;
+    const bf16* in = nullptr;
+  } norm_cast_;
   DeviceArray<fp8e5m2> grad8_, grad8t_;
   bool weights_stale_ = true;
   bool recording_ = false;

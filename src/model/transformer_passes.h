@@ -30,7 +30,12 @@ struct TransformerPasses {
   static const Elem* block_input(const Transformer<Elem>& m, const Activations<Elem>& a, int j);
 
   // ln (every row) from this rank's rows of `input`: the rank's rows normalized, then gathered.
-  static void norm_rows(Transformer<Elem>& m, Elem* ln, float* mean, float* rstd, const Elem* input, int l, int weight);
+  // fp8: the norm's FP8 copy of its output too (fp8_norm_output).
+  static void norm_rows(Transformer<Elem>& m, Elem* ln, float* mean, float* rstd, const Elem* input, int l, int weight,
+                        const Fp8Out& fp8 = {});
+  // With --fp8: the FP8 copy of ln that its norm writes as layer l's product p's input cast, where
+  // Fp8State::norm_output fuses that cast; none otherwise. The product must be the next FP8 call.
+  static Fp8Out fp8_norm_output(Transformer<Elem>& m, int l, Fp8Product p, const Elem* ln);
 
   // Local layer l's forward, its activations in slice j of set a, from its ln1 output (already in
   // place) to its MLP activation: everything the backward reads except ln1. The attention
@@ -128,10 +133,19 @@ const Elem* TransformerPasses<Elem>::block_input(const Transformer<Elem>& m, con
 
 template <typename Elem>
 void TransformerPasses<Elem>::norm_rows(Transformer<Elem>& m, Elem* ln, float* mean, float* rstd, const Elem* input,
-                                        int l, int weight) {
+                                        int l, int weight, const Fp8Out& fp8) {
   norm_forward(m.cfg_, m.tp_.local(ln, m.cfg_.channels), mean, rstd, input, m.param(weight, l), m.param(weight + 1, l),
-               m.tp_.local_rows(), m.stream_.get());
+               m.tp_.local_rows(), m.stream_.get(), fp8);
   m.tp_.gather(ln, m.cfg_.channels);
+}
+
+template <typename Elem>
+Fp8Out TransformerPasses<Elem>::fp8_norm_output(Transformer<Elem>& m, int l, Fp8Product p, const Elem* ln) {
+  if constexpr (std::is_same<Elem, bf16>::value) {
+    Fp8State* fp8 = m.fp8_state();
+    if (fp8 != nullptr) return fp8->norm_output(l, p, ln, m.tp_.local_rows());
+  }
+  return {};
 }
 
 template <typename Elem>
@@ -154,7 +168,7 @@ void TransformerPasses<Elem>::block_forward(Transformer<Elem>& m, Activations<El
   const Elem* attproj = m.tp_.reduce(w.branch.get(), C);
   residual_norm_forward(m.cfg_, layer_slice(a.residual2, j, static_cast<size_t>(Nl) * C), m.tp_.local(ln2, C),
                         layer_slice(a.ln2_mean, j, Nl), layer_slice(a.ln2_rstd, j, Nl), block_input(m, a, j), attproj,
-                        m.param(kLn2w, l), m.param(kLn2b, l), Nl, s);
+                        m.param(kLn2w, l), m.param(kLn2b, l), Nl, s, fp8_norm_output(m, l, Fp8Product::fc, ln2));
   m.tp_.gather(ln2, C);
   if (m.cfg_.moe())
     return expert_mlp_forward(m.cfg_, expert_buffers(m.cfg_, a, w, j, N, rerun ? nullptr : m.experts_.counts(l)),
@@ -189,7 +203,7 @@ void TransformerPasses<Elem>::queue_chunk_forward(Transformer<Elem>& m, Activati
   // The chunk's first layer normalizes its input; every later ln1 (and lnf) comes out of the
   // previous layer's fused residual add + norm.
   norm_rows(m, layer_slice(a.ln1, 0, NC), layer_slice(a.ln1_mean, 0, Nl), layer_slice(a.ln1_rstd, 0, Nl),
-            block_input(m, a, 0), first, kLn1w);
+            block_input(m, a, 0), first, kLn1w, fp8_norm_output(m, first, Fp8Product::qkv, layer_slice(a.ln1, 0, NC)));
   for (int j = 0; j < n; ++j) {
     const int l = first + j;
     block_forward(m, a, l, j);
@@ -205,7 +219,7 @@ void TransformerPasses<Elem>::queue_chunk_forward(Transformer<Elem>& m, Activati
       Elem* ln1 = layer_slice(a.ln1, j + 1, NC);
       residual_norm_forward(m.cfg_, residual3, m.tp_.local(ln1, C), layer_slice(a.ln1_mean, j + 1, Nl),
                             layer_slice(a.ln1_rstd, j + 1, Nl), residual2, fcproj, m.param(kLn1w, l + 1),
-                            m.param(kLn1b, l + 1), Nl, s);
+                            m.param(kLn1b, l + 1), Nl, s, fp8_norm_output(m, l + 1, Fp8Product::qkv, ln1));
       m.tp_.gather(ln1, C);
     } else if (m.head_at(c)) {
       residual_norm_forward(m.cfg_, residual3, m.tp_.local(a.lnf.get(), C), a.lnf_mean.get(), a.lnf_rstd.get(),
@@ -275,7 +289,7 @@ void TransformerPasses<Elem>::queue_chunk_backward(Transformer<Elem>& m, Activat
     // fused residual norm output bit for bit, statistics included (kept statistics are
     // rewritten with the values they hold).
     if (rerun_block) {
-      norm_rows(m, ln1, ln1_mean, ln1_rstd, residual, l, kLn1w);
+      norm_rows(m, ln1, ln1_mean, ln1_rstd, residual, l, kLn1w, fp8_norm_output(m, l, Fp8Product::qkv, ln1));
       block_forward(m, a, l, j, true);
     }
     // MLP branch; dresidual = d/d residual3 = d/d fcproj (with experts: d/d the combined output).

@@ -4,11 +4,15 @@
 // 16,411 at the parameter gradients' chunk cap; N = 1031 whose 17 partial rows and 2C = 80
 // columns are not multiples of the column sum's 16 warps and 32 columns; C = 8 … 784), every
 // preset's width (two rows at C = 64 … 4,096: test/preset_shapes.h) and bit-identical reruns.
+// Both forwards' FP8 copy of their output (Fp8Out) against test/fp8_copy_check.h's loops, at odd
+// shapes, every preset's width, and with a row of NaN inputs.
+#include "test/fp8_copy_check.h"
 #include "test/preset_shapes.h"
 #include "test/test_util.h"
 #include "kernels/layernorm.cuh"
 
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 namespace {
@@ -124,6 +128,31 @@ void check_forward(const LayerNormShape& s, uint64_t seed) {
   CHECK(test::bytes_of(d_out.download()) == test::bytes_of(out_first));
 }
 
+// Both forwards with an FP8 copy of their output (test/fp8_copy_check.h). nan_row >= 0: one input of
+// that row is a NaN (its outputs, codes and the amax turn NaN).
+template <typename T>
+void check_fp8_copy(const LayerNormShape& s, uint64_t seed, int nan_row = -1) {
+  INFO("N " << s.N << " C " << s.C << " NaN row " << nan_row);
+  const int N = s.N, C = s.C;
+  const size_t count = static_cast<size_t>(N) * C;
+  const Parameters<T> p(C, seed);
+  std::vector<float> x = test::round_to<T>(layernorm_input(N, C, seed + 2));
+  std::vector<float> a = test::round_to<T>(layernorm_input(N, C, seed + 3));
+  const std::vector<float> b = test::round_to<T>(test::random_floats(count, seed + 4));
+  if (nan_row >= 0) x[static_cast<size_t>(nan_row) * C + C / 2] = a[static_cast<size_t>(nan_row) * C] =
+      std::numeric_limits<float>::quiet_NaN();
+  test::DeviceBuffer<T> d_weight(test::from_floats<T>(p.weight)), d_bias(test::from_floats<T>(p.bias));
+  test::DeviceBuffer<T> d_inp(test::from_floats<T>(x)), d_a(test::from_floats<T>(a)), d_b(test::from_floats<T>(b));
+  test::DeviceBuffer<T> d_out(count), d_residual(count);
+  test::DeviceBuffer<float> d_mean(N), d_rstd(N);
+  test::check_fp8_copy<T>("layernorm_forward", d_out, N, C, [&](const Fp8Out& fp8) {
+    layernorm_forward<T>(d_out, d_mean, d_rstd, d_inp, d_weight, d_bias, N, C, nullptr, fp8);
+  });
+  test::check_fp8_copy<T>("residual_layernorm_forward", d_out, N, C, [&](const Fp8Out& fp8) {
+    residual_layernorm_forward<T>(d_residual, d_out, d_mean, d_rstd, d_a, d_b, d_weight, d_bias, N, C, nullptr, fp8);
+  });
+}
+
 template <typename T>
 void check_backward(const LayerNormShape& s, uint64_t seed) {
   INFO("N " << s.N << " C " << s.C);
@@ -218,7 +247,31 @@ TEMPLATE_TEST_CASE("layernorm forward and backward launch and match at every pre
     INFO("presets " << p.presets);
     check_forward<TestType>({2, p.C}, seed += 10);
     check_backward<TestType>({2, p.C}, seed += 10);
+    check_fp8_copy<TestType>({2, p.C}, seed += 10);
   }
+}
+
+TEMPLATE_TEST_CASE("layernorm forwards write the FP8 copy of their output and its amax", "[layernorm][fp8]", float,
+                   bf16) {
+  uint64_t seed = 6000;
+  for (const LayerNormShape& s : kShapes)
+    if (s.N < 1000) check_fp8_copy<TestType>(s, seed += 10);  // the row counts of the backward's chunks add nothing
+  check_fp8_copy<TestType>({1, 8}, seed += 10, 0);
+  check_fp8_copy<TestType>({37, 40}, seed += 10, 20);
+}
+
+TEST_CASE("layernorm forwards refuse an FP8 copy without its scale or aligned codes", "[layernorm][fp8]") {
+  test::DeviceBuffer<bf16> buf(64);
+  test::DeviceBuffer<float> stat(4);
+  test::DeviceBuffer<uint8_t> codes(72);
+  fp8e4m3* aligned = reinterpret_cast<fp8e4m3*>(codes.ptr);
+  CHECK_THROWS_WITH(layernorm_forward<bf16>(buf, stat, stat, buf, buf, buf, 2, 16, nullptr, {aligned, nullptr, nullptr}),
+                    Catch::Contains("layernorm_forward: the FP8 output has no scale"));
+  CHECK_THROWS_WITH(residual_layernorm_forward<bf16>(buf, buf, stat, stat, buf, buf, buf, buf, 2, 16, nullptr,
+                                                     {aligned + 4, stat, nullptr}),
+                    Catch::Contains("residual_layernorm_forward: the FP8 output must be 8-byte aligned"));
+  CHECK_THROWS_WITH(layernorm_forward<bf16>(buf, stat, stat, buf, buf, buf, 2, 16, nullptr, {nullptr, stat, stat}),
+                    Catch::Contains("an FP8 scale or amax without the FP8 output"));
 }
 
 TEMPLATE_TEST_CASE("layernorm forward and residual forward match CPU loops", "[layernorm]", float, bf16) {

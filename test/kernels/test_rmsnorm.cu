@@ -5,11 +5,15 @@
 // pre-filled buffers, rows of small values where eps dominates the statistic, odd shapes (N = 1,
 // 3, 37; C = 8 … 200; N = 1031 and 9001, whose weight-gradient row groups end part-full), every
 // preset's model width up to Llama 3.1 405B's C = 16384, and bit-identical reruns. The backward
-// formula itself is checked by finite differences.
+// formula itself is checked by finite differences. Both forwards' FP8 copy of their output
+// (Fp8Out) against test/fp8_copy_check.h's loops, at odd shapes, Llama's widths, and with a row of
+// NaN inputs.
+#include "test/fp8_copy_check.h"
 #include "test/test_util.h"
 #include "kernels/rmsnorm.cuh"
 
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 namespace {
@@ -155,6 +159,30 @@ void check_forward(const RmsNormShape& s, uint64_t seed) {
   CHECK(test::bytes_of(d_out.download()) == test::bytes_of(out_first));
 }
 
+// Both forwards with an FP8 copy of their output (test/fp8_copy_check.h). nan_row >= 0: one input of
+// that row is a NaN (its outputs, codes and the amax turn NaN).
+template <typename T>
+void check_fp8_copy(const RmsNormShape& s, uint64_t seed, int nan_row = -1) {
+  INFO("N " << s.N << " C " << s.C << " NaN row " << nan_row);
+  const int N = s.N, C = s.C;
+  const size_t count = static_cast<size_t>(N) * C;
+  const std::vector<float> w = rmsnorm_weight<T>(C, seed);
+  std::vector<float> x = test::round_to<T>(rmsnorm_input(N, C, seed + 1));
+  std::vector<float> a = test::round_to<T>(rmsnorm_input(N, C, seed + 2));
+  const std::vector<float> b = test::round_to<T>(test::random_floats(count, seed + 3));
+  if (nan_row >= 0) x[static_cast<size_t>(nan_row) * C + C - 1] = a[static_cast<size_t>(nan_row) * C + 1] =
+      std::numeric_limits<float>::quiet_NaN();
+  test::DeviceBuffer<T> d_weight(test::from_floats<T>(w)), d_inp(test::from_floats<T>(x));
+  test::DeviceBuffer<T> d_a(test::from_floats<T>(a)), d_b(test::from_floats<T>(b)), d_out(count), d_residual(count);
+  test::DeviceBuffer<float> d_rstd(N);
+  test::check_fp8_copy<T>("rmsnorm_forward", d_out, N, C, [&](const Fp8Out& fp8) {
+    rmsnorm_forward<T>(d_out, d_rstd, d_inp, d_weight, N, C, kEps, nullptr, fp8);
+  });
+  test::check_fp8_copy<T>("residual_rmsnorm_forward", d_out, N, C, [&](const Fp8Out& fp8) {
+    residual_rmsnorm_forward<T>(d_residual, d_out, d_rstd, d_a, d_b, d_weight, N, C, kEps, nullptr, fp8);
+  });
+}
+
 template <typename T>
 void check_backward(const RmsNormShape& s, uint64_t seed) {
   INFO("N " << s.N << " C " << s.C);
@@ -258,6 +286,28 @@ TEMPLATE_TEST_CASE("rmsnorm forward and residual forward match CPU loops", "[rms
 TEMPLATE_TEST_CASE("rmsnorm backward accumulates gradients matching CPU loops", "[rmsnorm]", float, bf16) {
   uint64_t seed = 5000;
   for (const RmsNormShape& s : kShapes) check_backward<TestType>(s, seed += 10);
+}
+
+TEMPLATE_TEST_CASE("rmsnorm forwards write the FP8 copy of their output and its amax", "[rmsnorm][fp8]", float, bf16) {
+  uint64_t seed = 6000;
+  for (const RmsNormShape& s : kShapes)
+    if (s.N < 1000) check_fp8_copy<TestType>(s, seed += 10);  // the row counts of the backward's groups add nothing
+  check_fp8_copy<TestType>({1, 8}, seed += 10, 0);
+  check_fp8_copy<TestType>({37, 40}, seed += 10, 36);
+}
+
+TEST_CASE("rmsnorm forwards refuse an FP8 copy without its scale or aligned codes", "[rmsnorm][fp8]") {
+  test::DeviceBuffer<bf16> buf(64);
+  test::DeviceBuffer<float> stat(4);
+  test::DeviceBuffer<uint8_t> codes(72);
+  fp8e4m3* aligned = reinterpret_cast<fp8e4m3*>(codes.ptr);
+  CHECK_THROWS_WITH(rmsnorm_forward<bf16>(buf, stat, buf, buf, 2, 16, kEps, nullptr, {aligned, nullptr, nullptr}),
+                    Catch::Contains("rmsnorm_forward: the FP8 output has no scale"));
+  CHECK_THROWS_WITH(residual_rmsnorm_forward<bf16>(buf, buf, stat, buf, buf, buf, 2, 16, kEps, nullptr,
+                                                   {aligned + 2, stat, nullptr}),
+                    Catch::Contains("residual_rmsnorm_forward: the FP8 output must be 8-byte aligned"));
+  CHECK_THROWS_WITH(rmsnorm_forward<bf16>(buf, stat, buf, buf, 2, 16, kEps, nullptr, {nullptr, nullptr, stat}),
+                    Catch::Contains("an FP8 scale or amax without the FP8 output"));
 }
 
 TEST_CASE("rmsnorm launchers refuse widths without whole 128-bit chunks", "[rmsnorm]") {

@@ -4,8 +4,10 @@
 // delayed and current scaling; the FP8 run really is another computation (its losses differ from
 // bf16's), its scales moved away from their initial 1 to format max / amax, and it holds the
 // bytes --plan counts. Also: the FP8 state's checkpointed values restore into a fresh model (same
-// scales), and --recompute 3 (every block rerun in the backward, its inputs cast again) gives the
-// same bits as --recompute 0.
+// scales), and --recompute 2 and 3 (the norms' outputs recomputed, or every block rerun in the
+// backward, its inputs cast again) give the same bits as --recompute 0. The norms' fused input
+// casts (Fp8State::norm_output) give the same bits as separate casts, validations between the
+// steps included, with two fewer cast launches per layer and forward.
 #include "test/test_util.h"
 #include "src/config/config.h"
 #include "src/model/transformer.h"
@@ -13,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <optional>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -38,8 +41,9 @@ Transformer<bf16> make_model(const ModelConfig& cfg, const std::optional<Fp8Sett
                            kDefaultZero3Prefetch, nullptr, false, {}, nullptr, fp8);
 }
 
-// The mean loss of every step of a kSteps-step run (one micro-step per step).
-std::vector<float> train(Transformer<bf16>& model, int steps) {
+// The mean loss of every step of a kSteps-step run (one micro-step per step); validate: after each
+// step also the loss of a forward alone on other tokens (a validation: it records no amax).
+std::vector<float> train(Transformer<bf16>& model, int steps, bool validate = false) {
   OptimizerSettings opt;
   opt.weight_decay = 0.0f;
   const size_t rows = static_cast<size_t>(kBatch) * kSeqLen;
@@ -52,8 +56,27 @@ std::vector<float> train(Transformer<bf16>& model, int steps) {
     losses.push_back(model.mean_loss());
     const float lr = 3e-3f * std::min(1.0f, static_cast<float>(step) / 10.0f);
     test::optimizer_step(model, opt, lr, step);
+    if (!validate) continue;
+    const std::vector<int> other = markov_tokens(rows + 1, model.config().vocab_size, 1000 + step);
+    const std::vector<int> other_inputs(other.begin(), other.end() - 1), other_targets(other.begin() + 1, other.end());
+    losses.push_back(model.forward(other_inputs.data(), other_targets.data()));
   }
   return losses;
+}
+
+// train()'s losses, and the launches of the FP8 casts of activations (fp8_cast_kernel to E4M3 from
+// bf16, which the weights' copies share: both runs make them alike) it made.
+std::pair<std::vector<float>, long long> train_counting_casts(Transformer<bf16>& model, int steps) {
+  DeviceProfiler& profiler = DeviceProfiler::get();
+  profiler.clear();
+  profiler.start();
+  const std::vector<float> losses = train(model, steps, true);
+  profiler.stop();
+  long long casts = 0;
+  for (const ProfileSite& site : profiler.sites())
+    if (site.name.rfind("fp8_cast_kernel<__nv_bfloat16, __nv_fp8_e4m3>", 0) == 0) casts += site.calls;
+  profiler.clear();
+  return {losses, casts};
 }
 
 }  // namespace
@@ -115,10 +138,28 @@ TEST_CASE("--fp8: the saved scales and histories restore into a fresh model", "[
                     Catch::Contains("FP8 state") && Catch::Contains("expected"));
 }
 
-TEST_CASE("--fp8 --recompute 3: the same bits as --recompute 0", "[fp8]") {
+TEST_CASE("--fp8: the norms' fused input casts give the bits of separate casts", "[fp8]") {
   const ModelConfig cfg = GENERATE(kTinyGpt2, kTinyLlama);
+  const int steps = 4;
+  Fp8Settings separate;
+  separate.norm_casts = false;
+  Transformer<bf16> fused_model = make_model(cfg, Fp8Settings{}), separate_model = make_model(cfg, separate);
+  fused_model.init_random(9);
+  separate_model.init_random(9);
+  const auto [fused_losses, fused_casts] = train_counting_casts(fused_model, steps);
+  const auto [separate_losses, separate_casts] = train_counting_casts(separate_model, steps);
+  CHECK(fused_losses == separate_losses);
+  CHECK(fused_model.parameters() == separate_model.parameters());
+  // ln1's cast for QKV and ln2's for the MLP, in every forward: each step's and each validation's.
+  CHECK(separate_casts - fused_casts == 2 * cfg.num_layers * 2 * steps);
+}
+
+TEST_CASE("--fp8 --recompute 2 and 3: the same bits as --recompute 0", "[fp8]") {
+  const ModelConfig cfg = GENERATE(kTinyGpt2, kTinyLlama);
+  const int recompute = GENERATE(2, 3);
+  CAPTURE(recompute);
   Transformer<bf16> kept = make_model(cfg, Fp8Settings{}, 0);
-  Transformer<bf16> rerun = make_model(cfg, Fp8Settings{}, 3);
+  Transformer<bf16> rerun = make_model(cfg, Fp8Settings{}, recompute);
   kept.init_random(5);
   rerun.init_random(5);
   CHECK(train(kept, 4) == train(rerun, 4));
