@@ -212,7 +212,7 @@ class Fp8State {
   // matmul_backward's contract for layer l's product p (dweight nullptr: no weight gradient), with
   // the input and weight gradients as FP8 products: g (bf16, with the bias and GELU gradients from
   // matmul_backward_bias) cast to E5M2 as stored and transposed, the input cast transposed with
-  // the scale its forward used.
+  // the scale its forward used (current scaling: measured again, see Amax).
   void backward(bf16* dinp, bf16* dweight, bf16* dbias, bf16* dpre_gelu, const bf16* dout, const bf16* inp,
                 const bf16* pre_gelu, int l, Fp8Product p, const std::function<void()>& after_input_gradient,
                 bool accumulate_input_gradient) {
@@ -226,7 +226,7 @@ class Fp8State {
     if (after_input_gradient) after_input_gradient();
     if (dweight == nullptr) return;
     const int in_slot = slot(l, input_product(p), Fp8Operand::input);
-    cast<fp8e4m3>(nullptr, act8_.get(), inp, rows_, sh.in, in_slot, Amax::none);
+    cast<fp8e4m3>(nullptr, act8_.get(), inp, rows_, sh.in, in_slot, Amax::again);
     matmul_fp8_weight_gradient(dweight, grad8t_.get(), scale_inv_.get() + g_slot, act8_.get(),
                                scale_inv_.get() + in_slot, rows_, sh.in, sh.out, stream_);
   }
@@ -341,10 +341,12 @@ class Fp8State {
     return l * sizes_.per_layer_weights + sizes_.weight_offset[static_cast<int>(p)];
   }
 
-  // What a cast's amax is for: nothing (a transposed copy of an input its forward cast), an
-  // activation or gradient of a training step, or a weight (whose copies may be made by a
-  // validation's forward: their amax counts for the next step all the same).
-  enum class Amax { none, activation, weight };
+  // What a cast's amax is for: an input its forward cast, cast again transposed (delayed scaling
+  // records nothing: its forward did; current scaling measures it again, since another micro-batch's
+  // forward, a pipeline schedule's, may have replaced the scale its forward used, and the same input
+  // gives the same scale), an activation or gradient of a training step, or a weight (whose copies
+  // may be made by a validation's forward: their amax counts for the next step all the same).
+  enum class Amax { again, activation, weight };
 
   // in (rows × cols) cast with tensor m's scale into out and/or out_t. Delayed scaling records the
   // amax for end_step (see Amax and begin_step()); current scaling measures the input, max-reduces
@@ -352,7 +354,7 @@ class Fp8State {
   template <typename F8>
   void cast(F8* out, F8* out_t, const bf16* in, int rows, int cols, int m, Amax amax) {
     const bool record = amax == Amax::weight || (amax == Amax::activation && recording_);
-    if (amax != Amax::none && !settings_.delayed) {
+    if (!settings_.delayed) {
       fp8_amax(amax_.get() + m, in, static_cast<size_t>(rows) * cols, stream_);
       reduce_amaxes(tp_, m, 1);
       fp8_update_scales(scale_.get() + m, scale_inv_.get() + m, history_.get() + static_cast<size_t>(m) * settings_.history,

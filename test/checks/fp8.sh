@@ -5,12 +5,13 @@
 # and resumed from it: the FP8 scales, inverse scales and histories are in the state files
 # (docs/CHECKPOINTS.md) and restored. Both scalings. Also: the run is FP8 (its losses differ from
 # the bf16 run's) and --plan counts the FP8 weight copies and casts. The same resume at TP 2, and
-# across pipeline layouts: PP 2 (interleaved) and one process resumed into each other (below).
+# across pipeline layouts: PP 2 (interleaved) and one process resumed into each other, and current
+# scaling's first step under gpipe equal to one process's (below).
 # usage: fp8.sh cpu|gpu
 set -u
 # shellcheck source=test/checks/lib/trainer.sh
 source "$(dirname "$0")/lib/trainer.sh" "$@"
-require_files "$bin" "$ref/model.bin" "$ref/train.bin"
+require_files "$bin" "$ref/model.bin" "$ref/train.bin" build/reference/llama-untied31/model.bin
 
 common=(--init-from "$ref/model.bin" --train-data "$ref/train.bin" --val-data "$ref/train.bin" --shuffle 1
         --batch-size 2 --seq-len 32 --lr 2e-3 --lr-schedule constant --warmup-steps 0 --val-every 3 --val-steps 1
@@ -117,6 +118,22 @@ if [ "$mode" = cpu ] || [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
   else
     fail "dev/gpt2_reference.py could not write the 4-layer model"
   fi
+  # Current scaling under gpipe (every forward before the first backward): each backward casts its
+  # micro-batch's input with that input's own scale, not the last forward's. On an untied Llama
+  # (no tied embedding summed across stages) PP 2's first step equals one process's: the loss bit
+  # for bit, the gradient norm within 1e-6 (its sum over the stages rounds apart: ~1e-7).
+  llama=build/reference/llama-untied31
+  common=(--init-from "$llama/model.bin" --train-data "$llama/train.bin" --val-data "$llama/train.bin" --batch-size 2
+          --seq-len 32 --total-batch-tokens 128 --max-steps 1 --save 0 --fp8 1 --fp8-scaling current)
+  run current-one 1 && run current-pp 2 --pp 2 --pp-schedule gpipe &&
+    { "$python" - "$tmp/current-one/metrics.jsonl" "$tmp/current-pp/metrics.jsonl" <<'PY' || fail "current scaling: PP 2's first step differs from one process's"
+import json, sys
+a, b = (json.loads(open(p).readline()) for p in sys.argv[1:3])
+rel = abs(a["grad_norm"] - b["grad_norm"]) / a["grad_norm"]
+print(f"  current scaling, PP 2 (gpipe) vs one process: loss {b['train_loss']} vs {a['train_loss']}, grad norm relative {rel:.1e}")
+sys.exit(0 if a["train_loss"] == b["train_loss"] and rel <= 1e-6 else 1)
+PY
+    }
 fi
 
 [ $failures -eq 0 ] && echo "fp8: ok"
