@@ -16,6 +16,9 @@
 #   throughput   d12, T=1024, B=64 (then 32 and 8 while time allows): 15 steps timed after 3,
 #                tokens/s, ms/step, MFU, peak memory against the plan; Llama 3.2 1B at T=2048,
 #                B=8 the same way (where the pack has Llama 3 shards); --profile 5 at B=64      120 s
+#   fp8          --fp8 against bf16 in the same job, d48 (T=1024, B=8) and Llama 3.2 1B (T=2048, B=8,
+#                where the pack has Llama 3 shards): tokens/s of each, their ratio (issue 35's
+#                target: 1.25x) and the last losses                                            100 s
 #   attention    ours against PyTorch's SDPA at d12's training shape, forward and forward+backward 60 s
 #   tests        the packed kernel and model test binaries                                       120 s
 #   determinism  one 20-step nano run twice: every record and model.bin bit-identical             40 s
@@ -47,8 +50,8 @@ pack=${GPU_PACK:-gpu-pack}
 out=${QUICK_OUT:-$PWD/gpu-quick}
 budget=${1:-420}
 dry_run=${QUICK_DRY_RUN:-0}
-all_stages=(device smoke parity hf throughput attention tests determinism sanitizer large)
-declare -A estimate=([device]=10 [smoke]=30 [parity]=60 [hf]=30 [throughput]=120 [attention]=60 [tests]=120
+all_stages=(device smoke parity hf throughput fp8 attention tests determinism sanitizer large)
+declare -A estimate=([device]=10 [smoke]=30 [parity]=60 [hf]=30 [throughput]=120 [fp8]=100 [attention]=60 [tests]=120
                      [determinism]=40 [sanitizer]=90 [large]=120)
 
 die() { echo "gpu_quick: $*" >&2; exit 2; }
@@ -109,7 +112,7 @@ cublas_file=$(for d in ${LD_LIBRARY_PATH//:/ }; do compgen -G "$d/libcublasLt.so
 if [ "$dry_run" = 1 ]; then
   d12=(--model nano --seq-len 64); big_batches=(4 2 1); timed=3 warm=1 profile_steps=3
   llama=(--model llama-nano --seq-len 32); llama_batch=2
-  d48=(--model micro --seq-len 64); det=(--model nano --batch-size 2 --seq-len 32 --max-steps 6 --val-every 3 --val-steps 2)
+  d48=(--model micro --seq-len 64); fp8_batch=4; det=(--model nano --batch-size 2 --seq-len 32 --max-steps 6 --val-every 3 --val-steps 2)
   # The model tests' tiny reference (dev/gpt2_reference.py's defaults: B=2, T=32) stands in for
   # the parity reference, which takes minutes on a CPU.
   parity=(build/reference/tiny 2 32)
@@ -117,7 +120,7 @@ if [ "$dry_run" = 1 ]; then
 else
   d12=(--model d12 --seq-len 1024); big_batches=(64 32 8); timed=15 warm=3 profile_steps=5
   llama=(--model llama3.2-1b --seq-len 2048); llama_batch=8
-  d48=(--model d48 --seq-len 1024); det=(--model nano --batch-size 8 --seq-len 128 --max-steps 20 --val-every 10 --val-steps 4)
+  d48=(--model d48 --seq-len 1024); fp8_batch=8; det=(--model nano --batch-size 8 --seq-len 128 --max-steps 20 --val-every 10 --val-steps 4)
   parity=(build/reference/parity 4 256)  # the reference's directory, B and T (its parity.args)
   device_name=$(nvidia-smi -i 0 --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 fi
@@ -299,6 +302,43 @@ print("%s ms/step, %s tok/s, MFU %s%%, plan %s MiB" % (d["ms_per_step"], d["toke
   else
     status=FAIL; text+="; --profile failed (logs/throughput/profile.log)"
   fi
+}
+
+stage_fp8() {
+  local model batch kind figures_json rate line
+  local -A tps
+  status=PASS; text=""
+  for model in d48 llama; do
+    local -n shape=$model
+    local data=()
+    batch=$fp8_batch
+    if [ "$model" = llama ]; then
+      if ! compgen -G "data/llama3/*_train_*.bin" >/dev/null; then text+="; ${shape[1]}: not run (no Llama 3 shards)"; continue; fi
+      data=(--train-data "data/llama3/*_train_*.bin" --val-data "data/llama3/*_val_*.bin")
+    fi
+    for kind in bf16 fp8; do
+      local flags=("${shape[@]}" "${data[@]}" --max-steps $((warm + timed)) "${quiet[@]}")
+      [ "$kind" = fp8 ] && flags+=(--fp8 1)
+      if [ "$(left)" -lt 20 ]; then text+="${text:+; }${shape[1]} $kind: not run ($(left) s left)"; continue; fi
+      measured "$model-$kind" "$batch" "${flags[@]}"
+      if [ "$run_ok" -eq 0 ] && figures_json=$(report throughput "$logs/fp8/$model-$kind.log" "$work/$model-$kind/metrics.jsonl" \
+                                                 "$batch" "${shape[3]}" "$warm" "$ACCEPTANCE_DEVICE"); then
+        tps[$model-$kind]=$(py 'import json, sys; print(json.loads(sys.argv[1])["tokens_per_s"])' "$figures_json")
+        line=$(py 'import json, sys; r = [json.loads(l) for l in open(sys.argv[1]) if "train_loss" in l]; print(r[-1]["train_loss"])' \
+               "$work/$model-$kind/metrics.jsonl")
+        text+="${text:+; }${shape[1]} B=$batch $kind: ${tps[$model-$kind]} tok/s, last loss $line, $peak_mib MiB used"
+        figures+=("${model}_$kind=$figures_json")
+      else
+        status=FAIL
+        text+="${text:+; }${shape[1]} $kind: FAILED (logs/fp8/$model-$kind.log: $(tail -n 1 "$logs/fp8/$model-$kind.log"))"
+      fi
+    done
+    if [ -n "${tps[$model-bf16]:-}" ] && [ -n "${tps[$model-fp8]:-}" ]; then
+      rate=$(py 'import sys; print("%.3f" % (float(sys.argv[2]) / float(sys.argv[1])))' "${tps[$model-bf16]}" "${tps[$model-fp8]}")
+      text+=" (fp8/bf16 ${rate}x; target 1.25x)"
+      figures+=("${model}_fp8_speedup=$rate")
+    fi
+  done
 }
 
 stage_attention() {

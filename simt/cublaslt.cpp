@@ -586,6 +586,11 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t ligh
   for (int i = 0; i < 4; ++i)
     result.algo.data[1 + i] = problem.fp8 && i < 3 ? std::max(p->alignment[i], 16u) : p->alignment[i];
   result.algo.data[5] = workspace;
+  // Which of the A/B/C/D scale pointers the descriptor held when the algorithm was chosen (see
+  // cublasLtMatmul: an FP8 algorithm chosen without scaling does not run with it).
+  const MatmulDesc& chosen_for = *desc_of(operationDesc);
+  for (int i = 0; i < 4; ++i)
+    if (chosen_for.scale[i] != nullptr) result.algo.data[6] |= uint64_t{1} << i;
   result.workspaceSize = workspace;
   result.state = CUBLAS_STATUS_SUCCESS;
   result.wavesCount = 1.0f;
@@ -621,6 +626,12 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t lightHandle, cublasL
   const void* operands[4] = {A, B, C, D};
   if (algo != nullptr) {
     if (algo->data[0] != kAlgoMagic) return CUBLAS_STATUS_INVALID_VALUE;
+    // Observed on an H200 (CUDA 13's cuBLASLt): an FP8 product whose algorithm the heuristic chose
+    // for a descriptor without the A/B scale pointers answers NOT_SUPPORTED once they are set, so
+    // a scale pointer set after the choice is refused here too.
+    for (int i = 0; i < 4; ++i)
+      if (pr.fp8 && desc->scale[i] != nullptr && (algo->data[6] & (uint64_t{1} << i)) == 0)
+        return CUBLAS_STATUS_NOT_SUPPORTED;
     for (int i = 0; i < 4; ++i)
       if (operands[i] != nullptr && alignment_of(operands[i]) < algo->data[1 + i]) return CUBLAS_STATUS_INVALID_VALUE;
   } else if (pr.fp8) {  // the library's own choice: no FP8 kernel takes A, B or C less than 16-byte aligned

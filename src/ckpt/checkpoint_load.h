@@ -5,6 +5,7 @@
 #pragma once
 #include "kernels/common.cuh"
 #include "src/base/durable_file.h"
+#include "src/base/error_context.h"
 #include "src/ckpt/checkpoint.h"
 #include "src/ckpt/checkpoint_dirs.h"
 #include "src/dist/comm.h"
@@ -202,20 +203,21 @@ inline uint64_t read_checkpoint_seed(const Checkpoint& c) {
 }
 
 namespace checkpoint_detail {
-// --fp8's scaling state from `first` (rank 0's state file; its file position after the windows).
-// Its scales are every TP and DP rank's (the amaxes are reduced over both), so without a pipeline
-// any rank's file serves; a pipeline's stages hold other layers, which a resume does not map yet. A
-// checkpoint without an FP8 section (a run without --fp8) leaves the fresh state of model.load().
+// --fp8's scaling state from `first` (rank 0's state file; its file position after the windows):
+// the whole model's in global layer order (written at any --pp, or by an older build without a
+// pipeline, where the rank's layers were the model's), of which this rank restores its stage's
+// layers. With delayed scaling its scales are every TP and DP rank's (the amaxes are reduced over
+// both); current scaling's are a record of the last casts (the next cast measures its own): any
+// rank's file serves. A checkpoint without an FP8 section (a run without --fp8) leaves the fresh state of
+// model.load().
 template <typename Elem>
-void load_fp8_state(const Checkpoint& c, const StateSource& first, int old_pp, Transformer<Elem>& model) {
+void load_fp8_state(const StateSource& first, Transformer<Elem>& model) {
   Fp8State* fp8 = model.fp8_state();
   if (fp8 == nullptr || first.fp8_count == 0) return;
-  if (old_pp > 1 || model.pipeline().comm != nullptr)
-    throw std::runtime_error(c.path + ": resuming --fp8's scaling state with pipeline parallelism is not supported");
   std::vector<float> values(first.fp8_count);
   if (std::fseek(first.file, sizeof(uint64_t), SEEK_CUR) != 0) throw file_error(first.path, "cannot seek", errno);
   read_exact(first.file, values.data(), values.size() * sizeof(float), first.path, "the FP8 section");
-  fp8->restore_state(values);
+  with_context(first.path, [&] { fp8->restore_whole_model_state(values, model.stage(), model.config().num_layers); });
 }
 }  // namespace checkpoint_detail
 
@@ -292,5 +294,5 @@ void load_checkpoint(const Checkpoint& c, Transformer<Elem>& model, TrainingStat
   state->guards.skipped_norm_z = h.skipped_norm_z;
   state->guards.loss_window.assign(loss_values);
   state->guards.norm_window.assign(norm_values);
-  checkpoint_detail::load_fp8_state(c, first, old_pp, model);
+  checkpoint_detail::load_fp8_state(first, model);
 }

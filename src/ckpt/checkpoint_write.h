@@ -116,11 +116,19 @@ WrittenFile write_checkpoint_model(const std::string& dir, const Transformer<Ele
   return f;
 }
 
+// --fp8's section of every state file: the whole model's FP8 scaling state, gathered from the
+// pipeline's stages (Fp8State::whole_model_state; a collective every rank joins); empty without --fp8.
+template <typename Elem>
+std::vector<float> fp8_section(const Transformer<Elem>& model) {
+  const Fp8State* fp8 = model.fp8_state();
+  return fp8 != nullptr ? fp8->whole_model_state(model.pipeline(), model.config().num_layers) : std::vector<float>{};
+}
+
 // This rank's state file: its header, then its optimizer shard, the guards' windows and, with
-// --fp8, the FP8 scaling state.
+// --fp8, the FP8 scaling state (`fp8`, fp8_section()'s; empty: none).
 template <typename Elem>
 WrittenFile write_state_file(const std::string& dir, const Transformer<Elem>& model, const TrainingState& state,
-                             const CheckpointWriteInfo& info) {
+                             const CheckpointWriteInfo& info, const std::vector<float>& fp8) {
   const GradientSync<Elem>& owned = model.gradient_sync();
   StateHeader h{};
   std::memcpy(h.magic, kStateMagic, sizeof h.magic);
@@ -157,11 +165,10 @@ WrittenFile write_state_file(const std::string& dir, const Transformer<Elem>& mo
   write_device_floats(out, model.adam_v_device(), h.state_count);
   write_window(out, state.guards.loss_window);
   write_window(out, state.guards.norm_window);
-  if (const Fp8State* fp8 = model.fp8_state()) {  // --fp8: its section (docs/CHECKPOINTS.md)
-    const std::vector<float> values = fp8->saved_state();
-    const uint64_t count = values.size();
+  if (!fp8.empty()) {  // --fp8: its section (docs/CHECKPOINTS.md)
+    const uint64_t count = fp8.size();
     out.write(&count, sizeof count);
-    out.write(values.data(), values.size() * sizeof(float));
+    out.write(fp8.data(), fp8.size() * sizeof(float));
   }
   out.commit();
   return {out.size(), out.crc32c()};
@@ -219,9 +226,10 @@ void write_manifest(const std::string& dir, const Transformer<Elem>& model, cons
 // process; every rank must call it), in three phases, each ending with the ranks agreeing that
 // it succeeded: rank 0 prepares the directory; rank 0 writes model.bin (at ZeRO 3 from the
 // parameters every rank helps gather) and every rank its own state file (its optimizer shard and
-// data position); rank 0 writes the manifest last. OUT must
-// be one shared directory for all ranks. If any rank fails, rank 0 removes the partial directory
-// and every rank throws; other checkpoints are never touched. Returns the directory.
+// data position; with --fp8 the whole model's FP8 state, gathered from the pipeline's stages before
+// the first phase); rank 0 writes the manifest last. OUT must be one shared directory for all
+// ranks. If any rank fails, rank 0 removes the partial directory and every rank throws; other
+// checkpoints are never touched. Returns the directory.
 template <typename Elem>
 std::string write_checkpoint(const std::string& out_dir, const Transformer<Elem>& model, const TrainingState& state,
                              const CheckpointWriteInfo& info, Communicator* comm = nullptr) {
@@ -230,6 +238,9 @@ std::string write_checkpoint(const std::string& out_dir, const Transformer<Elem>
   const bool lead = info.rank == 0;
   // The state read below is final once the step's update (queued, not waited for) is done.
   cuda_check(cudaStreamSynchronize(model.stream()), "finishing the step before its checkpoint");
+  // Gathered before any part that may fail on one rank alone, so that no rank waits in it for one
+  // that stopped.
+  const std::vector<float> fp8 = fp8_section(model);
   CollectiveAttempt attempt(comm, lead, dir);
 
   if (lead) attempt.run([&] { prepare_checkpoint_dir(out_dir, dir); });
@@ -237,7 +248,7 @@ std::string write_checkpoint(const std::string& out_dir, const Transformer<Elem>
 
   WrittenFile model_file, state_file;
   attempt.run([&] { model_file = write_checkpoint_model(dir, model, lead); });
-  attempt.run([&] { state_file = write_state_file(dir, model, state, info); });
+  attempt.run([&] { state_file = write_state_file(dir, model, state, info, fp8); });
   attempt.agree();
 
   const nlohmann::ordered_json files = manifest_files(comm, info.world_size, model_file, state_file);

@@ -68,7 +68,7 @@ const std::vector<Flag>& flag_table() {
        "on cuBLASLt: E4M3 activations and weights, E5M2 gradients, bf16 results (sm_90 and newer; --dtype bf16)",
        &TrainConfig::fp8},
       {"fp8-scaling", "delayed|current", "FP8 per-tensor scales: delayed (from the amax history of past steps, "
-       "reduced over the ranks) or current (from each cast's own amax, this rank's)", &TrainConfig::fp8_scaling, {},
+       "reduced over the ranks) or current (from each cast's own amax, reduced over the tensor-parallel group)", &TrainConfig::fp8_scaling, {},
        {"delayed", "current"}},
       {"fp8-amax-history", "N", "with --fp8-scaling delayed: steps of amaxes a scale is computed from",
        &TrainConfig::fp8_amax_history, {1, 1024}},

@@ -2,16 +2,21 @@
 // running amaxes of the operands of the blocks' Linear products (kernels/fp8_scaling.cuh), the
 // weights' FP8 copies (as stored and transposed, remade after every change of the weights), the work
 // buffers the activation and gradient casts write, and the products themselves through them
-// (kernels/matmul_fp8.cuh). The LM head stays bf16: its softmax reads logits that FP8's 3 mantissa
-// bits would blur, and at GPT-2's vocabulary the head is a small share of a large model's FLOPs.
+// (kernels/matmul_fp8.cuh); the whole model's scaling state a checkpoint keeps, gathered from the
+// pipeline's stages and restored into any other stages' layers. The LM head stays bf16: its softmax
+// reads logits that FP8's 3 mantissa bits would blur, and at GPT-2's vocabulary the head is a small
+// share of a large model's FLOPs.
 //
 // Scaled tensors, per layer and product (Fp8Product): its input (E4M3), its weight (E4M3) and its
 // output gradient (E5M2). SwiGLU's fc and fc2 read one input (ln2): fc2 uses fc's input slot.
-// Delayed scaling: casts record amaxes during the step; end_step() max-reduces them over the
-// tensor-parallel and data-parallel groups (every rank then computes the same scales) and updates
-// the scales from the histories. Current scaling: each cast measures its input first and takes
-// the scale from that amax alone, this rank's (no collective per cast: a product decodes its
-// operands with their own scales, so ranks need not agree).
+// Every amax is max-reduced over the tensor-parallel group before a scale comes from it, so a TP
+// rank, which holds part of a weight or of a split activation (or the whole of a replicated one),
+// uses the scale a TP 1 run would. Delayed scaling: casts record amaxes during the step; end_step()
+// max-reduces them over the tensor-parallel and data-parallel groups (every rank then computes the
+// same scales) and updates the scales from the histories. Current scaling: each cast measures its
+// input, max-reduces that amax over the tensor-parallel group (one all-reduce of one value per
+// cast) and takes the scale from it at once; not over the data-parallel group, whose ranks cast
+// other data (a product decodes its operands with their own scales, so DP ranks need not agree).
 //
 // Casts fused into their producers: with delayed scaling the norms write the input casts of QKV
 // (ln1) and of the MLP's up products (ln2) as they write their bf16 output (norm_output()), which
@@ -34,6 +39,7 @@
 #include "src/config/config.h"
 #include "src/config/model_config.h"
 #include "src/dist/comm.h"
+#include "src/dist/tensor_split.h"
 
 #include <algorithm>
 #include <functional>
@@ -49,6 +55,35 @@ constexpr int kFp8Products = 5;
 // The scaled operands of a product.
 enum class Fp8Operand : int { input, weight, grad };
 constexpr int kFp8Operands = 3;
+
+// The scaling state of `layers` layers as one array, the device's and a checkpoint's layout alike:
+// the M = layers · 5 · 3 tensors' scales, then their inverse scales, then their amax histories
+// (M × H, row m tensor m's, newest first), tensor slot(l, p, o) = (l · 5 + p) · 3 + o. A layer's
+// values are thus one run in each of the three sections: a stage's layers are placed into the whole
+// model's state, and picked out of it, by copy_layer.
+struct Fp8StateLayout {
+  static constexpr int kPerLayer = kFp8Products * kFp8Operands;  // tensors per layer
+  int layers = 0, history = 0;
+  static int slot(int l, Fp8Product p, Fp8Operand o) {
+    return (l * kFp8Products + static_cast<int>(p)) * kFp8Operands + static_cast<int>(o);
+  }
+  size_t tensors() const { return static_cast<size_t>(layers) * kPerLayer; }
+  size_t count() const { return tensors() * (2 + static_cast<size_t>(history)); }
+  // Layer `from_layer`'s values of `from` (laid out by `source`) into layer `to_layer` of `to` (laid
+  // out by this), the same history length.
+  void copy_layer(const Fp8StateLayout& source, const float* from, int from_layer, float* to, int to_layer) const {
+    for (int section = 0; section < 3; ++section)
+      std::copy_n(from + source.run_at(section, from_layer), run_length(section), to + run_at(section, to_layer));
+  }
+
+ private:
+  // Where layer l's values start in section 0 (scales), 1 (inverse scales) or 2 (histories), and
+  // how many there are.
+  size_t run_length(int section) const { return kPerLayer * (section == 2 ? static_cast<size_t>(history) : 1); }
+  size_t run_at(int section, int l) const {
+    return (section == 2 ? 2 * tensors() : section * tensors()) + static_cast<size_t>(l) * run_length(section);
+  }
+};
 
 struct Fp8Settings {
   bool delayed = true;  // --fp8-scaling delayed (else current)
@@ -113,13 +148,13 @@ inline size_t fp8_state_bytes(const std::vector<Fp8ProductShape>& shapes, int la
 
 class Fp8State {
  public:
-  // `shapes`: the five products' shapes on this rank (Fp8Product order); `groups`: the
-  // communicators the amaxes are max-reduced over (nullptr or single-rank entries skipped).
-  Fp8State(const Fp8Settings& settings, int layers, int rows, std::vector<Fp8ProductShape> shapes,
-           std::vector<Communicator*> groups, cudaStream_t stream)
-      : settings_(settings), layers_(layers), rows_(rows), shapes_(std::move(shapes)), sizes_(shapes_), stream_(stream) {
-    for (Communicator* g : groups)
-      if (g != nullptr && g->world_size() > 1) groups_.push_back(g);
+  // `shapes`: the five products' shapes on this rank (Fp8Product order); `tp`, `dp`: the
+  // tensor-parallel and data-parallel groups the amaxes are max-reduced over (nullptr or one rank:
+  // none).
+  Fp8State(const Fp8Settings& settings, int layers, int rows, std::vector<Fp8ProductShape> shapes, Communicator* tp,
+           Communicator* dp, cudaStream_t stream)
+      : settings_(settings), layout_{layers, settings.history}, rows_(rows), shapes_(std::move(shapes)), sizes_(shapes_),
+        tp_(several(tp)), dp_(several(dp)), stream_(stream) {
     const int M = tensors();
     scale_ = DeviceArray<float>(M, "FP8 scales");
     scale_inv_ = DeviceArray<float>(M, "FP8 inverse scales");
@@ -167,7 +202,7 @@ class Fp8State {
   // Remakes the weights' FP8 copies when stale; weight(p, l) is layer l's weight of product p.
   void refresh_weights(const std::function<const bf16*(Fp8Product, int)>& weight) {
     if (!weights_stale_) return;
-    for (int l = 0; l < layers_; ++l)
+    for (int l = 0; l < layout_.layers; ++l)
       for (int p = 0; p < kFp8Products; ++p) {
         const Fp8ProductShape& sh = shapes_[p];
         if (sh.out == 0) continue;
@@ -208,7 +243,7 @@ class Fp8State {
   // matmul_backward's contract for layer l's product p (dweight nullptr: no weight gradient), with
   // the input and weight gradients as FP8 products: g (bf16, with the bias and GELU gradients from
   // matmul_backward_bias) cast to E5M2 as stored and transposed, the input cast transposed with
-  // the scale its forward used.
+  // the scale its forward used (current scaling: measured again, see Amax).
   void backward(bf16* dinp, bf16* dweight, bf16* dbias, bf16* dpre_gelu, const bf16* dout, const bf16* inp,
                 const bf16* pre_gelu, int l, Fp8Product p, const std::function<void()>& after_input_gradient,
                 bool accumulate_input_gradient) {
@@ -223,29 +258,27 @@ class Fp8State {
     if (dweight == nullptr) return;
     const int in_slot = slot(l, input_product(p), Fp8Operand::input);
     norm_cast_ = {};
-    cast<fp8e4m3>(nullptr, act8_.get(), inp, rows_, sh.in, in_slot, Amax::none);
+    cast<fp8e4m3>(nullptr, act8_.get(), inp, rows_, sh.in, in_slot, Amax::again);
     matmul_fp8_weight_gradient(dweight, grad8t_.get(), scale_inv_.get() + g_slot, act8_.get(),
                                scale_inv_.get() + in_slot, rows_, sh.in, sh.out, stream_);
   }
 
-  // After the step's backward: delayed scaling's amaxes max-reduced over the groups, then every
-  // scale updated from its history (current scaling updated its scales at each cast).
+  // After the step's backward: delayed scaling's amaxes max-reduced over the TP and DP groups,
+  // then every scale updated from its history (current scaling updated its scales at each cast).
   void end_step() {
     if (!settings_.delayed) return;
-    for (Communicator* g : groups_) {
-      g->set_purpose("FP8 amaxes", g->purpose_when());
-      g->ordered_with(stream_, [&] { g->all_reduce(amax_.get(), static_cast<size_t>(tensors()), ncclMax); });
-    }
+    for (Communicator* g : {tp_, dp_}) reduce_amaxes(g, 0, tensors());
     fp8_update_scales(scale_.get(), scale_inv_.get(), history_.get(), amax_.get(), format_max_.get(), tensors(),
                       settings_.history, settings_.margin, true, stream_);
     recording_ = false;
     norm_cast_ = {};  // cast with the old scales
   }
 
-  // The training state a checkpoint keeps, as fp32 on the host: every tensor's scale and inverse
-  // scale, then the histories (M × H): after end_step() the same on every rank of the groups.
-  // Restored as they are (the amaxes pending, the weights', are recorded again when the restored
-  // weights are cast), a resume continues bit for bit.
+  // This rank's layers' scaling state as fp32 on the host (Fp8StateLayout of its local layers):
+  // with delayed scaling, after end_step(), the same on every rank of the TP and DP groups; with
+  // current scaling a record of the last casts (the next cast measures its own). Restored as it is (the amaxes
+  // pending, the weights', are recorded again when the restored weights are cast), a resume
+  // continues bit for bit.
   std::vector<float> saved_state() const {
     std::vector<float> out;
     for (const DeviceArray<float>* a : {&scale_, &scale_inv_, &history_}) {
@@ -254,12 +287,11 @@ class Fp8State {
     }
     return out;
   }
-  size_t saved_state_count() const { return 2 * static_cast<size_t>(tensors()) + history_.count(); }
   // Restores saved_state()'s values (a resume); the weights are cast again with the restored scales.
   void restore_state(const std::vector<float>& values) {
-    if (values.size() != saved_state_count())
+    if (values.size() != layout_.count())
       throw std::runtime_error("FP8 state: " + std::to_string(values.size()) + " values, expected " +
-                               std::to_string(saved_state_count()) + " (the same model, ranks and --fp8-amax-history)");
+                               std::to_string(layout_.count()) + " (the same model and --fp8-amax-history)");
     size_t at = 0;
     for (DeviceArray<float>* a : {&scale_, &scale_inv_, &history_}) {
       upload_floats(a->get(), std::vector<float>(values.begin() + at, values.begin() + at + a->count()), "FP8 state");
@@ -268,6 +300,51 @@ class Fp8State {
     cuda_check(cudaMemsetAsync(amax_.get(), 0, amax_.bytes(), stream_), "zeroing the FP8 amaxes");
     weights_stale_ = true;
     norm_cast_ = {};
+  }
+
+  // What a checkpoint keeps: the whole model's scaling state (Fp8StateLayout of `num_layers` layers,
+  // global layer order) from every pipeline stage's (`pipeline`: each stage's layers, this rank's
+  // place and the communicator): each stage's saved_state(), padded to the largest stage's, is
+  // all-gathered on the device and its layers placed at their global indices. A collective over
+  // the pipeline's communicator (named by the caller's purpose: the checkpoint); without a
+  // pipeline, saved_state().
+  std::vector<float> whole_model_state(const PipelineParts& pipeline, int num_layers) const {
+    std::vector<float> mine = saved_state();
+    if (pipeline.comm == nullptr) return mine;
+    const int H = settings_.history;
+    size_t largest = 0;
+    for (const StagePart& part : pipeline.stages)
+      largest = std::max(largest, Fp8StateLayout{static_cast<int>(part.layers.size()), H}.count());
+    mine.resize(largest);
+    Communicator& pp = *pipeline.comm;
+    DeviceArray<float> staging(largest * pipeline.size(), "gathering the pipeline stages' FP8 state");
+    float* own = staging.get() + pipeline.rank * largest;
+    cuda_check(cudaMemcpyAsync(own, mine.data(), largest * sizeof(float), cudaMemcpyHostToDevice, stream_),
+               "staging the FP8 state");
+    pp.ordered_with(stream_, [&] { pp.all_gather(own, staging.get(), largest); });
+    const std::vector<float> all = copy_floats_to_host(staging.get(), staging.count(), stream_);
+    const Fp8StateLayout whole{num_layers, H};
+    std::vector<float> out(whole.count());
+    for (int r = 0; r < pipeline.size(); ++r) {
+      const std::vector<int>& layers = pipeline.stages[r].layers;
+      const Fp8StateLayout stage{static_cast<int>(layers.size()), H};
+      for (int j = 0; j < stage.layers; ++j) whole.copy_layer(stage, all.data() + r * largest, j, out.data(), layers[j]);
+    }
+    return out;
+  }
+  // Restores this stage's layers (`stage`: their global indices) from the whole model's state of
+  // `num_layers` layers, whole_model_state()'s at any pipeline layout (a resume).
+  void restore_whole_model_state(const std::vector<float>& values, const StagePart& stage, int num_layers) {
+    const Fp8StateLayout whole{num_layers, settings_.history};
+    if (values.size() != whole.count())
+      throw std::runtime_error("FP8 state: " + std::to_string(values.size()) + " values, the whole model's at " +
+                               std::to_string(num_layers) + " layers and --fp8-amax-history " +
+                               std::to_string(settings_.history) + " has " + std::to_string(whole.count()) +
+                               " (another --fp8-amax-history, or an older build's pipeline run, which saved its "
+                               "first stage's layers alone)");
+    std::vector<float> mine(layout_.count());
+    for (int j = 0; j < layout_.layers; ++j) layout_.copy_layer(whole, values.data(), stage.layers[j], mine.data(), j);
+    restore_state(mine);
   }
 
   // Device bytes held: fp8_state_bytes() of its shapes.
@@ -282,9 +359,15 @@ class Fp8State {
   }
 
  private:
-  int tensors() const { return layers_ * kFp8Products * kFp8Operands; }
-  static int slot(int l, Fp8Product p, Fp8Operand o) {
-    return (l * kFp8Products + static_cast<int>(p)) * kFp8Operands + static_cast<int>(o);
+  static Communicator* several(Communicator* g) { return g != nullptr && g->world_size() > 1 ? g : nullptr; }
+  int tensors() const { return static_cast<int>(layout_.tensors()); }
+  static int slot(int l, Fp8Product p, Fp8Operand o) { return Fp8StateLayout::slot(l, p, o); }
+  // Tensors [first, first + n)'s amaxes max-reduced over group g (none: nothing to do), between the
+  // stream's work that measured them and the work that reads them.
+  void reduce_amaxes(Communicator* g, int first, int n) {
+    if (g == nullptr) return;
+    g->set_purpose("FP8 amaxes", g->purpose_when());
+    g->ordered_with(stream_, [&] { g->all_reduce(amax_.get() + first, static_cast<size_t>(n), ncclMax); });
   }
   // SwiGLU's fc2 reads fc's input: one cast, one scale.
   static Fp8Product input_product(Fp8Product p) { return p == Fp8Product::fc2 ? Fp8Product::fc : p; }
@@ -292,19 +375,22 @@ class Fp8State {
     return l * sizes_.per_layer_weights + sizes_.weight_offset[static_cast<int>(p)];
   }
 
-  // What a cast's amax is for: nothing (a transposed copy of an input its forward cast), an
-  // activation or gradient of a training step, or a weight (whose copies may be made by a
-  // validation's forward: their amax counts for the next step all the same).
-  enum class Amax { none, activation, weight };
+  // What a cast's amax is for: an input its forward cast, cast again transposed (delayed scaling
+  // records nothing: its forward did; current scaling measures it again, since another micro-batch's
+  // forward, a pipeline schedule's, may have replaced the scale its forward used, and the same input
+  // gives the same scale), an activation or gradient of a training step, or a weight (whose copies
+  // may be made by a validation's forward: their amax counts for the next step all the same).
+  enum class Amax { again, activation, weight };
 
   // in (rows × cols) cast with tensor m's scale into out and/or out_t. Delayed scaling records the
-  // amax for end_step (see Amax and begin_step()); current scaling measures the input and updates
-  // the scale from it first.
+  // amax for end_step (see Amax and begin_step()); current scaling measures the input, max-reduces
+  // the amax over the TP group and updates the scale from it first.
   template <typename F8>
   void cast(F8* out, F8* out_t, const bf16* in, int rows, int cols, int m, Amax amax) {
     const bool record = amax == Amax::weight || (amax == Amax::activation && recording_);
-    if (amax != Amax::none && !settings_.delayed) {
+    if (!settings_.delayed) {
       fp8_amax(amax_.get() + m, in, static_cast<size_t>(rows) * cols, stream_);
+      reduce_amaxes(tp_, m, 1);
       fp8_update_scales(scale_.get() + m, scale_inv_.get() + m, history_.get() + static_cast<size_t>(m) * settings_.history,
                         amax_.get() + m, format_max_.get() + m, 1, settings_.history, settings_.margin, false, stream_);
     }
@@ -313,10 +399,12 @@ class Fp8State {
   }
 
   const Fp8Settings settings_;
-  const int layers_, rows_;
+  const Fp8StateLayout layout_;  // this rank's layers
+  const int rows_;
   const std::vector<Fp8ProductShape> shapes_;
   const Fp8Sizes sizes_;
-  std::vector<Communicator*> groups_;
+  Communicator* const tp_;  // nullptr: no TP group of several ranks
+  Communicator* const dp_;  // nullptr: no DP group of several ranks
   cudaStream_t stream_;
   DeviceArray<float> scale_, scale_inv_, amax_, history_, format_max_;
   DeviceArray<fp8e4m3> weights8_, weights8t_;

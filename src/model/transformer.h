@@ -108,7 +108,7 @@ class Transformer {
     if (fp8) {
       if (dtype != DType::bf16) throw std::runtime_error("--fp8 needs bf16 parameters and activations");
       fp8_.emplace(*fp8, std::accumulate(stage().chunks.begin(), stage().chunks.end(), 0), rows(),
-                   fp8_product_shapes(cfg_, split_.size()), std::vector<Communicator*>{tp_comm, comm}, stream_.get());
+                   fp8_product_shapes(cfg_, split_.size()), tp_comm, comm, stream_.get());
     }
     if (cfg_.moe()) experts_ = ExpertStep(static_cast<int>(stage().layers.size()), cfg_.num_experts);
     reset_training_state();

@@ -139,8 +139,10 @@ struct Outcome {
 
 // Runs the product through the cuBLASLt API: the heuristic, then cublasLtMatmul with its algorithm
 // (or, with `library_choice` or when the heuristic found none, without one). `a_offset` moves A off
-// its allocation's alignment by that many bytes.
-Outcome run(const Fp8Product& p, const Operands& x, bool library_choice = false, size_t a_offset = 0) {
+// its allocation's alignment by that many bytes. `scales_late`: the scale pointers are set after
+// the heuristic has chosen the algorithm.
+Outcome run(const Fp8Product& p, const Operands& x, bool library_choice = false, size_t a_offset = 0,
+            bool scales_late = false) {
   test::LtCall call;
   Outcome out;
   REQUIRE(call.set(CUBLASLT_MATMUL_DESC_TRANSA, p.trans_a) == CUBLAS_STATUS_SUCCESS);
@@ -159,9 +161,12 @@ Outcome run(const Fp8Product& p, const Operands& x, bool library_choice = false,
       CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
       CUBLASLT_MATMUL_DESC_C_SCALE_POINTER, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER};
   const float scale_values[4] = {p.scale_a, p.scale_b, p.scale_c, p.scale_d};
-  for (int i = 0; i < 4; ++i)
-    if (scale_values[i] != 0)
-      REQUIRE(call.set(scale_attributes[i], static_cast<const void*>(scales.ptr + i)) == CUBLAS_STATUS_SUCCESS);
+  auto set_scales = [&] {
+    for (int i = 0; i < 4; ++i)
+      if (scale_values[i] != 0)
+        REQUIRE(call.set(scale_attributes[i], static_cast<const void*>(scales.ptr + i)) == CUBLAS_STATUS_SUCCESS);
+  };
+  if (!scales_late) set_scales();
   if (p.amax) REQUIRE(call.set(CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, static_cast<void*>(amax.ptr)) == CUBLAS_STATUS_SUCCESS);
   if (p.bias) REQUIRE(call.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(bias.ptr)) == CUBLAS_STATUS_SUCCESS);
 
@@ -174,6 +179,7 @@ Outcome run(const Fp8Product& p, const Operands& x, bool library_choice = false,
                                                &max_workspace, sizeof max_workspace) == CUBLAS_STATUS_SUCCESS);
   cublasLtMatmulHeuristicResult_t heuristic;
   out.heuristic = call.heuristic(&heuristic);
+  if (scales_late) set_scales();
   const bool with_algo = out.heuristic == CUBLAS_STATUS_SUCCESS && !library_choice;
   out.matmul = cublasLtMatmul(call.handle, call.desc, &p.alpha, a.ptr + a_offset, call.a, b.ptr, call.b, &p.beta,
                               c.ptr, call.c, d.ptr, call.d, with_algo ? &heuristic.algo : nullptr, workspace.ptr,
@@ -310,6 +316,14 @@ TEST_CASE("FP8 products: the stand-in refuses what cuBLASLt refuses", "[cublaslt
     const Outcome got = run(ok, x);
     REQUIRE(got.heuristic == CUBLAS_STATUS_SUCCESS);
     REQUIRE(got.matmul == CUBLAS_STATUS_SUCCESS);
+  }
+  SECTION("scale pointers set after the heuristic chose the algorithm (NOT_SUPPORTED on an H200)") {
+    Fp8Product p = ok;
+    p.scale_a = 0.5f;
+    const Outcome late = run(p, x, false, 0, true);
+    CHECK(late.heuristic == CUBLAS_STATUS_SUCCESS);
+    CHECK(late.matmul == CUBLAS_STATUS_NOT_SUPPORTED);
+    CHECK(run(p, x, true, 0, true).matmul == CUBLAS_STATUS_SUCCESS);  // the library's own choice sees them
   }
   SECTION("E5M2 x E5M2") {
     Fp8Product p = ok;
