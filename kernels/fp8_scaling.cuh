@@ -11,11 +11,15 @@
 //   amax      (M): the running amax of the current step; fp8_cast and fp8_amax (fp8_cast.cuh) fold
 //             into amax + m; the update reads it and leaves it 0 for the next step.
 //   scale     (M): what a cast multiplies by (fp8_cast's scale pointer: scale + m).
-//   scale_inv (M): 1 / scale, the dequantizing factor cuBLASLt's A and B scale pointers take (the
-//             product is computed on the decoded codes times scale_a · scale_b).
+//   scale_inv (M, kFp8ScaleInvStride apart): 1 / scale at scale_inv[m · kFp8ScaleInvStride], the
+//             dequantizing factor cuBLASLt's A and B scale pointers take (the product is computed on
+//             the decoded codes times scale_a · scale_b). 16 bytes apart: cuBLASLt's FP8 products
+//             refuse a scale pointer that is not 16-byte aligned (NOT_SUPPORTED, measured on an H200:
+//             docs/SIMT.md), so every tensor's starts a 16-byte boundary of an aligned array.
 //   format_max (M, read only): each tensor's format's largest finite value (kFp8E4M3Max or
 //             kFp8E5M2Max), filled once by the caller.
-// Tensors [a, b) alone are the call with every pointer offset by a (history by a·H) and M = b - a.
+// Tensors [a, b) alone are the call with every pointer offset by a (history by a·H, scale_inv by
+// a·kFp8ScaleInvStride) and M = b - a.
 //
 // The update, per tensor (one launch for all M):
 //   1. the step's amax is pushed into the history (in both modes: the history is also the record of
@@ -46,6 +50,8 @@ __device__ __forceinline__ bool fp8_scaling_finite(float x) {
   return (bits & 0x7F800000u) != 0x7F800000u;
 }
 
+constexpr int kFp8ScaleInvStride = 4;  // floats: 16 bytes
+
 // One thread per tensor: it walks its history row (H loads and stores; once a step, on a few
 // hundred tensors at most).
 constexpr int kFp8ScalingThreads = 128;
@@ -69,7 +75,7 @@ __global__ void __launch_bounds__(kFp8ScalingThreads)
   float s = scale[m];
   if (fp8_scaling_finite(basis) && basis > 0.0f) s = fminf(format_max[m] * margin_factor / basis, FLT_MAX);
   scale[m] = s;
-  scale_inv[m] = 1.0f / s;
+  scale_inv[static_cast<size_t>(m) * kFp8ScaleInvStride] = 1.0f / s;
   amax[m] = 0.0f;
 }
 
@@ -79,7 +85,7 @@ __global__ void __launch_bounds__(kFp8ScalingThreads)
   const int m = blockIdx.x * blockDim.x + threadIdx.x;
   if (m >= M) return;
   scale[m] = 1.0f;
-  scale_inv[m] = 1.0f;
+  scale_inv[static_cast<size_t>(m) * kFp8ScaleInvStride] = 1.0f;
   amax[m] = 0.0f;
   for (int i = 0; i < H; ++i) history[static_cast<size_t>(m) * H + i] = 0.0f;
 }

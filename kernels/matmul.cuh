@@ -66,7 +66,6 @@ struct MatmulContext {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   float* bias_partials = nullptr;  // (chunks × OC) column sums of the bias-gradient kernel
-  float* unit_scale = nullptr;     // 1.0f: an FP8 plan's scale pointers until a call sets its own
   std::map<MatmulPlanKey, MatmulPlan> plans;
 };
 MatmulContext matmul_context;
@@ -76,9 +75,6 @@ void matmul_init() {
   CUBLAS_CHECK(cublasLtCreate(&matmul_context.handle));
   CUDA_CHECK(cudaMalloc(&matmul_context.workspace, kMatmulWorkspaceBytes));
   CUDA_CHECK(cudaMalloc(&matmul_context.bias_partials, kBiasPartialFloats * sizeof(float)));
-  const float one = 1.0f;
-  CUDA_CHECK(cudaMalloc(&matmul_context.unit_scale, sizeof(float)));
-  CUDA_CHECK(cudaMemcpy(matmul_context.unit_scale, &one, sizeof(float), cudaMemcpyHostToDevice));
 }
 
 void matmul_destroy() {
@@ -90,7 +86,6 @@ void matmul_destroy() {
     CUBLAS_CHECK(cublasLtMatmulDescDestroy(plan.desc));
   }
   CUDA_CHECK(cudaFree(matmul_context.bias_partials));
-  CUDA_CHECK(cudaFree(matmul_context.unit_scale));
   CUDA_CHECK(cudaFree(matmul_context.workspace));
   CUBLAS_CHECK(cublasLtDestroy(matmul_context.handle));
   matmul_context = MatmulContext{};
@@ -209,13 +204,6 @@ const MatmulPlan& matmul_plan(MatmulTypes types, bool transpose_a, bool transpos
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
   if (bias != nullptr)
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-  // An FP8 product's algorithm must be chosen for scaled operands: one chosen without the A/B scale
-  // pointers answers NOT_SUPPORTED once they are set (seen on an H200). Each call sets its own.
-  if (types.a == CUDA_R_8F_E4M3 || types.a == CUDA_R_8F_E5M2)
-    for (const cublasLtMatmulDescAttributes_t scale :
-         {CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER})
-      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, scale, &matmul_context.unit_scale,
-                                                  sizeof(matmul_context.unit_scale)));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.layout_a, types.a, transpose_a ? k : m, transpose_a ? m : k,
                                           transpose_a ? k : m));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.layout_b, types.b, transpose_b ? n : k, transpose_b ? k : n,

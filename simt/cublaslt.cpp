@@ -586,11 +586,6 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t ligh
   for (int i = 0; i < 4; ++i)
     result.algo.data[1 + i] = problem.fp8 && i < 3 ? std::max(p->alignment[i], 16u) : p->alignment[i];
   result.algo.data[5] = workspace;
-  // Which of the A/B/C/D scale pointers the descriptor held when the algorithm was chosen (see
-  // cublasLtMatmul: an FP8 algorithm chosen without scaling does not run with it).
-  const MatmulDesc& chosen_for = *desc_of(operationDesc);
-  for (int i = 0; i < 4; ++i)
-    if (chosen_for.scale[i] != nullptr) result.algo.data[6] |= uint64_t{1} << i;
   result.workspaceSize = workspace;
   result.state = CUBLAS_STATUS_SUCCESS;
   result.wavesCount = 1.0f;
@@ -619,6 +614,15 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t lightHandle, cublasL
   if (overlap(D, pr.d, A, pr.a) || overlap(D, pr.d, B, pr.b) || (C != D && beta_f != 0.0f && overlap(D, pr.d, C, pr.c)))
     return CUBLAS_STATUS_INVALID_VALUE;
   if (!epilogue_vectors_aligned(*desc)) return CUBLAS_STATUS_INVALID_VALUE;
+  // Measured on an H200 (CUDA 13.1's cuBLASLt; not in the documentation): an FP8 product whose
+  // A or B scale pointer is 4 or 8 bytes past a 16-byte boundary answers NOT_SUPPORTED from
+  // cublasLtMatmul (the heuristic, which sees no pointer values, has answered SUCCESS); 16-byte
+  // aligned ones run. The C and D scales and amax_D are held to the same rule.
+  if (pr.fp8) {
+    for (const void* scalar : {desc->scale[0], desc->scale[1], desc->scale[2], desc->scale[3],
+                               static_cast<const void*>(desc->amax_d)})
+      if (scalar != nullptr && alignment_of(scalar) < 16) return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
   if (workspace == nullptr && workspaceSizeInBytes > 0) return CUBLAS_STATUS_INVALID_VALUE;
   // Without an algorithm the library picks one itself, which may need workspace as well.
   const uint64_t needed = algo != nullptr ? algo->data[5] : workspace_needed(pr);
@@ -626,12 +630,6 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t lightHandle, cublasL
   const void* operands[4] = {A, B, C, D};
   if (algo != nullptr) {
     if (algo->data[0] != kAlgoMagic) return CUBLAS_STATUS_INVALID_VALUE;
-    // Observed on an H200 (CUDA 13's cuBLASLt): an FP8 product whose algorithm the heuristic chose
-    // for a descriptor without the A/B scale pointers answers NOT_SUPPORTED once they are set, so
-    // a scale pointer set after the choice is refused here too.
-    for (int i = 0; i < 4; ++i)
-      if (pr.fp8 && desc->scale[i] != nullptr && (algo->data[6] & (uint64_t{1} << i)) == 0)
-        return CUBLAS_STATUS_NOT_SUPPORTED;
     for (int i = 0; i < 4; ++i)
       if (operands[i] != nullptr && alignment_of(operands[i]) < algo->data[1 + i]) return CUBLAS_STATUS_INVALID_VALUE;
   } else if (pr.fp8) {  // the library's own choice: no FP8 kernel takes A, B or C less than 16-byte aligned

@@ -143,7 +143,8 @@ inline size_t fp8_state_bytes(const std::vector<Fp8ProductShape>& shapes, int la
   const Fp8Sizes sizes(shapes);
   const size_t tensors = static_cast<size_t>(layers) * kFp8Products * kFp8Operands;
   return 2 * layers * sizes.per_layer_weights + rows * (sizes.max_in + 2 * sizes.max_out) +
-         tensors * (4 + history) * sizeof(float);  // copies as stored and transposed; scale, inverse, amax, max, history
+         tensors * (3 + kFp8ScaleInvStride + history) * sizeof(float);  // copies as stored and transposed; scale,
+                                                                       // inverse (16 bytes), amax, max, history
 }
 
 class Fp8State {
@@ -157,7 +158,7 @@ class Fp8State {
         tp_(several(tp)), dp_(several(dp)), stream_(stream) {
     const int M = tensors();
     scale_ = DeviceArray<float>(M, "FP8 scales");
-    scale_inv_ = DeviceArray<float>(M, "FP8 inverse scales");
+    scale_inv_ = DeviceArray<float>(static_cast<size_t>(M) * kFp8ScaleInvStride, "FP8 inverse scales");
     amax_ = DeviceArray<float>(M, "FP8 amaxes");
     history_ = DeviceArray<float>(static_cast<size_t>(M) * settings_.history, "FP8 amax histories");
     format_max_ = DeviceArray<float>(M, "FP8 format maxima");
@@ -236,8 +237,8 @@ class Fp8State {
     norm_cast_ = {};
     if (!same_input && !norm_cast) cast<fp8e4m3>(act8_.get(), nullptr, inp, rows_, sh.in, in_slot, Amax::activation);
     const int w = slot(l, p, Fp8Operand::weight);
-    matmul_fp8_forward(out, act8_.get(), scale_inv_.get() + in_slot, weights8_.get() + weight_at(l, p),
-                       scale_inv_.get() + w, bias, rows_, sh.in, sh.out, stream_);
+    matmul_fp8_forward(out, act8_.get(), inverse(in_slot), weights8_.get() + weight_at(l, p),
+                       inverse(w), bias, rows_, sh.in, sh.out, stream_);
   }
 
   // matmul_backward's contract for layer l's product p (dweight nullptr: no weight gradient), with
@@ -252,15 +253,15 @@ class Fp8State {
     const bf16* g = pre_gelu != nullptr ? dpre_gelu : dout;
     const int g_slot = slot(l, p, Fp8Operand::grad), w = slot(l, p, Fp8Operand::weight);
     cast(grad8_.get(), grad8t_.get(), g, rows_, sh.out, g_slot, Amax::activation);
-    matmul_fp8_input_gradient(dinp, grad8_.get(), scale_inv_.get() + g_slot, weights8t_.get() + weight_at(l, p),
-                              scale_inv_.get() + w, rows_, sh.in, sh.out, accumulate_input_gradient, stream_);
+    matmul_fp8_input_gradient(dinp, grad8_.get(), inverse(g_slot), weights8t_.get() + weight_at(l, p),
+                              inverse(w), rows_, sh.in, sh.out, accumulate_input_gradient, stream_);
     if (after_input_gradient) after_input_gradient();
     if (dweight == nullptr) return;
     const int in_slot = slot(l, input_product(p), Fp8Operand::input);
     norm_cast_ = {};
     cast<fp8e4m3>(nullptr, act8_.get(), inp, rows_, sh.in, in_slot, Amax::again);
-    matmul_fp8_weight_gradient(dweight, grad8t_.get(), scale_inv_.get() + g_slot, act8_.get(),
-                               scale_inv_.get() + in_slot, rows_, sh.in, sh.out, stream_);
+    matmul_fp8_weight_gradient(dweight, grad8t_.get(), inverse(g_slot), act8_.get(),
+                               inverse(in_slot), rows_, sh.in, sh.out, stream_);
   }
 
   // After the step's backward: delayed scaling's amaxes max-reduced over the TP and DP groups,
@@ -280,11 +281,11 @@ class Fp8State {
   // pending, the weights', are recorded again when the restored weights are cast), a resume
   // continues bit for bit.
   std::vector<float> saved_state() const {
-    std::vector<float> out;
-    for (const DeviceArray<float>* a : {&scale_, &scale_inv_, &history_}) {
-      const std::vector<float> v = copy_floats_to_host(a->get(), a->count(), stream_);
-      out.insert(out.end(), v.begin(), v.end());
-    }
+    std::vector<float> out = copy_floats_to_host(scale_.get(), scale_.count(), stream_);
+    const std::vector<float> inverses = copy_floats_to_host(scale_inv_.get(), scale_inv_.count(), stream_);
+    for (size_t m = 0; m < scale_.count(); ++m) out.push_back(inverses[m * kFp8ScaleInvStride]);
+    const std::vector<float> history = copy_floats_to_host(history_.get(), history_.count(), stream_);
+    out.insert(out.end(), history.begin(), history.end());
     return out;
   }
   // Restores saved_state()'s values (a resume); the weights are cast again with the restored scales.
@@ -292,11 +293,12 @@ class Fp8State {
     if (values.size() != layout_.count())
       throw std::runtime_error("FP8 state: " + std::to_string(values.size()) + " values, expected " +
                                std::to_string(layout_.count()) + " (the same model and --fp8-amax-history)");
-    size_t at = 0;
-    for (DeviceArray<float>* a : {&scale_, &scale_inv_, &history_}) {
-      upload_floats(a->get(), std::vector<float>(values.begin() + at, values.begin() + at + a->count()), "FP8 state");
-      at += a->count();
-    }
+    const size_t M = scale_.count();
+    upload_floats(scale_.get(), std::vector<float>(values.begin(), values.begin() + M), "FP8 scales");
+    std::vector<float> inverses(scale_inv_.count(), 0.0f);
+    for (size_t m = 0; m < M; ++m) inverses[m * kFp8ScaleInvStride] = values[M + m];
+    upload_floats(scale_inv_.get(), inverses, "FP8 inverse scales");
+    upload_floats(history_.get(), std::vector<float>(values.begin() + 2 * M, values.end()), "FP8 amax histories");
     cuda_check(cudaMemsetAsync(amax_.get(), 0, amax_.bytes(), stream_), "zeroing the FP8 amaxes");
     weights_stale_ = true;
     norm_cast_ = {};
@@ -361,6 +363,8 @@ class Fp8State {
  private:
   static Communicator* several(Communicator* g) { return g != nullptr && g->world_size() > 1 ? g : nullptr; }
   int tensors() const { return static_cast<int>(layout_.tensors()); }
+  // Tensor m's inverse scale: a 16-byte aligned device scalar (cuBLASLt's FP8 scale pointers need it).
+  float* inverse(int m) const { return scale_inv_.get() + static_cast<size_t>(m) * kFp8ScaleInvStride; }
   static int slot(int l, Fp8Product p, Fp8Operand o) { return Fp8StateLayout::slot(l, p, o); }
   // Tensors [first, first + n)'s amaxes max-reduced over group g (none: nothing to do), between the
   // stream's work that measured them and the work that reads them.
@@ -391,7 +395,7 @@ class Fp8State {
     if (!settings_.delayed) {
       fp8_amax(amax_.get() + m, in, static_cast<size_t>(rows) * cols, stream_);
       reduce_amaxes(tp_, m, 1);
-      fp8_update_scales(scale_.get() + m, scale_inv_.get() + m, history_.get() + static_cast<size_t>(m) * settings_.history,
+      fp8_update_scales(scale_.get() + m, inverse(m), history_.get() + static_cast<size_t>(m) * settings_.history,
                         amax_.get() + m, format_max_.get() + m, 1, settings_.history, settings_.margin, false, stream_);
     }
     fp8_cast<bf16, F8>(out, out_t, record && settings_.delayed ? amax_.get() + m : nullptr, in, rows, cols,
@@ -406,7 +410,8 @@ class Fp8State {
   Communicator* const tp_;  // nullptr: no TP group of several ranks
   Communicator* const dp_;  // nullptr: no DP group of several ranks
   cudaStream_t stream_;
-  DeviceArray<float> scale_, scale_inv_, amax_, history_, format_max_;
+  DeviceArray<float> scale_, amax_, history_, format_max_;
+  DeviceArray<float> scale_inv_;  // kFp8ScaleInvStride floats per tensor: each 16-byte aligned for cuBLASLt
   DeviceArray<fp8e4m3> weights8_, weights8t_;
   DeviceArray<fp8e4m3> act8_;  // the forward's input cast, or the backward's transposed input
   // The input whose cast a norm wrote into act8_ (norm_output()), until a forward reads it or

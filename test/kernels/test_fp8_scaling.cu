@@ -65,7 +65,19 @@ struct Reference {
 struct State {
   test::DeviceBuffer<float> scale, scale_inv, history, amax, format_max;
   State(int M, int H, const std::vector<float>& fmax)
-      : scale(M), scale_inv(M), history(static_cast<size_t>(M) * H), amax(M), format_max(fmax) {}
+      : scale(M), scale_inv(static_cast<size_t>(M) * kFp8ScaleInvStride), history(static_cast<size_t>(M) * H), amax(M),
+        format_max(fmax) {}
+  // Each tensor's inverse scale (every kFp8ScaleInvStride-th float), and the floats between them,
+  // which the kernels never write (they stay as the poison left there).
+  std::vector<float> inverse(std::vector<float>* between = nullptr) {
+    const std::vector<float> all = scale_inv.download();
+    std::vector<float> each;
+    for (size_t i = 0; i < all.size(); ++i) {
+      if (i % kFp8ScaleInvStride == 0) each.push_back(all[i]);
+      else if (between != nullptr) between->push_back(all[i]);
+    }
+    return each;
+  }
 };
 
 void check_same(const char* what, const std::vector<float>& got, const std::vector<float>& want) {
@@ -85,6 +97,7 @@ void check_run(int H, int margin, bool delayed) {
   INFO("H " << H << " margin " << margin << (delayed ? " delayed" : " current"));
   const std::vector<float> fmax = {kFp8E4M3Max, kFp8E5M2Max, kFp8E4M3Max, kFp8E5M2Max, kFp8E4M3Max};
   State s(M, H, fmax);
+  s.scale_inv.upload(std::vector<float>(static_cast<size_t>(M) * kFp8ScaleInvStride, -7.0f));  // poison
   fp8_scaling_init(s.scale, s.scale_inv, s.history, s.amax, M, H, nullptr);
   Reference ref(M, H, margin, delayed, fmax);
   for (int step = 0; step < 2 * H + 3; ++step) {
@@ -97,7 +110,9 @@ void check_run(int H, int margin, bool delayed) {
     ref.step(amax);
     const std::vector<float> scale = s.scale.download();
     check_same("scale", scale, ref.scale);
-    check_same("scale_inv", s.scale_inv.download(), ref.scale_inv);
+    std::vector<float> between;
+    check_same("scale_inv", s.inverse(&between), ref.scale_inv);
+    check_same("between the inverse scales", between, std::vector<float>(between.size(), -7.0f));
     check_same("history", s.history.download(), ref.history);
     check_same("amax", s.amax.download(), std::vector<float>(M, 0.0f));
     // The spike, by hand: delayed, it sets tensor 0's scale from step 1 through step H (H
@@ -117,7 +132,7 @@ TEST_CASE("fp8_scaling_init: scale and scale_inv 1, history and amax 0", "[fp8_s
   fp8_scaling_init(s.scale, s.scale_inv, s.history, s.amax, M, H, nullptr);
   test::require_no_cuda_error();
   CHECK(test::same_bits(s.scale.download(), std::vector<float>(M, 1.0f)));
-  CHECK(test::same_bits(s.scale_inv.download(), std::vector<float>(M, 1.0f)));
+  CHECK(test::same_bits(s.inverse(), std::vector<float>(M, 1.0f)));
   CHECK(test::same_bits(s.history.download(), std::vector<float>(static_cast<size_t>(M) * H, 0.0f)));
   CHECK(test::same_bits(s.amax.download(), std::vector<float>(M, 0.0f)));
 }
@@ -135,12 +150,12 @@ TEST_CASE("fp8_update_scales on a sub-range of the tensors leaves the others alo
   State s(M, H, fmax);
   fp8_scaling_init(s.scale, s.scale_inv, s.history, s.amax, M, H, nullptr);
   s.amax.upload({2.0f, 4.0f, 8.0f, 16.0f, 32.0f});
-  // Tensors [1, 3): every pointer offset by 1, the history by one row.
-  fp8_update_scales(s.scale.ptr + 1, s.scale_inv.ptr + 1, s.history.ptr + H, s.amax.ptr + 1, s.format_max.ptr + 1, 2,
-                    H, 0, true, nullptr);
+  // Tensors [1, 3): every pointer offset by 1, the history by one row, the inverse scales by one stride.
+  fp8_update_scales(s.scale.ptr + 1, s.scale_inv.ptr + kFp8ScaleInvStride, s.history.ptr + H, s.amax.ptr + 1,
+                    s.format_max.ptr + 1, 2, H, 0, true, nullptr);
   test::require_no_cuda_error();
   CHECK(test::same_bits(s.scale.download(), std::vector<float>{1.0f, kFp8E5M2Max / 4, kFp8E5M2Max / 8, 1.0f, 1.0f}));
-  CHECK(test::same_bits(s.scale_inv.download(), std::vector<float>{1.0f, 4 / kFp8E5M2Max, 8 / kFp8E5M2Max, 1.0f, 1.0f}));
+  CHECK(test::same_bits(s.inverse(), std::vector<float>{1.0f, 4 / kFp8E5M2Max, 8 / kFp8E5M2Max, 1.0f, 1.0f}));
   CHECK(test::same_bits(s.amax.download(), std::vector<float>{2.0f, 0.0f, 0.0f, 16.0f, 32.0f}));
   CHECK(test::same_bits(s.history.download(), std::vector<float>{0, 0, 0, 4, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 0}));
 }

@@ -33,6 +33,7 @@ struct Fp8Product {
   float alpha = 1.0f, beta = 0.0f;
   bool bias = false, amax = false;
   float scale_a = 0, scale_b = 0, scale_c = 0, scale_d = 0;
+  int scale_offset = 0;  // floats past each scale's 16-byte boundary
   uint32_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;  // BIAS when `bias`
   int32_t bias_type = -1;                         // -1: not set
 
@@ -155,8 +156,12 @@ Outcome run(const Fp8Product& p, const Operands& x, bool library_choice = false,
   CUDA_CHECK(cudaMemcpy(a.ptr + a_offset, x.a.data(), x.a.size(), cudaMemcpyHostToDevice));
   test::DeviceBuffer<uint8_t> d(static_cast<size_t>(p.ld_c() * p.n) * element_bytes(p.d_type));
   test::DeviceBuffer<uint8_t> workspace(kWorkspaceBytes);
-  test::DeviceBuffer<float> scales(4), amax(1);
-  scales.upload({p.scale_a, p.scale_b, p.scale_c, p.scale_d});
+  // Each scale at its own 16-byte boundary (cuBLASLt's FP8 products need it), plus scale_offset floats.
+  test::DeviceBuffer<float> scales(17), amax(1);
+  std::vector<float> scale_slots(17, 0.0f);
+  const float scale_of[4] = {p.scale_a, p.scale_b, p.scale_c, p.scale_d};
+  for (int i = 0; i < 4; ++i) scale_slots[4 * i + p.scale_offset] = scale_of[i];
+  scales.upload(scale_slots);
   const cublasLtMatmulDescAttributes_t scale_attributes[4] = {
       CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
       CUBLASLT_MATMUL_DESC_C_SCALE_POINTER, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER};
@@ -164,7 +169,8 @@ Outcome run(const Fp8Product& p, const Operands& x, bool library_choice = false,
   auto set_scales = [&] {
     for (int i = 0; i < 4; ++i)
       if (scale_values[i] != 0)
-        REQUIRE(call.set(scale_attributes[i], static_cast<const void*>(scales.ptr + i)) == CUBLAS_STATUS_SUCCESS);
+        REQUIRE(call.set(scale_attributes[i], static_cast<const void*>(scales.ptr + 4 * i + p.scale_offset)) ==
+                CUBLAS_STATUS_SUCCESS);
   };
   if (!scales_late) set_scales();
   if (p.amax) REQUIRE(call.set(CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, static_cast<void*>(amax.ptr)) == CUBLAS_STATUS_SUCCESS);
@@ -317,13 +323,18 @@ TEST_CASE("FP8 products: the stand-in refuses what cuBLASLt refuses", "[cublaslt
     REQUIRE(got.heuristic == CUBLAS_STATUS_SUCCESS);
     REQUIRE(got.matmul == CUBLAS_STATUS_SUCCESS);
   }
-  SECTION("scale pointers set after the heuristic chose the algorithm (NOT_SUPPORTED on an H200)") {
+  SECTION("scale pointers not 16-byte aligned (NOT_SUPPORTED on an H200), whenever they are set") {
     Fp8Product p = ok;
-    p.scale_a = 0.5f;
-    const Outcome late = run(p, x, false, 0, true);
-    CHECK(late.heuristic == CUBLAS_STATUS_SUCCESS);
-    CHECK(late.matmul == CUBLAS_STATUS_NOT_SUPPORTED);
-    CHECK(run(p, x, true, 0, true).matmul == CUBLAS_STATUS_SUCCESS);  // the library's own choice sees them
+    p.scale_a = 0.5f, p.scale_b = 2.0f;
+    for (const bool late : {false, true}) {
+      CHECK(run(p, x, false, 0, late).matmul == CUBLAS_STATUS_SUCCESS);  // each at a 16-byte boundary
+      p.scale_offset = 1;  // 4 bytes past the boundary
+      const Outcome off = run(p, x, false, 0, late);
+      CHECK(off.heuristic == CUBLAS_STATUS_SUCCESS);
+      CHECK(off.matmul == CUBLAS_STATUS_NOT_SUPPORTED);
+      CHECK(run(p, x, true, 0, late).matmul == CUBLAS_STATUS_NOT_SUPPORTED);
+      p.scale_offset = 0;
+    }
   }
   SECTION("E5M2 x E5M2") {
     Fp8Product p = ok;
