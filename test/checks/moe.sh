@@ -13,9 +13,9 @@
 #   - --plan shows a Mixtral 8x7B's memory;
 #   - the sigmoid router (dev/mixtral_reference.py --router sigmoid) with its balancing bias: 3 steps
 #     equal 2 steps + --resume bit for bit (records and model.bin: the bias travels as a parameter,
-#     its fp32 master in the checkpoint), the bias moves, and data parallel over 2 ranks (ZeRO 1:
-#     each rank updates its own shard of the bias from the counts summed over both) equals one
-#     process with gradient accumulation 2 within 1e-5, model.bin's bias included.
+#     its fp32 master in the checkpoint), the bias moves, and data parallel over 2 ranks (ZeRO 1
+#     and ZeRO 3: each rank updates its own shard of the bias from the counts summed over both)
+#     equals one process with gradient accumulation 2 within 1e-5, model.bin's bias exactly.
 # Refusals are cli_errors.sh's.
 # usage: moe.sh cpu|gpu
 set -u
@@ -114,6 +114,8 @@ one_bias=$(bias s_one)
 run s_dp2 2 --max-steps 3 --val-steps 1 --zero 1 --dtype fp32 && run s_accum 1 --max-steps 3 --val-steps 2 --dtype fp32 &&
   same_steps s_accum s_dp2 1e-5
 [ "$(bias s_dp2)" = "$(bias s_accum)" ] || fail "sigmoid: DP 2's bias $(bias s_dp2) differs from one process's $(bias s_accum)"
+run s_dp2_zero3 2 --max-steps 3 --val-steps 1 --zero 3 --dtype fp32 && same_steps s_accum s_dp2_zero3 1e-5
+[ "$(bias s_dp2_zero3)" = "$(bias s_accum)" ] || fail "sigmoid: ZeRO 3's bias differs from one process's"
 
 [ "$failures" -eq 0 ] || exit 1
 echo "moe: routing records, recompute, data parallel, resume, Hugging Face Mixtral, --plan and the sigmoid router OK"
