@@ -122,11 +122,11 @@ $(BUILD)/gpu/test/%: $(BUILD)/gpu/test/%.o $(BUILD)/host/test/catch_main.o $(HOS
 REFERENCE_DIR := $(BUILD)/reference
 # Llama 3 (dev/llama_reference.py, test/model/test_llama.cu): GQA NH=4 NKV=2, T=37; untied with
 # 3.1's RoPE scaling, tied with 3.2's. Mixtral-style experts (dev/mixtral_reference.py): the same
-# Llama with E=4 experts, top-2, with and without the aux loss; seed 23 keeps every step's routing
+# Llama with E=4 experts, top-2, with and without the aux loss, and with the sigmoid router; seed 23 keeps every step's routing
 # at least 4e-3 (logits) from a tie.
 REFERENCES    := $(REFERENCE_DIR)/tiny/reference.bin $(REFERENCE_DIR)/llama-untied31/reference.bin \
                  $(REFERENCE_DIR)/llama-tied32/reference.bin $(REFERENCE_DIR)/mixtral/reference.bin \
-                 $(REFERENCE_DIR)/mixtral-noaux/reference.bin
+                 $(REFERENCE_DIR)/mixtral-noaux/reference.bin $(REFERENCE_DIR)/mixtral-sigmoid/reference.bin
 $(REFERENCE_DIR)/tiny/reference.bin: dev/gpt2_reference.py dev/reference_common.py
 	$(PYTHON) dev/gpt2_reference.py --out $(@D) > /dev/null
 $(REFERENCE_DIR)/llama-untied31/reference.bin: dev/llama_reference.py dev/reference_common.py
@@ -138,6 +138,11 @@ $(REFERENCE_DIR)/mixtral/reference.bin: dev/mixtral_reference.py dev/llama_refer
 	$(PYTHON) $(MIXTRAL_REFERENCE) --out $(@D) --aux-loss-coef 0.02 > /dev/null
 $(REFERENCE_DIR)/mixtral-noaux/reference.bin: dev/mixtral_reference.py dev/llama_reference.py dev/reference_common.py
 	$(PYTHON) $(MIXTRAL_REFERENCE) --out $(@D) --aux-loss-coef 0 > /dev/null
+# DeepSeek-V3's sigmoid router with the balancing bias, E=8 (a multiple of 8, as the sigmoid router
+# needs); seed 25 keeps every step's choice at least 2.9e-4 (score + bias) from a tie.
+$(REFERENCE_DIR)/mixtral-sigmoid/reference.bin: dev/mixtral_reference.py dev/llama_reference.py dev/reference_common.py
+	$(PYTHON) dev/mixtral_reference.py --experts 8 --top-k 2 --no-tied --rope 3.1 --seed 25 --router sigmoid \
+	  --bias-rate 0.01 --aux-loss-coef 0 --out $(@D) > /dev/null
 
 test: $(CPU_TEST_BINS) $(CHECK_DEPS)
 	@bash test/run_tests.sh cpu $(CPU_TEST_BINS)

@@ -12,6 +12,13 @@ the tokens of every layer: R = L·B·T rows, f_e = (the (row, k) choices of expe
 mean of probs[·][e] over the rows, aux = E · Σ_e f_e·P_e (f carries no gradient). A step trains on
 cross-entropy + --aux-loss-coef · aux.
 
+--router sigmoid (router kind 1, DeepSeek-V3's aux-loss-free balancing): scores = sigmoid(logits)
+(fp32), the top K of scores + expert_bias[layer] chosen (equal keys: the lower index first), gates =
+the K scores over their sum; no auxiliary loss. expert_bias (L, E, zeros at first) is a parameter
+without gradient (AdamW leaves it as it is) and moves after each AdamW step, outside the gradient:
+bias[l][e] += --bias-rate · sign(mean_e(count[l]) − count[l][e]), count[l][e] the step's (row, k)
+choices of expert e in layer l (B·T rows), compared in integers.
+
 Writes model.bin in train_gpt's Llama 3 model file format with the mixture-of-experts extension,
 train.bin, and reference.bin version 3 (dev/README.md); test/model compares train_gpt with it.
 Runs only under Debian's python3-torch:  /usr/bin/python3 dev/mixtral_reference.py --out DIR
@@ -29,19 +36,30 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 REFERENCE_VERSION = 3  # version 2's header and sections, then the mixture's (dev/README.md)
-ROUTER_SOFTMAX_TOPK = 0  # model file slot 28: Mixtral's router (the only kind this reference computes)
+ROUTER_SOFTMAX_TOPK, ROUTER_SIGMOID_TOPK = 0, 1  # model file slot 28: Mixtral's router, DeepSeek-V3's
 # Model file slots of the mixture-of-experts extension (docs/FORMATS.md, "Llama 3 model file").
 EXPERTS_SLOT, TOP_K_SLOT, ROUTER_KIND_SLOT, AUX_COEF_SLOT = 26, 27, 28, 29
 # reference.bin version 3's own header slots, after version 2's 0..19.
 REF_EXPERTS_SLOT, REF_TOP_K_SLOT, REF_ROUTER_KIND_SLOT, REF_AUX_COEF_SLOT = 20, 21, 22, 23
+REF_BIAS_RATE_SLOT = 24  # the sigmoid router's --bias-rate bits (0 for softmax)
 
 # train_gpt's parameter layout with experts, in file order: the router between ln2w and the experts.
-NAMES = ["wte", "ln1w", "qkvw", "attprojw", "ln2w", "router", "fcw", "fc2w", "fcprojw", "lnfw", "lm_head"]
+# The sigmoid router's expert_bias (L, E) after the experts, not decayed.
+NAMES = ["wte", "ln1w", "qkvw", "attprojw", "ln2w", "router", "fcw", "fc2w", "fcprojw", "expert_bias", "lnfw",
+         "lm_head"]
 DECAYED = llama.DECAYED | {"router"}
 
 
+def sigmoid_router(cfg):
+    return cfg.router == "sigmoid"
+
+
+def router_kind(cfg):
+    return ROUTER_SIGMOID_TOPK if sigmoid_router(cfg) else ROUTER_SOFTMAX_TOPK
+
+
 def param_names(cfg):
-    return [n for n in NAMES if n != "lm_head" or not cfg.tied]
+    return [n for n in NAMES if (n != "lm_head" or not cfg.tied) and (n != "expert_bias" or sigmoid_router(cfg))]
 
 
 def param_shapes(cfg):
@@ -49,7 +67,8 @@ def param_shapes(cfg):
     j·H+H-1 —, fcprojw (L, E·C, H) — expert j's w2 in rows j·C .. j·C+C-1 —, router (L, E, C)."""
     L, C, H, E = cfg.layers, cfg.channels, cfg.hidden, cfg.experts
     shapes = llama.param_shapes(cfg)
-    shapes.update(router=(L, E, C), fcw=(L, E * H, C), fc2w=(L, E * H, C), fcprojw=(L, E * C, H))
+    shapes.update(router=(L, E, C), fcw=(L, E * H, C), fc2w=(L, E * H, C), fcprojw=(L, E * C, H),
+                  expert_bias=(L, E))
     return shapes
 
 
@@ -60,6 +79,7 @@ def init_params(cfg):
     params = llama.init_params(cfg, param_shapes(cfg))
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     router = torch.randn(param_shapes(cfg)["router"], generator=gen, dtype=torch.float32) * cfg.router_std
+    params["expert_bias"] = torch.zeros(param_shapes(cfg)["expert_bias"], dtype=torch.float32)
     return {name: router if name == "router" else params[name] for name in param_names(cfg)}
 
 
@@ -69,12 +89,20 @@ def top_k_experts(probs, k):
     return torch.sort(probs, dim=-1, descending=True, stable=True).indices[:, :k]
 
 
-def route(x, router, k):
-    """x (N, C): probs (N, E) softmax of the fp32 logits, chosen (N, k) expert ids, gates (N, k)."""
-    probs = torch.softmax(llama.wide(x) @ llama.wide(router).t(), dim=-1)
-    chosen = top_k_experts(probs, k)
+def route(x, router, k, bias=None):
+    """x (N, C): probs (N, E) softmax of the fp32 logits, chosen (N, k) expert ids, gates (N, k) and
+    the selection's keys (N, E). With bias (E; the sigmoid router): probs are the scores
+    sigmoid(logits), keys scores + bias (no gradient: the bias only selects)."""
+    logits = llama.wide(x) @ llama.wide(router).t()
+    if bias is None:
+        probs = torch.softmax(logits, dim=-1)
+        keys = probs
+    else:
+        probs = torch.sigmoid(logits)
+        keys = probs.detach() + bias.detach().to(probs.dtype)
+    chosen = top_k_experts(keys, k)
     top = probs.gather(1, chosen)
-    return probs, chosen, top / top.sum(-1, keepdim=True)
+    return probs, chosen, top / top.sum(-1, keepdim=True), keys
 
 
 def expert_weights(params, layer, expert, cfg):
@@ -88,8 +116,9 @@ def moe_mlp(h, params, layer, cfg, routing):
     """One block's experts on h (B, T, C): each expert runs on the rows routed to it, its output
     scaled by their gates and added at those rows. Appends (probs, chosen) to routing."""
     x = h.reshape(-1, h.shape[-1])
-    probs, chosen, gates = route(x, params["router"][layer], cfg.top_k)
-    routing.append((probs, chosen))
+    bias = params["expert_bias"][layer] if sigmoid_router(cfg) else None
+    probs, chosen, gates, keys = route(x, params["router"][layer], cfg.top_k, bias)
+    routing.append((probs, chosen, keys))
     out = torch.zeros_like(x)
     for expert in range(cfg.experts):
         rows, slot = torch.nonzero(chosen == expert, as_tuple=True)
@@ -101,8 +130,8 @@ def moe_mlp(h, params, layer, cfg, routing):
 
 def load_balancing_loss(routing, experts):
     """E · Σ_e f_e·P_e over the rows of every layer; f (counts of the one-hot choices) is a constant."""
-    probs = torch.cat([p for p, _ in routing])
-    chosen = torch.cat([c for _, c in routing])
+    probs = torch.cat([r[0] for r in routing])
+    chosen = torch.cat([r[1] for r in routing])
     rows = probs.shape[0]
     fraction = torch.bincount(chosen.reshape(-1), minlength=experts).to(probs.dtype) / rows
     return experts * (fraction * probs.mean(0)).sum()
@@ -113,21 +142,40 @@ def forward(params, inputs, targets, cfg):
     routing = []
     logits = llama.model_logits(params, inputs, cfg, lambda h, p, layer, c: moe_mlp(h, p, layer, c, routing))
     ce = llama.cross_entropy(logits, targets, cfg)
-    aux = load_balancing_loss(routing, cfg.experts)
-    loss = ce + cfg.aux_loss_coef * aux if cfg.aux_loss_coef else ce
-    stats = dict(ce=float(ce), aux=float(aux), probs=torch.stack([p.detach() for p, _ in routing]),
-                 chosen=torch.stack([c for _, c in routing]))
+    if sigmoid_router(cfg):  # no auxiliary loss; + 0·bias gives the bias its (zero) gradient for AdamW
+        aux = torch.zeros((), dtype=ce.dtype)
+        loss = ce + 0.0 * params["expert_bias"].sum()
+    else:
+        aux = load_balancing_loss(routing, cfg.experts)
+        loss = ce + cfg.aux_loss_coef * aux if cfg.aux_loss_coef else ce
+    stats = dict(ce=float(ce), aux=float(aux), probs=torch.stack([r[0].detach() for r in routing]),
+                 chosen=torch.stack([r[1] for r in routing]), keys=torch.stack([r[2].detach() for r in routing]),
+                 sigmoid=sigmoid_router(cfg))
     return logits, loss, stats
 
 
-def router_margin(probs, chosen):
-    """The smallest gap, in logits, between a row's K-th choice and the best expert left out: how far
-    the routing is from a tie another implementation's rounding could break the other way."""
+def router_margin(keys, chosen, sigmoid):
+    """The smallest gap between a row's K-th choice and the best expert left out, in logits
+    (softmax: log-probabilities) or in score + bias (sigmoid, the bias included): how far the routing
+    is from a tie another implementation's rounding could break the other way."""
     k = chosen.shape[-1]
-    if k == probs.shape[-1]:
+    if k == keys.shape[-1]:
         return None
-    ordered = torch.sort(probs, dim=-1, descending=True).values
+    ordered = torch.sort(keys, dim=-1, descending=True).values
+    if sigmoid:
+        return float((ordered[..., k - 1] - ordered[..., k]).min())
     return float((ordered[..., k - 1].log() - ordered[..., k].log()).min())
+
+
+def update_expert_bias(params, stats, cfg):
+    """After AdamW: bias[l][e] += rate·sign(mean_e(count[l]) − count[l][e]) from the step's choices,
+    compared in integers (E·count against the layer's total), added in fp32."""
+    with torch.no_grad():
+        bias = params["expert_bias"]
+        for layer, chosen in enumerate(stats["chosen"]):
+            count = torch.bincount(chosen.reshape(-1), minlength=cfg.experts).to(torch.int64)
+            sign = torch.sign(count.sum() - cfg.experts * count).to(bias.dtype)
+            bias[layer].add_(sign * cfg.bias_rate)
 
 
 def report(stats):
@@ -139,27 +187,31 @@ def report(stats):
     summary = dict(ce_losses=[s["ce"] for s in stats], aux_losses=[s["aux"] for s in stats],
                    expert_counts=[[torch.bincount(c.reshape(-1), minlength=experts).tolist() for c in s["chosen"]]
                                   for s in stats],
-                   router_margins=[router_margin(s["probs"], s["chosen"]) for s in stats])
+                   router_margins=[router_margin(s["keys"], s["chosen"], s["sigmoid"])
+                                   for s in stats])
     return sections, summary
 
 
 def graph(cfg):
-    return common.Graph(param_names(cfg), DECAYED, forward, report)
+    return common.Graph(param_names(cfg), DECAYED, forward, report,
+                        update_expert_bias if sigmoid_router(cfg) else None)
 
 
 def model_header(cfg):
     """Llama's header (train_gpt's extension) with the experts' slots 26..29."""
     h = llama.model_header(cfg)
-    h[EXPERTS_SLOT], h[TOP_K_SLOT], h[ROUTER_KIND_SLOT] = cfg.experts, cfg.top_k, ROUTER_SOFTMAX_TOPK
+    h[EXPERTS_SLOT], h[TOP_K_SLOT], h[ROUTER_KIND_SLOT] = cfg.experts, cfg.top_k, router_kind(cfg)
     h[AUX_COEF_SLOT] = llama.float_bits(cfg.aux_loss_coef)
     return h
 
 
 def reference_header(cfg, num_params):
-    """Version 3: version 2's slots 0..19, then E, K, the router kind and the aux coefficient's bits."""
+    """Version 3: version 2's slots 0..19, then E, K, the router kind, the aux coefficient's bits and
+    the sigmoid router's bias rate's bits (0 for softmax)."""
     h = llama.reference_header(cfg, num_params, REFERENCE_VERSION)
-    h[REF_EXPERTS_SLOT], h[REF_TOP_K_SLOT], h[REF_ROUTER_KIND_SLOT] = cfg.experts, cfg.top_k, ROUTER_SOFTMAX_TOPK
+    h[REF_EXPERTS_SLOT], h[REF_TOP_K_SLOT], h[REF_ROUTER_KIND_SLOT] = cfg.experts, cfg.top_k, router_kind(cfg)
     h[REF_AUX_COEF_SLOT] = llama.float_bits(cfg.aux_loss_coef)
+    h[REF_BIAS_RATE_SLOT] = llama.float_bits(cfg.bias_rate) if sigmoid_router(cfg) else 0
     return h
 
 
@@ -169,7 +221,8 @@ def dense_moe_mlp(h, params, layer, cfg):
     """The mixture written the other way: every expert on every row, weighted by an (N, E) gate
     matrix that is zero off the chosen experts. Must equal moe_mlp."""
     x = h.reshape(-1, h.shape[-1])
-    _, chosen, gates = route(x, params["router"][layer], cfg.top_k)
+    bias = params["expert_bias"][layer] if sigmoid_router(cfg) else None
+    _, chosen, gates, _ = route(x, params["router"][layer], cfg.top_k, bias)
     weights = torch.zeros(x.shape[0], cfg.experts, dtype=gates.dtype).scatter(1, chosen, gates)
     out = sum(weights[:, e, None] * llama.swiglu(x, *expert_weights(params, layer, e, cfg)) for e in range(cfg.experts))
     return out.view(h.shape)
@@ -217,7 +270,8 @@ def self_check(initial, tokens, cfg):
     the gather-and-add experts against the dense formulation; the tie rule; a uniform router's aux
     loss = K; the aux loss as Hugging Face's formula; step 1's losses by hf_llama_check.py's separate
     Hugging Face forward of model.bin; with E = K = 1 and no aux loss, the dense Llama reference's
-    losses, norms and weights exactly."""
+    losses, norms and weights exactly. --router sigmoid: the finite differences, the gathered experts,
+    the tie rule and the bias update's rule (the rest are the softmax router's)."""
     results = []
     worst, params, grads = common.finite_differences(initial, tokens, cfg, graph(cfg), expert_probes(cfg))
     results.append(check(worst < 1e-5, f"finite differences worst err {worst:.1e}"))
@@ -233,6 +287,12 @@ def self_check(initial, tokens, cfg):
         ties = torch.tensor([[0.3, 0.2, 0.3, 0.2], [0.25] * 4, [0.1, 0.4, 0.4, 0.1]])
         results.append(check(top_k_experts(ties, 3).tolist() == [[0, 2, 1], [0, 1, 2], [1, 2, 0]],
                              "ties go to the lower index"))
+    if sigmoid_router(cfg):
+        results.append(check_bias_update(cfg))
+        ok = all(results)
+        print(f"self-check: {'ok' if ok else 'FAIL'}")
+        return ok
+    with torch.no_grad():
         uniform = {**params, "router": torch.zeros_like(params["router"])}
         _, _, stats = forward(uniform, inputs, targets, cfg)
         first_k = list(range(cfg.top_k))
@@ -259,6 +319,18 @@ def self_check(initial, tokens, cfg):
     return ok
 
 
+def check_bias_update(cfg):
+    """The bias rule on counts written out: an expert above its layer's mean falls, one below rises,
+    one at the mean stays."""
+    E = cfg.experts
+    params = {"expert_bias": torch.zeros(2, E)}
+    chosen = torch.stack([torch.tensor([[0, 1]] * 3 + [[0, 2]]), torch.tensor([[e % E, (e + 1) % E] for e in range(4)])])
+    update_expert_bias(params, dict(chosen=chosen), argparse.Namespace(experts=E, bias_rate=0.5))
+    counts = [torch.bincount(c.reshape(-1), minlength=E).double() for c in chosen]
+    want = torch.stack([torch.sign(c.mean() - c) * 0.5 for c in counts]).float()
+    return check(torch.equal(params["expert_bias"], want), f"the bias update's signs {params['expert_bias'].tolist()}")
+
+
 def check_single_expert_is_dense(cfg, tokens):
     """E = K = 1 without aux loss trains exactly as llama_reference.py's dense model (fp32): the one
     expert's gate is 1 and the router's gradient 0."""
@@ -277,6 +349,10 @@ def parse_args(argv):
                         help="the router's initial std (its logits' spread keeps routing away from ties)")
         ap.add_argument("--aux-loss-coef", type=float, default=0.02,
                         help="the load-balancing loss's coefficient (Mixtral's router_aux_loss_coef); 0: none")
+        ap.add_argument("--router", choices=["softmax", "sigmoid"], default="softmax",
+                        help="softmax: Mixtral's (kind 0); sigmoid: DeepSeek-V3's with the balancing bias (kind 1)")
+        ap.add_argument("--bias-rate", type=float, default=1e-3,
+                        help="the sigmoid router's bias step per optimizer step")
         ap.add_argument("--min-router-margin", type=float, default=1e-4,
                         help="refuse a run whose routing comes closer to a tie than this (logits); 0: no limit")
 
@@ -286,6 +362,10 @@ def parse_args(argv):
             problems.append(f"--experts {cfg.experts} and --top-k {cfg.top_k} must satisfy 1 <= top-k <= experts")
         if cfg.aux_loss_coef < 0:
             problems.append("--aux-loss-coef must be >= 0")
+        if cfg.router == "sigmoid" and cfg.aux_loss_coef != 0:
+            problems.append("--router sigmoid takes no auxiliary loss: give --aux-loss-coef 0")
+        if cfg.bias_rate < 0:
+            problems.append("--bias-rate must be >= 0")
         return problems
 
     own_sizes = [("--channels", "--experts", dict(type=int, default=4, help="E, experts per block")),
@@ -298,7 +378,8 @@ def main(argv):
     dtype = common.torch_setup(cfg)
     llama.assert_rope_bends(cfg)
     describe = (f"mixtral_reference: {cfg.out}: L={cfg.layers} NH={cfg.heads} NKV={cfg.kv_heads} C={cfg.channels} "
-                f"E={cfg.experts} K={cfg.top_k} H={cfg.hidden} aux {cfg.aux_loss_coef} V={cfg.vocab} "
+                f"E={cfg.experts} K={cfg.top_k} H={cfg.hidden} {cfg.router} router aux {cfg.aux_loss_coef} "
+                f"bias rate {cfg.bias_rate} V={cfg.vocab} "
                 f"Vp={cfg.padded_vocab} B={cfg.batch} T={cfg.seq_len} steps={cfg.steps} rope {cfg.rope} "
                 f"{'tied' if cfg.tied else 'untied'} {cfg.precision}")
     status = common.run(cfg, dtype, graph(cfg), init_params(cfg), model_header(cfg),
@@ -309,7 +390,8 @@ def main(argv):
     if margins:
         print(f"mixtral_reference: cross-entropy {summary['ce_losses'][0]:.6f} -> {summary['ce_losses'][-1]:.6f}, "
               f"aux {summary['aux_losses'][0]:.6f} -> {summary['aux_losses'][-1]:.6f}, "
-              f"closest routing decision {min(margins):.1e} (logits)")
+              f"closest routing decision {min(margins):.1e} "
+              f"({'score + bias' if sigmoid_router(cfg) else 'logits'})")
         if min(margins) < cfg.min_router_margin:
             print(f"mixtral_reference: a routing decision within {min(margins):.1e} of a tie (--min-router-margin "
                   f"{cfg.min_router_margin}): another implementation could route differently; pick another --seed")

@@ -27,7 +27,7 @@ SHARD_MAGIC, SHARD_VERSION = 20240520, 1
 REFERENCE_MAGIC = 20261121
 HEADER_INTS = 256
 
-Graph = namedtuple("Graph", "names decayed forward report", defaults=(None,))
+Graph = namedtuple("Graph", "names decayed forward report after_step", defaults=(None, None))
 
 # --tokens markov: each token has len(MARKOV_SUCCESSOR_PROBS) likely successors, taken with
 # these probabilities; with the remaining MARKOV_NOISE the next token is uniformly random.
@@ -121,6 +121,8 @@ def train(initial, tokens, cfg, dtype, graph, device="cpu"):
             for g in grads.values():
                 g.mul_(scale)
         adamw_update(params, grads, m, v, step + 1, cfg, graph)
+        if graph.after_step is not None:  # an update outside the gradient, from the step's stats
+            graph.after_step(params, step_stats, cfg)
     return first, losses, norms, params, stats
 
 

@@ -64,9 +64,9 @@ __device__ __forceinline__ bool moe_chosen_before(float a, int ea, float b, int 
 // (sigmoid) written; then K rounds of a warp argmax over the keys (the probabilities, or scores +
 // bias), each winner struck from its lane's set; gate[k] = value_k / Σ_k' value_k', the sum taken
 // in k order. Every lane ends each round with the same winner: the order is total.
-template <bool kSigmoid>
+template <bool kSigmoid, typename B>
 __global__ void moe_route_topk_kernel(float* values, int* expert, float* gate, const float* logits,
-                                      const float* bias, int N, int E, int K) {
+                                      const B* bias, int N, int E, int K) {
   const int row = blockIdx.x * kMoeRouterWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= N) return;
@@ -83,7 +83,7 @@ __global__ void moe_route_topk_kernel(float* values, int* expert, float* gate, c
     UNROLL for (int i = 0; i < kMoeLaneExperts; ++i) {
       const int e = lane + 32 * i;
       value[i] = e < E ? 1.0f / (1.0f + expf(-value[i])) : 0.0f;
-      key[i] = e < E ? value[i] + (bias != nullptr ? bias[e] : 0.0f) : 0.0f;
+      key[i] = e < E ? value[i] + (bias != nullptr ? to_float(bias[e]) : 0.0f) : 0.0f;
     }
   } else {
     float row_max = -INFINITY;
@@ -291,15 +291,34 @@ __global__ void moe_router_dw_reduce_kernel(T* dw, const float* partials, int gr
   store128(dw + chunk * kVec, d);
 }
 
-// bias[e] += rate·sign(mean(counts) − counts[e]), compared exactly in integers (E·counts[e]
-// against Σ counts).
-__global__ void moe_update_expert_bias_kernel(float* bias, const int* counts, float rate, int E) {
-  const int e = blockIdx.x * blockDim.x + threadIdx.x;
-  if (e >= E) return;
-  long long total = 0;
-  for (int j = 0; j < E; ++j) total += counts[j];
-  const long long scaled = static_cast<long long>(counts[e]) * E;
-  bias[e] += total > scaled ? rate : (total < scaled ? -rate : 0.0f);
+// Element i of a rank's owned range [first, first + count) of the (L, E) bias tensor, i.e. layer
+// l = (first + i) / E, expert e = (first + i) % E: delta = rate·sign(mean_e(counts[l]) − counts[l][e]),
+// compared exactly (E·counts[l][e] against Σ_e counts[l]; the counts are integers held in double).
+// With master (fp32): master[i] += delta, param[i] = round-to-nearest(master[i]); without:
+// param[i] += delta.
+template <typename T>
+__global__ void moe_update_expert_bias_kernel(T* param, float* master, const double* counts, float rate, int E,
+                                              size_t first, size_t count) {
+  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= count) return;
+  const size_t l = (first + i) / E, e = (first + i) % E;
+  const double* row = counts + l * E;
+  double total = 0.0;
+  for (int j = 0; j < E; ++j) total += row[j];
+  const double scaled = row[e] * E;
+  const float delta = total > scaled ? rate : (total < scaled ? -rate : 0.0f);
+  if (master != nullptr) {
+    master[i] += delta;
+    param[i] = from_float<T>(master[i]);
+  } else {
+    param[i] = from_float<T>(to_float(param[i]) + delta);
+  }
+}
+
+// out[i] = counts[i] as double (exact), so the counts can be summed over ranks without overflow.
+__global__ void moe_widen_counts_kernel(double* out, const int* counts, size_t n) {
+  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = static_cast<double>(counts[i]);
 }
 
 inline void moe_router_check(const char* op, int N, int E, int K) {
@@ -353,19 +372,21 @@ inline void moe_route_softmax_topk(float* probs, int* expert, float* gate, const
                                    cudaStream_t stream) {
   moe_router_check("moe_route_softmax_topk", N, E, K);
   if (N == 0) return;
-  launch(moe_route_topk_kernel<false>, dim3(moe_router_row_blocks(N)), dim3(32 * kMoeRouterWarps), 0, stream, probs,
+  launch(moe_route_topk_kernel<false, float>, dim3(moe_router_row_blocks(N)), dim3(32 * kMoeRouterWarps), 0, stream, probs,
          expert, gate, logits, static_cast<const float*>(nullptr), N, E, K);
   CUDA_CHECK(cudaGetLastError());
 }
 
 // DeepSeek-V3's routing: scores = sigmoid(logits); the top K of scores + bias chosen (ties: the
 // lower index; bias nullptr: none); gate[n][k] = scores[n][expert[n][k]] / Σ_k' of the chosen
-// (the bias steers the selection only). All written.
-inline void moe_route_sigmoid_topk(float* scores, int* expert, float* gate, const float* logits, const float* bias,
-                                   int N, int E, int K, cudaStream_t stream) {
+// (the bias steers the selection only). All written. The bias (E) is read in its storage type B
+// (float or bf16: the model's parameter, no copy) and added in fp32.
+template <typename B>
+void moe_route_sigmoid_topk(float* scores, int* expert, float* gate, const float* logits, const B* bias, int N, int E,
+                            int K, cudaStream_t stream) {
   moe_router_check("moe_route_sigmoid_topk", N, E, K);
   if (N == 0) return;
-  launch(moe_route_topk_kernel<true>, dim3(moe_router_row_blocks(N)), dim3(32 * kMoeRouterWarps), 0, stream, scores,
+  launch(moe_route_topk_kernel<true, B>, dim3(moe_router_row_blocks(N)), dim3(32 * kMoeRouterWarps), 0, stream, scores,
          expert, gate, logits, bias, N, E, K);
   CUDA_CHECK(cudaGetLastError());
 }
@@ -427,10 +448,29 @@ void moe_router_input_backward(T* dx, T* dw, float* scratch, const float* dlogit
   CUDA_CHECK(cudaGetLastError());
 }
 
-// Aux-loss-free balancing (DeepSeek-V3), outside the gradient: bias[e] += rate·sign(mean(counts)
-// − counts[e]) (0 when equal): an under-loaded expert's bias rises, an over-loaded one's falls.
-inline void moe_update_expert_bias(float* bias, const int* counts, float rate, int E, cudaStream_t stream) {
-  if (E < 1) throw_errorf("moe_update_expert_bias: need E>=1; got E=%d", E);
-  launch(moe_update_expert_bias_kernel, dim3(ceil_div(E, 256)), dim3(256), 0, stream, bias, counts, rate, E);
+// counts (n, device) as double in out (written): the bias update's counts, ready to be summed
+// over the data-parallel ranks.
+inline void moe_widen_counts(double* out, const int* counts, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  launch(moe_widen_counts_kernel, dim3(static_cast<unsigned>(ceil_div(n, size_t{256}))), dim3(256), 0, stream, out,
+         counts, n);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+// Aux-loss-free balancing (DeepSeek-V3), outside the gradient, on elements [first, first + count)
+// of the (L, E) bias tensor (index within the tensor: a rank's owned segment, param and master
+// pointing at its first element): bias[l][e] += rate·sign(mean_e(counts[l]) − counts[l][e]) (0 when
+// equal), counts (L, E) the step's rows routed per layer and expert: an under-loaded expert's bias
+// rises, an over-loaded one's falls. master (fp32; nullptr: none, the parameters are updated
+// themselves): the master moves and the parameter becomes its round-to-nearest.
+template <typename T>
+void moe_update_expert_bias(T* param, float* master, const double* counts, float rate, int L, int E, size_t first,
+                            size_t count, cudaStream_t stream) {
+  if (L < 1 || E < 1 || first + count > static_cast<size_t>(L) * E)
+    throw_errorf("moe_update_expert_bias: need L>=1, E>=1 and first+count<=L*E; got L=%d E=%d first=%zu count=%zu", L,
+                 E, first, count);
+  if (count == 0) return;
+  launch(moe_update_expert_bias_kernel<T>, dim3(static_cast<unsigned>(ceil_div(count, size_t{256}))), dim3(256), 0,
+         stream, param, master, counts, rate, E, first, count);
   CUDA_CHECK(cudaGetLastError());
 }

@@ -77,10 +77,10 @@ const std::vector<Flag>& flag_table() {
       {"moe-experts", "E", "with --model (Llama 3): E experts of H per MLP", &TrainConfig::moe_experts, {0, kMaxExperts}, {}, "0 (the preset's)"},
       {"moe-top-k", "K", "with --model: experts per token (1..E)", &TrainConfig::moe_top_k, {0, kMaxExperts}, {}, "0 (the preset's)"},
       {"moe-router", "softmax|sigmoid", "with --model: top-K of the softmax, gates renormalised (Mixtral), or of "
-       "sigmoid + a balancing bias", &TrainConfig::moe_router, {}, {"softmax", "sigmoid"}, "the preset's"},
-      {"moe-aux-loss-coef", "X", "weight of the load-balancing loss E*sum(f_i*P_i) in the objective (0: none)",
+       "sigmoid + a balancing bias (E a multiple of 8, no aux loss)", &TrainConfig::moe_router, {}, {"softmax", "sigmoid"}, "the preset's"},
+      {"moe-aux-loss-coef", "X", "softmax router: weight of the load-balancing loss E*sum(f_i*P_i) in the objective (0: none)",
        &TrainConfig::moe_aux_loss_coef, {0, kMaxFp32}, {}, "the model's (0.01 for --moe-experts)"},
-      {"moe-bias-rate", "X", "sigmoid router: each step bias += X*sign(mean load - load)", &TrainConfig::moe_bias_rate, {0, kMaxFp32}},
+      {"moe-bias-rate", "X", "sigmoid router: after each step, per layer bias += X*sign(mean load - load)", &TrainConfig::moe_bias_rate, {0, kMaxFp32}},
       {"lr", "X", "peak learning rate", &TrainConfig::lr, {0, kMaxFp32}},
       {"lr-schedule", "NAME", "cosine | linear | constant | wsd (warmup-stable-decay, decay over the last 20% of steps)",
        &TrainConfig::lr_schedule, {}, lr_schedule_names()},

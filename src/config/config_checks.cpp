@@ -156,6 +156,14 @@ void validate_experts(const TrainConfig& cfg, const ModelConfig& model, const st
                                     describe(model) + ")");
     return;
   }
+  // The auxiliary loss is the softmax router's; the bias the sigmoid router's (docs/MOE.md).
+  if (model.router == Router::sigmoid && model.aux_loss_coef > 0.0f)
+    throw std::invalid_argument(
+        (cfg.was_set("moe-aux-loss-coef") ? std::string("--moe-aux-loss-coef") : model_source) +
+        ": the sigmoid router balances with its expert bias and takes no load-balancing loss (expected 0)");
+  if (model.router == Router::softmax && cfg.was_set("moe-bias-rate"))
+    throw std::invalid_argument("--moe-bias-rate: " + model_source +
+                                " routes by softmax, which has no balancing bias (--moe-router sigmoid has)");
   const std::pair<const char*, bool> unsupported[] = {
       {"--tp", cfg.tp > 1}, {"--pp", cfg.pp > 1}, {"--cp", cfg.cp > 1}, {"--fp8", cfg.fp8}};
   for (const auto& [flag, set] : unsupported)

@@ -157,6 +157,9 @@ void check_model_config(const ModelConfig& c, const std::string& source) {
   if (c.moe() && (c.experts_per_token < 1 || c.experts_per_token > c.num_experts))
     fail("expected experts per token K between 1 and E");
   if (!c.moe() && c.experts_per_token != 0) fail("expected experts per token K = 0 without experts");
+  if (c.moe() && c.router == Router::sigmoid && c.num_experts % 8 != 0)  // E bias values per layer
+    fail("expected E a multiple of 8 with the sigmoid router (its per-layer expert bias keeps the parameter and "
+         "gradient buffers 16-byte aligned)");
   if (c.moe() && !(c.aux_loss_coef >= 0.0f && std::isfinite(c.aux_loss_coef)))
     fail("expected a finite, non-negative auxiliary loss coefficient");
   if (llama && c.rope.scaled &&

@@ -189,7 +189,9 @@ class KvCacheDecoder {
                             param(kLn2w, l), param(kLn2b, l), n, s);
       if (cfg_.moe()) {
         expert_mlp_forward(cfg_, experts_.buffers(cfg_, n), branch_.get(), ln_.get(),
-                           {param(kRouterw, l), param(kFcw, l), param(kFc2w, l), param(kFcprojw, l)}, n, s);
+                           {param(kRouterw, l), param(kFcw, l), param(kFc2w, l), param(kFcprojw, l),
+                            cfg_.router == Router::sigmoid ? param(kExpertBias, l) : nullptr},
+                           n, s);
       } else {
         mlp_up_forward(cfg_, fch_.get(), fch_act_.get(), ln_.get(), param(kFcw, l), param(kFcb, l), param(kFc2w, l),
                        n, H, s);

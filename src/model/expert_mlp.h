@@ -31,13 +31,14 @@
 #include <vector>
 
 // One layer's expert weights: the router (E × C), the E experts' w1 and w3 stacked (E·H × C each)
-// and w2 stacked (E·C × H).
+// and w2 stacked (E·C × H); the sigmoid router's balancing bias (E; nullptr for softmax routing).
 template <typename Elem>
 struct ExpertWeights {
   const Elem* router = nullptr;
   const Elem* w1 = nullptr;
   const Elem* w3 = nullptr;
   const Elem* w2 = nullptr;
+  const Elem* bias = nullptr;
 };
 template <typename Elem>
 struct ExpertGradients {
@@ -138,6 +139,17 @@ ExpertBuffers<Elem> expert_buffers(const ModelConfig& c, Activations<Elem>& a, A
           a.moe_host_offsets.data() + host_at};
 }
 
+// The router's choices for N rows from b.logits: softmax top-K (b.probs the probabilities) or
+// sigmoid top-K of score + wt.bias (b.probs the scores), b.expert and b.gate written.
+template <typename Elem>
+void expert_route(const ModelConfig& c, const ExpertBuffers<Elem>& b, const ExpertWeights<Elem>& wt, int N,
+                  cudaStream_t s) {
+  if (c.router == Router::sigmoid)
+    moe_route_sigmoid_topk(b.probs, b.expert, b.gate, b.logits, wt.bias, N, c.num_experts, c.experts_per_token, s);
+  else
+    moe_route_softmax_topk(b.probs, b.expert, b.gate, b.logits, N, c.num_experts, c.experts_per_token, s);
+}
+
 // The forward on x (N × C, the ln2 output): out (N × C) = Σ_k gate · expert_k(x), everything the
 // backward reads kept in b.
 template <typename Elem>
@@ -146,7 +158,7 @@ void expert_mlp_forward(const ModelConfig& c, const ExpertBuffers<Elem>& b, Elem
   const int C = c.channels, H = c.hidden(), E = c.num_experts, K = c.experts_per_token, M = N * K;
   const size_t MH = static_cast<size_t>(M) * H;
   moe_router_logits(b.logits, x, wt.router, N, C, E, s);
-  moe_route_softmax_topk(b.probs, b.expert, b.gate, b.logits, N, E, K, s);
+  expert_route(c, b, wt, N, s);
   if (b.counts != nullptr) moe_router_stats(b.counts, b.prob_sums, b.expert, b.probs, N, E, K, s);
   moe_dispatch_plan(b.offsets, b.slot, b.token, b.expert, N, E, K, s);
   copy_to_host(b.host_offsets, b.offsets, (E + 1) * sizeof(int), s);
@@ -223,6 +235,8 @@ void expert_aux_gradient(const ModelConfig& c, const Activations<Elem>& a, Activ
       stats.tokens[e] += at[e + 1] - at[e];
     }
   }
+  ++stats.micro_batches;
+  if (c.router == Router::sigmoid) return;  // no auxiliary loss: the bias balances (docs/MOE.md)
   std::vector<float> prob_sums(E);
   copy_to_host(prob_sums.data(), a.moe_prob_sums.get(), E * sizeof(float), s);
   const double R = static_cast<double>(layers) * N;
@@ -233,7 +247,6 @@ void expert_aux_gradient(const ModelConfig& c, const Activations<Elem>& a, Activ
     grad[e] = static_cast<float>(c.aux_loss_coef * scale * E * counts[e] / (R * R));
   }
   stats.aux_sum += aux;
-  ++stats.micro_batches;
   cuda_check(cudaMemcpyAsync(w.moe_aux_grad.get(), grad.data(), E * sizeof(float), cudaMemcpyHostToDevice, s),
              "uploading the auxiliary loss's gradient");
   cuda_check(cudaStreamSynchronize(s), "uploading the auxiliary loss's gradient");
@@ -289,7 +302,10 @@ void expert_mlp_backward(const ModelConfig& c, Activations<Elem>& a, Activations
   }
   site.reset();
   moe_unpermute_sum(dx, drows, slot, N, K, C, false, s);
-  moe_router_backward_softmax(w.moe_logits.get(), w.moe_dgate.get(), probs, expert, gate, w.moe_aux_grad.get(), N, E,
-                              K, s);
+  if (c.router == Router::sigmoid)  // no auxiliary loss: the bias balances (docs/MOE.md)
+    moe_router_backward_sigmoid(w.moe_logits.get(), w.moe_dgate.get(), probs, expert, gate, N, E, K, s);
+  else
+    moe_router_backward_softmax(w.moe_logits.get(), w.moe_dgate.get(), probs, expert, gate, w.moe_aux_grad.get(), N,
+                                E, K, s);
   moe_router_input_backward(dx, dw.router, w.scratch.get(), w.moe_logits.get(), x, wt.router, N, C, E, s);
 }

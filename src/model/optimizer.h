@@ -1,7 +1,8 @@
-// optimizer.h — AdamW over the model's parameter buffer: its settings, gradient clipping, and the
-// update of the parameters one rank owns, segment by segment.
+// optimizer.h — AdamW over the model's parameter buffer: its settings (from the flags), gradient
+// clipping, and the update of the parameters one rank owns, segment by segment.
 #pragma once
 #include "kernels/adamw.cuh"
+#include "src/config/config.h"
 #include "src/config/model_config.h"
 #include "src/dist/grad_buckets.h"
 #include "src/base/device.h"
@@ -16,7 +17,21 @@
 struct OptimizerSettings {
   float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.0f, grad_clip = 1.0f;  // grad_clip 0: off
   uint64_t seed = 0;  // stochastic rounding of bf16 parameters
+  float expert_bias_rate = 0.0f;  // the sigmoid router's balancing step after AdamW (expert_bias.h)
 };
+
+// A run's settings from its flags; `seed` the run's (a checkpoint's when resuming).
+inline OptimizerSettings optimizer_settings(const TrainConfig& cfg, uint64_t seed) {
+  OptimizerSettings opt;
+  opt.beta1 = static_cast<float>(cfg.beta1);
+  opt.beta2 = static_cast<float>(cfg.beta2);
+  opt.eps = static_cast<float>(cfg.adam_eps);
+  opt.weight_decay = static_cast<float>(cfg.weight_decay);
+  opt.grad_clip = static_cast<float>(cfg.grad_clip);
+  opt.seed = seed;
+  opt.expert_bias_rate = static_cast<float>(cfg.moe_bias_rate);
+  return opt;
+}
 
 // The AdamW update of the parameters one rank owns: its `segments` (grad_buckets.h) as one table
 // (kernels/adamw.cuh), built and uploaded once for the model's buffers, so each optimizer step is

@@ -20,6 +20,7 @@
 #include "src/model/block_ops.h"
 #include "src/model/fp8_state.h"
 #include "src/model/context_attention.h"
+#include "src/model/expert_bias.h"
 #include "src/model/lm_head.h"
 #include "src/dist/comm.h"
 #include "src/data/context_split.h"
@@ -111,6 +112,8 @@ class Transformer {
                    fp8_product_shapes(cfg_, split_.size()), tp_comm, comm, stream_.get());
     }
     if (cfg_.moe()) experts_ = ExpertStep(static_cast<int>(stage().layers.size()), cfg_.num_experts);
+    expert_bias_ = ExpertBiasUpdate<Elem>(cfg_, static_cast<int>(stage().layers.size()), layout_, grads_.segments(),
+                                          params_, comm);
     reset_training_state();
     for (int c = 0, first = 0; c < static_cast<int>(stage().chunks.size()); first += stage().chunks[c++])
       chunk_first_.push_back(first);
@@ -235,7 +238,7 @@ class Transformer {
   // several ranks the gradients travel as grad_sync.h says, overlapped with the backward pass.
   void forward_backward(const int* inputs, const int* targets, int grad_accum_steps, bool last_micro_step = true) {
     if (targets == nullptr) throw std::runtime_error("forward_backward: targets are required");
-    micro_step(inputs, targets, nullptr, grad_accum_steps, last_micro_step);
+    Passes::micro_step(*this, inputs, targets, nullptr, grad_accum_steps, last_micro_step);
   }
   // The same from a loader's batch: ids checked against this model's vocabulary and encoder
   // buckets built by batch_preparer() on the loader thread are not checked or built again.
@@ -244,7 +247,7 @@ class Transformer {
     if (batch.inputs.size() != tokens || batch.targets.size() != tokens)
       throw std::runtime_error("forward_backward: a batch of " + std::to_string(batch.inputs.size()) + " tokens, expected B*T = " +
                                std::to_string(tokens));
-    micro_step(batch.inputs.data(), batch.targets.data(), &batch, grad_accum_steps, last_micro_step);
+    Passes::micro_step(*this, batch.inputs.data(), batch.targets.data(), &batch, grad_accum_steps, last_micro_step);
   }
 
   // The host work a micro-batch needs before its upload, for DataLoader::set_prepare.
@@ -335,12 +338,14 @@ class Transformer {
   }
 
   // One optimizer step (step is 1-based) from the accumulated gradients: AdamW with clipping
-  // (optimizer.h) given step_figures()' gradient norm. Data parallel: the update waits for the
+  // (optimizer.h) given step_figures()' gradient norm, then the sigmoid router's bias update
+  // (expert_bias.h). Data parallel: the update waits for the
   // gradient communication; with sharded optimizer state each rank updates its shard, then the
   // parameters are all-gathered (at ZeRO 3 they stay sharded: the next pass gathers them).
   void apply_update(const OptimizerSettings& opt, float lr, int step, float norm) {
     if (fp8_) fp8_->end_step();  // the scales for the next step, before its weights' copies
     adamw_->step(opt, lr, step, norm, stream_.get());
+    expert_bias_.apply(experts_.counts(0), opt.expert_bias_rate, stream_.get());  // sigmoid router: after AdamW
     if (params_.sharded()) params_.changed();
     else grads_.gather_parameters(params_.full());
     if (fp8_) fp8_->weights_changed();
@@ -420,26 +425,6 @@ class Transformer {
     cuda_check(cudaStreamSynchronize(stream_.get()), "resetting training state");
   }
 
-  // One micro-step of forward_backward; `prepared`: the loader's batch the tokens come from, or nullptr.
-  void micro_step(const int* inputs, const int* targets, const TokenBatch* prepared, int grad_accum_steps,
-                  bool last_micro_step) {
-    if (grad_accum_steps < 1)
-      throw std::runtime_error("gradient accumulation: expected at least 1 micro-step, found " +
-                               std::to_string(grad_accum_steps));
-    Activations<Elem>& a = slots_[0];
-    upload_tokens(a, 0, inputs, targets, true, prepared);
-    Passes::queue_chunk_forward(*this, a, 0);
-    objective_scale_ = 1.0f / (static_cast<float>(grad_accum_steps) * grads_.ranks_summed());
-    const float dloss = objective_scale_ / static_cast<float>(rows());
-    grads_.begin_micro_step(last_micro_step);
-    head_.queue(a, a, param(lm_head_tensor()), grad(lm_head_tensor()), tp_, rows(), cfg_.channels, true, dloss, true,
-                stream_.get());
-    classifier_loss_sum(totals_.loss_sum(), a.losses.get(), rows(), stream_.get());
-    ++micro_steps_;
-    Passes::queue_chunk_backward(*this, a, 0, 0);
-    grads_.end_micro_step();
-  }
-
   // Checks the micro-batch's [B][T] tokens (errors name their sequence and position) and queues the
   // upload of this rank's inputs and targets (with `buckets`, also the encoder-backward buckets)
   // from page-locked staging: the host does not wait. What the loader thread did already
@@ -496,5 +481,6 @@ class Transformer {
   std::optional<Fp8State> fp8_;                     // --fp8's scales, weight copies and casts
   float objective_scale_ = 0.0f;  // a micro-batch's mean loss's weight in the step's gradient
   ExpertStep experts_;            // with experts: the step's routing counts and figures
+  ExpertBiasUpdate<Elem> expert_bias_;  // the sigmoid router's balancing bias update
 };
 

@@ -1,9 +1,10 @@
 // transformer_passes.h — the transformer's forward and backward passes (TransformerPasses, a friend
-// of Transformer in transformer.h): the kernels of one chunk of a stage's layers queued on the
-// model's stream, their activations in one activation set, the TP collectives between them. The
+// of Transformer in transformer.h): one micro-step's passes, the kernels of one chunk of a stage's
+// layers queued on the model's stream, their activations in one activation set, the TP collectives between them. The
 // ops that depend on where a row sits in its sequence (positions, attention) run per piece of
 // the rank's rows (context_split.h: the whole (B, T) block, or a CP rank's two chunks).
 #pragma once
+#include "kernels/classifier.cuh"
 #include "kernels/common.cuh"
 #include "kernels/encoder.cuh"
 #include "kernels/matmul.cuh"
@@ -11,6 +12,7 @@
 #include "kernels/rope.cuh"
 #include "src/config/model_config.h"
 #include "src/data/context_split.h"
+#include "src/data/dataloader.h"
 #include "src/model/activations.h"
 #include "src/model/attention.h"
 #include "src/model/block_ops.h"
@@ -18,6 +20,8 @@
 #include "src/model/linear.h"
 
 #include <cstddef>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 
 template <typename Elem>
@@ -46,6 +50,12 @@ struct TransformerPasses {
   // whole, its output in the work set's branch (expert_mlp.h); `rerun`: the backward recomputing
   // the block (its router probabilities are not summed again).
   static void block_forward(Transformer<Elem>& m, Activations<Elem>& a, int l, int j, bool rerun = false);
+
+  // One micro-step of forward_backward without pipeline parallelism: the tokens uploaded, the
+  // forward, the head's loss and its gradient (of mean loss / grad_accum_steps), the backward with
+  // the gradients' communication. `prepared`: the loader's batch the tokens come from, or nullptr.
+  static void micro_step(Transformer<Elem>& m, const int* inputs, const int* targets, const TokenBatch* prepared,
+                         int grad_accum_steps, bool last_micro_step);
 
   // Chunk c's forward in set a, from its input (embedded here when c embeds, else received into
   // a.encoded's rows) to its output: the head's lnf, or the last layer's residual3 for the next stage.
@@ -80,6 +90,26 @@ struct TransformerPasses {
   static void attention_backward(Transformer<Elem>& m, Elem* dqkv, float* scratch, const Elem* dout, const Elem* qkv,
                                  const Elem* out, const float* lse);
 };
+
+template <typename Elem>
+void TransformerPasses<Elem>::micro_step(Transformer<Elem>& m, const int* inputs, const int* targets,
+                                         const TokenBatch* prepared, int grad_accum_steps, bool last_micro_step) {
+  if (grad_accum_steps < 1)
+    throw std::runtime_error("gradient accumulation: expected at least 1 micro-step, found " +
+                             std::to_string(grad_accum_steps));
+  Activations<Elem>& a = m.slots_[0];
+  m.upload_tokens(a, 0, inputs, targets, true, prepared);
+  queue_chunk_forward(m, a, 0);
+  m.objective_scale_ = 1.0f / (static_cast<float>(grad_accum_steps) * m.grads_.ranks_summed());
+  const float dloss = m.objective_scale_ / static_cast<float>(m.rows());
+  m.grads_.begin_micro_step(last_micro_step);
+  m.head_.queue(a, a, m.param(m.lm_head_tensor()), m.grad(m.lm_head_tensor()), m.tp_, m.rows(), m.cfg_.channels, true,
+                dloss, true, m.stream_.get());
+  classifier_loss_sum(m.totals_.loss_sum(), a.losses.get(), m.rows(), m.stream_.get());
+  ++m.micro_steps_;
+  queue_chunk_backward(m, a, 0, 0);
+  m.grads_.end_micro_step();
+}
 
 template <typename Elem>
 void TransformerPasses<Elem>::rotate(Transformer<Elem>& m, Elem* qkv, bool backward) {
@@ -117,7 +147,8 @@ void TransformerPasses<Elem>::refresh_fp8_weights(Transformer<Elem>& m) {
 
 template <typename Elem>
 ExpertWeights<Elem> TransformerPasses<Elem>::expert_weights(const Transformer<Elem>& m, int l) {
-  return {m.param(kRouterw, l), m.param(kFcw, l), m.param(kFc2w, l), m.param(kFcprojw, l)};
+  return {m.param(kRouterw, l), m.param(kFcw, l), m.param(kFc2w, l), m.param(kFcprojw, l),
+          m.cfg_.router == Router::sigmoid ? m.param(kExpertBias, l) : nullptr};
 }
 
 template <typename Elem>

@@ -52,7 +52,9 @@ inline ModelConfig preset_experts(const TrainConfig& cfg, ModelConfig model, std
                                 (cfg.moe_top_k == 0 ? " (give --moe-top-k)" : ""));
   const Router router = cfg.moe_router.empty() ? model.router : cfg.moe_router == "sigmoid" ? Router::sigmoid : Router::softmax;
   *source += " with " + std::to_string(E) + " experts, top-" + std::to_string(K) + ", " + router_name(router) + " router";
-  return with_experts(model, E, K, router, model.moe() ? model.aux_loss_coef : 0.01f);
+  // The sigmoid router balances with its bias and has no auxiliary loss (docs/MOE.md).
+  const float aux = router == Router::sigmoid ? 0.0f : model.moe() ? model.aux_loss_coef : 0.01f;
+  return with_experts(model, E, K, router, aux);
 }
 
 // The architecture: --resume's model file, --init-from's header or config.json, or the --model preset; *source

@@ -105,12 +105,7 @@ class Trainer {
           model_.config(), sample_params_.get() != nullptr ? sample_params_.get() : model_.params_device(),
           setup_.sampler->cache_positions(), model_.attention(), model_.stream());
     }
-    opt_.beta1 = static_cast<float>(cfg_.beta1);
-    opt_.beta2 = static_cast<float>(cfg_.beta2);
-    opt_.eps = static_cast<float>(cfg_.adam_eps);
-    opt_.weight_decay = static_cast<float>(cfg_.weight_decay);
-    opt_.grad_clip = static_cast<float>(cfg_.grad_clip);
-    opt_.seed = state_.seed;
+    opt_ = optimizer_settings(cfg_, state_.seed);
   }
 
   // The loop of steps from the checkpoint's (or 0) to --max-steps, or to a stop signal.

@@ -116,6 +116,12 @@ expect_error "experts without top-k" "--moe-top-k 0: expected 1..E = 4 (give --m
   --plan --model llama-nano --seq-len 32 --moe-experts 4
 expect_error "too many experts" "--moe-experts" "'257'" -- --plan --model llama-nano --seq-len 32 --moe-experts 257
 expect_error "unknown router" "--moe-router" "got 'hash'" -- --plan --model moe-nano --seq-len 32 --moe-router hash
+expect_error "sigmoid router with an aux loss" "--moe-aux-loss-coef: the sigmoid router balances with its expert bias" -- \
+  --plan --model moe-nano --seq-len 32 --moe-experts 8 --moe-router sigmoid --moe-aux-loss-coef 0.01
+expect_error "bias rate for the softmax router" "--moe-bias-rate: preset moe-nano" "has no balancing bias" -- \
+  --plan --model moe-nano --seq-len 32 --moe-bias-rate 0.01
+expect_error "sigmoid router over 4 experts" "expected E a multiple of 8 with the sigmoid router" -- \
+  --plan --model moe-nano --seq-len 32 --moe-router sigmoid
 expect_error "experts reshaping a model file" "--moe-experts shapes a fresh --model preset; --init-from's model" -- \
   --plan --init-from "$ref/model.bin" --seq-len 32 --moe-experts 4
 expect_error "aux loss without experts" "--moe-aux-loss-coef: preset llama-nano has no experts" -- \

@@ -10,14 +10,20 @@
 #   - a random Hugging Face Mixtral directory (dev/hf_llama_check.py make --experts) loads with the
 #     validation loss of the script's own forward, --export-hf writes model.bin's tensors back as a
 #     MixtralForCausalLM, and a step from the export equals a step from model.bin byte for byte;
-#   - --plan shows a Mixtral 8x7B's memory.
+#   - --plan shows a Mixtral 8x7B's memory;
+#   - the sigmoid router (dev/mixtral_reference.py --router sigmoid) with its balancing bias: 3 steps
+#     equal 2 steps + --resume bit for bit (records and model.bin: the bias travels as a parameter,
+#     its fp32 master in the checkpoint), the bias moves, and data parallel over 2 ranks (ZeRO 1
+#     and ZeRO 3: each rank updates its own shard of the bias from the counts summed over both)
+#     equals one process with gradient accumulation 2 within 1e-5, model.bin's bias exactly.
 # Refusals are cli_errors.sh's.
 # usage: moe.sh cpu|gpu
 set -u
 # shellcheck source=test/checks/lib/trainer.sh
 source "$(dirname "$0")/lib/trainer.sh" "$@"
 mref=build/reference/mixtral
-require_files "$bin" "$mref/model.bin" "$mref/train.bin"
+sref=build/reference/mixtral-sigmoid
+require_files "$bin" "$mref/model.bin" "$mref/train.bin" "$sref/model.bin"
 common=(--init-from "$mref/model.bin" --train-data "$mref/train.bin" --val-data "$mref/train.bin" --dtype fp32
         --shuffle 0 --batch-size 1 --seq-len 32 --total-batch-tokens 64 --lr 1e-3 --lr-schedule constant
         --warmup-steps 0 --val-every 2 --checkpoint-every 2)
@@ -82,5 +88,34 @@ cmp -s "$tmp/from_bin/model.bin" "$tmp/from_hf/model.bin" || fail "a step from t
   --gpu-memory 80 >"$tmp/plan.log" 2>&1 || fail "--plan of mixtral-8x7b exited non-zero"
 grep -q "E=8 K=2 softmax router (46,702,792,704 parameters)" "$tmp/plan.log" || fail "--plan: no Mixtral 8x7B"
 
+# The sigmoid router: its model.bin (router kind 1, expert_bias zeros), a fast bias rate, bf16 (the
+# bias lives in the fp32 master weights: a master not updated would never move the bf16 bias); the
+# data-parallel comparison in fp32.
+common=(--init-from "$sref/model.bin" --train-data "$mref/train.bin" --val-data "$mref/train.bin" --moe-bias-rate 0.01
+        --shuffle 0 --batch-size 1 --seq-len 32 --total-batch-tokens 64 --lr 1e-3 --lr-schedule constant
+        --warmup-steps 0 --val-every 2 --checkpoint-every 2 --save-dtype fp32)
+# bias DIR: model.bin's expert_bias (L × E) as JSON (before lnfw and lm_head: L=2, E=8, C=64, Vp=256).
+bias() {
+  "$python" - "$tmp/$1/model.bin" <<'PY'
+import json, sys
+import numpy as np
+body = np.fromfile(sys.argv[1], dtype="<f4", offset=1024)
+tail = 64 + 256 * 64  # lnfw, then lm_head (Vp × C)
+print(json.dumps(body[-tail - 16:-tail].tolist()))
+PY
+}
+run s_one 1 --max-steps 3 --val-steps 2
+run s_resumed 1 --max-steps 2 --val-steps 2 && run s_resumed 1 --max-steps 3 --val-steps 2 --resume auto &&
+  same_step3 s_one s_resumed && same_records s_one s_resumed
+cmp -s "$tmp/s_one/model.bin" "$tmp/s_resumed/model.bin" || fail "sigmoid: 2 steps + resume differ from 3 steps (model.bin)"
+one_bias=$(bias s_one)
+"$python" -c 'import json, sys; b = json.loads(sys.argv[1]); assert len(b) == 16 and any(b) and all(abs(abs(x) - k * 0.01) <= 0.01 / 64 and k <= 3 for x in b for k in [round(abs(x) / 0.01)]), b' "$one_bias" ||
+  fail "sigmoid: the bias did not move by multiples of the rate ($one_bias)"
+run s_dp2 2 --max-steps 3 --val-steps 1 --zero 1 --dtype fp32 && run s_accum 1 --max-steps 3 --val-steps 2 --dtype fp32 &&
+  same_steps s_accum s_dp2 1e-5
+[ "$(bias s_dp2)" = "$(bias s_accum)" ] || fail "sigmoid: DP 2's bias $(bias s_dp2) differs from one process's $(bias s_accum)"
+run s_dp2_zero3 2 --max-steps 3 --val-steps 1 --zero 3 --dtype fp32 && same_steps s_accum s_dp2_zero3 1e-5
+[ "$(bias s_dp2_zero3)" = "$(bias s_accum)" ] || fail "sigmoid: ZeRO 3's bias differs from one process's"
+
 [ "$failures" -eq 0 ] || exit 1
-echo "moe: routing records, recompute, data parallel, resume, Hugging Face Mixtral and --plan OK"
+echo "moe: routing records, recompute, data parallel, resume, Hugging Face Mixtral, --plan and the sigmoid router OK"

@@ -273,7 +273,7 @@ TEST_CASE("moe_route_sigmoid_topk: the bias steers the selection, not the gates"
     bias[0] = 3.0f;
     test::DeviceBuffer<float> d_logits(logits), d_bias(bias);
     auto run = [&](float* scores, int* expert, float* gate) {
-      moe_route_sigmoid_topk(scores, expert, gate, d_logits, d_bias, c.N, c.E, c.K, nullptr);
+      moe_route_sigmoid_topk<float>(scores, expert, gate, d_logits, d_bias, c.N, c.E, c.K, nullptr);
     };
     const Routing got = run_routing(run, c.N, c.E, c.K);
     check_routing(got, reference_sigmoid(logits), bias, c.N, c.E, c.K);
@@ -287,15 +287,38 @@ TEST_CASE("moe_route_sigmoid_topk: the bias steers the selection, not the gates"
   const int N = 2, E = 8, K = 3;
   test::DeviceBuffer<float> d_logits(std::vector<float>(N * E, -0.5f)), d_bias(std::vector<float>(E, 0.125f));
   const Routing tied = run_routing(
-      [&](float* s, int* ex, float* g) { moe_route_sigmoid_topk(s, ex, g, d_logits, d_bias, N, E, K, nullptr); }, N, E,
+      [&](float* s, int* ex, float* g) { moe_route_sigmoid_topk<float>(s, ex, g, d_logits, d_bias, N, E, K, nullptr); }, N, E,
       K);
   CHECK(tied.expert == std::vector<int>{0, 1, 2, 0, 1, 2});
   // No bias (nullptr): the same choices and gates as equal biases.
   const Routing unbiased = run_routing(
-      [&](float* s, int* ex, float* g) { moe_route_sigmoid_topk(s, ex, g, d_logits, nullptr, N, E, K, nullptr); }, N,
+      [&](float* s, int* ex, float* g) { moe_route_sigmoid_topk<float>(s, ex, g, d_logits, nullptr, N, E, K, nullptr); }, N,
       E, K);
   CHECK(unbiased.expert == tied.expert);
   CHECK(test::same_bits(unbiased.gate, tied.gate));
+}
+
+TEST_CASE("moe_route_sigmoid_topk reads a bf16 bias as the float of its value", "[moe_router]") {
+  const int N = 37, E = 64, K = 6;
+  const std::vector<float> logits = router_logits(N, E, K, 901);
+  std::vector<bf16> bias16(E);
+  std::vector<float> bias32(E);
+  const std::vector<float> raw = test::random_floats(E, 902, 0.5f);
+  for (int e = 0; e < E; ++e) {
+    bias16[e] = __float2bfloat16_rn(raw[e]);
+    bias32[e] = __bfloat162float(bias16[e]);
+  }
+  test::DeviceBuffer<float> d_logits(logits), d_bias32(bias32);
+  test::DeviceBuffer<bf16> d_bias16(bias16);
+  const Routing wide = run_routing(
+      [&](float* s, int* ex, float* g) { moe_route_sigmoid_topk<float>(s, ex, g, d_logits, d_bias32, N, E, K, nullptr); },
+      N, E, K);
+  const Routing narrow = run_routing(
+      [&](float* s, int* ex, float* g) { moe_route_sigmoid_topk<bf16>(s, ex, g, d_logits, d_bias16, N, E, K, nullptr); },
+      N, E, K);
+  check_routing(narrow, reference_sigmoid(logits), bias32, N, E, K);
+  CHECK(narrow.expert == wide.expert);
+  CHECK(test::same_bits(narrow.gate, wide.gate));
 }
 
 TEST_CASE("moe_router_stats accumulates counts and probability sums", "[moe_router]") {
@@ -363,7 +386,7 @@ TEST_CASE("moe router backward passes match the explicit Jacobian", "[moe_router
         const Routing r = run_routing(
             [&](float* v, int* ex, float* g) {
               if (sigmoid)
-                moe_route_sigmoid_topk(v, ex, g, d_logits, d_bias, c.N, c.E, c.K, nullptr);
+                moe_route_sigmoid_topk<float>(v, ex, g, d_logits, d_bias, c.N, c.E, c.K, nullptr);
               else
                 moe_route_softmax_topk(v, ex, g, d_logits, c.N, c.E, c.K, nullptr);
             },
@@ -445,30 +468,77 @@ TEMPLATE_TEST_CASE("moe_router_input_backward accumulates dx and dw", "[moe_rout
   }
 }
 
-TEST_CASE("moe_update_expert_bias moves each bias toward the mean load", "[moe_router]") {
-  const std::vector<int> counts = {3, 5, 4, 4, 0, 8};  // mean 4
-  const std::vector<float> bias0 = {0.5f, -0.25f, 0.0f, 1.0f, 0.0f, 0.0f};
-  test::DeviceBuffer<int> d_counts(counts);
-  test::DeviceBuffer<float> d_bias(bias0);
-  moe_update_expert_bias(d_bias, d_counts, 0.125f, 6, nullptr);
-  test::require_no_cuda_error();
-  CHECK(d_bias.download() == std::vector<float>{0.625f, -0.375f, 0.0f, 1.0f, 0.125f, -0.125f});
-  // One expert: always at the mean. 37 experts whose mean is not an integer.
-  test::DeviceBuffer<int> one(std::vector<int>{9});
-  test::DeviceBuffer<float> one_bias(std::vector<float>{0.25f});
-  moe_update_expert_bias(one_bias, one, 1.0f, 1, nullptr);
-  test::require_no_cuda_error();
-  CHECK(one_bias.download() == std::vector<float>{0.25f});
-  std::vector<int> many(37);
-  for (int e = 0; e < 37; ++e) many[e] = (e * 7) % 11;
-  const double mean = std::accumulate(many.begin(), many.end(), 0.0) / 37;
-  std::vector<float> want(37);
-  for (int e = 0; e < 37; ++e) want[e] = mean > many[e] ? 0.5f : (mean < many[e] ? -0.5f : 0.0f);
-  test::DeviceBuffer<int> d_many(many);
-  test::DeviceBuffer<float> d_many_bias(std::vector<float>(37, 0.0f));
-  moe_update_expert_bias(d_many_bias, d_many, 0.5f, 37, nullptr);
-  test::require_no_cuda_error();
-  CHECK(d_many_bias.download() == want);
+namespace {
+// The update rule in double, independently of the kernel: bias[l][e] += rate·sign(mean − count).
+std::vector<double> reference_bias_update(std::vector<double> bias, const std::vector<int>& counts, double rate,
+                                          int L, int E) {
+  for (int l = 0; l < L; ++l) {
+    double mean = 0.0;
+    for (int e = 0; e < E; ++e) mean += counts[at(l, e, E)];
+    mean /= E;
+    for (int e = 0; e < E; ++e) {
+      const int c = counts[at(l, e, E)];
+      bias[at(l, e, E)] += mean > c ? rate : (mean < c ? -rate : 0.0);
+    }
+  }
+  return bias;
+}
+}  // namespace
+
+TEST_CASE("moe_update_expert_bias moves each bias toward its layer's mean load", "[moe_router]") {
+  SECTION("one layer, fp32 parameters updated themselves") {
+    const std::vector<int> counts = {3, 5, 4, 4, 0, 8};  // mean 4
+    test::DeviceBuffer<int> d_counts(counts);
+    test::DeviceBuffer<double> d_wide(6);
+    d_wide.poison();
+    moe_widen_counts(d_wide, d_counts, 6, nullptr);
+    test::DeviceBuffer<float> d_bias(std::vector<float>{0.5f, -0.25f, 0.0f, 1.0f, 0.0f, 0.0f});
+    moe_update_expert_bias<float>(d_bias, nullptr, d_wide, 0.125f, 1, 6, 0, 6, nullptr);
+    test::require_no_cuda_error();
+    CHECK(d_wide.download() == std::vector<double>{3, 5, 4, 4, 0, 8});
+    CHECK(d_bias.download() == std::vector<float>{0.625f, -0.375f, 0.0f, 1.0f, 0.125f, -0.125f});
+    // One expert: always at the mean.
+    test::DeviceBuffer<double> one(std::vector<double>{9});
+    test::DeviceBuffer<float> one_bias(std::vector<float>{0.25f});
+    moe_update_expert_bias<float>(one_bias, nullptr, one, 1.0f, 1, 1, 0, 1, nullptr);
+    test::require_no_cuda_error();
+    CHECK(one_bias.download() == std::vector<float>{0.25f});
+  }
+  SECTION("several layers, owned sub-ranges, fp32 masters and bf16 parameters") {
+    // 3 layers of 37 experts (means not integers; layer 1 balanced); the tensor updated as three
+    // owned segments that cut through layers, each with its own master and parameter pointers.
+    const int L = 3, E = 37;
+    std::vector<int> counts(L * E);
+    for (int e = 0; e < E; ++e) {
+      counts[at(0, e, E)] = (e * 7) % 11;
+      counts[at(1, e, E)] = 5;
+      counts[at(2, e, E)] = e == 36 ? 1000 : e;
+    }
+    const std::vector<float> start = test::random_floats(L * E, 77, 0.01f);
+    std::vector<double> start_d(start.begin(), start.end());
+    const float rate = 1e-3f;
+    const std::vector<double> want = reference_bias_update(start_d, counts, rate, L, E);
+    test::DeviceBuffer<int> d_counts(counts);
+    test::DeviceBuffer<double> d_wide(L * E);
+    moe_widen_counts(d_wide, d_counts, L * E, nullptr);
+    test::DeviceBuffer<float> d_master(start);
+    std::vector<bf16> poisoned(L * E, bf16(-7.0f));
+    test::DeviceBuffer<bf16> d_param(poisoned);
+    const size_t cuts[] = {0, 20, 60, static_cast<size_t>(L * E)};
+    for (int s = 0; s < 3; ++s)
+      moe_update_expert_bias<bf16>(d_param.ptr + cuts[s], d_master.ptr + cuts[s], d_wide, rate, L, E, cuts[s],
+                                   cuts[s + 1] - cuts[s], nullptr);
+    test::require_no_cuda_error();
+    const std::vector<float> master = d_master.download();
+    const std::vector<bf16> param = d_param.download();
+    for (int i = 0; i < L * E; ++i) {
+      INFO("element " << i);
+      CHECK(master[i] == static_cast<float>(start[i] + static_cast<double>(rate) * (want[i] > start_d[i] ? 1 : want[i] < start_d[i] ? -1 : 0)));
+      CHECK(test::same_bits(std::vector<bf16>{param[i]}, std::vector<bf16>{__float2bfloat16_rn(master[i])}));
+    }
+    CHECK(master[at(1, 4, E)] == start[at(1, 4, E)]);  // a balanced layer does not move
+    CHECK(master[at(2, 36, E)] < start[at(2, 36, E)]);   // the overloaded expert falls
+  }
 }
 
 TEST_CASE("moe router launchers refuse bad shapes", "[moe_router]") {
@@ -477,9 +547,12 @@ TEST_CASE("moe router launchers refuse bad shapes", "[moe_router]") {
   test::DeviceBuffer<bf16> b(1024);
   CHECK_THROWS_WITH(moe_route_softmax_topk(f, i, f, f, 4, 8, 9, nullptr),
                     Catch::Contains("moe_route_softmax_topk: need N>=0 and 1<=K<=E<=256; got N=4 E=8 K=9"));
-  CHECK_THROWS_WITH(moe_route_sigmoid_topk(f, i, f, f, f, 4, 257, 2, nullptr), Catch::Contains("E=257"));
+  CHECK_THROWS_WITH(moe_route_sigmoid_topk<float>(f, i, f, f, f, 4, 257, 2, nullptr), Catch::Contains("E=257"));
   CHECK_THROWS_WITH(moe_router_logits<bf16>(f, b, b, 2, 12, 4, nullptr),
                     Catch::Contains("moe_router_logits: need C a positive multiple of 8"));
   CHECK_THROWS_WITH(moe_router_stats(i, f, i, f, 2, 4, 0, nullptr), Catch::Contains("K=0"));
-  CHECK_THROWS_WITH(moe_update_expert_bias(f, i, 0.1f, 0, nullptr), Catch::Contains("need E>=1"));
+  test::DeviceBuffer<double> d(1024);
+  CHECK_THROWS_WITH(moe_update_expert_bias<float>(f, nullptr, d, 0.1f, 2, 0, 0, 0, nullptr), Catch::Contains("E=0"));
+  CHECK_THROWS_WITH(moe_update_expert_bias<float>(f, nullptr, d, 0.1f, 2, 4, 6, 3, nullptr),
+                    Catch::Contains("first+count<=L*E; got L=2 E=4 first=6 count=3"));
 }
