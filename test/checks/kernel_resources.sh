@@ -32,15 +32,15 @@ done
 train() {
   local with=$1 log=$2
   shift 2
-  SIMT_KERNEL_RESOURCES=$with SIMT_VERBOSE=1 "$bin" --train-data "$ref/train.bin" \
-    --val-data "$ref/train.bin" --batch-size 2 --seq-len 32 --max-steps 2 --val-every 1 --val-steps 1 \
-    --out-dir "$tmp/run" --overwrite "$@" >"$log" 2>&1
+  SIMT_KERNEL_RESOURCES=$with SIMT_VERBOSE=1 "$bin" --batch-size 2 --seq-len 32 --max-steps 2 --val-every 1 \
+    --val-steps 1 --out-dir "$tmp/run" --overwrite "$@" >"$log" 2>&1
 }
 
 for run in "bf16 $ref" "fp32 $ref" "bf16 $mref" "fp32 $mref"; do
   read -r dtype model <<<"$run"
   log=$tmp/$dtype.log
-  if ! train "$table" "$log" --dtype "$dtype" --init-from "$model/model.bin"; then
+  if ! train "$table" "$log" --dtype "$dtype" --init-from "$model/model.bin" --train-data "$model/train.bin" \
+      --val-data "$model/train.bin"; then
     fail "$dtype $model run failed with the table: $(tail -n 3 "$log")"
     continue
   fi
@@ -54,7 +54,8 @@ done
 # Planted: every kernel at 255 registers per thread, so any block of more than 256 threads needs
 # more registers than a GPU gives it.
 awk -F'\t' -v OFS='\t' '{ $3 = 255; print }' "$table" >"$tmp/255-registers.tsv"
-if train "$tmp/255-registers.tsv" "$tmp/planted.log" --dtype bf16 --init-from "$ref/model.bin"; then
+if train "$tmp/255-registers.tsv" "$tmp/planted.log" --dtype bf16 --init-from "$ref/model.bin" \
+    --train-data "$ref/train.bin" --val-data "$ref/train.bin"; then
   fail "a run whose kernels all take 255 registers per thread succeeded"
 else
   grep -q 'too many resources requested for launch' "$tmp/planted.log" ||

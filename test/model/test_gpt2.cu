@@ -422,7 +422,7 @@ TEST_CASE("GPT2 presets", "[gpt2]") {
     CHECK_THAT(e.what(), Catch::Contains("gpt5") && Catch::Contains("nano, micro, d12, d24, d36, d48, gpt3-125m"));
   }
   const ParameterLayout layout(d12);
-  const char* decayed[] = {"wte", "wpe", "qkvw", "attprojw", "fcw", "fc2w", "fcprojw", "lm_head"};
+  const char* decayed[] = {"wte", "wpe", "qkvw", "attprojw", "router", "fcw", "fc2w", "fcprojw", "lm_head"};
   size_t offset = 0;
   for (int i = 0; i < kNumParameterTensors; ++i) {
     CHECK(layout[i].offset == offset);
