@@ -28,6 +28,12 @@ constexpr int kMoeGradChunks = 128;                   // 128-bit column chunks p
 constexpr int kMoeGradExperts = 4;                    // experts per thread of the weight gradient
 constexpr int kMoeStatsThreads = kColumnSumWidth * kColumnSumWarps;
 
+// How a routing picks a row's K experts: the top K of its keys, or, to time a perfectly balanced
+// step against real routing (--moe-balanced-routing), expert (n·K + k) mod E for row n's k-th
+// choice whatever the keys, every expert getting N·K/E rows (± 1). The gates are the chosen
+// experts' values renormalised either way, so the backward passes are the same.
+enum class MoeChoice { top_k, balanced };
+
 // logits[n][e] = Σ_c x[n][c]·w[e][c]: one warp per row; lane l adds its chunks l, l + 32, ... in
 // increasing order, then warp_sum. The block's 8 rows share w through the L1 cache.
 template <typename T>
@@ -63,10 +69,11 @@ __device__ __forceinline__ bool moe_chosen_before(float a, int ea, float b, int 
 // One warp per row: the row's probabilities (softmax over all E, max-subtracted) or scores
 // (sigmoid) written; then K rounds of a warp argmax over the keys (the probabilities, or scores +
 // bias), each winner struck from its lane's set; gate[k] = value_k / Σ_k' value_k', the sum taken
-// in k order. Every lane ends each round with the same winner: the order is total.
+// in k order. Every lane ends each round with the same winner: the order is total. balanced: round
+// k's winner is expert (row·K + k) mod E instead, whatever the keys (MoeChoice::balanced).
 template <bool kSigmoid, typename B>
 __global__ void moe_route_topk_kernel(float* values, int* expert, float* gate, const float* logits,
-                                      const B* bias, int N, int E, int K) {
+                                      const B* bias, int N, int E, int K, bool balanced) {
   const int row = blockIdx.x * kMoeRouterWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= N) return;
@@ -114,22 +121,30 @@ __global__ void moe_route_topk_kernel(float* values, int* expert, float* gate, c
   for (int k = 0; k < K; ++k) {
     float best_key = 0.0f, best_value = 0.0f;
     int best = -1;  // none yet
-    UNROLL for (int i = 0; i < kMoeLaneExperts; ++i) {
-      const int e = lane + 32 * i;
-      if (!((struck >> i) & 1u) && (best < 0 || moe_chosen_before(key[i], e, best_key, best))) {
-        best_key = key[i];
-        best_value = value[i];
-        best = e;
+    if (balanced) {
+      best = static_cast<int>((static_cast<long long>(row) * K + k) % E);
+      float held = 0.0f;  // the value of `best` if this lane holds it
+      UNROLL for (int i = 0; i < kMoeLaneExperts; ++i)
+        if (i == best / 32) held = value[i];
+      best_value = __shfl_sync(0xffffffffu, held, best % 32);
+    } else {
+      UNROLL for (int i = 0; i < kMoeLaneExperts; ++i) {
+        const int e = lane + 32 * i;
+        if (!((struck >> i) & 1u) && (best < 0 || moe_chosen_before(key[i], e, best_key, best))) {
+          best_key = key[i];
+          best_value = value[i];
+          best = e;
+        }
       }
-    }
-    for (int offset = 16; offset > 0; offset >>= 1) {
-      const float other_key = __shfl_xor_sync(0xffffffffu, best_key, offset);
-      const float other_value = __shfl_xor_sync(0xffffffffu, best_value, offset);
-      const int other = __shfl_xor_sync(0xffffffffu, best, offset);
-      if (other >= 0 && (best < 0 || moe_chosen_before(other_key, other, best_key, best))) {
-        best_key = other_key;
-        best_value = other_value;
-        best = other;
+      for (int offset = 16; offset > 0; offset >>= 1) {
+        const float other_key = __shfl_xor_sync(0xffffffffu, best_key, offset);
+        const float other_value = __shfl_xor_sync(0xffffffffu, best_value, offset);
+        const int other = __shfl_xor_sync(0xffffffffu, best, offset);
+        if (other >= 0 && (best < 0 || moe_chosen_before(other_key, other, best_key, best))) {
+          best_key = other_key;
+          best_value = other_value;
+          best = other;
+        }
       }
     }
     if (best % 32 == lane) struck |= 1u << (best / 32);
@@ -369,11 +384,11 @@ void moe_router_logits(float* logits, const T* x, const T* w, int N, int C, int 
 // probability (ties: the lower index); gate[n][k] = probs[n][expert[n][k]] / Σ_k' of the chosen.
 // All written.
 inline void moe_route_softmax_topk(float* probs, int* expert, float* gate, const float* logits, int N, int E, int K,
-                                   cudaStream_t stream) {
+                                   cudaStream_t stream, MoeChoice choice = MoeChoice::top_k) {
   moe_router_check("moe_route_softmax_topk", N, E, K);
   if (N == 0) return;
   launch(moe_route_topk_kernel<false, float>, dim3(moe_router_row_blocks(N)), dim3(32 * kMoeRouterWarps), 0, stream, probs,
-         expert, gate, logits, static_cast<const float*>(nullptr), N, E, K);
+         expert, gate, logits, static_cast<const float*>(nullptr), N, E, K, choice == MoeChoice::balanced);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -383,11 +398,11 @@ inline void moe_route_softmax_topk(float* probs, int* expert, float* gate, const
 // (float or bf16: the model's parameter, no copy) and added in fp32.
 template <typename B>
 void moe_route_sigmoid_topk(float* scores, int* expert, float* gate, const float* logits, const B* bias, int N, int E,
-                            int K, cudaStream_t stream) {
+                            int K, cudaStream_t stream, MoeChoice choice = MoeChoice::top_k) {
   moe_router_check("moe_route_sigmoid_topk", N, E, K);
   if (N == 0) return;
   launch(moe_route_topk_kernel<true, B>, dim3(moe_router_row_blocks(N)), dim3(32 * kMoeRouterWarps), 0, stream, scores,
-         expert, gate, logits, bias, N, E, K);
+         expert, gate, logits, bias, N, E, K, choice == MoeChoice::balanced);
   CUDA_CHECK(cudaGetLastError());
 }
 

@@ -81,6 +81,8 @@ const std::vector<Flag>& flag_table() {
       {"moe-aux-loss-coef", "X", "softmax router: weight of the load-balancing loss E*sum(f_i*P_i) in the objective (0: none)",
        &TrainConfig::moe_aux_loss_coef, {0, kMaxFp32}, {}, "the model's (0.01 for --moe-experts)"},
       {"moe-bias-rate", "X", "sigmoid router: after each step, per layer bias += X*sign(mean load - load)", &TrainConfig::moe_bias_rate, {0, kMaxFp32}},
+      {"moe-balanced-routing", "0|1", "timing only: row n's k-th expert is (n*K + k) mod E, whatever the router's "
+       "scores (the gates still from them), to time a perfectly balanced step", &TrainConfig::moe_balanced_routing},
       {"lr", "X", "peak learning rate", &TrainConfig::lr, {0, kMaxFp32}},
       {"lr-schedule", "NAME", "cosine | linear | constant | wsd (warmup-stable-decay, decay over the last 20% of steps)",
        &TrainConfig::lr_schedule, {}, lr_schedule_names()},
@@ -93,8 +95,7 @@ const std::vector<Flag>& flag_table() {
       {"grad-clip", "X", "clip the global gradient norm to X (0 = off)", &TrainConfig::grad_clip, {0, kMaxFp32}},
       {"max-steps", "N", "optimizer steps to run (0 = only evaluate the model on --val-data and exit, writing nothing)",
        &TrainConfig::max_steps, {0, INT_MAX}},
-      {"val-every", "N", "validate after every N-th step and after the last (0 = never)", &TrainConfig::val_every,
-       {0, (double)LLONG_MAX}},
+      {"val-every", "N", "validate after every N-th step and after the last (0 = never)", &TrainConfig::val_every, {0, (double)LLONG_MAX}},
       {"val-steps", "N", "validation batches (B x T each) averaged per validation", &TrainConfig::val_steps,
        {1, (double)LLONG_MAX}},
       {"out-dir", "DIR", "where metrics.jsonl, the checkpoints and the final model.bin go; a run adds to the history "
@@ -193,8 +194,7 @@ const std::vector<Flag>& flag_table() {
        &TrainConfig::max_new_tokens, {1, INT_MAX}},
       {"temperature", "X", "sampling temperature (0 = greedy: always the most likely token)", &TrainConfig::temperature,
        {0, kMaxFp32}},
-      {"top-k", "K", "sample among the K most likely tokens (0 = the whole vocabulary)", &TrainConfig::top_k,
-       {0, INT_MAX}},
+      {"top-k", "K", "sample among the K most likely tokens (0 = the whole vocabulary)", &TrainConfig::top_k, {0, INT_MAX}},
       {"vocab-dir", "DIR", "the model's vocabulary for the prompt and the generated text: GPT-2's BPE files "
        "(encoder.json, vocab.bpe) or, for a 128,256-token model, Llama 3's tokenizer.model", &TrainConfig::vocab_dir, {},
        {}, "data/gpt2_bpe (Llama 3: data/llama3_bpe)"},

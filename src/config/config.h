@@ -56,6 +56,7 @@ struct TrainConfig {
   std::string moe_router;
   double moe_aux_loss_coef = 0.0;  // only when set: the model's otherwise
   double moe_bias_rate = 1e-3;     // the sigmoid router's expert-bias step per optimizer step
+  bool moe_balanced_routing = false;
   // optimizer and schedule
   double lr = 6e-4;
   std::string lr_schedule = "cosine";

@@ -150,7 +150,7 @@ void validate_fp8_shapes(const TrainConfig& cfg, const ModelConfig& model, const
 
 void validate_experts(const TrainConfig& cfg, const ModelConfig& model, const std::string& model_source) {
   if (!model.moe()) {
-    for (const char* flag : {"moe-aux-loss-coef", "moe-bias-rate"})
+    for (const char* flag : {"moe-aux-loss-coef", "moe-bias-rate", "moe-balanced-routing"})
       if (cfg.was_set(flag))
         throw std::invalid_argument("--" + std::string(flag) + ": " + model_source + " has no experts (" +
                                     describe(model) + ")");

@@ -85,6 +85,7 @@ class ExpertStep {
   }
   int* counts(int layer) const { return counts_.get() + static_cast<size_t>(layer) * experts_; }
   ExpertStats stats;
+  MoeChoice choice = MoeChoice::top_k;  // MoeChoice::balanced: --moe-balanced-routing (timing only)
 
  private:
   int experts_ = 0;
@@ -111,6 +112,7 @@ struct ExpertBuffers {
   int* counts;
   float* prob_sums;
   int* host_offsets;
+  MoeChoice choice = MoeChoice::top_k;
 };
 
 // Layer slice j's buffers in set a (w: the work set). counts: a training forward's (the step's
@@ -118,7 +120,7 @@ struct ExpertBuffers {
 // nullptr for a recomputation (the backward rerunning a block), which must not count again.
 template <typename Elem>
 ExpertBuffers<Elem> expert_buffers(const ModelConfig& c, Activations<Elem>& a, Activations<Elem>& w, int j, int N,
-                                   int* counts) {
+                                   int* counts, MoeChoice choice) {
   const int E = c.num_experts, M = N * c.experts_per_token;
   const size_t NE = static_cast<size_t>(N) * E, NK = static_cast<size_t>(M), MH = static_cast<size_t>(M) * c.hidden();
   const size_t host_at = static_cast<size_t>(j) * (E + 1);
@@ -136,7 +138,8 @@ ExpertBuffers<Elem> expert_buffers(const ModelConfig& c, Activations<Elem>& a, A
           w.moe_rows.get(),
           counts,
           a.moe_prob_sums.get(),
-          a.moe_host_offsets.data() + host_at};
+          a.moe_host_offsets.data() + host_at,
+          choice};
 }
 
 // The router's choices for N rows from b.logits: softmax top-K (b.probs the probabilities) or
@@ -145,9 +148,10 @@ template <typename Elem>
 void expert_route(const ModelConfig& c, const ExpertBuffers<Elem>& b, const ExpertWeights<Elem>& wt, int N,
                   cudaStream_t s) {
   if (c.router == Router::sigmoid)
-    moe_route_sigmoid_topk(b.probs, b.expert, b.gate, b.logits, wt.bias, N, c.num_experts, c.experts_per_token, s);
+    moe_route_sigmoid_topk(b.probs, b.expert, b.gate, b.logits, wt.bias, N, c.num_experts, c.experts_per_token, s,
+                           b.choice);
   else
-    moe_route_softmax_topk(b.probs, b.expert, b.gate, b.logits, N, c.num_experts, c.experts_per_token, s);
+    moe_route_softmax_topk(b.probs, b.expert, b.gate, b.logits, N, c.num_experts, c.experts_per_token, s, b.choice);
 }
 
 // The forward on x (N × C, the ln2 output): out (N × C) = Σ_k gate · expert_k(x), everything the

@@ -180,6 +180,7 @@ class Transformer {
   const Fp8State* fp8_state() const { return fp8_ ? &*fp8_ : nullptr; }
   // With experts: the routing figures of the step since zero_grad() (expert_mlp.h).
   const ExpertStats& expert_stats() const { return experts_.stats; }
+  void set_expert_choice(MoeChoice choice) { experts_.choice = choice; }  // --moe-balanced-routing
   float* adam_m_device() const { return adam_m_.get(); }
   float* adam_v_device() const { return adam_v_.get(); }
   float* master_device() const { return params_.master(); }

@@ -202,8 +202,9 @@ void TransformerPasses<Elem>::block_forward(Transformer<Elem>& m, Activations<El
                         m.param(kLn2w, l), m.param(kLn2b, l), Nl, s, fp8_norm_output(m, l, Fp8Product::fc, ln2));
   m.tp_.gather(ln2, C);
   if (m.cfg_.moe())
-    return expert_mlp_forward(m.cfg_, expert_buffers(m.cfg_, a, w, j, N, rerun ? nullptr : m.experts_.counts(l)),
-                              w.branch.get(), ln2, expert_weights(m, l), N, s);
+    return expert_mlp_forward(
+        m.cfg_, expert_buffers(m.cfg_, a, w, j, N, rerun ? nullptr : m.experts_.counts(l), m.experts_.choice),
+        w.branch.get(), ln2, expert_weights(m, l), N, s);
   mlp_up_forward(m.cfg_, layer_slice(a.fch, j, m.cfg_.mlp_products() * Nh), layer_slice(a.fch_gelu, j, Nh), ln2,
                  m.param(kFcw, l), m.param(kFcb, l), m.param(kFc2w, l), N, m.hl_, s, fp8, l);
 }

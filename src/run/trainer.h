@@ -86,6 +86,7 @@ class Trainer {
                                             : dtype_named(cfg_.save_dtype)) {
     // The next batch's host work (id checks, encoder buckets) on the loader thread, ahead of its step.
     if (data_.train) data_.train->set_prepare(model_.batch_preparer());
+    if (cfg_.moe_balanced_routing) model_.set_expert_choice(MoeChoice::balanced);
     initialize_model();
     last_checkpoint_step_ = state_.step;
     if (setup_.resume_from) last_checkpoint_dir_ = setup_.resume_from->path;

@@ -4,7 +4,8 @@
 // accumulated into pre-filled counts and sums; both routings' backward passes against an explicit
 // Jacobian (itself checked by finite differences of the forward in double), the aux term
 // included; the input and weight gradients accumulated into pre-filled buffers (one row group,
-// several, and the scratch-capped grouping); the bias update's sign. Shapes: N = 1, 37, 1000,
+// several, and the scratch-capped grouping); the bias update's sign; the balanced (round-robin)
+// choice of --moe-balanced-routing. Shapes: N = 1, 37, 1000,
 // C = 40 and 200 (multiples of 8, not of 32), E = 1, 8, 33, 64, 256, K = 1 … E, every preset's
 // width and Llama 3.1 405B's C = 16384; bf16 and float; every output poisoned first and every
 // op rerun for bit-identical results.
@@ -260,6 +261,48 @@ TEST_CASE("moe_route_softmax_topk matches CPU loops, ties to the lower index", "
     CHECK(test::same_bits(again.values, got.values));
     CHECK(again.expert == got.expert);
     CHECK(test::same_bits(again.gate, got.gate));
+  }
+}
+
+// MoeChoice::balanced: row n's k-th expert is (n·K + k) mod E whatever the logits (row 1's two
+// maxima included), so every expert gets N·K/E rows (± 1); the values as the routing's own and the
+// gates the chosen values renormalised, for both routings.
+TEST_CASE("moe routings with MoeChoice::balanced choose round-robin, gates from the values", "[moe_router]") {
+  uint64_t seed = 250;
+  for (const RouteCase& c : kRouteCases) {
+    for (const bool sigmoid : {false, true}) {
+      INFO("N " << c.N << " E " << c.E << " K " << c.K << (sigmoid ? " sigmoid" : " softmax"));
+      const std::vector<float> logits = router_logits(c.N, c.E, c.K, ++seed);
+      test::DeviceBuffer<float> d_logits(logits), d_bias(std::vector<float>(c.E, 0.5f));
+      const Routing got = run_routing(
+          [&](float* v, int* ex, float* g) {
+            if (sigmoid)
+              moe_route_sigmoid_topk<float>(v, ex, g, d_logits, d_bias, c.N, c.E, c.K, nullptr, MoeChoice::balanced);
+            else
+              moe_route_softmax_topk(v, ex, g, d_logits, c.N, c.E, c.K, nullptr, MoeChoice::balanced);
+          },
+          c.N, c.E, c.K);
+      const std::vector<double> values = sigmoid ? reference_sigmoid(logits) : reference_softmax(logits, c.N, c.E);
+      CHECK(test::all_close("values", got.values, values, 1e-5, 1e-7));
+      std::vector<int> want_expert(static_cast<size_t>(c.N) * c.K);
+      std::vector<double> want_gate(want_expert.size());
+      std::vector<int> rows_per_expert(c.E, 0);
+      for (int n = 0; n < c.N; ++n) {
+        double total = 0;
+        for (int k = 0; k < c.K; ++k) {
+          want_expert[at(n, k, c.K)] = static_cast<int>((static_cast<long long>(n) * c.K + k) % c.E);
+          total += values[at(n, want_expert[at(n, k, c.K)], c.E)];
+        }
+        for (int k = 0; k < c.K; ++k) {
+          want_gate[at(n, k, c.K)] = values[at(n, want_expert[at(n, k, c.K)], c.E)] / total;
+          ++rows_per_expert[want_expert[at(n, k, c.K)]];
+        }
+      }
+      CHECK(got.expert == want_expert);
+      CHECK(test::all_close("gate", got.gate, want_gate, 1e-5, 1e-7));
+      const auto [fewest, most] = std::minmax_element(rows_per_expert.begin(), rows_per_expert.end());
+      CHECK(*most - *fewest <= 1);
+    }
   }
 }
 
