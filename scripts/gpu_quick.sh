@@ -19,6 +19,10 @@
 #   fp8          --fp8 against bf16 in the same job, d48 (T=1024, B=8) and Llama 3.2 1B (T=2048, B=8,
 #                where the pack has Llama 3 shards): tokens/s of each, their ratio (issue 35's
 #                target: 1.25x) and the last losses                                            100 s
+#   fp8_loss     d12 (T=1024, B=16) 1,000 steps in bf16 and with --fp8, the same data: the last step's
+#                losses within 0.5% (issue 35)                                                   60 s
+#   moe          moe-nano (T=128, B=64) and Llama 3.2 1B with 4 experts, top-2 (T=2048, B=4), each
+#                with real routing and --moe-balanced-routing: tokens/s and imbalance (issue 36)  90 s
 #   attention    ours against PyTorch's SDPA at d12's training shape, forward and forward+backward 60 s
 #   tests        the packed kernel and model test binaries                                       120 s
 #   determinism  one 20-step nano run twice: every record and model.bin bit-identical             40 s
@@ -50,9 +54,9 @@ pack=${GPU_PACK:-gpu-pack}
 out=${QUICK_OUT:-$PWD/gpu-quick}
 budget=${1:-420}
 dry_run=${QUICK_DRY_RUN:-0}
-all_stages=(device smoke parity hf throughput fp8 attention tests determinism sanitizer large)
-declare -A estimate=([device]=10 [smoke]=30 [parity]=60 [hf]=30 [throughput]=120 [fp8]=100 [attention]=60 [tests]=120
-                     [determinism]=40 [sanitizer]=90 [large]=120)
+all_stages=(device smoke parity hf throughput fp8 fp8_loss moe attention tests determinism sanitizer large)
+declare -A estimate=([device]=10 [smoke]=30 [parity]=60 [hf]=30 [throughput]=120 [fp8]=100 [fp8_loss]=60 [moe]=90
+                     [attention]=60 [tests]=120 [determinism]=40 [sanitizer]=90 [large]=120)
 
 die() { echo "gpu_quick: $*" >&2; exit 2; }
 if ! [[ $budget =~ ^[0-9]+$ ]] || [ "$budget" -lt 10 ]; then die "SECONDS must be a whole number of seconds >= 10, got '$budget'"; fi
@@ -112,6 +116,9 @@ cublas_file=$(for d in ${LD_LIBRARY_PATH//:/ }; do compgen -G "$d/libcublasLt.so
 if [ "$dry_run" = 1 ]; then
   d12=(--model nano --seq-len 64); big_batches=(4 2 1); timed=3 warm=1 profile_steps=3
   llama=(--model llama-nano --seq-len 32); llama_batch=2
+  fp8_loss=(--model nano --seq-len 64 --batch-size 4 --max-steps 25)
+  moe_small=(--model moe-nano --seq-len 32); moe_mid=(--model llama-nano --seq-len 32 --moe-experts 4 --moe-top-k 2)
+  declare -A moe_batch=([moe_small]=2 [moe_mid]=2)
   d48=(--model micro --seq-len 64); fp8_batch=4; det=(--model nano --batch-size 2 --seq-len 32 --max-steps 6 --val-every 3 --val-steps 2)
   # The model tests' tiny reference (dev/gpt2_reference.py's defaults: B=2, T=32) stands in for
   # the parity reference, which takes minutes on a CPU.
@@ -120,6 +127,9 @@ if [ "$dry_run" = 1 ]; then
 else
   d12=(--model d12 --seq-len 1024); big_batches=(64 32 8); timed=15 warm=3 profile_steps=5
   llama=(--model llama3.2-1b --seq-len 2048); llama_batch=8
+  fp8_loss=(--model d12 --seq-len 1024 --batch-size 16 --max-steps 1000)
+  moe_small=(--model moe-nano --seq-len 128); moe_mid=(--model llama3.2-1b --seq-len 2048 --moe-experts 4 --moe-top-k 2)
+  declare -A moe_batch=([moe_small]=64 [moe_mid]=4)
   d48=(--model d48 --seq-len 1024); fp8_batch=8; det=(--model nano --batch-size 8 --seq-len 128 --max-steps 20 --val-every 10 --val-steps 4)
   parity=(build/reference/parity 4 256)  # the reference's directory, B and T (its parity.args)
   device_name=$(nvidia-smi -i 0 --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
@@ -338,6 +348,56 @@ stage_fp8() {
       text+=" (fp8/bf16 ${rate}x; target 1.25x)"
       figures+=("${model}_fp8_speedup=$rate")
     fi
+  done
+}
+
+# Issue 35's loss check: bf16 and --fp8 trained side by side from the same seed and data order;
+# the --fp8 run's loss within 0.5% of bf16's at the last step (and over the last 20, less noisy).
+stage_fp8_loss() {
+  local kind
+  status=PASS; text=""
+  for kind in bf16 fp8; do
+    local flags=("${fp8_loss[@]}" --val-every 0 --save 0)
+    [ "$kind" = fp8 ] && flags+=(--fp8 1)
+    if ! train "$kind" "${flags[@]}"; then
+      status=FAIL; text+="${text:+; }$kind: FAILED (logs/fp8_loss/$kind.log: $(tail -n 1 "$logs/fp8_loss/$kind.log"))"; return
+    fi
+  done
+  if ! text=$(py 'import json, sys
+runs = [[r["train_loss"] for r in map(json.loads, open(p)) if "train_loss" in r] for p in sys.argv[1:3]]
+b, f = runs
+last = abs(f[-1] - b[-1]) / b[-1]
+tail = abs(sum(f[-20:]) - sum(b[-20:])) / sum(b[-20:])
+print("step %d: bf16 %.4f, fp8 %.4f (%.2f%%; mean of the last 20: %.2f%%; target 0.5%%)" % (len(b), b[-1], f[-1], 100 * last, 100 * tail))
+sys.exit(0 if len(b) == len(f) and last <= 0.005 else 1)' "$work/bf16/metrics.jsonl" "$work/fp8/metrics.jsonl"); then status=FAIL; fi
+  figures+=("loss=$(json_string "$text")")
+}
+
+# Issue 36's speed check: the same mixtures with real routing and with --moe-balanced-routing
+# (every expert the same rows), side by side: the small preset and a Llama 3.2 1B with 4 experts.
+stage_moe() {
+  local model kind figures_json
+  status=PASS; text=""
+  if ! compgen -G "data/llama3/*_train_*.bin" >/dev/null; then status=SKIP; text="not run (no Llama 3 shards)"; return; fi
+  for model in moe_small moe_mid; do
+    local -n shape=$model
+    for kind in real balanced; do
+      local flags=("${shape[@]}" --train-data "data/llama3/*_train_*.bin" --val-data "data/llama3/*_val_*.bin"
+                   --max-steps $((warm + timed)) "${quiet[@]}")
+      [ "$kind" = balanced ] && flags+=(--moe-balanced-routing 1)
+      if [ "$(left)" -lt 20 ]; then text+="${text:+; }${shape[1]} $kind: not run ($(left) s left)"; continue; fi
+      measured "$model-$kind" "${moe_batch[$model]}" "${flags[@]}"
+      if [ "$run_ok" -eq 0 ] && figures_json=$(report throughput "$logs/moe/$model-$kind.log" "$work/$model-$kind/metrics.jsonl" \
+                                                 "${moe_batch[$model]}" "${shape[3]}" "$warm" "$ACCEPTANCE_DEVICE"); then
+        text+="${text:+; }${shape[1]}${shape[4]:+ with ${shape[5]} experts} B=${moe_batch[$model]} $kind: $(py 'import json, sys
+d = json.loads(sys.argv[1]); print("%s tok/s, %s ms/step" % (d["tokens_per_s"], d["ms_per_step"]))' "$figures_json"), imbalance $(py 'import json, sys
+r = [json.loads(l) for l in open(sys.argv[1]) if "train_loss" in l]; print(r[-1]["expert_imbalance"])' "$work/$model-$kind/metrics.jsonl")"
+        figures+=("${model}_$kind=$figures_json")
+      else
+        status=FAIL
+        text+="${text:+; }${shape[1]} $kind: FAILED (logs/moe/$model-$kind.log: $(tail -n 1 "$logs/moe/$model-$kind.log"))"
+      fi
+    done
   done
 }
 

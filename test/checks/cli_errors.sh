@@ -126,6 +126,8 @@ expect_error "experts reshaping a model file" "--moe-experts shapes a fresh --mo
   --plan --init-from "$ref/model.bin" --seq-len 32 --moe-experts 4
 expect_error "aux loss without experts" "--moe-aux-loss-coef: preset llama-nano has no experts" -- \
   --plan --model llama-nano --seq-len 32 --moe-aux-loss-coef 0.1
+expect_error "balanced routing without experts" "--moe-balanced-routing: preset nano has no experts" -- \
+  --plan --model nano --seq-len 32 --moe-balanced-routing 1
 expect_error "experts with tensor parallelism" "--tp with experts (preset moe-nano) is not supported yet" -- \
   --plan --model moe-nano --seq-len 32 --world-size 2 --tp 2
 expect_error "experts with FP8" "--fp8 with experts (preset moe-nano) is not supported yet" -- \

@@ -3,6 +3,7 @@
 # dev/mixtral_reference.py (4 experts, top-2, aux coefficient 0.02), fp32:
 #   - metrics.jsonl has each step's routing: aux_loss, expert_tokens (every layer's rows × K) and
 #     expert_imbalance; the step line shows aux and imbalance;
+#   - --moe-balanced-routing 1 routes exactly as many rows to each expert;
 #   - --recompute 3 (the backward reruns the experts) gives the same records bit for bit;
 #   - data parallel over 2 ranks (ZeRO 1 and ZeRO 3) gives one process's records with the same
 #     micro-batches (gradient accumulation 2: each micro-batch's auxiliary loss is its own) within 1e-5;
@@ -40,6 +41,14 @@ for r in steps:
     assert len(tokens) == 4 and sum(tokens) == 2 * 2 * 32 * 2, tokens
     assert abs(r["expert_imbalance"] - max(tokens) * 4 / sum(tokens)) < 1e-9, r
     assert 0 < r["aux_loss"] < 4, r  # E * sum(f*P): K for a uniform router, at most E = 4
+PY
+
+# --moe-balanced-routing (timing only): 2 layers x 64 rows x K=2 over E=4 experts, exactly 64 each.
+run balanced 1 --max-steps 1 --val-steps 1 --moe-balanced-routing 1
+"$python" - "$tmp/balanced/metrics.jsonl" <<'PY' || fail "--moe-balanced-routing did not balance the experts"
+import json, sys
+r = [r for r in map(json.loads, open(sys.argv[1])) if "train_loss" in r][0]
+assert r["expert_tokens"] == [64] * 4 and r["expert_imbalance"] == 1.0, r
 PY
 
 # Records without their timing fields, equal.
