@@ -113,11 +113,11 @@ nccl_version=$( [ -n "$nccl_file" ] && grep -a -o -m 1 'NCCL version [0-9][0-9.]
 cublas_file=$(for d in ${LD_LIBRARY_PATH//:/ }; do compgen -G "$d/libcublasLt.so.*"; done 2>/dev/null | sort -V | tail -n 1)
 
 # Shapes: the real ones on a GPU, small ones in the rehearsal (the CPU trainer).
+# shellcheck disable=SC2034  # the moe shapes are read by name (stage_moe's nameref)
 if [ "$dry_run" = 1 ]; then
   d12=(--model nano --seq-len 64); big_batches=(4 2 1); timed=3 warm=1 profile_steps=3
   llama=(--model llama-nano --seq-len 32); llama_batch=2
   fp8_loss=(--model nano --seq-len 64 --batch-size 4 --max-steps 25)
-  # shellcheck disable=SC2034  # read by name (stage_moe's nameref)
   moe_small=(--model moe-nano --seq-len 32); moe_mid=(--model llama-nano --seq-len 32 --moe-experts 4 --moe-top-k 2)
   declare -A moe_batch=([moe_small]=2 [moe_mid]=2)
   d48=(--model micro --seq-len 64); fp8_batch=4; det=(--model nano --batch-size 2 --seq-len 32 --max-steps 6 --val-every 3 --val-steps 2)
@@ -129,7 +129,6 @@ else
   d12=(--model d12 --seq-len 1024); big_batches=(64 32 8); timed=15 warm=3 profile_steps=5
   llama=(--model llama3.2-1b --seq-len 2048); llama_batch=8
   fp8_loss=(--model d12 --seq-len 1024 --batch-size 16 --max-steps 1000)
-  # shellcheck disable=SC2034  # read by name (stage_moe's nameref)
   moe_small=(--model moe-nano --seq-len 128); moe_mid=(--model llama3.2-1b --seq-len 2048 --moe-experts 4 --moe-top-k 2)
   declare -A moe_batch=([moe_small]=64 [moe_mid]=4)
   d48=(--model d48 --seq-len 1024); fp8_batch=8; det=(--model nano --batch-size 8 --seq-len 128 --max-steps 20 --val-every 10 --val-steps 4)
