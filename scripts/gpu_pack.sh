@@ -130,7 +130,8 @@ else
   echo "gpu_pack: no Llama 3 vocabulary (data/llama3_bpe; scripts/install_deps.sh): the pack has no Llama 3 shards"
 fi
 cp scripts/gpu_quick.sh scripts/acceptance_report.py "$staging/scripts/"
-cp dev/gpt2_reference.py dev/bench_attention_sdpa.py dev/ceilings.py dev/hf_llama_check.py dev/hf_gpt2.py "$staging/dev/"
+cp dev/gpt2_reference.py dev/reference_common.py dev/bench_attention_sdpa.py dev/ceilings.py dev/hf_llama_check.py dev/hf_gpt2.py \
+  "$staging/dev/"
 
 # The libraries to bring: what ldd resolves for each binary outside the base and CUDA sets, copied
 # under the name the binaries ask for (the loader looks for that name, not the file's).

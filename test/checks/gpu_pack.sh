@@ -39,6 +39,20 @@ for file in train_gpt tokenize build/bench_attention build/gpu/test/kernels/test
             build/gpu/test/model/test_recompute build/reference/parity/model.bin data/gpt2_bpe/encoder.json scripts/gpu_quick.sh; do
   [ -f "gpu-pack/$file" ] || fail "gpu-pack/$file is missing"
 done
+# Every packed script's imports of the repository's own dev/ modules are packed too (the first
+# GPU run's parity stage failed on a missing dev/reference_common.py).
+if missing=$(/usr/bin/python3 - gpu-pack/dev <<'PY'
+import ast, os, sys
+d = sys.argv[1]
+for name in sorted(os.listdir(d)):
+    if name.endswith(".py"):
+        for node in ast.walk(ast.parse(open(os.path.join(d, name)).read())):
+            for module in ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                           [node.module] if isinstance(node, ast.ImportFrom) and node.module else []):
+                if os.path.exists(f"dev/{module}.py") and not os.path.exists(f"{d}/{module}.py"):
+                    print(f"{name} imports dev/{module}.py")
+PY
+) && [ -z "$missing" ]; then ok "the packed dev/ scripts' own imports are packed"; else fail "gpu-pack/dev: $missing"; fi
 if bash scripts/gpu_pack.sh --check-closure gpu-pack > "$tmp/closure.log" 2>&1; then ok "$(tail -n 1 "$tmp/closure.log")"
 else fail "closure: $(cat "$tmp/closure.log")"; fi
 # Planted: the pack without OpenMPI's library.
