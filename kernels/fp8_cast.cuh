@@ -98,7 +98,8 @@ __device__ __forceinline__ int fp8_cast_chunk(fp8e4m3* out, const Vec128<T>& v, 
   return key;
 }
 
-// The cast: a block of (32, 8) threads owns 32 columns of kFp8CastTilesPerBlock stacked 32×32
+// The scalar cast, for any shape and alignment (fp8_cast takes the wide kernel below where it
+// can): a block of (32, 8) threads owns 32 columns of kFp8CastTilesPerBlock stacked 32×32
 // tiles. Per tile, a warp reads 32 consecutive elements of a row and writes 32 consecutive bytes of
 // `out`; with a transpose the codes go through shared memory (one 32-bit word each, rows padded to
 // 33 words: conflict-free both ways) and a warp writes 32 consecutive bytes of a row of `out_t`.
@@ -152,11 +153,85 @@ __global__ void __launch_bounds__(kFp8CastThreads)
   if (amax != nullptr) fp8_record_amax<kFp8CastThreads>(amax, key);
 }
 
+// The wide cast, for the shapes every model has: 16-byte loads and 8-byte stores, both ways. A block
+// of (8, 32) threads owns a 64×64 tile; thread (j, y) casts the 8 columns [8j, 8j + 8) of tile rows
+// y and y + 32 (a warp reads 4 rows of 128 bytes of bf16) and writes their 8 codes to `out` with one
+// store. With a transpose the codes go to shared memory column-major (kFp8WidePitch bytes per
+// column: 8-byte aligned, and 2-way bank conflicts at most), and each thread then writes 8
+// consecutive codes of a column (8 rows) of the tile to a row of `out_t` with one store. A tile at
+// the matrix's edge has whole chunks only: cols and (with a transpose) rows are multiples of 8.
+// The codes and the amax are fp8_cast_kernel's, element by element (the amax is order-free).
+constexpr int kFp8WideTile = 64;
+constexpr int kFp8WideChunk = 8;                                     // elements per thread access
+constexpr int kFp8WideChunksPerRow = kFp8WideTile / kFp8WideChunk;  // 8
+constexpr int kFp8WideRowsPerPass = 32;
+constexpr int kFp8WideThreads = kFp8WideChunksPerRow * kFp8WideRowsPerPass;
+constexpr int kFp8WidePitch = kFp8WideTile + 8;
+
+template <typename T, typename F8>
+__global__ void __launch_bounds__(kFp8WideThreads)
+    fp8_cast_wide_kernel(F8* out, F8* out_t, float* amax, const T* in, int rows, int cols, const float* scale) {
+  LAUNCH_BOUNDS_GUARD(kFp8WideThreads);
+  static_assert(Vec128<T>::size == 8 || Vec128<T>::size == 4, "bf16 or float");
+  __shared__ uint2 tile_words[kFp8WideTile][kFp8WidePitch / 8];  // 8-byte words: aligned row reads
+  auto tile_t = reinterpret_cast<uint8_t (*)[kFp8WidePitch]>(tile_words);  // [column][row] codes
+  const float s = *scale;
+  const int row0 = blockIdx.x * kFp8WideTile, col0 = blockIdx.y * kFp8WideTile;
+  const int c = kFp8WideChunk * threadIdx.x;  // the thread's first column in the tile
+  int key = 0;
+  UNROLL
+  for (int pass = 0; pass < kFp8WideTile / kFp8WideRowsPerPass; ++pass) {
+    const int r = threadIdx.y + pass * kFp8WideRowsPerPass;
+    if (row0 + r >= rows || col0 + c >= cols) continue;
+    const size_t i = static_cast<size_t>(row0 + r) * cols + col0 + c;
+    float x[kFp8WideChunk];
+    UNROLL
+    for (int h = 0; h < kFp8WideChunk; h += Vec128<T>::size) {
+      const Vec128<T> v = load128(in + i + h);
+      UNROLL
+      for (int k = 0; k < Vec128<T>::size; ++k) x[h + k] = to_float(v[k]);
+    }
+    uint32_t words[2] = {0, 0};
+    UNROLL
+    for (int k = 0; k < kFp8WideChunk; ++k) {
+      key = fp8_larger_key(key, fp8_magnitude_key(x[k]));
+      const uint8_t code = from_float<F8>(x[k] * s).__x;
+      words[k / 4] |= static_cast<uint32_t>(code) << (8 * (k % 4));
+      if (out_t != nullptr) tile_t[c + k][r] = code;
+    }
+    if (out != nullptr) *reinterpret_cast<uint2*>(reinterpret_cast<uint8_t*>(out) + i) = uint2{words[0], words[1]};
+  }
+  if (out_t != nullptr) {
+    __syncthreads();
+    // Thread t of the block writes column t / 8 (+ 32 on the second pass), rows [8·(t % 8), +8).
+    const int t = threadIdx.y * kFp8WideChunksPerRow + threadIdx.x;
+    const int r = kFp8WideChunk * (t % kFp8WideChunksPerRow);
+    UNROLL
+    for (int pass = 0; pass < kFp8WideTile / (kFp8WideThreads / kFp8WideChunksPerRow); ++pass) {
+      const int col = t / kFp8WideChunksPerRow + pass * (kFp8WideThreads / kFp8WideChunksPerRow);
+      if (col0 + col >= cols || row0 + r >= rows) continue;
+      *reinterpret_cast<uint2*>(reinterpret_cast<uint8_t*>(out_t) + static_cast<size_t>(col0 + col) * rows + row0 + r) =
+          tile_words[col][r / kFp8WideChunk];
+    }
+  }
+  if (amax != nullptr) fp8_record_amax<kFp8WideThreads>(amax, key);
+}
+
+// Whether fp8_cast can take the wide kernel: whole 8-element chunks (cols, and rows for a
+// transpose, multiples of 8) and aligned pointers (in 16 bytes, the outputs 8).
+template <typename T, typename F8>
+bool fp8_cast_wide_fits(const F8* out, const F8* out_t, const T* in, int rows, int cols) {
+  const auto aligned = [](const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
+  return cols % kFp8WideChunk == 0 && aligned(in, 16) && aligned(out, 8) &&
+         (out_t == nullptr || (rows % kFp8WideChunk == 0 && aligned(out_t, 8)));
+}
+
 // out (rows, cols) = F8(in · *scale) and/or out_t (cols, rows) its transpose, row-major, from
 // in (rows, cols) row-major; either output may be nullptr (not both: fp8_amax measures without
 // casting). amax (nullptr: none) as in the opening comment. `scale` is a device pointer (delayed
-// scaling keeps it on the device, fp8_scaling.cuh). Any rows, cols >= 0 (cols up to 65,535 · 32);
-// every access is scalar, so no alignment is needed beyond the types'. Deterministic.
+// scaling keeps it on the device, fp8_scaling.cuh). Any rows, cols >= 0 (cols up to 65,535 · 32)
+// and any alignment beyond the types': whole chunks of 8 and aligned pointers take the wide
+// kernel, anything else the scalar one. Deterministic.
 template <typename T, typename F8>
 void fp8_cast(F8* out, F8* out_t, float* amax, const T* in, int rows, int cols, const float* scale,
               cudaStream_t stream) {
@@ -166,6 +241,13 @@ void fp8_cast(F8* out, F8* out_t, float* amax, const T* in, int rows, int cols, 
   const int column_tiles = ceil_div(cols, kFp8CastTile);
   if (column_tiles > 65535) throw_errorf("fp8_cast: cols=%d exceeds %d (the grid's y dimension)", cols, 65535 * kFp8CastTile);
   if (rows == 0 || cols == 0) return;
+  if (fp8_cast_wide_fits(out, out_t, in, rows, cols)) {
+    const dim3 grid(static_cast<unsigned>(ceil_div(rows, kFp8WideTile)), static_cast<unsigned>(ceil_div(cols, kFp8WideTile)));
+    launch(fp8_cast_wide_kernel<T, F8>, grid, dim3(kFp8WideChunksPerRow, kFp8WideRowsPerPass), 0, stream, out, out_t, amax,
+           in, rows, cols, scale);
+    CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   const dim3 grid(static_cast<unsigned>(ceil_div(rows, kFp8CastRowsPerBlock)), static_cast<unsigned>(column_tiles));
   launch(fp8_cast_kernel<T, F8>, grid, dim3(kFp8CastTile, kFp8CastRowsPerPass), 0, stream, out, out_t, amax, in, rows,
          cols, scale);

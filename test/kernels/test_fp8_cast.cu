@@ -124,7 +124,11 @@ void check_cast(const std::vector<float>& x, int rows, int cols, float scale, Ou
 struct Shape {
   int rows, cols;
 };
-const Shape kShapes[] = {{1, 1}, {1, 37}, {37, 1}, {33, 31}, {31, 67}, {64, 96}, {130, 45}, {3, 200}, {129, 33}};
+// Odd shapes (the scalar kernel), then whole chunks of 8 (the wide kernel): one chunk, tiles cut at
+// both edges, one tile, rows or columns of one chunk, and rows not a multiple of 8 (stored output
+// wide, a transpose scalar).
+const Shape kShapes[] = {{1, 1},  {1, 37},   {37, 1},  {33, 31}, {31, 67},  {130, 45}, {3, 200}, {129, 33},
+                         {8, 8},  {72, 40},  {64, 64}, {64, 96}, {136, 200}, {200, 8},  {8, 1608}, {37, 24}};
 
 template <typename T, typename F8>
 void check_shapes_and_scales(uint64_t seed) {

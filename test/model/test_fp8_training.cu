@@ -64,8 +64,8 @@ std::vector<float> train(Transformer<bf16>& model, int steps, bool validate = fa
   return losses;
 }
 
-// train()'s losses, and the launches of the FP8 casts of activations (fp8_cast_kernel to E4M3 from
-// bf16, which the weights' copies share: both runs make them alike) it made.
+// train()'s losses, and the launches of the FP8 casts of activations (either cast kernel, to E4M3
+// from bf16, which the weights' copies share: both runs make them alike) it made.
 std::pair<std::vector<float>, long long> train_counting_casts(Transformer<bf16>& model, int steps) {
   DeviceProfiler& profiler = DeviceProfiler::get();
   profiler.clear();
@@ -74,7 +74,8 @@ std::pair<std::vector<float>, long long> train_counting_casts(Transformer<bf16>&
   profiler.stop();
   long long casts = 0;
   for (const ProfileSite& site : profiler.sites())
-    if (site.name.rfind("fp8_cast_kernel<__nv_bfloat16, __nv_fp8_e4m3>", 0) == 0) casts += site.calls;
+    for (const char* kernel : {"fp8_cast_kernel<__nv_bfloat16, __nv_fp8_e4m3>", "fp8_cast_wide_kernel<__nv_bfloat16, __nv_fp8_e4m3>"})
+      if (site.name.rfind(kernel, 0) == 0) casts += site.calls;
   profiler.clear();
   return {losses, casts};
 }
