@@ -121,6 +121,8 @@ const std::vector<Flag>& flag_table() {
       {"cp", "N", "context parallelism: each sequence of T tokens cut into 2N chunks, rank r of a group of N holding "
        "chunks r and 2N-1-r (equal causal work), K/V passed around the group (ring attention); N x --tp x --pp "
        "divides the ranks and 2N divides --seq-len", &TrainConfig::cp, {1, 1 << 16}},
+      {"ep", "N", "expert parallelism (--moe-experts): each mixture layer's experts split over groups of N data-parallel "
+       "ranks, E/N whole experts per rank, rows sent to their experts' ranks and back (all-to-all); N divides E and the ranks", &TrainConfig::ep, {1, 1 << 16}},
       {"pp-schedule", "NAME", "gpipe | 1f1b | interleaved | zb-h1: with --pp > 1, the order of each stage's work "
        "(zb-h1 splits each backward into input and weight gradients and needs --recompute 0, its default there)",
        &TrainConfig::pp_schedule, {}, {"gpipe", "1f1b", "interleaved", "zb-h1"}},
@@ -167,8 +169,7 @@ const std::vector<Flag>& flag_table() {
        &TrainConfig::eval_every, {0, (double)LLONG_MAX}},
       {"eval", "0|1",
        "only evaluate --eval-data on the model (--init-from, --resume's checkpoint or the random init): print the "
-       "accuracy and exit, writing nothing ('--eval' alone means 1)",
-       &TrainConfig::eval},
+       "accuracy and exit, writing nothing ('--eval' alone means 1)", &TrainConfig::eval},
       {"eval-losses", "FILE", "with --eval: also write each example's completion losses to FILE, one JSON line each",
        &TrainConfig::eval_losses, {}, {}, "none"},
       {"peak-tflops", "X", "the GPU's dense bf16 peak (TFLOP/s) that MFU is measured against (0 = the table of known "
@@ -193,8 +194,7 @@ const std::vector<Flag>& flag_table() {
        &TrainConfig::max_new_tokens, {1, INT_MAX}},
       {"temperature", "X", "sampling temperature (0 = greedy: always the most likely token)", &TrainConfig::temperature,
        {0, kMaxFp32}},
-      {"top-k", "K", "sample among the K most likely tokens (0 = the whole vocabulary)", &TrainConfig::top_k,
-       {0, INT_MAX}},
+      {"top-k", "K", "sample among the K most likely tokens (0 = the whole vocabulary)", &TrainConfig::top_k, {0, INT_MAX}},
       {"vocab-dir", "DIR", "the model's vocabulary for the prompt and the generated text: GPT-2's BPE files "
        "(encoder.json, vocab.bpe) or, for a 128,256-token model, Llama 3's tokenizer.model", &TrainConfig::vocab_dir, {},
        {}, "data/gpt2_bpe (Llama 3: data/llama3_bpe)"},
