@@ -116,11 +116,13 @@ struct ExpertBuffers {
 // Layer slice j's buffers in set a (w: the work set). counts: a training forward's (the step's
 // counts of the layer; the probabilities go into the micro-batch's sums for the auxiliary loss);
 // nullptr for a recomputation (the backward rerunning a block), which must not count again.
+// With an EP group of `ep` ranks, fch and act hold the experts' side (ep·M rows: expert_parallel.h).
 template <typename Elem>
 ExpertBuffers<Elem> expert_buffers(const ModelConfig& c, Activations<Elem>& a, Activations<Elem>& w, int j, int N,
-                                   int* counts) {
+                                   int* counts, int ep = 1) {
   const int E = c.num_experts, M = N * c.experts_per_token;
-  const size_t NE = static_cast<size_t>(N) * E, NK = static_cast<size_t>(M), MH = static_cast<size_t>(M) * c.hidden();
+  const size_t NE = static_cast<size_t>(N) * E, NK = static_cast<size_t>(M),
+               MH = static_cast<size_t>(M) * ep * c.hidden();
   const size_t host_at = static_cast<size_t>(j) * (E + 1);
   if (a.moe_host_offsets.size() < host_at + E + 1) a.moe_host_offsets.resize(host_at + E + 1);
   return {w.moe_logits.get(),

@@ -188,3 +188,19 @@ void expert_parallel_backward(const ModelConfig& c, const ExpertRoute& r, const 
   expert_router_backward(c, dx, dw.router, drows, dgate, b.probs, b.expert, b.gate, b.slot, aux_grad, b.logits,
                          scratch, x, wt.router, N, s);
 }
+
+// A model's expert parallelism: the EP group's exchange and each local layer's last routing (the
+// forward's, which its backward reads).
+template <typename Elem>
+struct ExpertParallelism {
+  ExpertExchange<Elem> exchange;
+  std::vector<ExpertRoute> routes;
+  ExpertParallelism(Communicator* ep, int experts, int layers) : exchange(ep, experts), routes(layers) {}
+  // The experts' side of buffers b (expert_buffers with this group's size) of a layer on N rows:
+  // the received rows and outputs after the work set's own 2·M rows (`work_rows`, activations.h).
+  ExpertReceived<Elem> received(const ModelConfig& c, const ExpertBuffers<Elem>& b, Elem* work_rows, Elem* dact,
+                                int N) const {
+    const size_t MC = static_cast<size_t>(N) * c.experts_per_token * c.channels;
+    return {work_rows + 2 * MC, b.fch, b.act, work_rows + 2 * MC + exchange.ranks() * MC, dact};
+  }
+};

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Expert parallelism end to end (--ep: src/model/expert_parallel.h, docs/MOE.md) on the tiny Mixtral
+# of dev/mixtral_reference.py (4 experts, top-2, aux coefficient 0.02), fp32, 2 micro-batches per
+# step: each rank holds E/N experts and sends its rows to them, and the per-step loss, gradient
+# norm and validation loss equal the same data-parallel world's at --ep 1 within 1e-6:
+#   - 2 ranks at --ep 2 (one EP group: each expert on one rank, no ZeRO sharding left);
+#   - 4 ranks at --ep 2 (two EP groups; each expert's gradient averaged over its 2 holders and
+#     the rest summed over the EP group first) at ZeRO 0, 1, 2 and 3, and at --ep 4;
+#   - at --ep = ranks no gradient goes on the data-parallel group (measured traffic: the EP group
+#     sums them).
+# Refusals are cli_errors.sh's.
+# usage: moe_ep.sh cpu|gpu
+set -u
+# shellcheck source=test/checks/lib/trainer.sh
+source "$(dirname "$0")/lib/trainer.sh" "$@"
+mref=build/reference/mixtral
+require_files "$bin" "$mref/model.bin" "$mref/train.bin"
+common=(--init-from "$mref/model.bin" --train-data "$mref/train.bin" --val-data "$mref/train.bin" --dtype fp32
+        --shuffle 0 --batch-size 1 --seq-len 32 --lr 1e-3 --lr-schedule constant --warmup-steps 0
+        --max-steps 3 --val-every 2 --val-steps 1 --save 0)
+
+require_ranks 2
+run ep1 2 --ep 1 --total-batch-tokens 128
+run ep2 2 --ep 2 --total-batch-tokens 128 && same_steps ep1 ep2 1e-6
+grep -q "rank on NCCL's rings: all-reduce 0 B in 0 call(s), reduce-scatter 0 B" "$tmp/ep2.log" ||
+  fail "--ep 2 over 2 ranks: gradients went on the data-parallel group"
+
+require_ranks 4
+run ep1_4 4 --ep 1 --zero 1 --total-batch-tokens 256
+for zero in 0 1 2 3; do
+  run "ep2_4_zero$zero" 4 --ep 2 --zero "$zero" --total-batch-tokens 256 && same_steps ep1_4 "ep2_4_zero$zero" 1e-6
+done
+run ep4_4 4 --ep 4 --zero 1 --total-batch-tokens 256 && same_steps ep1_4 ep4_4 1e-6
+
+# What --ep does not compose with yet: one line, before any step (every rank refuses alike).
+refused() {  # refused NAME PATTERN FLAGS...: 2 ranks at --ep 2 refuse FLAGS with PATTERN
+  local name=$1 pattern=$2
+  shift 2
+  with_flags common --out-dir "$tmp/$name" --ep 2 "$@"
+  if mpirun -np 2 "${mpi_opts[@]}" "$bin" "${flags[@]}" >"$tmp/$name.log" 2>&1; then
+    fail "$name: exited 0"
+  elif ! grep -qE "$pattern" "$tmp/$name.log" || grep -q '^step ' "$tmp/$name.log"; then
+    fail "$name: expected '$pattern' before any step"; tail -n 5 "$tmp/$name.log"
+  fi
+}
+refused checkpoints "error: --ep 2 with --save 1 \(checkpoints; add --save 0\): not built yet" --save 1
+refused export "error: --ep 2 with --export-hf: not built yet" --save 1 --export-hf "$tmp/hf"
+refused sigmoid "error: --ep 2 with --moe-router sigmoid" --init-from build/reference/mixtral-sigmoid/model.bin
+
+[ "$failures" -eq 0 ] && echo "moe_ep: every expert-parallel run equals --ep 1"
+[ "$failures" -eq 0 ]
