@@ -30,9 +30,11 @@
 
 // A rank's place in the TP group, and whether the block's LayerNorm/residual region is split
 // along the tokens (sequence parallelism) rather than replicated.
+// `experts`: the EP group's size (--ep), whose ranks split the experts instead (memory plans).
 struct TensorParallelism {
   int size = 1, rank = 0;
   bool sequence_parallel = false;
+  int experts = 1;
 };
 
 // The part of the model a pipeline rank holds (src/dist/pipeline_stages.h): its global layers, in

@@ -243,7 +243,7 @@ inline ActivationBytes activation_bytes(const ActivationCounts& n, DType dtype) 
 inline ActivationBytes model_activation_bytes(const ModelConfig& cfg, int B, int seq_len, int recompute, DType dtype,
                                              size_t logits_rows = kLogitsChunkRows,
                                              const TensorParallelism& tp = {}) {
-  return activation_bytes(activation_counts(cfg, B, seq_len, recompute, logits_rows, tp), dtype);
+  return activation_bytes(activation_counts(cfg, B, seq_len, recompute, logits_rows, tp, tp.experts), dtype);
 }
 
 

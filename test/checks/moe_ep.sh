@@ -7,7 +7,7 @@
 #   - 4 ranks at --ep 2 (two EP groups; each expert's gradient averaged over its 2 holders and
 #     the rest summed over the EP group first) at ZeRO 0, 1, 2 and 3, and at --ep 4;
 #   - at --ep = ranks no gradient goes on the data-parallel group (measured traffic: the EP group
-#     sums them).
+#     sums them), and --plan counts a rank's E/N experts.
 # Refusals are cli_errors.sh's.
 # usage: moe_ep.sh cpu|gpu
 set -u
@@ -24,6 +24,12 @@ run ep1 2 --ep 1 --total-batch-tokens 128
 run ep2 2 --ep 2 --total-batch-tokens 128 && same_steps ep1 ep2 1e-6
 grep -q "rank on NCCL's rings: all-reduce 0 B in 0 call(s), reduce-scatter 0 B" "$tmp/ep2.log" ||
   fail "--ep 2 over 2 ranks: gradients went on the data-parallel group"
+
+# --plan --world-size 2 --ep 2: a rank's parameters are the router, the rest and half the experts
+# (822,528 bytes in fp32; 1.3 MiB at --ep 1). (The run's own start-up lines are the plan's.)
+with_flags common --ep 2 --total-batch-tokens 128 --plan --world-size 2
+"$bin" "${flags[@]}" >"$tmp/plan.log" 2>&1 || fail "--plan --ep 2 exited non-zero"
+grep -qE "^  parameters +822528 B" "$tmp/plan.log" || fail "--plan --ep 2: not half the experts' parameters"
 
 require_ranks 4
 run ep1_4 4 --ep 1 --zero 1 --total-batch-tokens 256
