@@ -3,7 +3,8 @@
 # of dev/mixtral_reference.py (4 experts, top-2, aux coefficient 0.02), fp32, 2 micro-batches per
 # step: each rank holds E/N experts and sends its rows to them, and the per-step loss, gradient
 # norm and validation loss equal the same data-parallel world's at --ep 1 within 1e-6:
-#   - 2 ranks at --ep 2 (one EP group: each expert on one rank, no ZeRO sharding left);
+#   - 2 ranks at --ep 2 (one EP group: each expert on one rank, no ZeRO sharding left), at
+#     --recompute 0, 1 and 3;
 #   - 4 ranks at --ep 2 (two EP groups; each expert's gradient averaged over its 2 holders and
 #     the rest summed over the EP group first) at ZeRO 0, 1, 2 and 3, and at --ep 4;
 #   - at --ep = ranks no gradient goes on the data-parallel group (measured traffic: the EP group
@@ -22,6 +23,9 @@ common=(--init-from "$mref/model.bin" --train-data "$mref/train.bin" --val-data 
 require_ranks 2
 run ep1 2 --ep 1 --total-batch-tokens 128
 run ep2 2 --ep 2 --total-batch-tokens 128 && same_steps ep1 ep2 1e-6
+for r in 0 3; do  # the products kept, or the whole block (its exchanges too) rerun in the backward
+  run "ep2_recompute$r" 2 --ep 2 --total-batch-tokens 128 --recompute "$r" && same_steps ep1 "ep2_recompute$r" 1e-6
+done
 grep -q "rank on NCCL's rings: all-reduce 0 B in 0 call(s), reduce-scatter 0 B" "$tmp/ep2.log" ||
   fail "--ep 2 over 2 ranks: gradients went on the data-parallel group"
 
