@@ -8,14 +8,17 @@
 #   - 4 ranks at --ep 2 (two EP groups; each expert's gradient averaged over its 2 holders and
 #     the rest summed over the EP group first) at ZeRO 0, 1, 2 and 3, and at --ep 4;
 #   - at --ep = ranks no gradient goes on the data-parallel group (measured traffic: the EP group
-#     sums them), and --plan counts a rank's E/N experts.
+#     sums them), and --plan counts a rank's E/N experts;
+#   - the sigmoid router (dev/mixtral_reference.py --router sigmoid, 8 experts) at 2 ranks --ep 2
+#     and 4 ranks --ep 2 ZeRO 1: its balancing bias moves by every data-parallel rank's counts.
 # Refusals are cli_errors.sh's.
 # usage: moe_ep.sh cpu|gpu
 set -u
 # shellcheck source=test/checks/lib/trainer.sh
 source "$(dirname "$0")/lib/trainer.sh" "$@"
 mref=build/reference/mixtral
-require_files "$bin" "$mref/model.bin" "$mref/train.bin"
+sref=build/reference/mixtral-sigmoid
+require_files "$bin" "$mref/model.bin" "$mref/train.bin" "$sref/model.bin"
 common=(--init-from "$mref/model.bin" --train-data "$mref/train.bin" --val-data "$mref/train.bin" --dtype fp32
         --shuffle 0 --batch-size 1 --seq-len 32 --lr 1e-3 --lr-schedule constant --warmup-steps 0
         --max-steps 3 --val-every 2 --val-steps 1 --save 0)
@@ -35,7 +38,20 @@ with_flags common --ep 2 --total-batch-tokens 128 --plan --world-size 2
 "$bin" "${flags[@]}" >"$tmp/plan.log" 2>&1 || fail "--plan --ep 2 exited non-zero"
 grep -qE "^  parameters +822528 B" "$tmp/plan.log" || fail "--plan --ep 2: not half the experts' parameters"
 
+# The sigmoid router: its bias moves by the counts summed over every data-parallel rank (the
+# expert-DP group's sums, then the EP group's).
+softmax=("${common[@]}")
+with_flags softmax --init-from "$sref/model.bin" --moe-bias-rate 0.05
+sigmoid=("${flags[@]}")
+common=("${sigmoid[@]}")
+run s_ep1 2 --ep 1 --total-batch-tokens 128 && run s_ep2 2 --ep 2 --total-batch-tokens 128 && same_steps s_ep1 s_ep2 1e-6
+common=("${softmax[@]}")
+
 require_ranks 4
+common=("${sigmoid[@]}")
+run s_ep1_4 4 --ep 1 --zero 1 --total-batch-tokens 256 &&
+  run s_ep2_4 4 --ep 2 --zero 1 --total-batch-tokens 256 && same_steps s_ep1_4 s_ep2_4 1e-6
+common=("${softmax[@]}")
 run ep1_4 4 --ep 1 --zero 1 --total-batch-tokens 256
 for zero in 0 1 2 3; do
   run "ep2_4_zero$zero" 4 --ep 2 --zero "$zero" --total-batch-tokens 256 && same_steps ep1_4 "ep2_4_zero$zero" 1e-6
@@ -55,7 +71,6 @@ refused() {  # refused NAME PATTERN FLAGS...: 2 ranks at --ep 2 refuse FLAGS wit
 }
 refused checkpoints "error: --ep 2 with --save 1 \(checkpoints; add --save 0\): not built yet" --save 1
 refused export "error: --ep 2 with --export-hf: not built yet" --save 1 --export-hf "$tmp/hf"
-refused sigmoid "error: --ep 2 with --moe-router sigmoid" --init-from build/reference/mixtral-sigmoid/model.bin
 
 [ "$failures" -eq 0 ] && echo "moe_ep: every expert-parallel run equals --ep 1"
 [ "$failures" -eq 0 ]
