@@ -180,9 +180,8 @@ void validate_experts(const TrainConfig& cfg, const ModelConfig& model, const st
   if (cfg.ep == 1 || cfg.plan) return;
   // What expert parallelism does not compose with yet (docs/MOE.md "Expert parallelism").
   const std::pair<std::string, bool> not_yet[] = {
-      {"--resume", !cfg.resume.empty()}, {"--export-hf", !cfg.export_hf.empty()}, {"--generate", cfg.generate},
-      {"--sample-every", cfg.sample_every > 0}, {"--eval-data", !cfg.eval_data.empty()},
-      {"--save 1 (checkpoints; add --save 0)", cfg.save}};
+      {"--export-hf", !cfg.export_hf.empty()}, {"--generate", cfg.generate},
+      {"--sample-every", cfg.sample_every > 0}, {"--eval-data", !cfg.eval_data.empty()}};
   for (const auto& [what, set] : not_yet)
     if (set)
       throw std::invalid_argument("--ep " + std::to_string(cfg.ep) + " with " + what + ": not built yet with "

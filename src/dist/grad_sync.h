@@ -63,11 +63,12 @@ inline int effective_zero_stage(int requested, int world_size) { return world_si
 constexpr size_t kStepScalars = 2;
 
 // The buckets of a run: chunked for every rank at stages 1 and 2, for one owner at stage 0; a
-// tensor-parallel rank's (tp_size > 1) with the replicated tensors first.
+// tensor-parallel rank's (tp_size > 1) or an expert-parallel rank's (`experts`) with the
+// replicated tensors first.
 inline GradientBuckets gradient_buckets(const ParameterLayout& layout, int world_size, int zero_stage,
                                         int bucket_layers, int tp_size = 1, bool experts = false) {
   return GradientBuckets(layout, bucket_layers, effective_zero_stage(zero_stage, world_size) == 0 ? 1 : world_size,
-                         tp_size > 1, experts);
+                         tp_size > 1 || experts, experts);
 }
 
 // Elements of the gradient buffers GradientSync allocates on one rank: stages 0 and 1 keep every

@@ -427,6 +427,7 @@ class Trainer {
     info.zero_stage = model_.zero_stage();
     info.tensor_parallel = groups_.tp_size();
     info.pipeline_parallel = groups_.pp_size();
+    info.expert_parallel = groups_.ep_size();
     info.pipeline_chunks = pipeline_chunk_layers(model_.pipeline());
     info.config = config_json(cfg_);
     const std::string dir = write_checkpoint(cfg_.out_dir, model_, state_, info, &comm_);

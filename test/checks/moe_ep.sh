@@ -10,7 +10,9 @@
 #   - at --ep = ranks no gradient goes on the data-parallel group (measured traffic: the EP group
 #     sums them), and --plan counts a rank's E/N experts;
 #   - the sigmoid router (dev/mixtral_reference.py --router sigmoid, 8 experts) at 2 ranks --ep 2
-#     and 4 ranks --ep 2 ZeRO 1: its balancing bias moves by every data-parallel rank's counts.
+#     and 4 ranks --ep 2 ZeRO 1: its balancing bias moves by every data-parallel rank's counts;
+#   - a checkpoint written at --ep 2 resumes at --ep 2, 1 and 4, and one written at --ep 1 at --ep 2,
+#     with the uninterrupted run's step 3 (within 1e-5).
 # Refusals are cli_errors.sh's.
 # usage: moe_ep.sh cpu|gpu
 set -u
@@ -58,6 +60,24 @@ for zero in 0 1 2 3; do
 done
 run ep4_4 4 --ep 4 --zero 1 --total-batch-tokens 256 && same_steps ep1_4 ep4_4 1e-6
 
+# Checkpoints: written at --ep 2 over 4 ranks (ZeRO 1) at step 2, resumed at --ep 2, 1 and 4, and
+# one written at --ep 1 resumed at --ep 2, give the uninterrupted run's step 3 (a rank's state file
+# holds its experts' state; the reader maps every rank's split, parallel_groups.h's order).
+with_flags softmax --save 1 --checkpoint-every 2 --zero 1 --total-batch-tokens 256
+three=("${flags[@]}")
+with_flags three --max-steps 2
+common=("${flags[@]}")
+run ck_ep2 4 --ep 2 && run ck_ep1 4 --ep 1
+for to in 1 4; do cp -r "$tmp/ck_ep2" "$tmp/ck_ep2_to$to"; done
+cp -r "$tmp/ck_ep1" "$tmp/ck_ep1_to2"
+common=("${three[@]}")
+run ck_full 4 --ep 2
+run ck_ep2 4 --ep 2 --resume auto && same_step3 ck_full ck_ep2
+run ck_ep2_to1 4 --ep 1 --resume auto && same_step3 ck_full ck_ep2_to1
+run ck_ep2_to4 4 --ep 4 --resume auto && same_step3 ck_full ck_ep2_to4
+run ck_ep1_to2 4 --ep 2 --resume auto && same_step3 ck_full ck_ep1_to2
+common=("${softmax[@]}")
+
 # What --ep does not compose with yet: one line, before any step (every rank refuses alike).
 refused() {  # refused NAME PATTERN FLAGS...: 2 ranks at --ep 2 refuse FLAGS with PATTERN
   local name=$1 pattern=$2
@@ -69,7 +89,6 @@ refused() {  # refused NAME PATTERN FLAGS...: 2 ranks at --ep 2 refuse FLAGS wit
     fail "$name: expected '$pattern' before any step"; tail -n 5 "$tmp/$name.log"
   fi
 }
-refused checkpoints "error: --ep 2 with --save 1 \(checkpoints; add --save 0\): not built yet" --save 1
 refused export "error: --ep 2 with --export-hf: not built yet" --save 1 --export-hf "$tmp/hf"
 
 [ "$failures" -eq 0 ] && echo "moe_ep: every expert-parallel run equals --ep 1"
