@@ -74,7 +74,9 @@ class Transformer {
   // sequence (context_split.h) and its attention passes K/V around the group (context_attention.h);
   // `comm` then includes the CP group's ranks (parallel_groups.h). The model still takes and gives
   // [B][T] micro-batches and losses: each rank uploads its tokens, and losses are gathered. With
-  // `fp8` (bf16 only) the blocks' Linear products run in FP8 (fp8_state.h).
+  // `fp8` (bf16 only) the blocks' Linear products run in FP8 (fp8_state.h). With an expert-parallel
+  // communicator `ep_comm` (--ep) the rank holds its E/size experts and `comm` is its expert-DP group
+  // (parallel_groups.h); each mixture layer sends rows to their experts (expert_parallel.h).
   Transformer(const ModelConfig& cfg, int B, int seq_len, int recompute = kRecomputeDefault, Communicator* comm = nullptr,
        int zero_stage = 0, const std::string& attention = "auto", double bucket_mib = kDefaultBucketMiB,
        size_t logits_rows = kLogitsChunkRows, int zero3_prefetch = kDefaultZero3Prefetch,
