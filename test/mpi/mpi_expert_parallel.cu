@@ -7,7 +7,8 @@
 // gradients to the sum of the one-process gradients over every rank's rows. Softmax and sigmoid
 // routers; random routing, every row's first choice on one expert of the last rank (the others'
 // experts get few or no rows), top-k = E; odd row counts and a single row; fp32 and bf16; a
-// second run gives the same bits; the rows travel on the EP communicator alone.
+// second run gives the same bits; the rows travel on the EP communicator alone, the bytes each
+// pass sends those of docs/MOE.md's table.
 #include "test/test_util.h"
 #include "src/dist/comm.h"
 #include "src/model/expert_parallel.h"
@@ -97,6 +98,8 @@ struct Gradients {
 
 struct Result {
   std::vector<float> out, dx, drouter, dw1, dw3, dw2;  // dw: the experts of the rank that ran it
+  long long forward_bytes = 0, backward_bytes = 0;    // sent on the EP group: measured, and docs/MOE.md's
+  long long forward_formula = 0, backward_formula = 0;
 };
 
 // The one-process layer (every expert local) on rank p's rows: out, dx and the router's gradient
@@ -150,15 +153,30 @@ Result expert_parallel(const ModelConfig& c, const Inputs& in, const Weights<T>&
   ExpertExchange<T> ex(&ep, E);
   const ExpertWeights<T> mine = wt.from(c, me * El);
   Gradients<T> dw(c, El);
+  const long long before = ep.counts().send_bytes;
   const ExpertRoute r = expert_parallel_forward(c, b, got, ex, out.ptr, x.ptr, mine, N, s);
+  const long long forwarded = ep.counts().send_bytes;
   CUDA_CHECK(cudaStreamSynchronize(s));
   got_rows.poison();  // work between the passes: other layers' forwards reuse it
   rows.poison();
   expert_parallel_backward(c, r, b, got, ex, dx.ptr, dw.get(), drows.ptr, dgate.ptr, aux.ptr, scratch.ptr, dout.ptr,
                            x.ptr, mine, N, false, s);
-  return {test::to_floats(out.download()),          test::to_floats(dx.download()),
-          test::to_floats(dw.router.download()),     test::to_floats(dw.w1.download()),
-          test::to_floats(dw.w3.download()),         test::to_floats(dw.w2.download())};
+  Result result{test::to_floats(out.download()),      test::to_floats(dx.download()),
+                test::to_floats(dw.router.download()), test::to_floats(dw.w1.download()),
+                test::to_floats(dw.w3.download()),     test::to_floats(dw.w2.download())};
+  // docs/MOE.md's table: R_out rows this rank routed to others' experts, R_in others' rows to its.
+  long long out_rows = 0, in_rows = 0;
+  for (int e = 0; e < E; ++e)
+    if (e / El != me) out_rows += r.count(me, e);
+  for (int p = 0; p < P; ++p)
+    for (int l = 0; l < El; ++l)
+      if (p != me) in_rows += r.count(p, me * El + l);
+  const long long row = static_cast<long long>(C) * sizeof(T);
+  result.forward_bytes = forwarded - before;
+  result.backward_bytes = ep.counts().send_bytes - forwarded;
+  result.forward_formula = P > 1 ? 4LL * (E + 1) * (P - 1) + (out_rows + in_rows) * row : 0;
+  result.backward_formula = (2 * out_rows + in_rows) * row;
+  return result;
 }
 
 std::vector<float> part(const std::vector<float>& v, size_t first, size_t n) {
@@ -205,6 +223,8 @@ void check_group(Communicator& ep, const Case& k) {
   CHECK(close_to_scale<T>("d w2", got.dw2, want.dw2));
   if (&ep != &world()) CHECK(world().counts().send == world_sends);
   if (P > 1) CHECK(ep.counts().send > ep_sends);
+  CHECK(got.forward_bytes == got.forward_formula);
+  CHECK(got.backward_bytes == got.backward_formula);
   const Result again = expert_parallel(c, in, wt, ep, s);
   CHECK(test::same_bits(again.out, got.out));
   CHECK(test::same_bits(again.dx, got.dx));
