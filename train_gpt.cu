@@ -158,7 +158,7 @@ int dispatch_command(int argc, char** argv) {
     check_pipeline_split(setup.model, setup.cfg);
   });
   check_memory_fits(setup, comm->world_size());
-  ParallelGroups groups(*comm, setup.cfg.tp, setup.cfg.pp, setup.cfg.cp);
+  ParallelGroups groups(*comm, setup.cfg.tp, setup.cfg.pp, setup.cfg.cp, setup.cfg.ep);
   if (setup.cfg.dtype == "fp32") train_or_evaluate<float>(setup, groups);
   else train_or_evaluate<bf16>(setup, groups);
   return 0;

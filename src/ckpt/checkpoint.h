@@ -110,7 +110,7 @@ inline uint64_t checkpoint_bytes(size_t num_parameters, size_t param_element_byt
 constexpr size_t kCheckpointChunkElements = size_t(1) << 22;
 
 struct CheckpointWriteInfo {
-  int rank = 0, world_size = 1, zero_stage = 0, tensor_parallel = 1, pipeline_parallel = 1;
+  int rank = 0, world_size = 1, zero_stage = 0, tensor_parallel = 1, pipeline_parallel = 1, expert_parallel = 1;
   std::vector<int> pipeline_chunks;  // layers per pipeline chunk, model order (empty: no pipeline)
   nlohmann::json config;  // the run's flags, recorded in the manifest
 };

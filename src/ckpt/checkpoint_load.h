@@ -61,10 +61,12 @@ void for_whole_model_runs(const TensorSplit& split, size_t param, size_t count, 
 // Reads and checks state file `rank` of a checkpoint written by `world_size` ranks in a grid of
 // `pp` pipeline stages (chunks of `chunks` layers, model order) × tensor-parallel groups of `tp`
 // (parallel_groups.h: rank r held TP part r mod tp of stage r / tp mod pp, and sharded its state
-// over the data-parallel group of rank r mod (tp·pp), as its rank r / (tp·pp) there).
+// over the data-parallel group of rank r mod (tp·pp), as its rank d = r / (tp·pp) there); with
+// expert groups of `ep` (--ep), it held the experts of EP rank d mod ep and sharded its state over
+// the expert-DP group, as its rank d / ep there.
 template <typename Elem>
 void open_state_source(const Checkpoint& c, int rank, int world_size, int tp, int pp, const std::vector<int>& chunks,
-                       const Transformer<Elem>& model, StateSource* src) {
+                       const Transformer<Elem>& model, StateSource* src, int ep = 1) {
   src->path = c.path + "/" + state_file_name(rank);
   const std::string& path = src->path;
   src->file = std::fopen(path.c_str(), "rb");
@@ -93,11 +95,12 @@ void open_state_source(const Checkpoint& c, int rank, int world_size, int tp, in
     throw mismatch("is at step " + std::to_string(h.step) + ", the manifest says " + std::to_string(c.step));
   if (h.loss_window_count > ZScoreWindow::kCapacity || h.norm_window_count > ZScoreWindow::kCapacity)
     throw mismatch("guard windows hold more than " + std::to_string(ZScoreWindow::kCapacity) + " values");
-  const TensorSplit split(model.config(), tp, rank % tp, StagePart::of_rank(chunks, pp, rank / tp % pp));
-  const int data_ranks = world_size / (tp * pp);
+  const int d = rank / (tp * pp);
+  const TensorSplit split(model.config(), tp, rank % tp, StagePart::of_rank(chunks, pp, rank / tp % pp), ep, d % ep);
+  const int data_ranks = world_size / (tp * pp * ep);
   const GradientBuckets buckets = gradient_buckets(split.local(), data_ranks, static_cast<int>(h.zero_stage),
-                                                   static_cast<int>(h.bucket_layers), tp);
-  const int owner = effective_zero_stage(static_cast<int>(h.zero_stage), data_ranks) == 0 ? 0 : rank / (tp * pp);
+                                                   static_cast<int>(h.bucket_layers), tp, ep > 1);
+  const int owner = effective_zero_stage(static_cast<int>(h.zero_stage), data_ranks) == 0 ? 0 : d / ep;
   if (h.state_count != buckets.state_count(owner))
     throw mismatch("holds " + std::to_string(h.state_count) + " optimizer-state elements, rank " +
                    std::to_string(rank) + "'s share is " + std::to_string(buckets.state_count(owner)));
@@ -233,10 +236,11 @@ void load_checkpoint(const Checkpoint& c, Transformer<Elem>& model, TrainingStat
   const int old_world = c.manifest.value("world_size", 1);
   const int old_zero = c.manifest.value("zero_stage", 0);
   const int old_tp = c.manifest.value("tensor_parallel", 1), old_pp = c.manifest.value("pipeline_parallel", 1);
-  if (old_tp < 1 || old_pp < 1 || old_world % (static_cast<long long>(old_tp) * old_pp) != 0)
+  const int old_ep = c.manifest.value("expert_parallel", 1);
+  if (old_tp < 1 || old_pp < 1 || old_ep < 1 || old_world % (static_cast<long long>(old_tp) * old_pp * old_ep) != 0)
     throw std::runtime_error(c.path + "/" + kManifestName + ": tensor_parallel " + std::to_string(old_tp) +
-                             " x pipeline_parallel " + std::to_string(old_pp) + " does not divide world_size " +
-                             std::to_string(old_world));
+                             " x pipeline_parallel " + std::to_string(old_pp) + " x expert_parallel " +
+                             std::to_string(old_ep) + " does not divide world_size " + std::to_string(old_world));
   const std::vector<int> chunks = c.manifest.value("pipeline_chunks", std::vector<int>{model.config().num_layers});
   long long chunk_sum = 0;
   for (int n : chunks) chunk_sum += n < 1 ? -1'000'000 : n;
@@ -249,7 +253,7 @@ void load_checkpoint(const Checkpoint& c, Transformer<Elem>& model, TrainingStat
   std::vector<std::unique_ptr<checkpoint_detail::StateSource>> sources;
   for (int r = 0; r < old_world; ++r) {
     sources.push_back(std::make_unique<checkpoint_detail::StateSource>());
-    checkpoint_detail::open_state_source(c, r, old_world, old_tp, old_pp, chunks, model, sources.back().get());
+    checkpoint_detail::open_state_source(c, r, old_world, old_tp, old_pp, chunks, model, sources.back().get(), old_ep);
   }
   for (const auto& src : sources)
     if (src->header.zero_stage != static_cast<uint32_t>(old_zero))

@@ -199,6 +199,7 @@ void write_manifest(const std::string& dir, const Transformer<Elem>& model, cons
       {"step", state.step},
       {"world_size", info.world_size},
       {"tensor_parallel", info.tensor_parallel},
+      {"expert_parallel", info.expert_parallel},
       {"pipeline_parallel", info.pipeline_parallel},
       {"pipeline_chunks", info.pipeline_chunks.empty() ? std::vector<int>{model.config().num_layers} : info.pipeline_chunks},
       {"zero_stage", info.zero_stage},

@@ -122,6 +122,8 @@ const std::vector<Flag>& flag_table() {
       {"cp", "N", "context parallelism: each sequence of T tokens cut into 2N chunks, rank r of a group of N holding "
        "chunks r and 2N-1-r (equal causal work), K/V passed around the group (ring attention); N x --tp x --pp "
        "divides the ranks and 2N divides --seq-len", &TrainConfig::cp, {1, 1 << 16}},
+      {"ep", "N", "expert parallelism (--moe-experts): each mixture layer's experts split over groups of N data-parallel "
+       "ranks, E/N whole experts per rank, rows sent to their experts' ranks and back (all-to-all); N divides E and the ranks", &TrainConfig::ep, {1, 1 << 16}},
       {"pp-schedule", "NAME", "gpipe | 1f1b | interleaved | zb-h1: with --pp > 1, the order of each stage's work "
        "(zb-h1 splits each backward into input and weight gradients and needs --recompute 0, its default there)",
        &TrainConfig::pp_schedule, {}, {"gpipe", "1f1b", "interleaved", "zb-h1"}},
@@ -139,8 +141,7 @@ const std::vector<Flag>& flag_table() {
        "TCP port", &TrainConfig::rendezvous, {}, {}, "none (mpirun, srun --mpi=pmix: MPI)"},
       {"comm-timeout", "SECONDS",
        "the longest a rank waits for the others: a start-up wait fails naming the missing ranks, a collective "
-       "not finished by then aborts the run naming it and the step",
-       &TrainConfig::comm_timeout, {0, HUGE_VAL, true, false}},
+       "not finished by then aborts the run naming it and the step", &TrainConfig::comm_timeout, {0, HUGE_VAL, true, false}},
       {"save", "0|1", "write checkpoints and the final DIR/model.bin (0: a measurement that writes only metrics.jsonl "
        "and --profile's profile.json; a stop signal then ends the run with nothing to resume)", &TrainConfig::save, {},
        {}, "1"},
@@ -168,8 +169,7 @@ const std::vector<Flag>& flag_table() {
        &TrainConfig::eval_every, {0, (double)LLONG_MAX}},
       {"eval", "0|1",
        "only evaluate --eval-data on the model (--init-from, --resume's checkpoint or the random init): print the "
-       "accuracy and exit, writing nothing ('--eval' alone means 1)",
-       &TrainConfig::eval},
+       "accuracy and exit, writing nothing ('--eval' alone means 1)", &TrainConfig::eval},
       {"eval-losses", "FILE", "with --eval: also write each example's completion losses to FILE, one JSON line each",
        &TrainConfig::eval_losses, {}, {}, "none"},
       {"peak-tflops", "X", "the GPU's dense bf16 peak (TFLOP/s) that MFU is measured against (0 = the table of known "

@@ -86,6 +86,7 @@ struct TrainConfig {
   std::vector<int> pp_layers;          // layers per pipeline rank; empty: balanced by cost
   std::vector<int> pp_recompute;       // --recompute per pipeline rank; empty: --recompute on every one
   int cp = 1;                          // context-parallel group size: each sequence split over it (zigzag)
+  int ep = 1;                          // expert-parallel group size (src/model/expert_parallel.h, docs/MOE.md)
   double bucket_mib = kDefaultBucketMiB;
   std::string rendezvous;
   double comm_timeout = 600.0;  // every wait for the other ranks (start-up, each collective)

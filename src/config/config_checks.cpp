@@ -106,6 +106,10 @@ int validate_config(TrainConfig& cfg, int world_size) {
   // A model replica (a TP group per stage) reads one micro-batch, the CP group's replicas share one (each its part of
   // every sequence): the data-parallel ranks read different ones.
   const int data_ranks = static_cast<int>(world_size / (model_ranks * cfg.cp));
+  if (data_ranks % cfg.ep != 0)
+    throw std::invalid_argument("--ep " + std::to_string(cfg.ep) + ": the EP group's ranks are data-parallel ranks, so "
+                                "it must divide their number, " + std::to_string(data_ranks) +
+                                (cfg.plan ? " (--world-size)" : ""));
   const long long micro_tokens = static_cast<long long>(cfg.batch_size) * cfg.seq_len * data_ranks;
   if (cfg.total_batch_tokens == 0) cfg.total_batch_tokens = micro_tokens;
   if (cfg.total_batch_tokens % micro_tokens != 0)
@@ -150,8 +154,8 @@ void validate_fp8_shapes(const TrainConfig& cfg, const ModelConfig& model, const
 
 void validate_experts(const TrainConfig& cfg, const ModelConfig& model, const std::string& model_source) {
   if (!model.moe()) {
-    for (const char* flag : {"moe-aux-loss-coef", "moe-bias-rate", "moe-balanced-routing"})
-      if (cfg.was_set(flag))
+    for (const char* flag : {"moe-aux-loss-coef", "moe-bias-rate", "moe-balanced-routing", "ep"})
+      if (cfg.was_set(flag) && (std::string(flag) != "ep" || cfg.ep > 1))
         throw std::invalid_argument("--" + std::string(flag) + ": " + model_source + " has no experts (" +
                                     describe(model) + ")");
     return;
@@ -170,6 +174,18 @@ void validate_experts(const TrainConfig& cfg, const ModelConfig& model, const st
     if (set)
       throw std::invalid_argument(std::string(flag) + " with experts (" + model_source +
                                   ") is not supported yet: mixtures of experts train data-parallel (docs/MOE.md)");
+  if (model.num_experts % cfg.ep != 0)
+    throw std::invalid_argument("--ep " + std::to_string(cfg.ep) + ": each rank holds whole experts, so it must "
+                                "divide the experts E = " + std::to_string(model.num_experts) + " (" + model_source + ")");
+  if (cfg.ep == 1 || cfg.plan) return;
+  // What expert parallelism does not compose with yet (docs/MOE.md "Expert parallelism").
+  const std::pair<std::string, bool> not_yet[] = {
+      {"--export-hf", !cfg.export_hf.empty()}, {"--generate", cfg.generate},
+      {"--sample-every", cfg.sample_every > 0}, {"--eval-data", !cfg.eval_data.empty()}};
+  for (const auto& [what, set] : not_yet)
+    if (set)
+      throw std::invalid_argument("--ep " + std::to_string(cfg.ep) + " with " + what + ": not built yet with "
+                                  "expert parallelism (docs/MOE.md)");
 }
 
 LrSchedule make_lr_schedule(const TrainConfig& cfg) {

@@ -17,14 +17,15 @@ int layers_per_bucket(const ParameterLayout& layout, double bucket_mib, size_t e
   return static_cast<int>(std::clamp(layers, 1.0, static_cast<double>(std::max<size_t>(layout.num_layers, 1))));
 }
 
-GradientBuckets::GradientBuckets(const ParameterLayout& layout, int bucket_layers, int ranks, bool replicated_first)
+GradientBuckets::GradientBuckets(const ParameterLayout& layout, int bucket_layers, int ranks, bool replicated_first,
+                                 bool experts)
     : layout_(layout), bucket_layers_(std::max(bucket_layers, 1)), ranks_(std::max(ranks, 1)) {
   // Layers top..bottom's pieces of `tensors`: with replicated_first only those whose
-  // tp_replicated() is `replicated`, and the replicated ones then mark the bucket's prefix.
+  // split_replicated() is `replicated`, and the replicated ones then mark the bucket's prefix.
   const auto add_pieces = [&](GradientBucket& b, int top, int bottom, const std::vector<int>& tensors, bool replicated) {
     for (int l = top; l >= bottom; --l)
       for (int i : tensors)
-        if (!replicated_first || tp_replicated(i) == replicated) add_piece(b, i, l);
+        if (!replicated_first || split_replicated(i, experts) == replicated) add_piece(b, i, l);
     if (replicated_first && replicated) b.replicated = b.elements;
   };
   std::vector<int> layer_tensors;

@@ -35,7 +35,7 @@ struct GradientBucket {
   size_t chunk = 0;                       // c: each rank's part, ceil(n / ranks) rounded up to 8 elements
   size_t offset = 0;                      // where it starts in the full gradient buffer (ranks · c per bucket)
   size_t shard_offset = 0;                // where rank r's chunk starts in a gradient shard (c per bucket)
-  size_t replicated = 0;                  // replicated_first: elements [0, replicated) are tp_replicated tensors
+  size_t replicated = 0;                  // replicated_first: elements [0, replicated) are replicated tensors
   bool holds_layers() const { return top_layer >= 0; }
 };
 
@@ -52,8 +52,10 @@ class GradientBuckets {
   // The buckets of `layout` with `bucket_layers` layers each (the last layer bucket may hold fewer),
   // chunked for `ranks` owners (1: one rank owns everything). `replicated_first` (a tensor-parallel
   // rank's layout, tensor_split.h): each bucket holds the pieces of the tensors every TP rank
-  // holds first, so one collective over the TP group sums their gradients.
-  GradientBuckets(const ParameterLayout& layout, int bucket_layers, int ranks, bool replicated_first = false);
+  // holds first, so one collective over the TP group sums their gradients; `experts`: the group is
+  // an EP group instead (tensor_split.h's split_replicated).
+  GradientBuckets(const ParameterLayout& layout, int bucket_layers, int ranks, bool replicated_first = false,
+                  bool experts = false);
 
   const std::vector<GradientBucket>& buckets() const { return buckets_; }
   int bucket_layers() const { return bucket_layers_; }

@@ -63,11 +63,12 @@ inline int effective_zero_stage(int requested, int world_size) { return world_si
 constexpr size_t kStepScalars = 2;
 
 // The buckets of a run: chunked for every rank at stages 1 and 2, for one owner at stage 0; a
-// tensor-parallel rank's (tp_size > 1) with the replicated tensors first.
+// tensor-parallel rank's (tp_size > 1) or an expert-parallel rank's (`experts`) with the
+// replicated tensors first.
 inline GradientBuckets gradient_buckets(const ParameterLayout& layout, int world_size, int zero_stage,
-                                        int bucket_layers, int tp_size = 1) {
+                                        int bucket_layers, int tp_size = 1, bool experts = false) {
   return GradientBuckets(layout, bucket_layers, effective_zero_stage(zero_stage, world_size) == 0 ? 1 : world_size,
-                         tp_size > 1);
+                         tp_size > 1 || experts, experts);
 }
 
 // Elements of the gradient buffers GradientSync allocates on one rank: stages 0 and 1 keep every
@@ -105,15 +106,18 @@ class GradientSync {
   // `bucket_layers` layers, synchronized over the data-parallel group `comm`; `tp_comm`: the
   // tensor-parallel group (nullptr: none), whose ranks sum their replicated tensors' gradients
   // when `sequence_parallel`.
+  // With `experts`, tp_comm is an EP group instead (docs/MOE.md): its ranks' replicated tensors'
+  // gradients are summed like sequence parallelism's, and the loss gradient is pre-divided by its
+  // size (its ranks read different rows, so the experts' gradients sum them too).
   GradientSync(const ParameterLayout& layout, Communicator* comm, int zero_stage, int bucket_layers,
                cudaStream_t stream, Communicator* tp_comm = nullptr, bool sequence_parallel = false,
-               const PipelineGradients& pipeline = {})
-      : layout_(layout), comm_(comm), stream_(stream), pipeline_(pipeline) {
+               const PipelineGradients& pipeline = {}, bool experts = false)
+      : layout_(layout), comm_(comm), stream_(stream), pipeline_(pipeline), experts_(experts) {
     if (tp_comm != nullptr && tp_comm->world_size() > 1) {
       tp_comm_ = tp_comm;
       tp_size_ = tp_comm->world_size();
       tp_rank_ = tp_comm->rank();
-      sums_replicated_ = sequence_parallel;
+      sums_replicated_ = sequence_parallel || experts;
     }
     if (zero_stage < 0 || zero_stage > 3)
       throw std::runtime_error("ZeRO stage: expected 0, 1, 2 or 3, found " + std::to_string(zero_stage));
@@ -122,7 +126,7 @@ class GradientSync {
       rank_ = comm->rank();
     }
     zero_ = effective_zero_stage(zero_stage, world_);
-    buckets_ = gradient_buckets(layout_, world_, zero_, bucket_layers, tp_size_);
+    buckets_ = gradient_buckets(layout_, world_, zero_, bucket_layers, tp_size_, experts_);
     owner_ = zero_ == 0 ? 0 : rank_;
     segments_ = buckets_.segments(owner_);
     const GradientBufferCounts counts = gradient_buffer_counts(buckets_, zero_);
@@ -158,8 +162,11 @@ class GradientSync {
   size_t gradient_offset(const OptimizerSegment& s) const {
     return shards_gradients() ? buckets_.shard_offset(s, owner_) : buckets_.buckets()[s.bucket].offset + s.at;
   }
-  // The loss gradient's divisor beyond the mean over tokens and micro-steps: stages 2 and 3 sum.
-  float ranks_summed() const { return shards_gradients() ? static_cast<float>(world_) : 1.0f; }
+  // The loss gradient's divisor beyond the mean over tokens and micro-steps: stages 2 and 3 sum, and
+  // an EP group sums its ranks' rows.
+  float ranks_summed() const {
+    return (shards_gradients() ? static_cast<float>(world_) : 1.0f) * (experts_ ? static_cast<float>(tp_size_) : 1.0f);
+  }
   // Ranks whose values sum_over_ranks() adds: both groups'.
   int ranks_in_sums() const { return world_ * tp_size_; }
   size_t bytes() const { return grads_.bytes() + shard_grads_.bytes() + 2 * layer_windows_[0].bytes() + model_window_.bytes(); }
@@ -176,7 +183,7 @@ class GradientSync {
     if (tp_rank_ > 0 || !pipeline_.counts_wte) {
       std::vector<std::pair<size_t, size_t>> ranges;
       for (const OptimizerSegment& s : segments_) {
-        if ((tp_rank_ > 0 && tp_replicated(s.tensor)) || (!pipeline_.counts_wte && s.tensor == kWte)) continue;
+        if ((tp_rank_ > 0 && split_replicated(s.tensor, experts_)) || (!pipeline_.counts_wte && s.tensor == kWte)) continue;
         const size_t at = gradient_offset(s);
         if (!ranges.empty() && ranges.back().first + ranges.back().second == at) ranges.back().second += s.count;
         else ranges.push_back({at, s.count});
@@ -378,6 +385,7 @@ class GradientSync {
   Communicator* comm_;
   cudaStream_t stream_;
   const PipelineGradients pipeline_;
+  const bool experts_;  // tp_comm_ is an EP group
   int zero_ = 0, world_ = 1, rank_ = 0;
   int owner_ = 0;  // whose chunks this rank's optimizer updates: its rank at stages 1 and 2, 0 (all) at stage 0
   GradientBuckets buckets_;

@@ -20,6 +20,10 @@
 //             data a CP rank is one more replica (ZeRO shards, checkpoints: --cp is not saved state).
 //   tied-embedding group  the first and the last stage of the same (r, t) (--pp 2: the PP group):
 //             both hold a tied wte and sum its gradient; the stages between have none.
+//   EP group  with --ep E (docs/MOE.md): E consecutive ranks of the DP group, ranked by their DP
+//             rank: they hold different experts of each mixture layer and send each other rows
+//             (expert_parallel.h); the expert-DP group, the DP group's ranks of the same EP rank,
+//             hold the same experts and sum their gradients (the EP group sums the rest first).
 // Without TP there is no TP group, without PP no PP group and without CP no CP group (tp(), pp()
 // and cp() are nullptr); with none of them, the DP group is the world's communicator itself.
 #pragma once
@@ -33,7 +37,8 @@
 class ParallelGroups {
  public:
   // Splits `world` into the grid above (checked: tp_size·pp_size·cp_size divides the world size).
-  ParallelGroups(Communicator& world, int tp_size, int pp_size = 1, int cp_size = 1) : world_(world), dp_(&world) {
+  ParallelGroups(Communicator& world, int tp_size, int pp_size = 1, int cp_size = 1, int ep_size = 1)
+      : world_(world), dp_(&world) {
     const int rank = world.rank();
     if (tp_size < 1 || pp_size < 1 || cp_size < 1 ||
         world.world_size() % (static_cast<long long>(tp_size) * pp_size * cp_size) != 0)
@@ -68,11 +73,22 @@ class ParallelGroups {
       dp_owned_ = std::make_unique<Communicator>(world, rank % model_ranks, rank, "data-parallel");
       dp_ = dp_owned_.get();
     }
+    if (ep_size > 1) {
+      Communicator& dp = *dp_;
+      if (dp.world_size() % ep_size != 0)
+        throw std::runtime_error("--ep " + std::to_string(ep_size) + ": must divide the data-parallel ranks, " +
+                                 std::to_string(dp.world_size()));
+      world.set_purpose("the expert-parallel groups' communicators", "during start-up");
+      ep_owned_ = std::make_unique<Communicator>(dp, dp.rank() / ep_size, dp.rank(), "expert-parallel");
+      expert_dp_owned_ = std::make_unique<Communicator>(dp, dp.rank() % ep_size, dp.rank(), "expert-data-parallel");
+    }
   }
   ParallelGroups(const ParallelGroups&) = delete;
   ParallelGroups& operator=(const ParallelGroups&) = delete;
   // The groups go before the world's communicator they were split from.
   ~ParallelGroups() {
+    expert_dp_owned_.reset();
+    ep_owned_.reset();
     dp_owned_.reset();
     cp_owned_.reset();
     tied_owned_.reset();
@@ -89,6 +105,10 @@ class ParallelGroups {
   int pp_rank() const { return pp_owned_ ? pp_owned_->rank() : 0; }  // the stage s
   Communicator* cp() const { return cp_owned_.get(); }  // nullptr without context parallelism
   int cp_size() const { return cp_owned_ ? cp_owned_->world_size() : 1; }
+  Communicator* ep() const { return ep_owned_.get(); }  // nullptr without expert parallelism
+  int ep_size() const { return ep_owned_ ? ep_owned_->world_size() : 1; }
+  // The ranks holding the same experts (the DP group without expert parallelism): they sum gradients.
+  Communicator& expert_dp() const { return expert_dp_owned_ ? *expert_dp_owned_ : *dp_; }
   // The data-parallel index d and their count D: which micro-batches the rank reads (its CP group's).
   int data_rank() const { return dp_->rank() / cp_size(); }
   int data_ranks() const { return dp_->world_size() / cp_size(); }
@@ -106,10 +126,12 @@ class ParallelGroups {
     if (tied_owned_) tied_owned_->set_purpose(what, when);
     if (cp_owned_) cp_owned_->set_purpose(what, when);
     if (dp_owned_) dp_owned_->set_purpose(what, when);
+    if (ep_owned_) ep_owned_->set_purpose(what, when);
+    if (expert_dp_owned_) expert_dp_owned_->set_purpose(what, when);
   }
 
  private:
   Communicator& world_;
   Communicator* dp_;
-  std::unique_ptr<Communicator> tp_owned_, pp_owned_, tied_owned_, cp_owned_, dp_owned_;
+  std::unique_ptr<Communicator> tp_owned_, pp_owned_, tied_owned_, cp_owned_, dp_owned_, ep_owned_, expert_dp_owned_;
 };

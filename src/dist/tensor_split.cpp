@@ -18,6 +18,10 @@ bool tp_replicated(int tensor) {
   }
 }
 
+bool split_replicated(int tensor, bool experts) {
+  return experts ? tensor != kFcw && tensor != kFc2w && tensor != kFcprojw : tp_replicated(tensor);
+}
+
 void check_tensor_split(const ModelConfig& c, int size, const std::string& flag) {
   if (size < 1) throw std::runtime_error(flag + ": expected at least 1, found " + std::to_string(size));
   if (c.num_heads % size != 0)
@@ -73,8 +77,10 @@ bool stage_holds(const ModelConfig& c, const StagePart& part, int tensor) {
   }
 }
 
-TensorSplit::TensorSplit(const ModelConfig& c, int size, int rank, const StagePart& stage)
-    : config_(c), size_(size), rank_(rank), stage_(stage), global_(c) {
+TensorSplit::TensorSplit(const ModelConfig& c, int size, int rank, const StagePart& stage, int ep_size, int ep_rank)
+    : config_(c), size_(size), rank_(rank), stage_(stage), ep_size_(ep_size), ep_rank_(ep_rank), global_(c) {
+  if (ep_size > 1 && (size > 1 || !c.moe() || c.num_experts % ep_size != 0))
+    throw std::runtime_error("--ep " + std::to_string(ep_size) + ": needs experts, E divisible by it and no --tp");
   for (int l : stage.layers)
     if (l < 0 || l >= c.num_layers)
       throw std::runtime_error("pipeline stage: layer " + std::to_string(l) + " outside the model's " +
@@ -88,8 +94,14 @@ TensorSplit::TensorSplit(const ModelConfig& c, int size, int rank, const StagePa
     std::vector<SplitRun>& r = runs_[i];
     if (global_[i].count == 0 || !stage_holds(c, stage, i)) continue;
     size_t local = 0;
-    // A mixture's experts are whole on every rank (--tp with experts is refused: docs/MOE.md).
+    // A mixture's experts are whole on every TP rank (--tp with experts is refused: docs/MOE.md);
+    // an EP rank holds its experts' (each expert's w1, w3, w2 one contiguous block).
     const bool whole_experts = c.moe() && (i == kFcw || i == kFc2w || i == kFcprojw);
+    if (whole_experts && ep_size > 1) {
+      const size_t block = global_.slice_count(i) / ep_size;
+      r.push_back({0, static_cast<size_t>(ep_rank) * block, block});
+      continue;
+    }
     switch (whole_experts ? -1 : i) {
       case kWte: case kLmHead: r.push_back({0, t * Vl * C, Vl * C}); break;
       case kQkvw: case kQkvb: {

@@ -30,9 +30,11 @@
 
 // A rank's place in the TP group, and whether the block's LayerNorm/residual region is split
 // along the tokens (sequence parallelism) rather than replicated.
+// `experts`: the EP group's size (--ep), whose ranks split the experts instead (memory plans).
 struct TensorParallelism {
   int size = 1, rank = 0;
   bool sequence_parallel = false;
+  int experts = 1;
 };
 
 // The part of the model a pipeline rank holds (src/dist/pipeline_stages.h): its global layers, in
@@ -76,6 +78,9 @@ bool stage_holds(const ModelConfig& c, const StagePart& part, int tensor);
 
 // Whether every rank of a TP group holds all of tensor i.
 bool tp_replicated(int tensor);
+// Whether every rank of a split group holds all of tensor i: an EP group (`experts`: every tensor
+// but the experts' fcw, fc2w, fcprojw) or a TP group (tp_replicated).
+bool split_replicated(int tensor, bool experts);
 
 // Throws unless `size` ranks can split `c`: whole query and K/V heads per rank (NH % size == 0,
 // NKV % size == 0), hidden units and a vocabulary slice of whole 128-bit vectors (H % (8·size) == 0,
@@ -91,13 +96,23 @@ struct SplitRun {
 class TensorSplit {
  public:
   TensorSplit(const ModelConfig& c, int size, int rank) : TensorSplit(c, size, rank, StagePart::whole(c.num_layers)) {}
-  TensorSplit(const ModelConfig& c, int size, int rank, const StagePart& stage);
+  // With ep_size > 1 (expert parallelism, docs/MOE.md; size must be 1): rank ep_rank of the EP
+  // group holds experts [ep_rank·E/ep_size, ...) of fcw, fc2w, fcprojw, everything else whole.
+  TensorSplit(const ModelConfig& c, int size, int rank, const StagePart& stage, int ep_size = 1, int ep_rank = 0);
 
-  int size() const { return size_; }
+  int size() const { return size_; }  // the TP group's (1 with expert parallelism)
   int rank() const { return rank_; }
+  int ep_size() const { return ep_size_; }
+  // The group whose ranks hold different parts (TP's or EP's), this rank's place in it, and the
+  // split of its rank r.
+  int group_size() const { return ep_size_ > 1 ? ep_size_ : size_; }
+  int group_rank() const { return ep_size_ > 1 ? ep_rank_ : rank_; }
+  TensorSplit of_group_rank(int r) const {
+    return ep_size_ > 1 ? TensorSplit(config_, 1, 0, stage_, ep_size_, r) : TensorSplit(config_, size_, r, stage_);
+  }
   const StagePart& stage() const { return stage_; }
   // Whether this rank holds the whole model (no TP and no pipeline split): local == global.
-  bool whole() const { return size_ == 1 && stage_ == StagePart::whole(config_.num_layers); }
+  bool whole() const { return size_ == 1 && ep_size_ == 1 && stage_ == StagePart::whole(config_.num_layers); }
   // The global layer of local layer l.
   int global_layer(int l) const { return stage_.layers[l]; }
   // The rank's layout (llm.c order, its parts' counts) and the whole model's.
@@ -146,6 +161,7 @@ class TensorSplit {
   ModelConfig config_;
   int size_, rank_;
   StagePart stage_;
+  int ep_size_, ep_rank_;
   ParameterLayout local_, global_;
   std::vector<SplitRun> runs_[kNumParameterTensors];
 };

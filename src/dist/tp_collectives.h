@@ -22,11 +22,13 @@
 #include <string>
 
 // This rank's part of `cfg` in the TP group of `tp_comm` (nullptr: every TP part) of pipeline
-// stage `stage`, checked.
-inline TensorSplit tensor_split_of(const ModelConfig& cfg, Communicator* tp_comm, const StagePart& stage) {
+// stage `stage`, checked; or its experts in the EP group of `ep_comm` (nullptr: all).
+inline TensorSplit tensor_split_of(const ModelConfig& cfg, Communicator* tp_comm, const StagePart& stage,
+                                   Communicator* ep_comm = nullptr) {
   const int size = tp_comm != nullptr ? tp_comm->world_size() : 1;
   check_tensor_split(cfg, size, "--tp");
-  return TensorSplit(cfg, size, tp_comm != nullptr ? tp_comm->rank() : 0, stage);
+  return TensorSplit(cfg, size, tp_comm != nullptr ? tp_comm->rank() : 0, stage,
+                     ep_comm != nullptr ? ep_comm->world_size() : 1, ep_comm != nullptr ? ep_comm->rank() : 0);
 }
 
 template <typename Elem>

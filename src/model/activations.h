@@ -122,9 +122,12 @@ constexpr size_t kLogitsChunkRowsMin = 1024;
 // H/size hidden units of every row, the logits its Vp/size columns; under sequence parallelism the residual
 // stream, residual2 and the LayerNorm statistics hold its B·T/size rows, while the LayerNorm
 // outputs, the branch and the residual gradient keep every row (they are gathered in place).
+// With an EP group of `ep` ranks (expert_parallel.h) a rank's experts may receive every rank's
+// rows: their products and activations hold ep·M rows, and the work set the received rows and
+// outputs (2·ep·M × C) after its own (2·M × C).
 inline ActivationCounts activation_counts(const ModelConfig& cfg, int B, int seq_len, int recompute,
                                                size_t logits_rows = kLogitsChunkRows,
-                                               const TensorParallelism& tp = {}) {
+                                               const TensorParallelism& tp = {}, int ep = 1) {
   check_recompute(recompute);
   const size_t L = cfg.num_layers, C = cfg.channels, N = static_cast<size_t>(B) * seq_len;
   const size_t ways = static_cast<size_t>(tp.size), Nl = tp.sequence_parallel ? N / ways : N;
@@ -139,13 +142,13 @@ inline ActivationCounts activation_counts(const ModelConfig& cfg, int B, int seq
   n.residual2 = slices(BlockTensor::other) * Nl * C;
   n.qkv = slices(BlockTensor::other) * N * QKVl;
   // An MLP's rows: each token's once, or with experts each token's K expert rows.
-  const size_t K = cfg.moe() ? cfg.experts_per_token : 1, M = N * K;
-  n.fch = slices(BlockTensor::other) * cfg.mlp_products() * M * Hl;
-  n.fch_gelu = slices(BlockTensor::fch_gelu) * M * Hl;
+  const size_t K = cfg.moe() ? cfg.experts_per_token : 1, M = N * K, Mx = M * static_cast<size_t>(ep);
+  n.fch = slices(BlockTensor::other) * cfg.mlp_products() * Mx * Hl;
+  n.fch_gelu = slices(BlockTensor::fch_gelu) * Mx * Hl;
   n.lnf = n.branch = n.dresidual = N * C;
   n.logits = std::min(N, logits_rows) * Vl;
   n.classifier_stats = ways > 1 ? 3 * std::min(N, logits_rows) : 0;
-  n.dwide = std::max(M * Hl, N * QKVl);
+  n.dwide = std::max(Mx * Hl, N * QKVl);
   n.ln_stat = slices(BlockTensor::other) * Nl;
   n.ln_mean = cfg.norm == Norm::layernorm ? n.ln_stat : 0;
   n.lnf_mean = cfg.norm == Norm::layernorm ? Nl : 0;
@@ -166,7 +169,7 @@ inline ActivationCounts activation_counts(const ModelConfig& cfg, int B, int seq
   if (cfg.moe()) {
     const size_t E = cfg.num_experts, kept = slices(BlockTensor::other);
     n.moe_out = kept * M * C;
-    n.moe_rows = 2 * M * C;
+    n.moe_rows = 2 * M * C + (ep > 1 ? 2 * Mx * C : 0);
     n.moe_probs = kept * N * E;
     n.moe_gate = kept * N * K;
     n.moe_prob_sums = E;
@@ -240,7 +243,7 @@ inline ActivationBytes activation_bytes(const ActivationCounts& n, DType dtype) 
 inline ActivationBytes model_activation_bytes(const ModelConfig& cfg, int B, int seq_len, int recompute, DType dtype,
                                              size_t logits_rows = kLogitsChunkRows,
                                              const TensorParallelism& tp = {}) {
-  return activation_bytes(activation_counts(cfg, B, seq_len, recompute, logits_rows, tp), dtype);
+  return activation_bytes(activation_counts(cfg, B, seq_len, recompute, logits_rows, tp, tp.experts), dtype);
 }
 
 

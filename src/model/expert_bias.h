@@ -25,11 +25,11 @@ class ExpertBiasUpdate {
   // For a sigmoid-routed model of `layers` local layers (otherwise nothing to do): the owned
   // segments of kExpertBias among `segments` (this rank's optimizer segments), their parameters
   // and master weights in `params`; `dp` the data-parallel group the counts are summed over
-  // (nullptr: one process).
+  // (nullptr: one process), and then `ep`, an EP group (--ep: dp is then the expert-DP group).
   ExpertBiasUpdate(const ModelConfig& c, int layers, const ParameterLayout& layout,
                    const std::vector<OptimizerSegment>& segments, const ModelParameters<Elem>& params,
-                   Communicator* dp)
-      : layers_(layers), experts_(c.num_experts), dp_(dp) {
+                   Communicator* dp, Communicator* ep = nullptr)
+      : layers_(layers), experts_(c.num_experts), dp_(dp), ep_(ep) {
     if (!c.moe() || c.router != Router::sigmoid) return;
     counts_ = DeviceArray<double>(static_cast<size_t>(layers) * c.num_experts, "the step's summed expert counts");
     for (const OptimizerSegment& s : segments)
@@ -44,8 +44,9 @@ class ExpertBiasUpdate {
   void apply(const int* counts, float rate, cudaStream_t s) {
     if (counts_.count() == 0) return;
     moe_widen_counts(counts_.get(), counts, counts_.count(), s);
-    if (dp_ != nullptr && dp_->world_size() > 1)
-      dp_->ordered_with(s, [&] { dp_->all_reduce(counts_.get(), counts_.count(), ncclSum); });
+    for (Communicator* group : {dp_, ep_})
+      if (group != nullptr && group->world_size() > 1)
+        group->ordered_with(s, [&] { group->all_reduce(counts_.get(), counts_.count(), ncclSum); });
     for (const Owned& o : owned_)
       moe_update_expert_bias(o.param, o.master, counts_.get(), rate, layers_, experts_, o.first, o.count, s);
   }
@@ -58,6 +59,7 @@ class ExpertBiasUpdate {
   };
   int layers_ = 0, experts_ = 0;
   Communicator* dp_ = nullptr;
+  Communicator* ep_ = nullptr;
   DeviceArray<double> counts_;  // (layers, E), summed over the group
   std::vector<Owned> owned_;
 };

@@ -118,11 +118,13 @@ struct ExpertBuffers {
 // Layer slice j's buffers in set a (w: the work set). counts: a training forward's (the step's
 // counts of the layer; the probabilities go into the micro-batch's sums for the auxiliary loss);
 // nullptr for a recomputation (the backward rerunning a block), which must not count again.
+// With an EP group of `ep` ranks, fch and act hold the experts' side (ep·M rows: expert_parallel.h).
 template <typename Elem>
 ExpertBuffers<Elem> expert_buffers(const ModelConfig& c, Activations<Elem>& a, Activations<Elem>& w, int j, int N,
-                                   int* counts, MoeChoice choice) {
+                                   int* counts, int ep, MoeChoice choice) {
   const int E = c.num_experts, M = N * c.experts_per_token;
-  const size_t NE = static_cast<size_t>(N) * E, NK = static_cast<size_t>(M), MH = static_cast<size_t>(M) * c.hidden();
+  const size_t NE = static_cast<size_t>(N) * E, NK = static_cast<size_t>(M),
+               MH = static_cast<size_t>(M) * ep * c.hidden();
   const size_t host_at = static_cast<size_t>(j) * (E + 1);
   if (a.moe_host_offsets.size() < host_at + E + 1) a.moe_host_offsets.resize(host_at + E + 1);
   return {w.moe_logits.get(),
@@ -154,40 +156,111 @@ void expert_route(const ModelConfig& c, const ExpertBuffers<Elem>& b, const Expe
     moe_route_softmax_topk(b.probs, b.expert, b.gate, b.logits, N, c.num_experts, c.experts_per_token, s, b.choice);
 }
 
+// The SwiGLU of `experts` experts (wt's w1, w3, w2 from its first expert on) on M rows in expert order,
+// expert e's rows [at[e], at[e + 1]): fch (w1's products, then w3's: 2 · M × H), act (M × H) and
+// y (M × C) written. An expert with no rows runs nothing.
+template <typename Elem>
+void expert_products_forward(const ModelConfig& c, Elem* fch, Elem* act, Elem* y, const Elem* rows, const int* at,
+                             int experts, int M, const ExpertWeights<Elem>& wt, cudaStream_t s) {
+  const int C = c.channels, H = c.hidden();
+  const size_t MH = static_cast<size_t>(M) * H;
+  if (M == 0) return;
+  std::optional<ProfileLabel> site(std::in_place, "experts: w1, w3 products");
+  for (int e = 0; e < experts; ++e) {
+    const int first = at[e], n = at[e + 1] - at[e];
+    if (n == 0) continue;
+    const size_t eh = static_cast<size_t>(e) * H * C;
+    matmul_forward(fch + static_cast<size_t>(first) * H, rows + static_cast<size_t>(first) * C, wt.w1 + eh, nullptr,
+                   n, C, H, s);
+    matmul_forward(fch + MH + static_cast<size_t>(first) * H, rows + static_cast<size_t>(first) * C, wt.w3 + eh,
+                   nullptr, n, C, H, s);
+  }
+  site.reset();
+  mlp_activation_forward(c, act, fch, M, H, s);
+  site.emplace("experts: w2 products");
+  for (int e = 0; e < experts; ++e) {
+    const int first = at[e], n = at[e + 1] - at[e];
+    if (n == 0) continue;
+    matmul_forward(y + static_cast<size_t>(first) * C, act + static_cast<size_t>(first) * H,
+                   wt.w2 + static_cast<size_t>(e) * C * H, nullptr, n, H, C, s);
+  }
+}
+
+// Backward of expert_products_forward: drows holds d y (M × C) and is overwritten with d rows; fch
+// with the products' gradients (as the dense SwiGLU's backward does); dact (M × H) is work; the
+// experts' weight gradients (dw's from the same first expert) accumulated. rows: the forward's input
+// rows; recompute_act: act is refilled from fch first.
+template <typename Elem>
+void expert_products_backward(const ModelConfig& c, Elem* drows, Elem* dact, Elem* fch, Elem* act, const Elem* rows,
+                              const int* at, int experts, int M, const ExpertWeights<Elem>& wt,
+                              const ExpertGradients<Elem>& dw, bool recompute_act, cudaStream_t s) {
+  const int C = c.channels, H = c.hidden();
+  const size_t MH = static_cast<size_t>(M) * H;
+  if (M == 0) return;
+  if (recompute_act) mlp_activation_forward(c, act, fch, M, H, s);
+  std::optional<ProfileLabel> site(std::in_place, "experts: w2 backward products");
+  for (int e = 0; e < experts; ++e) {
+    const int first = at[e], n = at[e + 1] - at[e];
+    if (n == 0) continue;
+    matmul_backward(dact + static_cast<size_t>(first) * H, dw.w2 + static_cast<size_t>(e) * C * H, nullptr,
+                    nullptr, drows + static_cast<size_t>(first) * C, act + static_cast<size_t>(first) * H,
+                    wt.w2 + static_cast<size_t>(e) * C * H, nullptr, n, H, C, s);
+  }
+  site.reset();
+  Elem* da = fch;
+  Elem* db = fch + MH;
+  swiglu_backward(da, db, dact, da, db, M, H, H, s);
+  site.emplace("experts: w1, w3 backward products");
+  for (int e = 0; e < experts; ++e) {
+    const int first = at[e], n = at[e + 1] - at[e];
+    if (n == 0) continue;
+    const size_t eh = static_cast<size_t>(e) * H * C, r = static_cast<size_t>(first);
+    matmul_backward(drows + r * C, dw.w1 + eh, nullptr, nullptr, da + r * H, rows + r * C, wt.w1 + eh, nullptr, n,
+                    C, H, s);
+    matmul_backward(drows + r * C, dw.w3 + eh, nullptr, nullptr, db + r * H, rows + r * C, wt.w3 + eh, nullptr, n,
+                    C, H, s, nullptr, true);
+  }
+}
+
+// The router on x (N × C) and its rows in expert order: b.logits, probs, expert, gate, slot, token,
+// offsets (on the device) and rows (M × C) written, b.counts and prob_sums added to (when set).
+template <typename Elem>
+void expert_route_rows(const ModelConfig& c, const ExpertBuffers<Elem>& b, const Elem* x,
+                       const ExpertWeights<Elem>& wt, int N, cudaStream_t s) {
+  const int C = c.channels, E = c.num_experts, K = c.experts_per_token;
+  moe_router_logits(b.logits, x, wt.router, N, C, E, s);
+  expert_route(c, b, wt, N, s);
+  if (b.counts != nullptr) moe_router_stats(b.counts, b.prob_sums, b.expert, b.probs, N, E, K, s);
+  moe_dispatch_plan(b.offsets, b.slot, b.token, b.expert, N, E, K, s);
+  moe_permute(b.rows, x, b.token, N * K, C, s);
+}
+
+// The router's backward from drows (d rows in expert order, M × C) and dgate (N × K): dx (N × C)
+// written with the rows' sum and the router's input gradient, drouter accumulated; logits (N × E)
+// and scratch are work. aux_grad: the auxiliary loss's gradient per probability (softmax router).
+template <typename Elem>
+void expert_router_backward(const ModelConfig& c, Elem* dx, Elem* drouter, const Elem* drows, float* dgate,
+                            const float* probs, const int* expert, const float* gate, const int* slot,
+                            const float* aux_grad, float* logits, float* scratch, const Elem* x, const Elem* router,
+                            int N, cudaStream_t s) {
+  const int C = c.channels, E = c.num_experts, K = c.experts_per_token;
+  moe_unpermute_sum(dx, drows, slot, N, K, C, false, s);
+  if (c.router == Router::sigmoid)  // no auxiliary loss: the bias balances (docs/MOE.md)
+    moe_router_backward_sigmoid(logits, dgate, probs, expert, gate, N, E, K, s);
+  else
+    moe_router_backward_softmax(logits, dgate, probs, expert, gate, aux_grad, N, E, K, s);
+  moe_router_input_backward(dx, drouter, scratch, logits, x, router, N, C, E, s);
+}
+
 // The forward on x (N × C, the ln2 output): out (N × C) = Σ_k gate · expert_k(x), everything the
 // backward reads kept in b.
 template <typename Elem>
 void expert_mlp_forward(const ModelConfig& c, const ExpertBuffers<Elem>& b, Elem* out, const Elem* x,
                         const ExpertWeights<Elem>& wt, int N, cudaStream_t s) {
-  const int C = c.channels, H = c.hidden(), E = c.num_experts, K = c.experts_per_token, M = N * K;
-  const size_t MH = static_cast<size_t>(M) * H;
-  moe_router_logits(b.logits, x, wt.router, N, C, E, s);
-  expert_route(c, b, wt, N, s);
-  if (b.counts != nullptr) moe_router_stats(b.counts, b.prob_sums, b.expert, b.probs, N, E, K, s);
-  moe_dispatch_plan(b.offsets, b.slot, b.token, b.expert, N, E, K, s);
+  const int C = c.channels, E = c.num_experts, K = c.experts_per_token, M = N * K;
+  expert_route_rows(c, b, x, wt, N, s);
   copy_to_host(b.host_offsets, b.offsets, (E + 1) * sizeof(int), s);
-  moe_permute(b.rows, x, b.token, M, C, s);
-  const int* at = b.host_offsets;
-  std::optional<ProfileLabel> site(std::in_place, "experts: w1, w3 products");
-  for (int e = 0; e < E; ++e) {
-    const int first = at[e], n = at[e + 1] - at[e];
-    if (n == 0) continue;
-    const size_t eh = static_cast<size_t>(e) * H * C;
-    matmul_forward(b.fch + static_cast<size_t>(first) * H, b.rows + static_cast<size_t>(first) * C, wt.w1 + eh,
-                   nullptr, n, C, H, s);
-    matmul_forward(b.fch + MH + static_cast<size_t>(first) * H, b.rows + static_cast<size_t>(first) * C, wt.w3 + eh,
-                   nullptr, n, C, H, s);
-  }
-  site.reset();
-  mlp_activation_forward(c, b.act, b.fch, M, H, s);
-  site.emplace("experts: w2 products");
-  for (int e = 0; e < E; ++e) {
-    const int first = at[e], n = at[e + 1] - at[e];
-    if (n == 0) continue;
-    matmul_forward(b.y + static_cast<size_t>(first) * C, b.act + static_cast<size_t>(first) * H,
-                   wt.w2 + static_cast<size_t>(e) * C * H, nullptr, n, H, C, s);
-  }
-  site.reset();
+  expert_products_forward(c, b.fch, b.act, b.y, b.rows, b.host_offsets, E, M, wt, s);
   moe_combine(out, b.y, b.gate, b.slot, N, K, C, s);
 }
 
@@ -277,39 +350,10 @@ void expert_mlp_backward(const ModelConfig& c, Activations<Elem>& a, Activations
   const Elem* y = layer_slice(a.moe_out, j, MC);
   Elem* rows = w.moe_rows.get();      // x's rows in expert order
   Elem* drows = rows + MC;            // d y, then d rows
-  Elem* dact = w.dwide.get();         // (M × H)
   const int* at = expert_offsets(a, E, j);
-  if (recompute_act) mlp_activation_forward(c, act, fch, M, H, s);
   moe_combine_backward(drows, w.moe_dgate.get(), dout, y, gate, slot, N, K, C, s);
-  std::optional<ProfileLabel> site(std::in_place, "experts: w2 backward products");
-  for (int e = 0; e < E; ++e) {
-    const int first = at[e], n = at[e + 1] - at[e];
-    if (n == 0) continue;
-    matmul_backward(dact + static_cast<size_t>(first) * H, dw.w2 + static_cast<size_t>(e) * C * H, nullptr,
-                    nullptr, drows + static_cast<size_t>(first) * C, act + static_cast<size_t>(first) * H,
-                    wt.w2 + static_cast<size_t>(e) * C * H, nullptr, n, H, C, s);
-  }
-  site.reset();
-  Elem* da = fch;
-  Elem* db = fch + MH;
-  swiglu_backward(da, db, dact, da, db, M, H, H, s);
   moe_permute(rows, x, token, M, C, s);
-  site.emplace("experts: w1, w3 backward products");
-  for (int e = 0; e < E; ++e) {
-    const int first = at[e], n = at[e + 1] - at[e];
-    if (n == 0) continue;
-    const size_t eh = static_cast<size_t>(e) * H * C, r = static_cast<size_t>(first);
-    matmul_backward(drows + r * C, dw.w1 + eh, nullptr, nullptr, da + r * H, rows + r * C, wt.w1 + eh, nullptr, n,
-                    C, H, s);
-    matmul_backward(drows + r * C, dw.w3 + eh, nullptr, nullptr, db + r * H, rows + r * C, wt.w3 + eh, nullptr, n,
-                    C, H, s, nullptr, true);
-  }
-  site.reset();
-  moe_unpermute_sum(dx, drows, slot, N, K, C, false, s);
-  if (c.router == Router::sigmoid)  // no auxiliary loss: the bias balances (docs/MOE.md)
-    moe_router_backward_sigmoid(w.moe_logits.get(), w.moe_dgate.get(), probs, expert, gate, N, E, K, s);
-  else
-    moe_router_backward_softmax(w.moe_logits.get(), w.moe_dgate.get(), probs, expert, gate, w.moe_aux_grad.get(), N,
-                                E, K, s);
-  moe_router_input_backward(dx, dw.router, w.scratch.get(), w.moe_logits.get(), x, wt.router, N, C, E, s);
+  expert_products_backward(c, drows, w.dwide.get(), fch, act, rows, at, E, M, wt, dw, recompute_act, s);
+  expert_router_backward(c, dx, dw.router, drows, w.moe_dgate.get(), probs, expert, gate, slot, w.moe_aux_grad.get(),
+                         w.moe_logits.get(), w.scratch.get(), x, wt.router, N, s);
 }

@@ -173,9 +173,9 @@ class ModelParameters {
                  "copying parameters");
       cuda_check(cudaStreamSynchronize(stream_), "copying parameters");
     }
-    const int ranks = split_.size();
+    const int ranks = split_.group_size();
     std::vector<TensorSplit> splits;
-    for (int r = 0; r < ranks; ++r) splits.emplace_back(split_.global_config(), ranks, r, split_.stage());
+    for (int r = 0; r < ranks; ++r) splits.push_back(split_.of_group_rank(r));
     size_t largest = 0;
     for (int i = 0; i < kNumParameterTensors; ++i) largest = std::max(largest, layout_.slice_count(i));
     DeviceArray<Elem> staging(largest * ranks, "gathering the tensor-parallel parts of the parameters");
@@ -183,7 +183,7 @@ class ModelParameters {
     for (int i = 0; i < kNumParameterTensors; ++i) {
       const size_t n = layout_.slice_count(i), layers = is_layer_tensor(i) ? layout_.num_layers : 1;
       for (size_t l = 0; l < layers; ++l) {
-        Elem* mine = staging.get() + split_.rank() * n;
+        Elem* mine = staging.get() + split_.group_rank() * n;
         cuda_check(cudaMemcpyAsync(mine, part.data() + layout_.slice_offset(i, l), n * sizeof(Elem),
                                    cudaMemcpyHostToDevice, stream_), "staging parameters");
         if (ranks > 1) tp_comm_->ordered_with(stream_, [&] { tp_comm_->all_gather(mine, staging.get(), n); });

@@ -21,6 +21,7 @@
 #include "src/model/fp8_state.h"
 #include "src/model/context_attention.h"
 #include "src/model/expert_bias.h"
+#include "src/model/expert_parallel.h"
 #include "src/model/lm_head.h"
 #include "src/dist/comm.h"
 #include "src/data/context_split.h"
@@ -42,6 +43,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <optional>
 #include <stdexcept>
@@ -72,15 +74,18 @@ class Transformer {
   // sequence (context_split.h) and its attention passes K/V around the group (context_attention.h);
   // `comm` then includes the CP group's ranks (parallel_groups.h). The model still takes and gives
   // [B][T] micro-batches and losses: each rank uploads its tokens, and losses are gathered. With
-  // `fp8` (bf16 only) the blocks' Linear products run in FP8 (fp8_state.h).
+  // `fp8` (bf16 only) the blocks' Linear products run in FP8 (fp8_state.h). With an expert-parallel
+  // communicator `ep_comm` (--ep) the rank holds its E/size experts and `comm` is its expert-DP group
+  // (parallel_groups.h); each mixture layer sends rows to their experts (expert_parallel.h).
   Transformer(const ModelConfig& cfg, int B, int seq_len, int recompute = kRecomputeDefault, Communicator* comm = nullptr,
        int zero_stage = 0, const std::string& attention = "auto", double bucket_mib = kDefaultBucketMiB,
        size_t logits_rows = kLogitsChunkRows, int zero3_prefetch = kDefaultZero3Prefetch,
        Communicator* tp_comm = nullptr, bool sequence_parallel = false, const PipelineParts& pipeline = {},
-       Communicator* cp_comm = nullptr, const std::optional<Fp8Settings>& fp8 = std::nullopt)
+       Communicator* cp_comm = nullptr, const std::optional<Fp8Settings>& fp8 = std::nullopt,
+       Communicator* ep_comm = nullptr)
       : cfg_(check_micro_batch(cfg, B, seq_len, recompute)),
         pipeline_(pipeline.stages.empty() ? PipelineParts::whole(cfg.num_layers) : pipeline),
-        split_(tensor_split_of(cfg, tp_comm, pipeline_.mine())),
+        split_(tensor_split_of(cfg, tp_comm, pipeline_.mine(), ep_comm)),
         layout_(split_.local()),
         context_(cp_comm != nullptr ? cp_comm->world_size() : 1, cp_comm != nullptr ? cp_comm->rank() : 0, seq_len),
         cp_(context_.ranks > 1 ? cp_comm : nullptr),
@@ -97,8 +102,10 @@ class Transformer {
         hl_(cfg.hidden() / split_.size()),
         vl_(cfg.padded_vocab_size / split_.size()),
         grads_(layout_, comm, zero_stage, layers_per_bucket(layout_, bucket_mib, sizeof(Elem)), stream_.get(),
-               tp_comm, tp_.sequence_parallel(), {pipeline_.comm, pipeline_.tied, stage().embedding}),
-        params_(split_, grads_, comm, tp_comm, pipeline_, zero3_prefetch, dtype == DType::bf16, stream_.get()) {
+               ep_comm != nullptr ? ep_comm : tp_comm, tp_.sequence_parallel(),
+               {pipeline_.comm, pipeline_.tied, stage().embedding}, ep_comm != nullptr),
+        params_(split_, grads_, comm, ep_comm != nullptr ? ep_comm : tp_comm, pipeline_, zero3_prefetch,
+                dtype == DType::bf16, stream_.get()) {
     matmul_init();
     const size_t state = grads_.state_count();
     adam_m_ = DeviceArray<float>(state, "AdamW first moments");
@@ -112,14 +119,15 @@ class Transformer {
                    fp8_product_shapes(cfg_, split_.size()), tp_comm, comm, stream_.get());
     }
     if (cfg_.moe()) experts_ = ExpertStep(static_cast<int>(stage().layers.size()), cfg_.num_experts);
+    if (split_.ep_size() > 1) ep_ = std::make_unique<ExpertParallelism<Elem>>(ep_comm, cfg_.num_experts, cfg_.num_layers);
     expert_bias_ = ExpertBiasUpdate<Elem>(cfg_, static_cast<int>(stage().layers.size()), layout_, grads_.segments(),
-                                          params_, comm);
+                                          params_, comm, ep_comm);
     reset_training_state();
     for (int c = 0, first = 0; c < static_cast<int>(stage().chunks.size()); first += stage().chunks[c++])
       chunk_first_.push_back(first);
     ModelConfig chunk = cfg_;  // an activation set holds the rank's largest chunk's layers
     chunk.num_layers = *std::max_element(stage().chunks.begin(), stage().chunks.end());
-    ActivationCounts counts = activation_counts(chunk, B_, seq_len_, recompute_, logits_rows, tp_.shape());
+    ActivationCounts counts = activation_counts(chunk, B_, seq_len_, recompute_, logits_rows, tp_.shape(), split_.ep_size());
     if (pipeline_.split_backward) {
       if (recompute_ != 0)
         throw std::runtime_error("zb-h1: the weight backward reads each product's input after the input backward; "
@@ -483,5 +491,6 @@ class Transformer {
   float objective_scale_ = 0.0f;  // a micro-batch's mean loss's weight in the step's gradient
   ExpertStep experts_;            // with experts: the step's routing counts and figures
   ExpertBiasUpdate<Elem> expert_bias_;  // the sigmoid router's balancing bias update
+  std::unique_ptr<ExpertParallelism<Elem>> ep_;  // with an EP group (expert_parallel.h)
 };
 

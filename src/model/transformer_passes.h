@@ -17,6 +17,7 @@
 #include "src/model/attention.h"
 #include "src/model/block_ops.h"
 #include "src/model/expert_mlp.h"
+#include "src/model/expert_parallel.h"
 #include "src/model/linear.h"
 
 #include <cstddef>
@@ -201,10 +202,15 @@ void TransformerPasses<Elem>::block_forward(Transformer<Elem>& m, Activations<El
                         layer_slice(a.ln2_mean, j, Nl), layer_slice(a.ln2_rstd, j, Nl), block_input(m, a, j), attproj,
                         m.param(kLn2w, l), m.param(kLn2b, l), Nl, s, fp8_norm_output(m, l, Fp8Product::fc, ln2));
   m.tp_.gather(ln2, C);
-  if (m.cfg_.moe())
-    return expert_mlp_forward(
-        m.cfg_, expert_buffers(m.cfg_, a, w, j, N, rerun ? nullptr : m.experts_.counts(l), m.experts_.choice),
-        w.branch.get(), ln2, expert_weights(m, l), N, s);
+  if (m.cfg_.moe()) {
+    const ExpertBuffers<Elem> b = expert_buffers(m.cfg_, a, w, j, N, rerun ? nullptr : m.experts_.counts(l),
+                                                 m.split_.ep_size(), m.experts_.choice);
+    if (m.ep_ == nullptr) return expert_mlp_forward(m.cfg_, b, w.branch.get(), ln2, expert_weights(m, l), N, s);
+    const ExpertReceived<Elem> got = m.ep_->received(m.cfg_, b, w.moe_rows.get(), w.dwide.get(), N);
+    m.ep_->routes[l] = expert_parallel_forward(m.cfg_, b, got, m.ep_->exchange, w.branch.get(), ln2,
+                                               expert_weights(m, l), N, s);
+    return;
+  }
   mlp_up_forward(m.cfg_, layer_slice(a.fch, j, m.cfg_.mlp_products() * Nh), layer_slice(a.fch_gelu, j, Nh), ln2,
                  m.param(kFcw, l), m.param(kFcb, l), m.param(kFc2w, l), N, m.hl_, s, fp8, l);
 }
@@ -328,8 +334,17 @@ void TransformerPasses<Elem>::queue_chunk_backward(Transformer<Elem>& m, Activat
     m.tp_.gather(dresidual_rows, C);
     if (m.cfg_.moe()) {
       if (recompute_ln) norm_rows(m, ln2, ln2_mean, ln2_rstd, residual2, l, kLn2w);
-      expert_mlp_backward(m.cfg_, a, w, j, dbranch, expert_gradients(m, l), dresidual_rows, ln2, expert_weights(m, l),
-                          N, recompute_act, s);
+      if (m.ep_ != nullptr) {
+        const ExpertBuffers<Elem> b =
+            expert_buffers(m.cfg_, a, w, j, N, nullptr, m.split_.ep_size(), m.experts_.choice);
+        expert_parallel_backward(m.cfg_, m.ep_->routes[l], b, m.ep_->received(m.cfg_, b, w.moe_rows.get(), dwide, N),
+                                 m.ep_->exchange, dbranch, expert_gradients(m, l), w.moe_rows.get(),
+                                 w.moe_dgate.get(), w.moe_aux_grad.get(), w.scratch.get(), dresidual_rows, ln2,
+                                 expert_weights(m, l), N, recompute_act, s);
+      } else {
+        expert_mlp_backward(m.cfg_, a, w, j, dbranch, expert_gradients(m, l), dresidual_rows, ln2,
+                            expert_weights(m, l), N, recompute_act, s);
+      }
       m.tp_.start_reduce(dbranch, C);
     } else {
       if (recompute_act) mlp_activation_forward(m.cfg_, fch_gelu, fch, N, m.hl_, s);

@@ -72,16 +72,18 @@ inline MemoryPlan plan_memory(const ModelConfig& cfg, int B, int T, int recomput
                               int fp8_history = 0) {
   const bool piped = !pipeline.stage.layers.empty();
   const StagePart stage = piped ? pipeline.stage : StagePart::whole(cfg.num_layers);
-  const ParameterLayout layout = TensorSplit(cfg, tp.size, 0, stage).local();
-  const int data_ranks = std::max(world_size / (tp.size * pipeline.stages), 1);
+  const ParameterLayout layout = TensorSplit(cfg, tp.size, 0, stage, tp.experts, 0).local();
+  // --ep: the gradients' and ZeRO's group is the ranks holding the same experts.
+  const int data_ranks = std::max(world_size / (tp.size * pipeline.stages * tp.experts), 1);
   const size_t elem = dtype == DType::fp32 ? sizeof(float) : sizeof(bf16);
   const GradientBuckets buckets =
-      gradient_buckets(layout, data_ranks, zero_stage, layers_per_bucket(layout, bucket_mib, elem), tp.size);
+      gradient_buckets(layout, data_ranks, zero_stage, layers_per_bucket(layout, bucket_mib, elem), tp.size,
+                       tp.experts > 1);
   const size_t state = buckets.state_count(0);
   ModelConfig chunk = cfg;  // an activation set holds the rank's largest chunk
   chunk.num_layers = *std::max_element(stage.chunks.begin(), stage.chunks.end());
   const int local_T = T / cp;
-  ActivationCounts counts = activation_counts(chunk, B, local_T, recompute, logits_rows, tp);
+  ActivationCounts counts = activation_counts(chunk, B, local_T, recompute, logits_rows, tp, tp.experts);
   if (pipeline.split_backward) counts.douts = chunk.num_layers * deferred_gradients(cfg, B, local_T, tp).per_layer;
   const size_t ring = cp > 1 ? ContextAttention<float>::workspace_bytes(B, T / (2 * cp), cfg.channels / tp.size,
                                                                         cfg.num_heads / tp.size, cfg.kv_heads() / tp.size,
@@ -94,7 +96,7 @@ inline MemoryPlan plan_memory(const ModelConfig& cfg, int B, int T, int recomput
       piped ? (pipeline.in_flight - 1) * activation_bytes(pipeline_slot_counts(counts, false, stage.head), dtype).total() : 0;
   const size_t logits = elem * first.logits;
   const int zero = effective_zero_stage(zero_stage, data_ranks);
-  const bool whole_elsewhere = zero == 3 || tp.size > 1 || piped;  // no rank holds every parameter
+  const bool whole_elsewhere = zero == 3 || tp.size > 1 || tp.experts > 1 || piped;  // no rank holds every parameter
   const ParameterShardCounts shards = parameter_shard_counts(buckets, zero3_prefetch);
   MemoryPlan plan;
   plan.terms = {

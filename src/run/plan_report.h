@@ -43,7 +43,7 @@ inline size_t chunk_budget(const TrainConfig& cfg) {
 
 // A run's tensor parallelism as the plan sees it (rank 0's: no rank holds more).
 inline TensorParallelism run_tensor_parallelism(const TrainConfig& cfg) {
-  return {cfg.tp, 0, cfg.sequence_parallel && cfg.tp > 1};
+  return {cfg.tp, 0, cfg.sequence_parallel && cfg.tp > 1, cfg.ep};
 }
 
 // With --fp8 its amax history (memory_plan.h's fp8_history), else 0.

@@ -48,10 +48,10 @@ Transformer<Elem> allocate_model(const RunSetup& setup, ParallelGroups& groups) 
                                              setup.grad_accum_steps);
   return with_context(model_sizing(setup), [&] {
     try {
-      return Transformer<Elem>(setup.model, cfg.batch_size, cfg.seq_len, recompute, &groups.dp(), cfg.zero,
+      return Transformer<Elem>(setup.model, cfg.batch_size, cfg.seq_len, recompute, &groups.expert_dp(), cfg.zero,
                         cfg.attention, cfg.bucket_mib, logits_rows, cfg.zero3_prefetch, groups.tp(),
                         cfg.sequence_parallel, run_pipeline_parts(cfg, setup.model, setup.grad_accum_steps, groups),
-                        groups.cp(), fp8_settings(cfg));
+                        groups.cp(), fp8_settings(cfg), groups.ep());
     } catch (const std::bad_alloc&) {
       throw std::runtime_error(
           "out of host memory allocating the model (its activations alone take " +
@@ -428,6 +428,7 @@ class Trainer {
     info.zero_stage = model_.zero_stage();
     info.tensor_parallel = groups_.tp_size();
     info.pipeline_parallel = groups_.pp_size();
+    info.expert_parallel = groups_.ep_size();
     info.pipeline_chunks = pipeline_chunk_layers(model_.pipeline());
     info.config = config_json(cfg_);
     const std::string dir = write_checkpoint(cfg_.out_dir, model_, state_, info, &comm_);

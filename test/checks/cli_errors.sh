@@ -132,6 +132,13 @@ expect_error "experts with tensor parallelism" "--tp with experts (preset moe-na
   --plan --model moe-nano --seq-len 32 --world-size 2 --tp 2
 expect_error "experts with FP8" "--fp8 with experts (preset moe-nano) is not supported yet" -- \
   --plan --model moe-nano --seq-len 32 --fp8 1
+expect_error "no expert-parallel rank" "--ep" "got '0'" -- + --ep 0
+expect_error "expert parallelism without experts" "--ep: preset llama-nano has no experts" -- \
+  --plan --model llama-nano --seq-len 32 --world-size 2 --ep 2
+expect_error "EP group not dividing the data ranks" "--ep 4: the EP group's ranks are data-parallel ranks" \
+  "must divide their number, 2 (--world-size)" -- --plan --model moe-nano --seq-len 32 --world-size 2 --ep 4
+expect_error "EP group splitting an expert" "--ep 3: each rank holds whole experts" "E = 4 (preset moe-nano)" -- \
+  --plan --model moe-nano --seq-len 32 --world-size 3 --ep 3
 expect_error "unknown pipeline schedule" "--pp-schedule" "got 'zb'" -- + --pp-schedule zb
 expect_error "no chunk per pipeline rank" "--pp-virtual" "got '0'" -- + --pp-virtual 0
 expect_error "virtual stages without interleaving" "--pp-virtual 2 chunks per rank need --pp-schedule interleaved" -- \

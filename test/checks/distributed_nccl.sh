@@ -7,7 +7,8 @@
 # (test/mpi/mpi_pipeline.cu), ring attention over a context-parallel group equal to unsplit causal
 # attention (test/mpi/mpi_context_attention.cu), context-parallel training equal to one process
 # (test/mpi/mpi_context_parallel.cu), --fp8 scales the same on every TP and DP rank
-# (test/mpi/mpi_fp8.cu), with 2 and 4 ranks: the CPU build's MPI-backed NCCL stand-in, or
+# (test/mpi/mpi_fp8.cu), an expert-parallel mixture-of-experts layer equal to the one-process layer
+# (test/mpi/mpi_expert_parallel.cu), with 2 and 4 ranks: the CPU build's MPI-backed NCCL stand-in, or
 # real NCCL in the GPU build (one GPU per rank: 2 and 4 ranks as the GPUs allow, one rank on a
 # one-GPU machine). CPU: both thread orders, like every other test binary.
 # usage: distributed_nccl.sh cpu|gpu
@@ -16,7 +17,7 @@ cd "$(dirname "$0")/../.." || exit 1
 mode=${1:-cpu}
 bins=(build/"$mode"/test/mpi/mpi_nccl build/"$mode"/test/mpi/mpi_comm_split build/"$mode"/test/mpi/mpi_grad_sync
       build/"$mode"/test/mpi/mpi_tensor_parallel build/"$mode"/test/mpi/mpi_pipeline build/"$mode"/test/mpi/mpi_context_parallel
-      build/"$mode"/test/mpi/mpi_context_attention build/"$mode"/test/mpi/mpi_fp8)
+      build/"$mode"/test/mpi/mpi_context_attention build/"$mode"/test/mpi/mpi_fp8 build/"$mode"/test/mpi/mpi_expert_parallel)
 for bin in "${bins[@]}"; do
   [ -x "$bin" ] || { echo "FAIL: $bin is missing (make test builds it)"; exit 1; }
 done

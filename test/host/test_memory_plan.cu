@@ -114,7 +114,7 @@ TEST_CASE("memory plan of a Llama 3 by hand: GQA, SwiGLU, RMSNorm, untied head, 
   const size_t local_layer = C70 + (64 / 8 + 2 * 8 / 8) * HS70 * C70 + C70 * C70 / 8 + C70 + 3 * H70 / 8 * C70;
   const size_t local = 2 * (Vp / 8) * C70 + L70 * local_layer + C70;
   const MemoryPlan tp8 = plan_memory(b70, 1, 8192, 1, DType::bf16, 0, 8, kDefaultBucketMiB, 0, kLogitsChunkRows, 1,
-                                     TensorParallelism{8, 0, true});
+                                     TensorParallelism{8, 0, true, 1});
   CHECK(term(tp8, "parameters") == 2 * local);
   CHECK(term(tp8, "AdamW moments (fp32)") == 8 * local);
   CHECK(term(tp8, "lm head weight gradient (fp32)") == 4 * (Vp / 8) * C70);

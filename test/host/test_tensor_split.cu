@@ -2,7 +2,8 @@
 // layout (grad_buckets.h, replicated_first): every element of the whole model is held by exactly
 // the ranks the split names (each split element by one, each replicated one by all), at the
 // place Megatron's scheme puts it (checked against plain index formulas), to_global agrees with
-// place(), and a TP rank's buckets hold the replicated tensors first.
+// place(), and a TP rank's buckets hold the replicated tensors first; an EP rank (--ep) holds its
+// experts' blocks of fcw, fc2w, fcprojw and everything else whole, and its buckets the rest first.
 #include "test/test_util.h"
 #include "src/dist/grad_buckets.h"
 #include "src/dist/tensor_split.h"
@@ -117,4 +118,58 @@ TEST_CASE("A split the model cannot take is refused naming --tp", "[tensor_split
   CHECK_THROWS_WITH(check_tensor_split(ModelConfig{8, 50, 72, 2, 4, 16}, 2, "--tp"),
                     Catch::Contains("Vp = 72"));
   CHECK_NOTHROW(check_tensor_split(kModel, 4, "--tp"));
+}
+
+TEST_CASE("An EP rank holds its experts' blocks whole and everything else; its buckets hold the rest first",
+          "[tensor_split]") {
+  ModelConfig moe = kModel;
+  moe.norm = Norm::rmsnorm;
+  moe.positions = Positions::rope;
+  moe.mlp = Mlp::swiglu;
+  moe.biases = false;
+  moe.hidden_size = 24;
+  moe.num_experts = 8;
+  moe.experts_per_token = 2;
+  const ParameterLayout whole(moe);
+  const size_t HC = static_cast<size_t>(moe.hidden()) * moe.channels;
+  for (int size : {2, 4}) {
+    INFO("EP " << size);
+    const size_t El = moe.num_experts / size;
+    std::vector<int> holders(whole.total, 0);
+    for (int rank = 0; rank < size; ++rank) {
+      const TensorSplit split(moe, 1, 0, StagePart::whole(moe.num_layers), size, rank);
+      CHECK(!split.whole());
+      CHECK(split.group_size() == size);
+      CHECK(split.group_rank() == rank);
+      for (int i = 0; i < kNumParameterTensors; ++i) {
+        INFO(whole[i].name);
+        const bool expert = i == kFcw || i == kFc2w || i == kFcprojw;
+        CHECK(split_replicated(i, true) == !expert);
+        CHECK(split.local()[i].count == (expert ? whole[i].count / size : whole[i].count));
+        std::vector<size_t> part(split.local()[i].count), tensor(whole[i].count, ~size_t(0));
+        std::iota(part.begin(), part.end(), size_t(0));
+        split.place(i, part.data(), tensor.data());
+        for (size_t g = 0; g < tensor.size(); ++g) {
+          if (tensor[g] == ~size_t(0)) continue;
+          ++holders[whole[i].offset + g];
+          // An expert tensor's layer slice is E blocks of H·C: this rank's are rank·El .. rank·El + El - 1.
+          if (expert) {
+            const size_t within = g % (whole[i].count / moe.num_layers), e = within / HC;
+            CHECK((e >= rank * El && e < (rank + 1) * El));
+          }
+        }
+      }
+      const GradientBuckets buckets(split.local(), 1, 1, true, true);
+      for (const GradientBucket& b : buckets.buckets()) {
+        for (const GradientPiece& p : b.pieces) CHECK(split_replicated(p.tensor, true) == (p.at < b.replicated));
+      }
+    }
+    for (int i = 0; i < kNumParameterTensors; ++i)
+      for (size_t g = 0; g < whole[i].count; ++g)
+        if (holders[whole[i].offset + g] != (split_replicated(i, true) ? size : 1)) {
+          FAIL_CHECK(whole[i].name << " element " << g << " held by " << holders[whole[i].offset + g] << " ranks");
+          break;
+        }
+  }
+  CHECK_THROWS_WITH(TensorSplit(moe, 1, 0, StagePart::whole(moe.num_layers), 3, 0), Catch::Contains("--ep 3"));
 }
