@@ -83,10 +83,12 @@ __global__ void moe_permute_kernel(T* xp, const T* x, const int* token_of_slot, 
   store128(xp + chunk * kVec, load128(x + (token * per_row + j) * kVec));
 }
 
-// out[n] = round(Σ_k gate[n][k]·y[slot[n][k]]), k in increasing order: one thread per chunk of out.
+// out[n] (+)= round(Σ_k gate[n][k]·rows[slot[n][k]]), k in increasing order, the old out added last
+// (accumulate), rounded once; gate nullptr: every gate 1 (the same bits as a plain sum: x·1 = x).
+// One thread per chunk of out. The combine and the backward of the permutation.
 template <typename T>
-__global__ void moe_combine_kernel(T* out, const T* y, const float* gate, const int* slot, size_t chunks, int K,
-                                   int C) {
+__global__ void moe_gather_sum_kernel(T* out, const T* rows, const float* gate, const int* slot, size_t chunks, int K,
+                                      int C, bool accumulate) {
   constexpr int kVec = Vec128<T>::size;
   const size_t chunk = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (chunk >= chunks) return;
@@ -95,12 +97,17 @@ __global__ void moe_combine_kernel(T* out, const T* y, const float* gate, const 
   float acc[kVec];
   UNROLL for (int i = 0; i < kVec; ++i) acc[i] = 0.0f;
   for (int k = 0; k < K; ++k) {
-    const float g = gate[n * K + k];
-    const Vec128<T> v = load128(y + (static_cast<size_t>(slot[n * K + k]) * per_row + j) * kVec);
+    const float g = gate != nullptr ? gate[n * K + k] : 1.0f;
+    const Vec128<T> v = load128(rows + (static_cast<size_t>(slot[n * K + k]) * per_row + j) * kVec);
     UNROLL for (int i = 0; i < kVec; ++i) acc[i] += g * to_float(v[i]);
   }
   Vec128<T> r;
-  UNROLL for (int i = 0; i < kVec; ++i) r[i] = from_float<T>(acc[i]);
+  if (accumulate) {
+    const Vec128<T> old = load128(out + chunk * kVec);
+    UNROLL for (int i = 0; i < kVec; ++i) r[i] = from_float<T>(to_float(old[i]) + acc[i]);
+  } else {
+    UNROLL for (int i = 0; i < kVec; ++i) r[i] = from_float<T>(acc[i]);
+  }
   store128(out + chunk * kVec, r);
 }
 
@@ -128,31 +135,6 @@ __global__ void moe_combine_backward_kernel(T* dy, float* dgate, const T* dout, 
   }
   dot = warp_sum(dot);
   if (lane == 0) dgate[p] = dot;
-}
-
-// dx[n] (+)= Σ_k dxp[slot[n][k]], k in increasing order, the old dx added last, rounded once.
-template <typename T>
-__global__ void moe_unpermute_sum_kernel(T* dx, const T* dxp, const int* slot, size_t chunks, int K, int C,
-                                         bool accumulate) {
-  constexpr int kVec = Vec128<T>::size;
-  const size_t chunk = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (chunk >= chunks) return;
-  const size_t per_row = static_cast<size_t>(C / kVec);
-  const size_t n = chunk / per_row, j = chunk % per_row;
-  float acc[kVec];
-  UNROLL for (int i = 0; i < kVec; ++i) acc[i] = 0.0f;
-  for (int k = 0; k < K; ++k) {
-    const Vec128<T> v = load128(dxp + (static_cast<size_t>(slot[n * K + k]) * per_row + j) * kVec);
-    UNROLL for (int i = 0; i < kVec; ++i) acc[i] += to_float(v[i]);
-  }
-  Vec128<T> r;
-  if (accumulate) {
-    const Vec128<T> old = load128(dx + chunk * kVec);
-    UNROLL for (int i = 0; i < kVec; ++i) r[i] = from_float<T>(to_float(old[i]) + acc[i]);
-  } else {
-    UNROLL for (int i = 0; i < kVec; ++i) r[i] = from_float<T>(acc[i]);
-  }
-  store128(dx + chunk * kVec, r);
 }
 
 inline void moe_dispatch_check(const char* op, int N, int K) {
@@ -206,8 +188,8 @@ void moe_combine(T* out, const T* y, const float* gate, const int* slot, int N, 
   moe_dispatch_check_width<T>("moe_combine", C);
   const size_t chunks = static_cast<size_t>(N) * (C / Vec128<T>::size);
   if (chunks == 0) return;
-  launch(moe_combine_kernel<T>, dim3(moe_dispatch_chunk_blocks(chunks)), dim3(kMoeDispatchThreads), 0, stream, out, y,
-         gate, slot, chunks, K, C);
+  launch(moe_gather_sum_kernel<T>, dim3(moe_dispatch_chunk_blocks(chunks)), dim3(kMoeDispatchThreads), 0, stream, out,
+         y, gate, slot, chunks, K, C, false);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -234,7 +216,7 @@ void moe_unpermute_sum(T* dx, const T* dxp, const int* slot, int N, int K, int C
   moe_dispatch_check_width<T>("moe_unpermute_sum", C);
   const size_t chunks = static_cast<size_t>(N) * (C / Vec128<T>::size);
   if (chunks == 0) return;
-  launch(moe_unpermute_sum_kernel<T>, dim3(moe_dispatch_chunk_blocks(chunks)), dim3(kMoeDispatchThreads), 0, stream,
-         dx, dxp, slot, chunks, K, C, accumulate);
+  launch(moe_gather_sum_kernel<T>, dim3(moe_dispatch_chunk_blocks(chunks)), dim3(kMoeDispatchThreads), 0, stream, dx,
+         dxp, static_cast<const float*>(nullptr), slot, chunks, K, C, accumulate);
   CUDA_CHECK(cudaGetLastError());
 }

@@ -69,9 +69,8 @@ require_vector_access test/kernels/test_moe_router.cu moe_router_dx_kernel
 require_vector_access test/kernels/test_moe_router.cu moe_router_dw_partial_kernel
 require_vector_access test/kernels/test_moe_router.cu moe_router_dw_reduce_kernel
 require_vector_access test/kernels/test_moe_dispatch.cu moe_permute_kernel
-require_vector_access test/kernels/test_moe_dispatch.cu moe_combine_kernel
+require_vector_access test/kernels/test_moe_dispatch.cu moe_gather_sum_kernel
 require_vector_access test/kernels/test_moe_dispatch.cu moe_combine_backward_kernel
-require_vector_access test/kernels/test_moe_dispatch.cu moe_unpermute_sum_kernel
 
 warp_ptx=$(ptx_of test/kernels/test_warp_ops.cu)
 for instruction in 'mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32' 'ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16' \
