@@ -168,12 +168,19 @@ void validate_experts(const TrainConfig& cfg, const ModelConfig& model, const st
   if (model.router == Router::softmax && cfg.was_set("moe-bias-rate"))
     throw std::invalid_argument("--moe-bias-rate: " + model_source +
                                 " routes by softmax, which has no balancing bias (--moe-router sigmoid has)");
-  const std::pair<const char*, bool> unsupported[] = {
-      {"--tp", cfg.tp > 1}, {"--pp", cfg.pp > 1}, {"--cp", cfg.cp > 1}, {"--fp8", cfg.fp8}};
+  const std::pair<const char*, bool> unsupported[] = {{"--pp", cfg.pp > 1}, {"--cp", cfg.cp > 1}, {"--fp8", cfg.fp8}};
   for (const auto& [flag, set] : unsupported)
     if (set)
       throw std::invalid_argument(std::string(flag) + " with experts (" + model_source +
                                   ") is not supported yet: mixtures of experts train data-parallel (docs/MOE.md)");
+  // Under --tp each rank runs the whole experts on its own rows of the sequence-parallel region.
+  if (cfg.tp > 1 && !cfg.sequence_parallel)
+    throw std::invalid_argument("--sequence-parallel 0 with --tp " + std::to_string(cfg.tp) + " and experts (" +
+                                model_source + "): each TP rank routes its own rows, which needs sequence "
+                                "parallelism (docs/MOE.md)");
+  if (cfg.tp > 1 && cfg.ep > 1)
+    throw std::invalid_argument("--ep " + std::to_string(cfg.ep) + " with --tp " + std::to_string(cfg.tp) +
+                                ": not built yet (docs/MOE.md)");
   if (model.num_experts % cfg.ep != 0)
     throw std::invalid_argument("--ep " + std::to_string(cfg.ep) + ": each rank holds whole experts, so it must "
                                 "divide the experts E = " + std::to_string(model.num_experts) + " (" + model_source + ")");

@@ -150,6 +150,8 @@ struct ParameterLayout {
   ParameterLayout() = default;
   explicit ParameterLayout(const ModelConfig& c);
   const ParameterInfo& operator[](int i) const { return tensors[i]; }
+  // Whether the layout holds a mixture's router (and so its experts).
+  bool mixture() const { return tensors[kRouterw].count > 0; }
 
   // Elements of one slice of tensor i: a layer's for per-layer tensors, else the whole tensor.
   size_t slice_count(int i) const { return is_layer_tensor(i) ? tensors[i].count / num_layers : tensors[i].count; }

@@ -61,21 +61,29 @@ StepTraffic tp_step_traffic(const ModelConfig& cfg, int B, int T, const TensorPa
     for (int k = 0; k < calls; ++k)
       add_call(sp ? t.reduce_scatter : t.all_reduce, activation, n, elem_bytes, sp ? 1 : 2);
   };
-  // Per layer, what the backward recomputes (activations.h's block_keeps).
-  const int regathered = recompute >= 2 ? 2 : 0, rereduced = recompute == 3 ? 1 : 0;
+  // Per layer: the branches summed over the group (experts run on the rank's own rows: only
+  // attention's), and what the backward recomputes (activations.h's block_keeps).
+  const int branches = cfg.moe() ? 1 : 2;
+  const int regathered = recompute >= 2 ? branches : 0, rereduced = recompute == 3 ? 1 : 0;
   for (int m = 0; m < micro_steps; ++m) {
-    reduce((embeds ? 1 : 0) + 2 * L);  // embedding, each layer's two projections
-    gather(2 * L + (head ? 1 : 0));    // ln1 and ln2 of each layer, lnf
+    reduce((embeds ? 1 : 0) + branches * L);  // embedding, each layer's projections
+    gather(branches * L + (head ? 1 : 0));    // ln1 (and ln2) of each layer, lnf
     for (int c = 0; head && c < head_chunks; ++c) {  // each chunk's row maxima, then sums and target logits
       const size_t chunk_rows = rows / head_chunks + (static_cast<size_t>(c) < rows % head_chunks ? 1 : 0);
       add_call(t.all_reduce, chunk_rows, n, sizeof(float), 2);
       add_call(t.all_reduce, 2 * chunk_rows, n, sizeof(float), 2);
     }
     reduce(head ? 1 : 0);  // d lnf
-    reduce((2 + rereduced) * L);
-    gather((2 + regathered) * L + (embeds ? 1 : 0));
+    reduce((branches + rereduced) * L);
+    gather((branches + regathered) * L + (embeds ? 1 : 0));
+    // The micro-batch's routing figures (expert_mlp.h's expert_aux_gradient): counts and
+    // probability sums, 2·E fp64 values.
+    if (sp && cfg.moe()) add_call(t.all_reduce, 2 * static_cast<size_t>(cfg.num_experts), n, sizeof(double), 2);
     if (sp && (every_micro_step || m + 1 == micro_steps))
       for (const GradientBucket& b : buckets.buckets()) add_call(t.all_reduce, b.replicated, n, elem_bytes, 2);
   }
+  // The sigmoid router's step counts (expert_bias.h): L × E fp64 values.
+  if (sp && cfg.moe() && cfg.router == Router::sigmoid)
+    add_call(t.all_reduce, static_cast<size_t>(L) * cfg.num_experts, n, sizeof(double), 2);
   return t;
 }

@@ -50,6 +50,9 @@ StepTraffic step_traffic(const GradientBuckets& buckets, int world_size, int sta
 //   under sequence parallelism each bucket's replicated prefix of `buckets` summed (an all-reduce)
 //     on the last micro-step, or on every one when `every_micro_step` (ZeRO 2 and 3 with data
 //     parallelism)
+//   with experts (which run on each rank's own rows, whole) one reduction and one gather fewer per
+//     layer in each pass (only attention's; --recompute 2 and 3 re-gather ln1 alone), an all-reduce
+//     of the micro-batch's 2·E routing sums (fp64), and the sigmoid router's L·E step counts
 // A reduction is a reduce-scatter under sequence parallelism, else an all-reduce. The step's own
 // scalars (loss, norm) are not counted. A pipeline stage (cfg.num_layers: its layers) has the
 // embedding's collectives only when it `embeds` and lnf's and the head's only when it holds the `head`.

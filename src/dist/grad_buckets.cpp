@@ -25,7 +25,7 @@ GradientBuckets::GradientBuckets(const ParameterLayout& layout, int bucket_layer
   const auto add_pieces = [&](GradientBucket& b, int top, int bottom, const std::vector<int>& tensors, bool replicated) {
     for (int l = top; l >= bottom; --l)
       for (int i : tensors)
-        if (!replicated_first || split_replicated(i, experts) == replicated) add_piece(b, i, l);
+        if (!replicated_first || split_replicated(i, experts, layout.mixture()) == replicated) add_piece(b, i, l);
     if (replicated_first && replicated) b.replicated = b.elements;
   };
   std::vector<int> layer_tensors;

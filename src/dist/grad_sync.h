@@ -183,7 +183,7 @@ class GradientSync {
     if (tp_rank_ > 0 || !pipeline_.counts_wte) {
       std::vector<std::pair<size_t, size_t>> ranges;
       for (const OptimizerSegment& s : segments_) {
-        if ((tp_rank_ > 0 && split_replicated(s.tensor, experts_)) || (!pipeline_.counts_wte && s.tensor == kWte)) continue;
+        if ((tp_rank_ > 0 && split_replicated(s.tensor, experts_, layout_.mixture())) || (!pipeline_.counts_wte && s.tensor == kWte)) continue;
         const size_t at = gradient_offset(s);
         if (!ranges.empty() && ranges.back().first + ranges.back().second == at) ranges.back().second += s.count;
         else ranges.push_back({at, s.count});

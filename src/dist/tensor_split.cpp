@@ -8,7 +8,10 @@
 #include <string>
 #include <vector>
 
-bool tp_replicated(int tensor) {
+bool expert_tensor(int tensor) { return tensor == kFcw || tensor == kFc2w || tensor == kFcprojw; }
+
+bool tp_replicated(int tensor, bool mixture) {
+  if (mixture && expert_tensor(tensor)) return true;
   switch (tensor) {
     case kWpe: case kLn1w: case kLn1b: case kAttprojb: case kLn2w: case kLn2b: case kFcprojb: case kRouterw: case kExpertBias:
     case kLnfw: case kLnfb:
@@ -18,8 +21,8 @@ bool tp_replicated(int tensor) {
   }
 }
 
-bool split_replicated(int tensor, bool experts) {
-  return experts ? tensor != kFcw && tensor != kFc2w && tensor != kFcprojw : tp_replicated(tensor);
+bool split_replicated(int tensor, bool experts, bool mixture) {
+  return experts ? !expert_tensor(tensor) : tp_replicated(tensor, mixture);
 }
 
 void check_tensor_split(const ModelConfig& c, int size, const std::string& flag) {
@@ -94,9 +97,9 @@ TensorSplit::TensorSplit(const ModelConfig& c, int size, int rank, const StagePa
     std::vector<SplitRun>& r = runs_[i];
     if (global_[i].count == 0 || !stage_holds(c, stage, i)) continue;
     size_t local = 0;
-    // A mixture's experts are whole on every TP rank (--tp with experts is refused: docs/MOE.md);
+    // A mixture's experts are whole on every TP rank (each runs them on its own rows: docs/MOE.md);
     // an EP rank holds its experts' (each expert's w1, w3, w2 one contiguous block).
-    const bool whole_experts = c.moe() && (i == kFcw || i == kFc2w || i == kFcprojw);
+    const bool whole_experts = c.moe() && expert_tensor(i);
     if (whole_experts && ep_size > 1) {
       const size_t block = global_.slice_count(i) / ep_size;
       r.push_back({0, static_cast<size_t>(ep_rank) * block, block});

@@ -76,11 +76,14 @@ std::vector<int> pipeline_chunk_layers(const PipelineParts& parts);
 // Whether `part` holds tensor i at all (a layer tensor: when it holds any layer).
 bool stage_holds(const ModelConfig& c, const StagePart& part, int tensor);
 
-// Whether every rank of a TP group holds all of tensor i.
-bool tp_replicated(int tensor);
+// Whether tensor i holds a mixture's experts in a model with them (fcw, fc2w, fcprojw).
+bool expert_tensor(int tensor);
+// Whether every rank of a TP group holds all of tensor i (`mixture`: the model has experts, which
+// --tp leaves whole).
+bool tp_replicated(int tensor, bool mixture = false);
 // Whether every rank of a split group holds all of tensor i: an EP group (`experts`: every tensor
-// but the experts' fcw, fc2w, fcprojw) or a TP group (tp_replicated).
-bool split_replicated(int tensor, bool experts);
+// but the experts') or a TP group (tp_replicated).
+bool split_replicated(int tensor, bool experts, bool mixture);
 
 // Throws unless `size` ranks can split `c`: whole query and K/V heads per rank (NH % size == 0,
 // NKV % size == 0), hidden units and a vocabulary slice of whole 128-bit vectors (H % (8·size) == 0,

@@ -141,14 +141,16 @@ inline ActivationCounts activation_counts(const ModelConfig& cfg, int B, int seq
   n.atty = slices(BlockTensor::other) * N * Cl;
   n.residual2 = slices(BlockTensor::other) * Nl * C;
   n.qkv = slices(BlockTensor::other) * N * QKVl;
-  // An MLP's rows: each token's once, or with experts each token's K expert rows.
-  const size_t K = cfg.moe() ? cfg.experts_per_token : 1, M = N * K, Mx = M * static_cast<size_t>(ep);
-  n.fch = slices(BlockTensor::other) * cfg.mlp_products() * Mx * Hl;
-  n.fch_gelu = slices(BlockTensor::fch_gelu) * Mx * Hl;
+  // An MLP's rows: each token's once (H/size units), or with experts each of this rank's rows' K
+  // expert rows (whole experts: under --tp a rank runs them on its own rows).
+  const size_t K = cfg.moe() ? cfg.experts_per_token : 1, Nr = cfg.moe() ? Nl : N, M = Nr * K,
+               Mx = M * static_cast<size_t>(ep), Hm = cfg.moe() ? cfg.hidden() : Hl;
+  n.fch = slices(BlockTensor::other) * cfg.mlp_products() * Mx * Hm;
+  n.fch_gelu = slices(BlockTensor::fch_gelu) * Mx * Hm;
   n.lnf = n.branch = n.dresidual = N * C;
   n.logits = std::min(N, logits_rows) * Vl;
   n.classifier_stats = ways > 1 ? 3 * std::min(N, logits_rows) : 0;
-  n.dwide = std::max(Mx * Hl, N * QKVl);
+  n.dwide = std::max(Mx * Hm, N * QKVl);
   n.ln_stat = slices(BlockTensor::other) * Nl;
   n.ln_mean = cfg.norm == Norm::layernorm ? n.ln_stat : 0;
   n.lnf_mean = cfg.norm == Norm::layernorm ? Nl : 0;
@@ -160,7 +162,7 @@ inline ActivationCounts activation_counts(const ModelConfig& cfg, int B, int seq
                 rmsnorm_backward_scratch_bytes(static_cast<int>(Nl), cfg.channels),
                 attention_backward_scratch_bytes(B, seq_len, static_cast<int>(NHl)),
                 encoder_backward_scratch_bytes(B, seq_len, cfg.channels), global_norm_scratch_bytes(),
-                cfg.moe() ? moe_router_input_backward_scratch_bytes(static_cast<int>(N), cfg.channels, cfg.num_experts)
+                cfg.moe() ? moe_router_input_backward_scratch_bytes(static_cast<int>(Nr), cfg.channels, cfg.num_experts)
                           : size_t{0}});
   n.scratch = ceil_div(scratch_bytes, sizeof(float));
   n.norm_squared = 1;
@@ -170,13 +172,13 @@ inline ActivationCounts activation_counts(const ModelConfig& cfg, int B, int seq
     const size_t E = cfg.num_experts, kept = slices(BlockTensor::other);
     n.moe_out = kept * M * C;
     n.moe_rows = 2 * M * C + (ep > 1 ? 2 * Mx * C : 0);
-    n.moe_probs = kept * N * E;
-    n.moe_gate = kept * N * K;
+    n.moe_probs = kept * Nr * E;
+    n.moe_gate = kept * M;
     n.moe_prob_sums = E;
-    n.moe_logits = N * E;
-    n.moe_dgate = N * K;
+    n.moe_logits = Nr * E;
+    n.moe_dgate = M;
     n.moe_aux_grad = E;
-    n.moe_expert = n.moe_slot = n.moe_token = kept * N * K;
+    n.moe_expert = n.moe_slot = n.moe_token = kept * M;
     n.moe_offsets = kept * (E + 1);
   }
   return n;

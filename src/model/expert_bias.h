@@ -25,11 +25,12 @@ class ExpertBiasUpdate {
   // For a sigmoid-routed model of `layers` local layers (otherwise nothing to do): the owned
   // segments of kExpertBias among `segments` (this rank's optimizer segments), their parameters
   // and master weights in `params`; `dp` the data-parallel group the counts are summed over
-  // (nullptr: one process), and then `ep`, an EP group (--ep: dp is then the expert-DP group).
+  // (nullptr: one process), and then `rows`, the group whose ranks routed the micro-batches' other
+  // rows: an EP group (--ep: dp is then the expert-DP group) or --tp's sequence-parallel group.
   ExpertBiasUpdate(const ModelConfig& c, int layers, const ParameterLayout& layout,
                    const std::vector<OptimizerSegment>& segments, const ModelParameters<Elem>& params,
-                   Communicator* dp, Communicator* ep = nullptr)
-      : layers_(layers), experts_(c.num_experts), dp_(dp), ep_(ep) {
+                   Communicator* dp, Communicator* rows = nullptr)
+      : layers_(layers), experts_(c.num_experts), dp_(dp), rows_(rows) {
     if (!c.moe() || c.router != Router::sigmoid) return;
     counts_ = DeviceArray<double>(static_cast<size_t>(layers) * c.num_experts, "the step's summed expert counts");
     for (const OptimizerSegment& s : segments)
@@ -44,7 +45,7 @@ class ExpertBiasUpdate {
   void apply(const int* counts, float rate, cudaStream_t s) {
     if (counts_.count() == 0) return;
     moe_widen_counts(counts_.get(), counts, counts_.count(), s);
-    for (Communicator* group : {dp_, ep_})
+    for (Communicator* group : {dp_, rows_})
       if (group != nullptr && group->world_size() > 1)
         group->ordered_with(s, [&] { group->all_reduce(counts_.get(), counts_.count(), ncclSum); });
     for (const Owned& o : owned_)
@@ -59,7 +60,7 @@ class ExpertBiasUpdate {
   };
   int layers_ = 0, experts_ = 0;
   Communicator* dp_ = nullptr;
-  Communicator* ep_ = nullptr;
+  Communicator* rows_ = nullptr;
   DeviceArray<double> counts_;  // (layers, E), summed over the group
   std::vector<Owned> owned_;
 };

@@ -21,6 +21,7 @@
 #include "kernels/moe_router.cuh"
 #include "src/base/device.h"
 #include "src/config/model_config.h"
+#include "src/dist/comm.h"
 #include "src/model/activations.h"
 #include "src/model/block_ops.h"
 
@@ -299,29 +300,33 @@ class ExpertWork {
 // Before a micro-batch's backward: its auxiliary loss (from the forward's counts and probability
 // sums) into `stats`, and the loss's gradient per probability, scaled by coefficient · `scale`
 // (the objective's weight of one micro-batch's mean), into w.moe_aux_grad. `layers`: the slices
-// the forward filled. Waits for the device (the probability sums).
+// the forward filled, of the micro-batch's N rows; `row_group` (nullptr: none): the ranks that
+// routed the other rows (--tp's sequence-parallel ranks), over which counts and sums are pooled
+// first. Waits for the device (the probability sums).
 template <typename Elem>
 void expert_aux_gradient(const ModelConfig& c, const Activations<Elem>& a, Activations<Elem>& w, int layers, int N,
-                         float scale, ExpertStats& stats, cudaStream_t s) {
+                         float scale, ExpertStats& stats, Communicator* row_group, cudaStream_t s) {
   const int E = c.num_experts;
-  std::vector<double> counts(E, 0.0);
+  std::vector<double> sums(2 * static_cast<size_t>(E), 0.0);  // counts, then probability sums
   for (int j = 0; j < layers; ++j) {
     const int* at = expert_offsets(a, E, j);
-    for (int e = 0; e < E; ++e) {
-      counts[e] += at[e + 1] - at[e];
-      stats.tokens[e] += at[e + 1] - at[e];
-    }
+    for (int e = 0; e < E; ++e) sums[e] += at[e + 1] - at[e];
   }
+  if (c.router == Router::softmax) {
+    std::vector<float> prob_sums(E);
+    copy_to_host(prob_sums.data(), a.moe_prob_sums.get(), E * sizeof(float), s);
+    for (int e = 0; e < E; ++e) sums[E + e] = prob_sums[e];
+  }
+  if (row_group != nullptr) row_group->sum(sums);
+  for (int e = 0; e < E; ++e) stats.tokens[e] += static_cast<int64_t>(sums[e]);
   ++stats.micro_batches;
   if (c.router == Router::sigmoid) return;  // no auxiliary loss: the bias balances (docs/MOE.md)
-  std::vector<float> prob_sums(E);
-  copy_to_host(prob_sums.data(), a.moe_prob_sums.get(), E * sizeof(float), s);
   const double R = static_cast<double>(layers) * N;
   double aux = 0.0;
   std::vector<float> grad(E);
   for (int e = 0; e < E; ++e) {
-    aux += E * (counts[e] / R) * (prob_sums[e] / R);
-    grad[e] = static_cast<float>(c.aux_loss_coef * scale * E * counts[e] / (R * R));
+    aux += E * (sums[e] / R) * (sums[E + e] / R);
+    grad[e] = static_cast<float>(c.aux_loss_coef * scale * E * sums[e] / (R * R));
   }
   stats.aux_sum += aux;
   cuda_check(cudaMemcpyAsync(w.moe_aux_grad.get(), grad.data(), E * sizeof(float), cudaMemcpyHostToDevice, s),

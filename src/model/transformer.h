@@ -121,7 +121,7 @@ class Transformer {
     if (cfg_.moe()) experts_ = ExpertStep(static_cast<int>(stage().layers.size()), cfg_.num_experts);
     if (split_.ep_size() > 1) ep_ = std::make_unique<ExpertParallelism<Elem>>(ep_comm, cfg_.num_experts, cfg_.num_layers);
     expert_bias_ = ExpertBiasUpdate<Elem>(cfg_, static_cast<int>(stage().layers.size()), layout_, grads_.segments(),
-                                          params_, comm, ep_comm);
+                                          params_, comm, ep_comm != nullptr ? ep_comm : tp_.comm());
     reset_training_state();
     for (int c = 0, first = 0; c < static_cast<int>(stage().chunks.size()); first += stage().chunks[c++])
       chunk_first_.push_back(first);

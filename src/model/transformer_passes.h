@@ -34,10 +34,11 @@ struct TransformerPasses {
   // previous stage's output) for j = 0, else slice j-1's output.
   static const Elem* block_input(const Transformer<Elem>& m, const Activations<Elem>& a, int j);
 
-  // ln (every row) from this rank's rows of `input`: the rank's rows normalized, then gathered.
-  // fp8: the norm's FP8 copy of its output too (fp8_norm_output).
+  // ln (every row) from this rank's rows of `input`: the rank's rows normalized, then gathered
+  // (`gather` false: the rank's rows alone, which the experts read). fp8: the norm's FP8 copy of
+  // its output too (fp8_norm_output).
   static void norm_rows(Transformer<Elem>& m, Elem* ln, float* mean, float* rstd, const Elem* input, int l, int weight,
-                        const Fp8Out& fp8 = {});
+                        const Fp8Out& fp8 = {}, bool gather = true);
   // With --fp8: the FP8 copy of ln that its norm writes as layer l's product p's input cast, where
   // Fp8State::norm_output fuses that cast; none otherwise. The product must be the next FP8 call.
   static Fp8Out fp8_norm_output(Transformer<Elem>& m, int l, Fp8Product p, const Elem* ln);
@@ -165,10 +166,10 @@ const Elem* TransformerPasses<Elem>::block_input(const Transformer<Elem>& m, con
 
 template <typename Elem>
 void TransformerPasses<Elem>::norm_rows(Transformer<Elem>& m, Elem* ln, float* mean, float* rstd, const Elem* input,
-                                        int l, int weight, const Fp8Out& fp8) {
+                                        int l, int weight, const Fp8Out& fp8, bool gather) {
   norm_forward(m.cfg_, m.tp_.local(ln, m.cfg_.channels), mean, rstd, input, m.param(weight, l), m.param(weight + 1, l),
                m.tp_.local_rows(), m.stream_.get(), fp8);
-  m.tp_.gather(ln, m.cfg_.channels);
+  if (gather) m.tp_.gather(ln, m.cfg_.channels);
 }
 
 template <typename Elem>
@@ -201,16 +202,17 @@ void TransformerPasses<Elem>::block_forward(Transformer<Elem>& m, Activations<El
   residual_norm_forward(m.cfg_, layer_slice(a.residual2, j, static_cast<size_t>(Nl) * C), m.tp_.local(ln2, C),
                         layer_slice(a.ln2_mean, j, Nl), layer_slice(a.ln2_rstd, j, Nl), block_input(m, a, j), attproj,
                         m.param(kLn2w, l), m.param(kLn2b, l), Nl, s, fp8_norm_output(m, l, Fp8Product::fc, ln2));
-  m.tp_.gather(ln2, C);
-  if (m.cfg_.moe()) {
-    const ExpertBuffers<Elem> b = expert_buffers(m.cfg_, a, w, j, N, rerun ? nullptr : m.experts_.counts(l),
+  if (m.cfg_.moe()) {  // on this rank's rows (sequence parallel: its own; expert_mlp.h)
+    const ExpertBuffers<Elem> b = expert_buffers(m.cfg_, a, w, j, Nl, rerun ? nullptr : m.experts_.counts(l),
                                                  m.split_.ep_size(), m.experts_.choice);
-    if (m.ep_ == nullptr) return expert_mlp_forward(m.cfg_, b, w.branch.get(), ln2, expert_weights(m, l), N, s);
-    const ExpertReceived<Elem> got = m.ep_->received(m.cfg_, b, w.moe_rows.get(), w.dwide.get(), N);
-    m.ep_->routes[l] = expert_parallel_forward(m.cfg_, b, got, m.ep_->exchange, w.branch.get(), ln2,
-                                               expert_weights(m, l), N, s);
+    Elem* out = m.tp_.local(w.branch.get(), C);
+    const Elem* x = m.tp_.local(ln2, C);
+    if (m.ep_ == nullptr) return expert_mlp_forward(m.cfg_, b, out, x, expert_weights(m, l), Nl, s);
+    const ExpertReceived<Elem> got = m.ep_->received(m.cfg_, b, w.moe_rows.get(), w.dwide.get(), Nl);
+    m.ep_->routes[l] = expert_parallel_forward(m.cfg_, b, got, m.ep_->exchange, out, x, expert_weights(m, l), Nl, s);
     return;
   }
+  m.tp_.gather(ln2, C);
   mlp_up_forward(m.cfg_, layer_slice(a.fch, j, m.cfg_.mlp_products() * Nh), layer_slice(a.fch_gelu, j, Nh), ln2,
                  m.param(kFcw, l), m.param(kFcb, l), m.param(kFc2w, l), N, m.hl_, s, fp8, l);
 }
@@ -249,7 +251,8 @@ void TransformerPasses<Elem>::queue_chunk_forward(Transformer<Elem>& m, Activati
       linear_forward({m.fp8_state(), l, Fp8Product::fcproj}, w.branch.get(),
                      layer_slice(a.fch_gelu, j, static_cast<size_t>(N) * m.hl_), m.param(kFcprojw, l),
                      m.tp_.once(m.param(kFcprojb, l)), N, m.hl_, C, s);
-    const Elem* fcproj = m.tp_.reduce(w.branch.get(), C);
+    // Experts leave this rank's rows whole; the products' partial sums are summed over the group.
+    const Elem* fcproj = m.cfg_.moe() ? m.tp_.local(w.branch.get(), C) : m.tp_.reduce(w.branch.get(), C);
     Elem* residual3 = a.residual3.get() + j * NlC;
     const Elem* residual2 = layer_slice(a.residual2, j, NlC);
     if (j + 1 < n) {
@@ -305,7 +308,7 @@ void TransformerPasses<Elem>::queue_chunk_backward(Transformer<Elem>& m, Activat
   };
   auto weight_grad = [&](int tensor, int l) { return defer ? nullptr : m.grad(tensor, l); };
   Fp8State* fp8 = m.fp8_state();
-  if (m.cfg_.moe()) expert_aux_gradient(m.cfg_, a, w, n, N, m.objective_scale_, m.experts_.stats, s);
+  if (m.cfg_.moe()) expert_aux_gradient(m.cfg_, a, w, n, N, m.objective_scale_, m.experts_.stats, m.tp_.comm(), s);
   m.params_.begin_pass(false);
   for (int j = n - 1; j >= 0; --j) {
     const int l = first + j;
@@ -330,23 +333,27 @@ void TransformerPasses<Elem>::queue_chunk_backward(Transformer<Elem>& m, Activat
       norm_rows(m, ln1, ln1_mean, ln1_rstd, residual, l, kLn1w, fp8_norm_output(m, l, Fp8Product::qkv, ln1));
       block_forward(m, a, l, j, true);
     }
-    // MLP branch; dresidual = d/d residual3 = d/d fcproj (with experts: d/d the combined output).
-    m.tp_.gather(dresidual_rows, C);
+    // MLP branch; dresidual = d/d residual3 = d/d fcproj (with experts: d/d the combined output,
+    // of this rank's rows alone, as in the forward).
+    const Elem* dln2 = nullptr;
     if (m.cfg_.moe()) {
-      if (recompute_ln) norm_rows(m, ln2, ln2_mean, ln2_rstd, residual2, l, kLn2w);
+      if (recompute_ln) norm_rows(m, ln2, ln2_mean, ln2_rstd, residual2, l, kLn2w, {}, false);
+      Elem* dx = m.tp_.local(dbranch, C);
+      const Elem* x = m.tp_.local(ln2, C);
       if (m.ep_ != nullptr) {
         const ExpertBuffers<Elem> b =
-            expert_buffers(m.cfg_, a, w, j, N, nullptr, m.split_.ep_size(), m.experts_.choice);
-        expert_parallel_backward(m.cfg_, m.ep_->routes[l], b, m.ep_->received(m.cfg_, b, w.moe_rows.get(), dwide, N),
-                                 m.ep_->exchange, dbranch, expert_gradients(m, l), w.moe_rows.get(),
-                                 w.moe_dgate.get(), w.moe_aux_grad.get(), w.scratch.get(), dresidual_rows, ln2,
-                                 expert_weights(m, l), N, recompute_act, s);
+            expert_buffers(m.cfg_, a, w, j, Nl, nullptr, m.split_.ep_size(), m.experts_.choice);
+        expert_parallel_backward(m.cfg_, m.ep_->routes[l], b, m.ep_->received(m.cfg_, b, w.moe_rows.get(), dwide, Nl),
+                                 m.ep_->exchange, dx, expert_gradients(m, l), w.moe_rows.get(), w.moe_dgate.get(),
+                                 w.moe_aux_grad.get(), w.scratch.get(), dresidual, x, expert_weights(m, l), Nl,
+                                 recompute_act, s);
       } else {
-        expert_mlp_backward(m.cfg_, a, w, j, dbranch, expert_gradients(m, l), dresidual_rows, ln2,
-                            expert_weights(m, l), N, recompute_act, s);
+        expert_mlp_backward(m.cfg_, a, w, j, dx, expert_gradients(m, l), dresidual, x, expert_weights(m, l), Nl,
+                            recompute_act, s);
       }
-      m.tp_.start_reduce(dbranch, C);
+      dln2 = dx;
     } else {
+      m.tp_.gather(dresidual_rows, C);
       if (recompute_act) mlp_activation_forward(m.cfg_, fch_gelu, fch, N, m.hl_, s);
       linear_backward({fp8, l, Fp8Product::fcproj}, dwide, weight_grad(kFcprojw, l),
                       m.tp_.replicated_grad(m.grad(kFcprojb, l)), nullptr, dresidual_rows, fch_gelu,
@@ -357,9 +364,10 @@ void TransformerPasses<Elem>::queue_chunk_backward(Transformer<Elem>& m, Activat
                       m.param(kFcw, l), m.param(kFc2w, l), N, m.hl_, s, [&] { m.tp_.start_reduce(dbranch, C); },
                       fp8, l);
       if (m.cfg_.mlp == Mlp::gelu) keep(j, kept.fc, dwide, Nh);  // GELU's g (SwiGLU's stay in fch)
+      dln2 = m.tp_.finish_reduce(dbranch, C);
     }
-    norm_backward(m.cfg_, dresidual, m.grad(kLn2w, l), m.grad(kLn2b, l), scratch, m.tp_.finish_reduce(dbranch, C),
-                  residual2, m.param(kLn2w, l), ln2_mean, ln2_rstd, Nl, s);
+    norm_backward(m.cfg_, dresidual, m.grad(kLn2w, l), m.grad(kLn2b, l), scratch, dln2, residual2,
+                  m.param(kLn2w, l), ln2_mean, ln2_rstd, Nl, s);
     // Attention branch; dresidual = d/d residual2 = d/d attproj.
     m.tp_.gather(dresidual_rows, C);
     linear_backward({fp8, l, Fp8Product::attproj}, dbranch, weight_grad(kAttprojw, l),

@@ -2,8 +2,9 @@
 // layout (grad_buckets.h, replicated_first): every element of the whole model is held by exactly
 // the ranks the split names (each split element by one, each replicated one by all), at the
 // place Megatron's scheme puts it (checked against plain index formulas), to_global agrees with
-// place(), and a TP rank's buckets hold the replicated tensors first; an EP rank (--ep) holds its
-// experts' blocks of fcw, fc2w, fcprojw and everything else whole, and its buckets the rest first.
+// place(), and a TP rank's buckets hold the replicated tensors first (a mixture's router and experts
+// among them); an EP rank (--ep) holds its experts' blocks of fcw, fc2w, fcprojw and everything else
+// whole, and its buckets the rest first.
 #include "test/test_util.h"
 #include "src/dist/grad_buckets.h"
 #include "src/dist/tensor_split.h"
@@ -120,8 +121,9 @@ TEST_CASE("A split the model cannot take is refused naming --tp", "[tensor_split
   CHECK_NOTHROW(check_tensor_split(kModel, 4, "--tp"));
 }
 
-TEST_CASE("An EP rank holds its experts' blocks whole and everything else; its buckets hold the rest first",
-          "[tensor_split]") {
+namespace {
+
+ModelConfig mixture_model() {
   ModelConfig moe = kModel;
   moe.norm = Norm::rmsnorm;
   moe.positions = Positions::rope;
@@ -130,6 +132,41 @@ TEST_CASE("An EP rank holds its experts' blocks whole and everything else; its b
   moe.hidden_size = 24;
   moe.num_experts = 8;
   moe.experts_per_token = 2;
+  return moe;
+}
+
+}  // namespace
+
+TEST_CASE("A TP rank of a mixture holds the router and the experts whole, first in its buckets", "[tensor_split]") {
+  const ModelConfig moe = mixture_model();
+  const ParameterLayout whole(moe);
+  CHECK(whole.mixture());
+  CHECK(!ParameterLayout(kModel).mixture());
+  for (int rank = 0; rank < 2; ++rank) {
+    const TensorSplit split(moe, 2, rank);
+    for (int i = 0; i < kNumParameterTensors; ++i) {
+      INFO(whole[i].name);
+      const bool expert = i == kFcw || i == kFc2w || i == kFcprojw;
+      CHECK(tp_replicated(i, true) == (expert || tp_replicated(i)));
+      if (expert || i == kRouterw) CHECK(split.local()[i].count == whole[i].count);
+      if (i == kQkvw || i == kAttprojw) CHECK(split.local()[i].count == whole[i].count / 2);
+    }
+    const GradientBuckets buckets(split.local(), 1, 1, true, false);
+    size_t replicated = 0;
+    for (const GradientBucket& b : buckets.buckets())
+      for (const GradientPiece& p : b.pieces) {
+        CHECK(split_replicated(p.tensor, false, true) == (p.at < b.replicated));
+        if (p.at < b.replicated) replicated += p.count;
+      }
+    size_t expected = 0;
+    for (int i = 0; i < kNumParameterTensors; ++i) expected += tp_replicated(i, true) ? whole[i].count : 0;
+    CHECK(replicated == expected);
+  }
+}
+
+TEST_CASE("An EP rank holds its experts' blocks whole and everything else; its buckets hold the rest first",
+          "[tensor_split]") {
+  const ModelConfig moe = mixture_model();
   const ParameterLayout whole(moe);
   const size_t HC = static_cast<size_t>(moe.hidden()) * moe.channels;
   for (int size : {2, 4}) {
@@ -144,7 +181,7 @@ TEST_CASE("An EP rank holds its experts' blocks whole and everything else; its b
       for (int i = 0; i < kNumParameterTensors; ++i) {
         INFO(whole[i].name);
         const bool expert = i == kFcw || i == kFc2w || i == kFcprojw;
-        CHECK(split_replicated(i, true) == !expert);
+        CHECK(split_replicated(i, true, true) == !expert);
         CHECK(split.local()[i].count == (expert ? whole[i].count / size : whole[i].count));
         std::vector<size_t> part(split.local()[i].count), tensor(whole[i].count, ~size_t(0));
         std::iota(part.begin(), part.end(), size_t(0));
@@ -161,12 +198,12 @@ TEST_CASE("An EP rank holds its experts' blocks whole and everything else; its b
       }
       const GradientBuckets buckets(split.local(), 1, 1, true, true);
       for (const GradientBucket& b : buckets.buckets()) {
-        for (const GradientPiece& p : b.pieces) CHECK(split_replicated(p.tensor, true) == (p.at < b.replicated));
+        for (const GradientPiece& p : b.pieces) CHECK(split_replicated(p.tensor, true, true) == (p.at < b.replicated));
       }
     }
     for (int i = 0; i < kNumParameterTensors; ++i)
       for (size_t g = 0; g < whole[i].count; ++g)
-        if (holders[whole[i].offset + g] != (split_replicated(i, true) ? size : 1)) {
+        if (holders[whole[i].offset + g] != (split_replicated(i, true, true) ? size : 1)) {
           FAIL_CHECK(whole[i].name << " element " << g << " held by " << holders[whole[i].offset + g] << " ranks");
           break;
         }

@@ -123,6 +123,23 @@ sys.exit(1 if bad else 0)
 PY
 }
 
+# same_routing REFERENCE OTHER REL: the per-step router figures of runs REFERENCE and OTHER: the
+# tokens each expert got, exactly, and the auxiliary loss within REL.
+same_routing() {
+  "$python" - "$tmp/$1/metrics.jsonl" "$tmp/$2/metrics.jsonl" "$3" <<'PY' || fail "$2's routing differs from $1's"
+import json, sys
+a, b = ([r for r in map(json.loads, open(p)) if "expert_tokens" in r] for p in sys.argv[1:3])
+rel = float(sys.argv[3])
+bad = len(a) != len(b) or not a
+for x, y in zip(a, b):
+    d = abs(x["aux_loss"] - y["aux_loss"]) / max(abs(x["aux_loss"]), 1e-30)
+    if x["expert_tokens"] != y["expert_tokens"] or d > rel:
+        print(f"  step {x['step']}: tokens {x['expert_tokens']} vs {y['expert_tokens']}, aux {x['aux_loss']} vs "
+              f"{y['aux_loss']}"); bad = True
+sys.exit(1 if bad else 0)
+PY
+}
+
 # same_step3 REFERENCE OTHER: run OTHER's step 3 (training and validation: a run resumed from step
 # 2's checkpoint) equals run REFERENCE's within 1e-5.
 same_step3() {

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Mixtures of experts under tensor parallelism (--tp with sequence parallelism; docs/MOE.md): the
+# attention is split over the TP group as for any Llama, while each TP rank runs the router and the
+# whole experts on its own rows of the sequence-parallel region, the experts' and router's
+# gradients summed over the group like the norms', the micro-batch's routing figures pooled. On the
+# tiny Mixtral of dev/mixtral_reference.py (4 experts, top-2, aux coefficient 0.02), fp32, 2
+# micro-batches per step, the per-step loss, gradient norm and validation loss equal one process's
+# within 1e-6 and so do the router's figures (each expert's tokens exactly, the aux loss):
+#   - 2 ranks at --tp 2, at --recompute 0, 1, 2 and 3 (the collectives of each equal --plan's);
+#   - 4 ranks at --tp 2 (two data-parallel replicas) at ZeRO 0, 1, 2 and 3;
+#   - the sigmoid router (its balancing bias moved by the counts of both TP ranks' rows);
+#   - a checkpoint written at --tp 2 resumes at --tp 2 and 1, one written at --tp 1 at --tp 2,
+#     with the uninterrupted run's step 3.
+# Refusals (--sequence-parallel 0, --ep with --tp) are cli_errors.sh's.
+# usage: moe_tp.sh cpu|gpu
+set -u
+# shellcheck source=test/checks/lib/trainer.sh
+source "$(dirname "$0")/lib/trainer.sh" "$@"
+mref=build/reference/mixtral
+sref=build/reference/mixtral-sigmoid
+require_files "$bin" "$mref/model.bin" "$mref/train.bin" "$sref/model.bin"
+common=(--init-from "$mref/model.bin" --train-data "$mref/train.bin" --val-data "$mref/train.bin" --dtype fp32
+        --shuffle 0 --batch-size 1 --seq-len 32 --lr 1e-3 --lr-schedule constant --warmup-steps 0
+        --max-steps 3 --val-every 2 --val-steps 1 --save 0)
+
+# plan_matches NAME FLAGS...: --plan's tensor-parallel communication line for FLAGS is run NAME's
+# measured one.
+plan_matches() {
+  local name=$1
+  shift
+  with_flags common "$@" --plan --world-size 2
+  local planned measured
+  planned=$("$bin" "${flags[@]}" 2>&1 | grep '^tensor-parallel communication' | sed 's/.*: //')
+  measured=$(grep '^measured tensor-parallel communication' "$tmp/$name.log" | sed 's/.*: //')
+  if [ -z "$planned" ] || [ "$planned" != "$measured" ]; then
+    fail "$name: --plan's TP traffic '$planned', measured '$measured'"
+  fi
+}
+
+require_ranks 2
+run tp1 1 --total-batch-tokens 64
+for r in 0 1 2 3; do
+  run "tp2_recompute$r" 2 --tp 2 --recompute "$r" --total-batch-tokens 64 &&
+    same_steps tp1 "tp2_recompute$r" 1e-6 && same_routing tp1 "tp2_recompute$r" 1e-6 &&
+    plan_matches "tp2_recompute$r" --tp 2 --recompute "$r" --total-batch-tokens 64
+done
+
+# The sigmoid router: its bias moves by the counts of every TP rank's rows.
+softmax=("${common[@]}")
+with_flags softmax --init-from "$sref/model.bin" --moe-bias-rate 0.05
+common=("${flags[@]}")
+run s_tp1 1 --total-batch-tokens 64
+run s_tp2 2 --tp 2 --total-batch-tokens 64 && same_steps s_tp1 s_tp2 1e-6 && same_routing s_tp1 s_tp2 1e-6 &&
+  plan_matches s_tp2 --tp 2 --total-batch-tokens 64
+common=("${softmax[@]}")
+
+require_ranks 4
+run dp2 2 --total-batch-tokens 128
+for zero in 0 1 2 3; do
+  run "dp2_tp2_zero$zero" 4 --tp 2 --zero "$zero" --total-batch-tokens 128 && same_steps dp2 "dp2_tp2_zero$zero" 1e-6
+done
+
+# Checkpoints at step 2, resumed at another --tp (its ranks the TP group's): the uninterrupted run's
+# step 3.
+with_flags softmax --save 1 --checkpoint-every 2 --total-batch-tokens 64
+three=("${flags[@]}")
+with_flags three --max-steps 2
+common=("${flags[@]}")
+run ck_tp2 2 --tp 2 && run ck_tp1 1
+cp -r "$tmp/ck_tp2" "$tmp/ck_tp2_to1"
+cp -r "$tmp/ck_tp1" "$tmp/ck_tp1_to2"
+common=("${three[@]}")
+run ck_full 2 --tp 2
+run ck_tp2 2 --tp 2 --resume auto && same_step3 ck_full ck_tp2
+run ck_tp2_to1 1 --resume auto && same_step3 ck_full ck_tp2_to1
+run ck_tp1_to2 2 --tp 2 --resume auto && same_step3 ck_full ck_tp1_to2
+
+[ "$failures" -eq 0 ] && echo "moe_tp: every tensor-parallel mixture equals one process"
+[ "$failures" -eq 0 ]
