@@ -178,9 +178,6 @@ void validate_experts(const TrainConfig& cfg, const ModelConfig& model, const st
     throw std::invalid_argument("--sequence-parallel 0 with --tp " + std::to_string(cfg.tp) + " and experts (" +
                                 model_source + "): each TP rank routes its own rows, which needs sequence "
                                 "parallelism (docs/MOE.md)");
-  if (cfg.tp > 1 && cfg.ep > 1)
-    throw std::invalid_argument("--ep " + std::to_string(cfg.ep) + " with --tp " + std::to_string(cfg.tp) +
-                                ": not built yet (docs/MOE.md)");
   if (model.num_experts % cfg.ep != 0)
     throw std::invalid_argument("--ep " + std::to_string(cfg.ep) + ": each rank holds whole experts, so it must "
                                 "divide the experts E = " + std::to_string(model.num_experts) + " (" + model_source + ")");

@@ -80,7 +80,7 @@ StepTraffic tp_step_traffic(const ModelConfig& cfg, int B, int T, const TensorPa
     // probability sums, 2·E fp64 values.
     if (sp && cfg.moe()) add_call(t.all_reduce, 2 * static_cast<size_t>(cfg.num_experts), n, sizeof(double), 2);
     if (sp && (every_micro_step || m + 1 == micro_steps))
-      for (const GradientBucket& b : buckets.buckets()) add_call(t.all_reduce, b.replicated, n, elem_bytes, 2);
+      for (const GradientBucket& b : buckets.buckets()) add_call(t.all_reduce, b.tp_replicated.count(), n, elem_bytes, 2);
   }
   // The sigmoid router's step counts (expert_bias.h): L × E fp64 values.
   if (sp && cfg.moe() && cfg.router == Router::sigmoid)

@@ -17,16 +17,31 @@ int layers_per_bucket(const ParameterLayout& layout, double bucket_mib, size_t e
   return static_cast<int>(std::clamp(layers, 1.0, static_cast<double>(std::max<size_t>(layout.num_layers, 1))));
 }
 
-GradientBuckets::GradientBuckets(const ParameterLayout& layout, int bucket_layers, int ranks, bool replicated_first,
-                                 bool experts)
+GradientBuckets::GradientBuckets(const ParameterLayout& layout, int bucket_layers, int ranks, bool tp_group,
+                                 bool ep_group)
     : layout_(layout), bucket_layers_(std::max(bucket_layers, 1)), ranks_(std::max(ranks, 1)) {
-  // Layers top..bottom's pieces of `tensors`: with replicated_first only those whose
-  // split_replicated() is `replicated`, and the replicated ones then mark the bucket's prefix.
-  const auto add_pieces = [&](GradientBucket& b, int top, int bottom, const std::vector<int>& tensors, bool replicated) {
-    for (int l = top; l >= bottom; --l)
-      for (int i : tensors)
-        if (!replicated_first || split_replicated(i, experts, layout.mixture()) == replicated) add_piece(b, i, l);
-    if (replicated_first && replicated) b.replicated = b.elements;
+  const bool mixture = layout.mixture();
+  const auto tp_whole = [&](int i) { return tp_group && tp_replicated(i, mixture); };
+  const auto ep_whole = [&](int i) { return ep_group && !expert_tensor(i); };
+  // A piece's place in its bucket's order (see the constructor's declaration).
+  const auto order = [&](int i) {
+    if (tp_group && ep_group) return !ep_whole(i) ? 0 : tp_whole(i) ? 1 : 2;
+    return tp_whole(i) || ep_whole(i) ? 0 : 1;
+  };
+  // Layers top..bottom's pieces of `tensors` in that order, and the groups' ranges.
+  const auto add_pieces = [&](GradientBucket& b, int top, int bottom, const std::vector<int>& tensors) {
+    for (int k = 0; k < 3; ++k)
+      for (int l = top; l >= bottom; --l)
+        for (int i : tensors)
+          if (order(i) == k) add_piece(b, i, l);
+    const auto extend = [](BucketRange& r, const GradientPiece& p) {
+      if (r.count() == 0) r.begin = p.at;
+      r.end = p.at + p.count;
+    };
+    for (const GradientPiece& p : b.pieces) {
+      if (tp_whole(p.tensor)) extend(b.tp_replicated, p);
+      if (ep_whole(p.tensor)) extend(b.ep_replicated, p);
+    }
   };
   std::vector<int> layer_tensors;
   for (int i = kFirstLayerTensor; i <= kLastLayerTensor; ++i) layer_tensors.push_back(i);
@@ -36,13 +51,11 @@ GradientBuckets::GradientBuckets(const ParameterLayout& layout, int bucket_layer
     GradientBucket b;
     b.top_layer = top;
     b.bottom_layer = std::max(0, top - bucket_layers_ + 1);
-    add_pieces(b, top, b.bottom_layer, layer_tensors, true);
-    if (replicated_first) add_pieces(b, top, b.bottom_layer, layer_tensors, false);
+    add_pieces(b, top, b.bottom_layer, layer_tensors);
     buckets_.push_back(b);
   }
   GradientBucket model;
-  add_pieces(model, 0, 0, {kWte, kWpe, kLnfw, kLnfb, kLmHead}, true);
-  if (replicated_first) add_pieces(model, 0, 0, {kWte, kWpe, kLnfw, kLnfb, kLmHead}, false);
+  add_pieces(model, 0, 0, {kWte, kWpe, kLnfw, kLnfb, kLmHead});
   buckets_.push_back(model);
   for (GradientBucket& b : buckets_) {
     b.chunk = (b.elements + ranks_ - 1) / ranks_;

@@ -22,6 +22,12 @@
 // Layers per bucket for buckets of about `bucket_mib` MiB of `elem_bytes`-sized gradients (at least 1).
 int layers_per_bucket(const ParameterLayout& layout, double bucket_mib, size_t elem_bytes);
 
+// Bucket elements [begin, end).
+struct BucketRange {
+  size_t begin = 0, end = 0;
+  size_t count() const { return end - begin; }
+};
+
 // One tensor slice (layer `layer`'s, or a whole model tensor: layer 0) at bucket element `at`.
 struct GradientPiece {
   int tensor, layer;
@@ -35,7 +41,10 @@ struct GradientBucket {
   size_t chunk = 0;                       // c: each rank's part, ceil(n / ranks) rounded up to 8 elements
   size_t offset = 0;                      // where it starts in the full gradient buffer (ranks · c per bucket)
   size_t shard_offset = 0;                // where rank r's chunk starts in a gradient shard (c per bucket)
-  size_t replicated = 0;                  // replicated_first: elements [0, replicated) are replicated tensors
+  // The elements of the tensors every rank of a split group holds (tensor_split.h): of the TP
+  // group (a prefix) and of the EP group. Their gradients are the group's sum where its ranks
+  // computed them from different rows.
+  BucketRange tp_replicated, ep_replicated;
   bool holds_layers() const { return top_layer >= 0; }
 };
 
@@ -50,12 +59,13 @@ class GradientBuckets {
  public:
   GradientBuckets() = default;
   // The buckets of `layout` with `bucket_layers` layers each (the last layer bucket may hold fewer),
-  // chunked for `ranks` owners (1: one rank owns everything). `replicated_first` (a tensor-parallel
-  // rank's layout, tensor_split.h): each bucket holds the pieces of the tensors every TP rank
-  // holds first, so one collective over the TP group sums their gradients; `experts`: the group is
-  // an EP group instead (tensor_split.h's split_replicated).
-  GradientBuckets(const ParameterLayout& layout, int bucket_layers, int ranks, bool replicated_first = false,
-                  bool experts = false);
+  // chunked for `ranks` owners (1: one rank owns everything). `tp_group`, `ep_group`: the layout is
+  // a rank's of a TP group, of an EP group (tensor_split.h). Each bucket then orders its pieces so
+  // that each group's replicated tensors are one range, which one collective over the group sums:
+  // with one group its replicated tensors first; with both, the experts (TP-replicated only), the
+  // tensors both replicate, then those TP splits (EP-replicated only).
+  GradientBuckets(const ParameterLayout& layout, int bucket_layers, int ranks, bool tp_group = false,
+                  bool ep_group = false);
 
   const std::vector<GradientBucket>& buckets() const { return buckets_; }
   int bucket_layers() const { return bucket_layers_; }

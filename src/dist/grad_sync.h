@@ -34,7 +34,10 @@
 // that prefix is summed over the TP group, on the TP communicator's stream while the backward
 // goes on; the data-parallel send waits for it. At stages 2 and 3 only TP rank 0 restores the
 // accumulated chunk into the prefix, so the TP sum counts it once. The gradient norm counts a
-// replicated tensor once (TP rank 0's) and sums over both groups.
+// replicated tensor once (TP rank 0's) and sums over both groups. Expert parallelism (--ep,
+// docs/MOE.md) is a second such group: its ranks read different rows and hold different experts,
+// so the tensors they all hold (all but the experts) are summed over it in the same way, after
+// the TP sum where both apply (grad_buckets.h orders each group's tensors into one range).
 //
 // Pipeline parallelism (PipelineGradients): a rank's layout is its stage's part. Its backward
 // passes run out of order (the schedule's), so nothing travels during them: the step's gradients
@@ -105,20 +108,14 @@ class GradientSync {
   // Gradients of `layout`'s parameters for the backward passes queued on `stream`, in buckets of
   // `bucket_layers` layers, synchronized over the data-parallel group `comm`; `tp_comm`: the
   // tensor-parallel group (nullptr: none), whose ranks sum their replicated tensors' gradients
-  // when `sequence_parallel`.
-  // With `experts`, tp_comm is an EP group instead (docs/MOE.md): its ranks' replicated tensors'
-  // gradients are summed like sequence parallelism's, and the loss gradient is pre-divided by its
-  // size (its ranks read different rows, so the experts' gradients sum them too).
+  // when `sequence_parallel`; `ep_comm`: the EP group (nullptr: none, docs/MOE.md), whose ranks
+  // always do, and by whose size the loss gradient is pre-divided (its ranks read different rows,
+  // so the experts' gradients sum them too).
   GradientSync(const ParameterLayout& layout, Communicator* comm, int zero_stage, int bucket_layers,
                cudaStream_t stream, Communicator* tp_comm = nullptr, bool sequence_parallel = false,
-               const PipelineGradients& pipeline = {}, bool experts = false)
-      : layout_(layout), comm_(comm), stream_(stream), pipeline_(pipeline), experts_(experts) {
-    if (tp_comm != nullptr && tp_comm->world_size() > 1) {
-      tp_comm_ = tp_comm;
-      tp_size_ = tp_comm->world_size();
-      tp_rank_ = tp_comm->rank();
-      sums_replicated_ = sequence_parallel || experts;
-    }
+               const PipelineGradients& pipeline = {}, Communicator* ep_comm = nullptr)
+      : layout_(layout), comm_(comm), stream_(stream), pipeline_(pipeline),
+        tp_(tp_comm, sequence_parallel), ep_(ep_comm, true) {
     if (zero_stage < 0 || zero_stage > 3)
       throw std::runtime_error("ZeRO stage: expected 0, 1, 2 or 3, found " + std::to_string(zero_stage));
     if (comm != nullptr) {
@@ -126,7 +123,7 @@ class GradientSync {
       rank_ = comm->rank();
     }
     zero_ = effective_zero_stage(zero_stage, world_);
-    buckets_ = gradient_buckets(layout_, world_, zero_, bucket_layers, tp_size_, experts_);
+    buckets_ = gradient_buckets(layout_, world_, zero_, bucket_layers, tp_.size, ep_.size > 1);
     owner_ = zero_ == 0 ? 0 : rank_;
     segments_ = buckets_.segments(owner_);
     const GradientBufferCounts counts = gradient_buffer_counts(buckets_, zero_);
@@ -165,10 +162,10 @@ class GradientSync {
   // The loss gradient's divisor beyond the mean over tokens and micro-steps: stages 2 and 3 sum, and
   // an EP group sums its ranks' rows.
   float ranks_summed() const {
-    return (shards_gradients() ? static_cast<float>(world_) : 1.0f) * (experts_ ? static_cast<float>(tp_size_) : 1.0f);
+    return (shards_gradients() ? static_cast<float>(world_) : 1.0f) * static_cast<float>(ep_.size);
   }
-  // Ranks whose values sum_over_ranks() adds: both groups'.
-  int ranks_in_sums() const { return world_ * tp_size_; }
+  // Ranks whose values sum_over_ranks() adds: every group's.
+  int ranks_in_sums() const { return world_ * tp_.size * ep_.size; }
   size_t bytes() const { return grads_.bytes() + shard_grads_.bytes() + 2 * layer_windows_[0].bytes() + model_window_.bytes(); }
 
   // Where the backward pass accumulates tensor `tensor`'s gradient (layer `layer`'s slice of a
@@ -178,12 +175,14 @@ class GradientSync {
     return bucket_data(b) + buckets_.piece_at(tensor, layer);
   }
   // The ranges [offset, offset + count) of owned_gradients() that hold this rank's gradients and
-  // count towards the gradient norm (a replicated tensor's on TP rank 0 alone).
+  // count towards the gradient norm (a replicated tensor's on rank 0 of the TP and EP groups alone).
   std::vector<std::pair<size_t, size_t>> owned_gradient_ranges() const {
-    if (tp_rank_ > 0 || !pipeline_.counts_wte) {
+    if (tp_.rank > 0 || ep_.rank > 0 || !pipeline_.counts_wte) {
       std::vector<std::pair<size_t, size_t>> ranges;
       for (const OptimizerSegment& s : segments_) {
-        if ((tp_rank_ > 0 && split_replicated(s.tensor, experts_, layout_.mixture())) || (!pipeline_.counts_wte && s.tensor == kWte)) continue;
+        if ((tp_.rank > 0 && tp_replicated(s.tensor, layout_.mixture())) || (ep_.rank > 0 && !expert_tensor(s.tensor)) ||
+            (!pipeline_.counts_wte && s.tensor == kWte))
+          continue;
         const size_t at = gradient_offset(s);
         if (!ranges.empty() && ranges.back().first + ranges.back().second == at) ranges.back().second += s.count;
         else ranges.push_back({at, s.count});
@@ -225,7 +224,7 @@ class GradientSync {
   // after the embeddings' backward.
   void begin_micro_step(bool last_micro_step) {
     communicate_ = communicating() && (last_micro_step || shards_gradients());
-    sum_replicated_now_ = sums_replicated_ && (last_micro_step || shards_gradients());
+    sum_replicated_now_ = sums_replicated() && (last_micro_step || shards_gradients());
     if (!shards_gradients()) return;
     comm_->order_before(stream_);  // the previous micro-step's sums into the shard are complete
     prepare_window(buckets_.buckets().size() - 1);
@@ -262,7 +261,7 @@ class GradientSync {
       tied.ordered_with(stream_, [&] { tied.all_reduce(wte, layout_[kWte].count, ncclSum); });
     }
     communicate_ = communicating();
-    sum_replicated_now_ = sums_replicated_;
+    sum_replicated_now_ = sums_replicated();
     for (size_t b = buckets_.buckets().size(); b-- > 0;) finish_bucket(b);
     communicate_ = false;
     sum_replicated_now_ = false;
@@ -271,17 +270,19 @@ class GradientSync {
   // Blocks until this rank's gradient and parameter communication has finished.
   void wait_idle() const {
     if (communicating()) cudaStreamSynchronize(comm_->stream());
-    if (tp_comm_ != nullptr) cudaStreamSynchronize(tp_comm_->stream());
+    for (const RowGroup* g : {&tp_, &ep_})
+      if (g->comm != nullptr) cudaStreamSynchronize(g->comm->stream());
   }
   // Orders the work queued next on the model's stream after the gradient communication.
   void wait_for_gradients() {
     if (communicating()) comm_->order_before(stream_);
-    if (tp_comm_ != nullptr) tp_comm_->order_before(stream_);
+    for (const RowGroup* g : {&tp_, &ep_})
+      if (g->comm != nullptr) g->comm->order_before(stream_);
     if (pipeline_.tied != nullptr) pipeline_.tied->order_before(stream_);
   }
   // The squared global norm of the accumulated gradients into device float *norm_squared, after
   // their communication: this rank's owned_gradient_ranges(), summed over the ranks' (the
-  // data-parallel group's when they are sharded; the TP group's always). scratch: at least
+  // data-parallel group's when they are sharded; the TP and EP groups' always). scratch: at least
   // global_norm_scratch_bytes().
   void queue_norm_squared(float* norm_squared, float* scratch) {
     wait_for_gradients();
@@ -289,14 +290,16 @@ class GradientSync {
     for (const auto& [offset, count] : owned_gradient_ranges())
       global_norm_squared(norm_squared, scratch, owned_gradients() + offset, count, stream_);
     if (communicating() && zero_ > 0) sum_on(comm_, norm_squared, 1);
-    if (tp_comm_ != nullptr) sum_on(tp_comm_, norm_squared, 1);
+    for (const RowGroup* g : {&tp_, &ep_})
+      if (g->comm != nullptr) sum_on(g->comm, norm_squared, 1);
     if (pipeline_.pp != nullptr) sum_on(pipeline_.pp, norm_squared, 1);
   }
   // n device values become their sums over the ranks of every group; ranks_in_sums() of them hold
   // a loss (a pipeline's last stage alone computes one).
   void sum_over_ranks(double* values, size_t n) {
     if (communicating()) sum_on(comm_, values, n);
-    if (tp_comm_ != nullptr) sum_on(tp_comm_, values, n);
+    for (const RowGroup* g : {&tp_, &ep_})
+      if (g->comm != nullptr) sum_on(g->comm, values, n);
     if (pipeline_.pp != nullptr) sum_on(pipeline_.pp, values, n);
   }
   // After each rank updated its parameters (llm.c order): every rank gets every rank's, bucket by
@@ -330,15 +333,21 @@ class GradientSync {
     comm->ordered_with(stream_, [&] { comm->all_reduce(values, n, ncclSum); });
   }
 
-  // Bucket b is complete: its replicated prefix summed over the TP group, then the bucket sent
-  // over the data-parallel group, where this micro-step does either.
+  // Bucket b is complete: its replicated ranges summed over the TP group, then the EP group, then
+  // the bucket sent over the data-parallel group, where this micro-step does these; each waits for
+  // the one before.
   void finish_bucket(size_t b) {
-    if (sum_replicated_now_) {
-      tp_comm_->wait_for(stream_);
-      tp_comm_->all_reduce(bucket_data(b), buckets_.buckets()[b].replicated, ncclSum);
-    }
+    cudaStream_t ready = stream_;
+    const GradientBucket& bucket = buckets_.buckets()[b];
+    if (sum_replicated_now_)
+      for (const auto& [g, range] : {std::pair{&tp_, bucket.tp_replicated}, std::pair{&ep_, bucket.ep_replicated}}) {
+        if (!g->sums || range.count() == 0) continue;
+        g->comm->wait_for(ready);
+        g->comm->all_reduce(bucket_data(b) + range.begin, range.count(), ncclSum);
+        ready = g->comm->stream();
+      }
     if (!communicate_) return;
-    comm_->wait_for(sum_replicated_now_ ? tp_comm_->stream() : stream_);
+    comm_->wait_for(ready);
     send(b);
   }
 
@@ -365,10 +374,12 @@ class GradientSync {
     const size_t begin = owner_ * bucket.chunk;
     copy(window + begin, shard_grads_.get() + bucket.shard_offset, bucket.chunk, stream_,
          "restoring accumulated gradients");
-    // The TP group sums the replicated prefix: its accumulated part comes from TP rank 0 alone.
-    if (sums_replicated_ && tp_rank_ > 0 && begin < bucket.replicated)
-      cuda_check(cudaMemsetAsync(window + begin, 0, (std::min(bucket.replicated, begin + bucket.chunk) - begin) *
-                                 sizeof(Elem), stream_), "zeroing a replicated prefix");
+    // A group sums its replicated range: that range's accumulated part comes from its rank 0 alone.
+    for (const auto& [g, range] : {std::pair{&tp_, bucket.tp_replicated}, std::pair{&ep_, bucket.ep_replicated}}) {
+      const size_t from = std::max(begin, range.begin), to = std::min(begin + bucket.chunk, range.end);
+      if (g->sums && g->rank > 0 && from < to)
+        cuda_check(cudaMemsetAsync(window + from, 0, (to - from) * sizeof(Elem), stream_), "zeroing a replicated range");
+    }
   }
 
   // Communicates bucket b: stage 0 averages it everywhere (in place); stage 1 averages each chunk
@@ -385,7 +396,6 @@ class GradientSync {
   Communicator* comm_;
   cudaStream_t stream_;
   const PipelineGradients pipeline_;
-  const bool experts_;  // tp_comm_ is an EP group
   int zero_ = 0, world_ = 1, rank_ = 0;
   int owner_ = 0;  // whose chunks this rank's optimizer updates: its rank at stages 1 and 2, 0 (all) at stage 0
   GradientBuckets buckets_;
@@ -397,9 +407,21 @@ class GradientSync {
   DeviceArray<Elem> layer_windows_[2], model_window_, shard_grads_;
   cudaEvent_t window_free_[2] = {nullptr, nullptr};  // recorded on the comm stream when a layer window is sent
   bool shard_holds_gradients_ = false;
-  // Tensor parallelism: the group (nullptr: none), this rank's place in it, whether its ranks sum
-  // the replicated prefixes (sequence parallel), and whether the current micro-step does.
-  Communicator* tp_comm_ = nullptr;
-  int tp_size_ = 1, tp_rank_ = 0;
-  bool sums_replicated_ = false, sum_replicated_now_ = false;
+  // A TP or EP group of several ranks (comm nullptr: none), this rank's place in it, and whether
+  // its ranks sum their replicated range (they computed it from different rows).
+  struct RowGroup {
+    Communicator* comm = nullptr;
+    int size = 1, rank = 0;
+    bool sums = false;
+    RowGroup(Communicator* c, bool different_rows) {
+      if (c == nullptr || c->world_size() < 2) return;
+      comm = c;
+      size = c->world_size();
+      rank = c->rank();
+      sums = different_rows;
+    }
+  };
+  bool sums_replicated() const { return tp_.sums || ep_.sums; }
+  const RowGroup tp_, ep_;
+  bool sum_replicated_now_ = false;  // whether the current micro-step sums the groups' ranges
 };

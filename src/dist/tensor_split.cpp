@@ -21,10 +21,6 @@ bool tp_replicated(int tensor, bool mixture) {
   }
 }
 
-bool split_replicated(int tensor, bool experts, bool mixture) {
-  return experts ? !expert_tensor(tensor) : tp_replicated(tensor, mixture);
-}
-
 void check_tensor_split(const ModelConfig& c, int size, const std::string& flag) {
   if (size < 1) throw std::runtime_error(flag + ": expected at least 1, found " + std::to_string(size));
   if (c.num_heads % size != 0)
@@ -82,8 +78,8 @@ bool stage_holds(const ModelConfig& c, const StagePart& part, int tensor) {
 
 TensorSplit::TensorSplit(const ModelConfig& c, int size, int rank, const StagePart& stage, int ep_size, int ep_rank)
     : config_(c), size_(size), rank_(rank), stage_(stage), ep_size_(ep_size), ep_rank_(ep_rank), global_(c) {
-  if (ep_size > 1 && (size > 1 || !c.moe() || c.num_experts % ep_size != 0))
-    throw std::runtime_error("--ep " + std::to_string(ep_size) + ": needs experts, E divisible by it and no --tp");
+  if (ep_size > 1 && (!c.moe() || c.num_experts % ep_size != 0))
+    throw std::runtime_error("--ep " + std::to_string(ep_size) + ": needs experts and E divisible by it");
   for (int l : stage.layers)
     if (l < 0 || l >= c.num_layers)
       throw std::runtime_error("pipeline stage: layer " + std::to_string(l) + " outside the model's " +

@@ -81,9 +81,6 @@ bool expert_tensor(int tensor);
 // Whether every rank of a TP group holds all of tensor i (`mixture`: the model has experts, which
 // --tp leaves whole).
 bool tp_replicated(int tensor, bool mixture = false);
-// Whether every rank of a split group holds all of tensor i: an EP group (`experts`: every tensor
-// but the experts') or a TP group (tp_replicated).
-bool split_replicated(int tensor, bool experts, bool mixture);
 
 // Throws unless `size` ranks can split `c`: whole query and K/V heads per rank (NH % size == 0,
 // NKV % size == 0), hidden units and a vocabulary slice of whole 128-bit vectors (H % (8·size) == 0,
@@ -99,19 +96,23 @@ struct SplitRun {
 class TensorSplit {
  public:
   TensorSplit(const ModelConfig& c, int size, int rank) : TensorSplit(c, size, rank, StagePart::whole(c.num_layers)) {}
-  // With ep_size > 1 (expert parallelism, docs/MOE.md; size must be 1): rank ep_rank of the EP
-  // group holds experts [ep_rank·E/ep_size, ...) of fcw, fc2w, fcprojw, everything else whole.
+  // With ep_size > 1 (expert parallelism, docs/MOE.md): rank ep_rank of the EP group holds experts
+  // [ep_rank·E/ep_size, ...) of fcw, fc2w, fcprojw (which a TP group leaves whole), the rest as
+  // its TP rank's.
   TensorSplit(const ModelConfig& c, int size, int rank, const StagePart& stage, int ep_size = 1, int ep_rank = 0);
 
-  int size() const { return size_; }  // the TP group's (1 with expert parallelism)
+  int size() const { return size_; }  // the TP group's
   int rank() const { return rank_; }
   int ep_size() const { return ep_size_; }
-  // The group whose ranks hold different parts (TP's or EP's), this rank's place in it, and the
-  // split of its rank r.
-  int group_size() const { return ep_size_ > 1 ? ep_size_ : size_; }
-  int group_rank() const { return ep_size_ > 1 ? ep_rank_ : rank_; }
-  TensorSplit of_group_rank(int r) const {
-    return ep_size_ > 1 ? TensorSplit(config_, 1, 0, stage_, ep_size_, r) : TensorSplit(config_, size_, r, stage_);
+  // Whether the EP group splits tensor i (the TP group splits the others, if any).
+  bool ep_splits(int tensor) const { return ep_size_ > 1 && config_.moe() && expert_tensor(tensor); }
+  // The group whose ranks hold different parts of tensor i (the EP group's or the TP group's), this
+  // rank's place in it, and the split of its rank r.
+  int group_size(int tensor) const { return ep_splits(tensor) ? ep_size_ : size_; }
+  int group_rank(int tensor) const { return ep_splits(tensor) ? ep_rank_ : rank_; }
+  TensorSplit of_group_rank(int tensor, int r) const {
+    return ep_splits(tensor) ? TensorSplit(config_, size_, rank_, stage_, ep_size_, r)
+                             : TensorSplit(config_, size_, r, stage_, ep_size_, ep_rank_);
   }
   const StagePart& stage() const { return stage_; }
   // Whether this rank holds the whole model (no TP and no pipeline split): local == global.

@@ -24,13 +24,13 @@ class ExpertBiasUpdate {
   ExpertBiasUpdate() = default;
   // For a sigmoid-routed model of `layers` local layers (otherwise nothing to do): the owned
   // segments of kExpertBias among `segments` (this rank's optimizer segments), their parameters
-  // and master weights in `params`; `dp` the data-parallel group the counts are summed over
-  // (nullptr: one process), and then `rows`, the group whose ranks routed the micro-batches' other
-  // rows: an EP group (--ep: dp is then the expert-DP group) or --tp's sequence-parallel group.
+  // and master weights in `params`; `groups`: those whose ranks routed the step's other rows, over
+  // which the counts are summed (nullptr or one rank: none): the data-parallel group (with --ep the
+  // expert-DP group), the EP group and --tp's sequence-parallel group.
   ExpertBiasUpdate(const ModelConfig& c, int layers, const ParameterLayout& layout,
                    const std::vector<OptimizerSegment>& segments, const ModelParameters<Elem>& params,
-                   Communicator* dp, Communicator* rows = nullptr)
-      : layers_(layers), experts_(c.num_experts), dp_(dp), rows_(rows) {
+                   const std::vector<Communicator*>& groups)
+      : layers_(layers), experts_(c.num_experts), groups_(groups) {
     if (!c.moe() || c.router != Router::sigmoid) return;
     counts_ = DeviceArray<double>(static_cast<size_t>(layers) * c.num_experts, "the step's summed expert counts");
     for (const OptimizerSegment& s : segments)
@@ -45,7 +45,7 @@ class ExpertBiasUpdate {
   void apply(const int* counts, float rate, cudaStream_t s) {
     if (counts_.count() == 0) return;
     moe_widen_counts(counts_.get(), counts, counts_.count(), s);
-    for (Communicator* group : {dp_, rows_})
+    for (Communicator* group : groups_)
       if (group != nullptr && group->world_size() > 1)
         group->ordered_with(s, [&] { group->all_reduce(counts_.get(), counts_.count(), ncclSum); });
     for (const Owned& o : owned_)
@@ -59,8 +59,7 @@ class ExpertBiasUpdate {
     size_t first, count;  // elements of the (L, E) tensor
   };
   int layers_ = 0, experts_ = 0;
-  Communicator* dp_ = nullptr;
-  Communicator* rows_ = nullptr;
+  std::vector<Communicator*> groups_;
   DeviceArray<double> counts_;  // (layers, E), summed over the group
   std::vector<Owned> owned_;
 };

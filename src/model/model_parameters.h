@@ -29,12 +29,13 @@ class ModelParameters {
  public:
   // The parameters of `split`'s local layout (this TP rank's part; all of them without tensor
   // parallelism) for a run whose gradients `grads` keeps (its ZeRO stage and ownership), read on
-  // `stream`; at ZeRO 3, `prefetch` buckets gathered ahead over `comm`; `tp_comm`: the TP group
-  // (nullptr: none); `with_master`: fp32 master weights too. Start at zero.
+  // `stream`; at ZeRO 3, `prefetch` buckets gathered ahead over `comm`; `tp_comm`, `ep_comm`: the
+  // TP and EP groups (nullptr: none); `with_master`: fp32 master weights too. Start at zero.
   ModelParameters(const TensorSplit& split, const GradientSync<Elem>& grads, Communicator* comm, Communicator* tp_comm,
-                  const PipelineParts& pipeline, int prefetch, bool with_master, cudaStream_t stream)
-      : split_(split), layout_(split.local()), segments_(grads.segments()), tp_comm_(tp_comm), pipeline_(pipeline),
-        stream_(stream) {
+                  Communicator* ep_comm, const PipelineParts& pipeline, int prefetch, bool with_master,
+                  cudaStream_t stream)
+      : split_(split), layout_(split.local()), segments_(grads.segments()), tp_comm_(tp_comm), ep_comm_(ep_comm),
+        pipeline_(pipeline), stream_(stream) {
     const ParameterLayout& layout = layout_;
     if (with_master) {
       master_ = DeviceArray<float>(grads.state_count(), "fp32 master weights");
@@ -162,8 +163,9 @@ class ModelParameters {
  private:
   // The whole model's parameters in llm.c order on the host, where this pipeline stage holds them
   // (zero elsewhere): this rank's part (at ZeRO 3 gathered over the data-parallel group), then
-  // every TP rank's, one tensor slice at a time, through a device buffer of (TP ranks × slice)
-  // elements all-gathered in place on the TP communicator.
+  // every part of its split group's ranks (the EP group's for the experts, the TP group's for the
+  // rest), one tensor slice at a time, through a device buffer of (ranks × slice) elements
+  // all-gathered in place on that group's communicator.
   std::vector<Elem> gather_tensor_parallel() const {
     std::vector<Elem> part(layout_.total);
     if (sharded_) {
@@ -173,20 +175,22 @@ class ModelParameters {
                  "copying parameters");
       cuda_check(cudaStreamSynchronize(stream_), "copying parameters");
     }
-    const int ranks = split_.group_size();
-    std::vector<TensorSplit> splits;
-    for (int r = 0; r < ranks; ++r) splits.push_back(split_.of_group_rank(r));
     size_t largest = 0;
-    for (int i = 0; i < kNumParameterTensors; ++i) largest = std::max(largest, layout_.slice_count(i));
-    DeviceArray<Elem> staging(largest * ranks, "gathering the tensor-parallel parts of the parameters");
-    std::vector<Elem> gathered(largest * ranks), whole(split_.global().total);
+    for (int i = 0; i < kNumParameterTensors; ++i)
+      largest = std::max(largest, layout_.slice_count(i) * split_.group_size(i));
+    DeviceArray<Elem> staging(largest, "gathering the tensor- and expert-parallel parts of the parameters");
+    std::vector<Elem> gathered(largest), whole(split_.global().total);
     for (int i = 0; i < kNumParameterTensors; ++i) {
       const size_t n = layout_.slice_count(i), layers = is_layer_tensor(i) ? layout_.num_layers : 1;
+      const int ranks = split_.group_size(i);
+      Communicator* group = split_.ep_splits(i) ? ep_comm_ : tp_comm_;
+      std::vector<TensorSplit> splits;
+      for (int r = 0; r < ranks; ++r) splits.push_back(split_.of_group_rank(i, r));
       for (size_t l = 0; l < layers; ++l) {
-        Elem* mine = staging.get() + split_.group_rank() * n;
+        Elem* mine = staging.get() + split_.group_rank(i) * n;
         cuda_check(cudaMemcpyAsync(mine, part.data() + layout_.slice_offset(i, l), n * sizeof(Elem),
                                    cudaMemcpyHostToDevice, stream_), "staging parameters");
-        if (ranks > 1) tp_comm_->ordered_with(stream_, [&] { tp_comm_->all_gather(mine, staging.get(), n); });
+        if (ranks > 1) group->ordered_with(stream_, [&] { group->all_gather(mine, staging.get(), n); });
         cuda_check(cudaMemcpyAsync(gathered.data(), staging.get(), n * ranks * sizeof(Elem), cudaMemcpyDeviceToHost,
                                    stream_), "gathering parameters");
         cuda_check(cudaStreamSynchronize(stream_), "gathering parameters");
@@ -248,6 +252,7 @@ class ModelParameters {
   const ParameterLayout layout_;
   const std::vector<OptimizerSegment> segments_;  // this rank's: the elements it updates
   Communicator* tp_comm_;
+  Communicator* ep_comm_;
   const PipelineParts pipeline_;
   cudaStream_t stream_;
   DeviceArray<Elem> full_;                            // ZeRO 0–2

@@ -102,9 +102,8 @@ class Transformer {
         hl_(cfg.hidden() / split_.size()),
         vl_(cfg.padded_vocab_size / split_.size()),
         grads_(layout_, comm, zero_stage, layers_per_bucket(layout_, bucket_mib, sizeof(Elem)), stream_.get(),
-               ep_comm != nullptr ? ep_comm : tp_comm, tp_.sequence_parallel(),
-               {pipeline_.comm, pipeline_.tied, stage().embedding}, ep_comm != nullptr),
-        params_(split_, grads_, comm, ep_comm != nullptr ? ep_comm : tp_comm, pipeline_, zero3_prefetch,
+               tp_comm, tp_.sequence_parallel(), {pipeline_.comm, pipeline_.tied, stage().embedding}, ep_comm),
+        params_(split_, grads_, comm, tp_comm, ep_comm, pipeline_, zero3_prefetch,
                 dtype == DType::bf16, stream_.get()) {
     matmul_init();
     const size_t state = grads_.state_count();
@@ -121,7 +120,7 @@ class Transformer {
     if (cfg_.moe()) experts_ = ExpertStep(static_cast<int>(stage().layers.size()), cfg_.num_experts);
     if (split_.ep_size() > 1) ep_ = std::make_unique<ExpertParallelism<Elem>>(ep_comm, cfg_.num_experts, cfg_.num_layers);
     expert_bias_ = ExpertBiasUpdate<Elem>(cfg_, static_cast<int>(stage().layers.size()), layout_, grads_.segments(),
-                                          params_, comm, ep_comm != nullptr ? ep_comm : tp_.comm());
+                                          params_, {comm, ep_comm, tp_.comm()});
     reset_training_state();
     for (int c = 0, first = 0; c < static_cast<int>(stage().chunks.size()); first += stage().chunks[c++])
       chunk_first_.push_back(first);

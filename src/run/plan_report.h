@@ -125,13 +125,15 @@ inline std::string communication_lines(const TrainConfig& cfg, const ModelConfig
   const TensorParallelism tp = run_tensor_parallelism(cfg);
   const StagePart part = cfg.pp > 1 ? run_pipeline_memory(cfg, model, micro_steps, pipeline_rank).stage
                                     : StagePart::whole(model.num_layers);
-  const ParameterLayout layout = TensorSplit(model, tp.size, 0, part).local();
+  const ParameterLayout layout = TensorSplit(model, tp.size, 0, part, tp.experts, 0).local();
   ModelConfig stage_model = model;  // the stage's layers
   stage_model.num_layers = static_cast<int>(part.layers.size());
   const size_t elem = dtype_named(cfg.dtype) == DType::fp32 ? sizeof(float) : sizeof(bf16);
-  const int data_ranks = world / (tp.size * cfg.pp), stage = effective_zero_stage(cfg.zero, data_ranks);
+  // --ep: the gradients' data-parallel group is the ranks holding the same experts.
+  const int data_ranks = world / (tp.size * cfg.pp * tp.experts), stage = effective_zero_stage(cfg.zero, data_ranks);
   const GradientBuckets buckets =
-      gradient_buckets(layout, data_ranks, stage, layers_per_bucket(layout, cfg.bucket_mib, elem), tp.size);
+      gradient_buckets(layout, data_ranks, stage, layers_per_bucket(layout, cfg.bucket_mib, elem), tp.size,
+                       tp.experts > 1);
   const std::string per_step = " per optimizer step (" + std::to_string(micro_steps) + " micro-step(s)), sent by each ";
   std::string out;
   if (data_ranks > 1)

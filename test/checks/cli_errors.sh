@@ -131,8 +131,6 @@ expect_error "balanced routing without experts" "--moe-balanced-routing: preset 
 expect_error "experts under --tp without sequence parallelism" \
   "--sequence-parallel 0 with --tp 2 and experts (preset moe-nano): each TP rank routes its own rows" -- \
   --plan --model moe-nano --seq-len 32 --world-size 2 --tp 2 --sequence-parallel 0
-expect_error "expert parallelism with tensor parallelism" "--ep 2 with --tp 2: not built yet" -- \
-  --plan --model moe-nano --seq-len 32 --world-size 4 --tp 2 --ep 2
 expect_error "experts with FP8" "--fp8 with experts (preset moe-nano) is not supported yet" -- \
   --plan --model moe-nano --seq-len 32 --fp8 1
 expect_error "no expert-parallel rank" "--ep" "got '0'" -- + --ep 0

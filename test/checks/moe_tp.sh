@@ -7,11 +7,16 @@
 # micro-batches per step, the per-step loss, gradient norm and validation loss equal one process's
 # within 1e-6 and so do the router's figures (each expert's tokens exactly, the aux loss):
 #   - 2 ranks at --tp 2, at --recompute 0, 1, 2 and 3 (the collectives of each equal --plan's);
-#   - 4 ranks at --tp 2 (two data-parallel replicas) at ZeRO 0, 1, 2 and 3;
-#   - the sigmoid router (its balancing bias moved by the counts of both TP ranks' rows);
-#   - a checkpoint written at --tp 2 resumes at --tp 2 and 1, one written at --tp 1 at --tp 2,
-#     with the uninterrupted run's step 3.
-# Refusals (--sequence-parallel 0, --ep with --tp) are cli_errors.sh's.
+#   - 4 ranks at --tp 2 (two data-parallel replicas) at ZeRO 0, 1, 2 and 3, and with --ep 2 (each
+#     TP rank's rows sent to the experts of the other replica's same TP rank; the attention's
+#     gradients summed over the EP group, the experts' over the TP group), equal to 2 data-parallel
+#     ranks;
+#   - the sigmoid router (its balancing bias moved by the counts of both TP ranks' rows), also at
+#     --tp 2 --ep 2 on 4 ranks;
+#   - a checkpoint written at --tp 2 resumes at --tp 2 and 1, one written at --tp 1 at --tp 2, and
+#     one written at --tp 2 --ep 2 at --tp 2 --ep 2, --tp 2 alone and --ep 2 alone, with the
+#     uninterrupted run's step 3.
+# The refusal of --sequence-parallel 0 is cli_errors.sh's.
 # usage: moe_tp.sh cpu|gpu
 set -u
 # shellcheck source=test/checks/lib/trainer.sh
@@ -23,12 +28,12 @@ common=(--init-from "$mref/model.bin" --train-data "$mref/train.bin" --val-data 
         --shuffle 0 --batch-size 1 --seq-len 32 --lr 1e-3 --lr-schedule constant --warmup-steps 0
         --max-steps 3 --val-every 2 --val-steps 1 --save 0)
 
-# plan_matches NAME FLAGS...: --plan's tensor-parallel communication line for FLAGS is run NAME's
-# measured one.
+# plan_matches NAME RANKS FLAGS...: --plan's tensor-parallel communication line for RANKS ranks
+# with FLAGS is run NAME's measured one.
 plan_matches() {
-  local name=$1
-  shift
-  with_flags common "$@" --plan --world-size 2
+  local name=$1 ranks=$2
+  shift 2
+  with_flags common "$@" --plan --world-size "$ranks"
   local planned measured
   planned=$("$bin" "${flags[@]}" 2>&1 | grep '^tensor-parallel communication' | sed 's/.*: //')
   measured=$(grep '^measured tensor-parallel communication' "$tmp/$name.log" | sed 's/.*: //')
@@ -42,23 +47,31 @@ run tp1 1 --total-batch-tokens 64
 for r in 0 1 2 3; do
   run "tp2_recompute$r" 2 --tp 2 --recompute "$r" --total-batch-tokens 64 &&
     same_steps tp1 "tp2_recompute$r" 1e-6 && same_routing tp1 "tp2_recompute$r" 1e-6 &&
-    plan_matches "tp2_recompute$r" --tp 2 --recompute "$r" --total-batch-tokens 64
+    plan_matches "tp2_recompute$r" 2 --tp 2 --recompute "$r" --total-batch-tokens 64
 done
 
 # The sigmoid router: its bias moves by the counts of every TP rank's rows.
 softmax=("${common[@]}")
 with_flags softmax --init-from "$sref/model.bin" --moe-bias-rate 0.05
-common=("${flags[@]}")
+sigmoid=("${flags[@]}")
+common=("${sigmoid[@]}")
 run s_tp1 1 --total-batch-tokens 64
 run s_tp2 2 --tp 2 --total-batch-tokens 64 && same_steps s_tp1 s_tp2 1e-6 && same_routing s_tp1 s_tp2 1e-6 &&
-  plan_matches s_tp2 --tp 2 --total-batch-tokens 64
+  plan_matches s_tp2 2 --tp 2 --total-batch-tokens 64
 common=("${softmax[@]}")
 
 require_ranks 4
 run dp2 2 --total-batch-tokens 128
 for zero in 0 1 2 3; do
   run "dp2_tp2_zero$zero" 4 --tp 2 --zero "$zero" --total-batch-tokens 128 && same_steps dp2 "dp2_tp2_zero$zero" 1e-6
+  run "tp2_ep2_zero$zero" 4 --tp 2 --ep 2 --zero "$zero" --total-batch-tokens 128 &&
+    same_steps dp2 "tp2_ep2_zero$zero" 1e-6
 done
+plan_matches tp2_ep2_zero1 4 --tp 2 --ep 2 --zero 1 --total-batch-tokens 128
+common=("${sigmoid[@]}")  # the bias moved by the counts of every TP, EP and data-parallel rank
+run s_dp2 2 --total-batch-tokens 128 && run s_tp2_ep2 4 --tp 2 --ep 2 --total-batch-tokens 128 &&
+  same_steps s_dp2 s_tp2_ep2 1e-6
+common=("${softmax[@]}")
 
 # Checkpoints at step 2, resumed at another --tp (its ranks the TP group's): the uninterrupted run's
 # step 3.
@@ -74,6 +87,18 @@ run ck_full 2 --tp 2
 run ck_tp2 2 --tp 2 --resume auto && same_step3 ck_full ck_tp2
 run ck_tp2_to1 1 --resume auto && same_step3 ck_full ck_tp2_to1
 run ck_tp1_to2 2 --tp 2 --resume auto && same_step3 ck_full ck_tp1_to2
+# The same over 4 ranks with --ep 2 (2 data-parallel replicas, ZeRO 1).
+with_flags softmax --save 1 --checkpoint-every 2 --total-batch-tokens 128 --zero 1
+three=("${flags[@]}")
+with_flags three --max-steps 2
+common=("${flags[@]}")
+run ck_tp2_ep2 4 --tp 2 --ep 2
+for to in tp2 ep2; do cp -r "$tmp/ck_tp2_ep2" "$tmp/ck_tp2_ep2_to_$to"; done
+common=("${three[@]}")
+run ck_full_4 4 --tp 2 --ep 2
+run ck_tp2_ep2 4 --tp 2 --ep 2 --resume auto && same_step3 ck_full_4 ck_tp2_ep2
+run ck_tp2_ep2_to_tp2 4 --tp 2 --resume auto && same_step3 ck_full_4 ck_tp2_ep2_to_tp2
+run ck_tp2_ep2_to_ep2 2 --ep 2 --resume auto && same_step3 ck_full_4 ck_tp2_ep2_to_ep2
 
 [ "$failures" -eq 0 ] && echo "moe_tp: every tensor-parallel mixture equals one process"
 [ "$failures" -eq 0 ]

@@ -3,8 +3,8 @@
 // the ranks the split names (each split element by one, each replicated one by all), at the
 // place Megatron's scheme puts it (checked against plain index formulas), to_global agrees with
 // place(), and a TP rank's buckets hold the replicated tensors first (a mixture's router and experts
-// among them); an EP rank (--ep) holds its experts' blocks of fcw, fc2w, fcprojw and everything else
-// whole, and its buckets the rest first.
+// among them); an EP rank (--ep) holds its experts' blocks of fcw, fc2w, fcprojw and its TP rank's
+// part of everything else, and its buckets each group's replicated tensors as one range.
 #include "test/test_util.h"
 #include "src/dist/grad_buckets.h"
 #include "src/dist/tensor_split.h"
@@ -98,18 +98,20 @@ TEST_CASE("A TP rank's buckets hold the replicated tensors first", "[tensor_spli
     for (const GradientBucket& b : buckets.buckets()) {
       size_t replicated = 0;
       for (const GradientPiece& p : b.pieces) {
-        CHECK(tp_replicated(p.tensor) == (p.at < b.replicated));
+        CHECK(tp_replicated(p.tensor) == (p.at < b.tp_replicated.end));
         if (tp_replicated(p.tensor)) replicated += p.count;
       }
-      CHECK(b.replicated == replicated);
-      CHECK(b.replicated > 0);
+      CHECK(b.tp_replicated.begin == 0u);
+      CHECK(b.tp_replicated.count() == replicated);
+      CHECK(replicated > 0);
+      CHECK(b.ep_replicated.count() == 0u);
     }
     for (int r = 0; r < ranks; ++r) owned += buckets.state_count(r);
     CHECK(owned == split.local().total);
   }
   // Without tensor parallelism the order is llm.c's within each layer.
   const GradientBuckets plain(ParameterLayout(kModel), 1, 1);
-  CHECK(plain.buckets()[0].replicated == 0u);
+  CHECK(plain.buckets()[0].tp_replicated.count() == 0u);
   CHECK(plain.buckets()[0].pieces[0].tensor == kLn1w);
   CHECK(plain.buckets()[0].pieces[2].tensor == kQkvw);
 }
@@ -155,8 +157,8 @@ TEST_CASE("A TP rank of a mixture holds the router and the experts whole, first 
     size_t replicated = 0;
     for (const GradientBucket& b : buckets.buckets())
       for (const GradientPiece& p : b.pieces) {
-        CHECK(split_replicated(p.tensor, false, true) == (p.at < b.replicated));
-        if (p.at < b.replicated) replicated += p.count;
+        CHECK(tp_replicated(p.tensor, true) == (p.at < b.tp_replicated.end));
+        if (p.at < b.tp_replicated.end) replicated += p.count;
       }
     size_t expected = 0;
     for (int i = 0; i < kNumParameterTensors; ++i) expected += tp_replicated(i, true) ? whole[i].count : 0;
@@ -164,49 +166,61 @@ TEST_CASE("A TP rank of a mixture holds the router and the experts whole, first 
   }
 }
 
-TEST_CASE("An EP rank holds its experts' blocks whole and everything else; its buckets hold the rest first",
+TEST_CASE("An EP rank holds its experts' blocks, its TP rank's part of the rest; its buckets order both groups' ranges",
           "[tensor_split]") {
   const ModelConfig moe = mixture_model();
   const ParameterLayout whole(moe);
   const size_t HC = static_cast<size_t>(moe.hidden()) * moe.channels;
-  for (int size : {2, 4}) {
-    INFO("EP " << size);
-    const size_t El = moe.num_experts / size;
+  for (const auto& [tp, ep] : {std::pair{1, 2}, std::pair{1, 4}, std::pair{2, 2}}) {
+    INFO("TP " << tp << " EP " << ep);
+    const size_t El = moe.num_experts / ep;
     std::vector<int> holders(whole.total, 0);
-    for (int rank = 0; rank < size; ++rank) {
-      const TensorSplit split(moe, 1, 0, StagePart::whole(moe.num_layers), size, rank);
-      CHECK(!split.whole());
-      CHECK(split.group_size() == size);
-      CHECK(split.group_rank() == rank);
-      for (int i = 0; i < kNumParameterTensors; ++i) {
-        INFO(whole[i].name);
-        const bool expert = i == kFcw || i == kFc2w || i == kFcprojw;
-        CHECK(split_replicated(i, true, true) == !expert);
-        CHECK(split.local()[i].count == (expert ? whole[i].count / size : whole[i].count));
-        std::vector<size_t> part(split.local()[i].count), tensor(whole[i].count, ~size_t(0));
-        std::iota(part.begin(), part.end(), size_t(0));
-        split.place(i, part.data(), tensor.data());
-        for (size_t g = 0; g < tensor.size(); ++g) {
-          if (tensor[g] == ~size_t(0)) continue;
-          ++holders[whole[i].offset + g];
-          // An expert tensor's layer slice is E blocks of H·C: this rank's are rank·El .. rank·El + El - 1.
-          if (expert) {
-            const size_t within = g % (whole[i].count / moe.num_layers), e = within / HC;
-            CHECK((e >= rank * El && e < (rank + 1) * El));
+    for (int t = 0; t < tp; ++t)
+      for (int rank = 0; rank < ep; ++rank) {
+        const TensorSplit split(moe, tp, t, StagePart::whole(moe.num_layers), ep, rank);
+        CHECK(!split.whole());
+        for (int i = 0; i < kNumParameterTensors; ++i) {
+          INFO(whole[i].name);
+          const bool expert = i == kFcw || i == kFc2w || i == kFcprojw;
+          CHECK(expert_tensor(i) == expert);
+          CHECK(split.ep_splits(i) == expert);
+          CHECK(split.group_size(i) == (expert ? ep : tp));
+          CHECK(split.group_rank(i) == (expert ? rank : t));
+          const size_t parts = expert ? ep : tp_replicated(i, true) ? 1 : tp;
+          CHECK(split.local()[i].count == whole[i].count / parts);
+          std::vector<size_t> part(split.local()[i].count), tensor(whole[i].count, ~size_t(0));
+          std::iota(part.begin(), part.end(), size_t(0));
+          split.place(i, part.data(), tensor.data());
+          for (size_t g = 0; g < tensor.size(); ++g) {
+            if (tensor[g] == ~size_t(0)) continue;
+            ++holders[whole[i].offset + g];
+            // An expert tensor's layer slice is E blocks of H·C: this rank's are rank·El .. rank·El + El - 1.
+            if (expert) {
+              const size_t within = g % (whole[i].count / moe.num_layers), e = within / HC;
+              CHECK((e >= rank * El && e < (rank + 1) * El));
+            }
+          }
+        }
+        // Each group's replicated tensors one range: the TP group's (a prefix), the EP group's.
+        const GradientBuckets buckets(split.local(), 1, 1, tp > 1, true);
+        for (const GradientBucket& b : buckets.buckets()) {
+          CHECK(b.tp_replicated.begin == 0u);
+          for (const GradientPiece& p : b.pieces) {
+            INFO(whole[p.tensor].name);
+            CHECK((tp > 1 && tp_replicated(p.tensor, true)) == (p.at < b.tp_replicated.end));
+            CHECK(!expert_tensor(p.tensor) == (p.at >= b.ep_replicated.begin && p.at < b.ep_replicated.end));
           }
         }
       }
-      const GradientBuckets buckets(split.local(), 1, 1, true, true);
-      for (const GradientBucket& b : buckets.buckets()) {
-        for (const GradientPiece& p : b.pieces) CHECK(split_replicated(p.tensor, true, true) == (p.at < b.replicated));
-      }
-    }
+    // Experts: one EP rank, every TP rank; the rest: every EP rank, and every TP rank or one.
     for (int i = 0; i < kNumParameterTensors; ++i)
-      for (size_t g = 0; g < whole[i].count; ++g)
-        if (holders[whole[i].offset + g] != (split_replicated(i, true, true) ? size : 1)) {
+      for (size_t g = 0; g < whole[i].count; ++g) {
+        const int expected = expert_tensor(i) ? tp : tp_replicated(i, true) ? tp * ep : ep;
+        if (holders[whole[i].offset + g] != expected) {
           FAIL_CHECK(whole[i].name << " element " << g << " held by " << holders[whole[i].offset + g] << " ranks");
           break;
         }
+      }
   }
   CHECK_THROWS_WITH(TensorSplit(moe, 1, 0, StagePart::whole(moe.num_layers), 3, 0), Catch::Contains("--ep 3"));
 }
