@@ -181,15 +181,6 @@ void validate_experts(const TrainConfig& cfg, const ModelConfig& model, const st
   if (model.num_experts % cfg.ep != 0)
     throw std::invalid_argument("--ep " + std::to_string(cfg.ep) + ": each rank holds whole experts, so it must "
                                 "divide the experts E = " + std::to_string(model.num_experts) + " (" + model_source + ")");
-  if (cfg.ep == 1 || cfg.plan) return;
-  // What expert parallelism does not compose with yet (docs/MOE.md "Expert parallelism").
-  const std::pair<std::string, bool> not_yet[] = {
-      {"--export-hf", !cfg.export_hf.empty()}, {"--generate", cfg.generate},
-      {"--sample-every", cfg.sample_every > 0}, {"--eval-data", !cfg.eval_data.empty()}};
-  for (const auto& [what, set] : not_yet)
-    if (set)
-      throw std::invalid_argument("--ep " + std::to_string(cfg.ep) + " with " + what + ": not built yet with "
-                                  "expert parallelism (docs/MOE.md)");
 }
 
 LrSchedule make_lr_schedule(const TrainConfig& cfg) {

@@ -12,7 +12,8 @@
 #   - the sigmoid router (dev/mixtral_reference.py --router sigmoid, 8 experts) at 2 ranks --ep 2
 #     and 4 ranks --ep 2 ZeRO 1: its balancing bias moves by every data-parallel rank's counts;
 #   - a checkpoint written at --ep 2 resumes at --ep 2, 1 and 4, and one written at --ep 1 at --ep 2,
-#     with the uninterrupted run's step 3 (within 1e-5).
+#     with the uninterrupted run's step 3 (within 1e-5);
+#   - HellaSwag scores, samples and the Hugging Face export at --ep 2 are --ep 1's.
 # Refusals are cli_errors.sh's.
 # usage: moe_ep.sh cpu|gpu
 set -u
@@ -78,18 +79,25 @@ run ck_ep2_to4 4 --ep 4 --resume auto && same_step3 ck_full ck_ep2_to4
 run ck_ep1_to2 4 --ep 2 --resume auto && same_step3 ck_full ck_ep1_to2
 common=("${softmax[@]}")
 
-# What --ep does not compose with yet: one line, before any step (every rank refuses alike).
-refused() {  # refused NAME PATTERN FLAGS...: 2 ranks at --ep 2 refuse FLAGS with PATTERN
-  local name=$1 pattern=$2
-  shift 2
-  with_flags common --out-dir "$tmp/$name" --ep 2 "$@"
-  if mpirun -np 2 "${mpi_opts[@]}" "$bin" "${flags[@]}" >"$tmp/$name.log" 2>&1; then
-    fail "$name: exited 0"
-  elif ! grep -qE "$pattern" "$tmp/$name.log" || grep -q '^step ' "$tmp/$name.log"; then
-    fail "$name: expected '$pattern' before any step"; tail -n 5 "$tmp/$name.log"
-  fi
-}
-refused export "error: --ep 2 with --export-hf: not built yet" --save 1 --export-hf "$tmp/hf"
+# What the whole model serves with its experts spread: HellaSwag (--eval-data: the forward's
+# dispatch), samples (--sample-every: rank 0 gathers every expert) and the Hugging Face export (of
+# the model file the EP group gathers) equal --ep 1's.
+"$python" - "$tmp/eval.bin" <<'PY' || fail "writing the eval file"
+import sys
+import numpy as np
+sys.path.insert(0, "test/checks/lib")
+from eval_file import write_eval_file
+rng = np.random.default_rng(5)
+write_eval_file(sys.argv[1], [(i % 2, rng.integers(0, 250, 3).tolist(),
+                               [rng.integers(0, 250, 2).tolist() for _ in range(2 + i % 2)]) for i in range(6)])
+PY
+with_flags softmax --eval-data "$tmp/eval.bin" --eval-every 2 --prompt a --sample-every 2 --max-new-tokens 8 \
+  --save 1 --save-dtype fp32 --total-batch-tokens 128
+common=("${flags[@]}")
+run serve_ep1 2 --ep 1 && run serve_ep2 2 --ep 2 --export-hf "$tmp/hf_ep2" && same_eval_and_samples serve_ep1 serve_ep2
+"$python" dev/hf_llama_check.py check "$tmp/hf_ep2" --model-bin "$tmp/serve_ep2/model.bin" >"$tmp/hf_ep2.check" ||
+  { fail "--ep 2's --export-hf is not its model.bin"; cat "$tmp/hf_ep2.check"; }
+common=("${softmax[@]}")
 
 [ "$failures" -eq 0 ] && echo "moe_ep: every expert-parallel run equals --ep 1"
 [ "$failures" -eq 0 ]
