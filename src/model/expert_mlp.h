@@ -26,6 +26,7 @@
 #include "src/model/block_ops.h"
 
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -72,6 +73,22 @@ struct ExpertStats {
                      : 0.0;
   }
 };
+
+// `s` summed over the ranks of `groups` that read other micro-batches (the data-parallel and EP
+// groups; nullptr or one rank: none), so the step's figures are every replica's: a collective
+// (blocking) every rank of those groups calls in turn.
+inline ExpertStats pooled_expert_stats(const ExpertStats& s, std::initializer_list<Communicator*> groups) {
+  std::vector<double> values(s.tokens.begin(), s.tokens.end());
+  values.push_back(s.aux_sum);
+  values.push_back(s.micro_batches);
+  for (Communicator* group : groups)
+    if (group != nullptr && group->world_size() > 1) group->sum(values);
+  ExpertStats total;
+  for (size_t e = 0; e < s.tokens.size(); ++e) total.tokens.push_back(static_cast<int64_t>(values[e]));
+  total.aux_sum = values[s.tokens.size()];
+  total.micro_batches = static_cast<int>(values[s.tokens.size() + 1]);
+  return total;
+}
 
 // A mixture's state across one optimizer step: each local layer's rows per expert on the device
 // (the sigmoid router's bias update reads them), and the step's figures on the host.

@@ -6,7 +6,8 @@
 #   - --moe-balanced-routing 1 routes exactly as many rows to each expert;
 #   - --recompute 3 (the backward reruns the experts) gives the same records bit for bit;
 #   - data parallel over 2 ranks (ZeRO 1 and ZeRO 3) gives one process's records with the same
-#     micro-batches (gradient accumulation 2: each micro-batch's auxiliary loss is its own) within 1e-5;
+#     micro-batches (gradient accumulation 2: each micro-batch's auxiliary loss is its own) within 1e-5,
+#     the router figures too (summed over the ranks);
 #   - a run resumed from step 2's checkpoint gives step 3's records within 1e-5;
 #   - a random Hugging Face Mixtral directory (dev/hf_llama_check.py make --experts) loads with the
 #     validation loss of the script's own forward, --export-hf writes model.bin's tensors back as a
@@ -66,7 +67,7 @@ PY
 run recompute3 1 --max-steps 3 --val-steps 2 --recompute 3 && same_records one recompute3
 
 require_ranks 2
-run dp2 2 --max-steps 3 --val-steps 1 --zero 1 && same_steps one dp2 1e-5
+run dp2 2 --max-steps 3 --val-steps 1 --zero 1 && same_steps one dp2 1e-5 && same_routing one dp2 1e-5
 run dp2_zero3 2 --max-steps 3 --val-steps 1 --zero 3 && same_steps one dp2_zero3 1e-5
 
 run resumed 1 --max-steps 2 --val-steps 2 && run resumed 1 --max-steps 3 --val-steps 2 --resume auto && same_step3 one resumed

@@ -2,7 +2,8 @@
 # Expert parallelism end to end (--ep: src/model/expert_parallel.h, docs/MOE.md) on the tiny Mixtral
 # of dev/mixtral_reference.py (4 experts, top-2, aux coefficient 0.02), fp32, 2 micro-batches per
 # step: each rank holds E/N experts and sends its rows to them, and the per-step loss, gradient
-# norm and validation loss equal the same data-parallel world's at --ep 1 within 1e-6:
+# norm, validation loss and router figures (every rank's tokens per expert, exactly; the aux loss)
+# equal the same data-parallel world's at --ep 1 within 1e-6:
 #   - 2 ranks at --ep 2 (one EP group: each expert on one rank, no ZeRO sharding left), at
 #     --recompute 0, 1 and 3;
 #   - 4 ranks at --ep 2 (two EP groups; each expert's gradient averaged over its 2 holders and
@@ -28,7 +29,7 @@ common=(--init-from "$mref/model.bin" --train-data "$mref/train.bin" --val-data 
 
 require_ranks 2
 run ep1 2 --ep 1 --total-batch-tokens 128
-run ep2 2 --ep 2 --total-batch-tokens 128 && same_steps ep1 ep2 1e-6
+run ep2 2 --ep 2 --total-batch-tokens 128 && same_steps ep1 ep2 1e-6 && same_routing ep1 ep2 1e-6
 for r in 0 3; do  # the products kept, or the whole block (its exchanges too) rerun in the backward
   run "ep2_recompute$r" 2 --ep 2 --total-batch-tokens 128 --recompute "$r" && same_steps ep1 "ep2_recompute$r" 1e-6
 done
@@ -47,7 +48,8 @@ softmax=("${common[@]}")
 with_flags softmax --init-from "$sref/model.bin" --moe-bias-rate 0.05
 sigmoid=("${flags[@]}")
 common=("${sigmoid[@]}")
-run s_ep1 2 --ep 1 --total-batch-tokens 128 && run s_ep2 2 --ep 2 --total-batch-tokens 128 && same_steps s_ep1 s_ep2 1e-6
+run s_ep1 2 --ep 1 --total-batch-tokens 128 && run s_ep2 2 --ep 2 --total-batch-tokens 128 && same_steps s_ep1 s_ep2 1e-6 &&
+  same_routing s_ep1 s_ep2 1e-6
 common=("${softmax[@]}")
 
 require_ranks 4
@@ -57,9 +59,10 @@ run s_ep1_4 4 --ep 1 --zero 1 --total-batch-tokens 256 &&
 common=("${softmax[@]}")
 run ep1_4 4 --ep 1 --zero 1 --total-batch-tokens 256
 for zero in 0 1 2 3; do
-  run "ep2_4_zero$zero" 4 --ep 2 --zero "$zero" --total-batch-tokens 256 && same_steps ep1_4 "ep2_4_zero$zero" 1e-6
+  run "ep2_4_zero$zero" 4 --ep 2 --zero "$zero" --total-batch-tokens 256 && same_steps ep1_4 "ep2_4_zero$zero" 1e-6 &&
+    same_routing ep1_4 "ep2_4_zero$zero" 1e-6
 done
-run ep4_4 4 --ep 4 --zero 1 --total-batch-tokens 256 && same_steps ep1_4 ep4_4 1e-6
+run ep4_4 4 --ep 4 --zero 1 --total-batch-tokens 256 && same_steps ep1_4 ep4_4 1e-6 && same_routing ep1_4 ep4_4 1e-6
 
 # Checkpoints: written at --ep 2 over 4 ranks (ZeRO 1) at step 2, resumed at --ep 2, 1 and 4, and
 # one written at --ep 1 resumed at --ep 2, give the uninterrupted run's step 3 (a rank's state file

@@ -63,14 +63,15 @@ common=("${softmax[@]}")
 require_ranks 4
 run dp2 2 --total-batch-tokens 128
 for zero in 0 1 2 3; do
-  run "dp2_tp2_zero$zero" 4 --tp 2 --zero "$zero" --total-batch-tokens 128 && same_steps dp2 "dp2_tp2_zero$zero" 1e-6
+  run "dp2_tp2_zero$zero" 4 --tp 2 --zero "$zero" --total-batch-tokens 128 && same_steps dp2 "dp2_tp2_zero$zero" 1e-6 &&
+    same_routing dp2 "dp2_tp2_zero$zero" 1e-6
   run "tp2_ep2_zero$zero" 4 --tp 2 --ep 2 --zero "$zero" --total-batch-tokens 128 &&
-    same_steps dp2 "tp2_ep2_zero$zero" 1e-6
+    same_steps dp2 "tp2_ep2_zero$zero" 1e-6 && same_routing dp2 "tp2_ep2_zero$zero" 1e-6
 done
 plan_matches tp2_ep2_zero1 4 --tp 2 --ep 2 --zero 1 --total-batch-tokens 128
 common=("${sigmoid[@]}")  # the bias moved by the counts of every TP, EP and data-parallel rank
 run s_dp2 2 --total-batch-tokens 128 && run s_tp2_ep2 4 --tp 2 --ep 2 --total-batch-tokens 128 &&
-  same_steps s_dp2 s_tp2_ep2 1e-6
+  same_steps s_dp2 s_tp2_ep2 1e-6 && same_routing s_dp2 s_tp2_ep2 1e-6
 common=("${softmax[@]}")
 
 # Checkpoints at step 2, resumed at another --tp (its ranks the TP group's): the uninterrupted run's
