@@ -169,7 +169,7 @@ void validate_experts(const TrainConfig& cfg, const ModelConfig& model, const st
     throw std::invalid_argument("--moe-bias-rate: " + model_source +
                                 " routes by softmax, which has no balancing bias (--moe-router sigmoid has)");
   const std::pair<const char*, bool> unsupported[] = {
-      {"--tp", cfg.tp > 1}, {"--pp", cfg.pp > 1}, {"--cp", cfg.cp > 1}, {"--fp8", cfg.fp8}};
+      {"--tp", cfg.tp > 1}, {"--cp", cfg.cp > 1}, {"--fp8", cfg.fp8}};
   for (const auto& [flag, set] : unsupported)
     if (set)
       throw std::invalid_argument(std::string(flag) + " with experts (" + model_source +

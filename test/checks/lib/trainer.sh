@@ -105,19 +105,26 @@ run() {
 
 # same_steps REFERENCE OTHER REL: the per-step train_loss and grad_norm of runs REFERENCE and OTHER
 # (run's NAMEs), and their validation losses (steps 2 and 3 of 3 at --val-every 2), agree within REL.
+# same_steps REFERENCE OTHER REL routing: also (a mixture of experts) the auxiliary loss within REL and
+# expert_tokens exactly (rank 0's figures: for runs whose rank 0 routes the same micro-batches).
 same_steps() {
-  "$python" - "$tmp/$1/metrics.jsonl" "$tmp/$2/metrics.jsonl" "$3" <<'PY' || fail "$2 differs from $1"
+  "$python" - "$tmp/$1/metrics.jsonl" "$tmp/$2/metrics.jsonl" "$3" "${4:-}" <<'PY' || fail "$2 differs from $1"
 import json, sys
 a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
-rel = float(sys.argv[3])
+rel, routing = float(sys.argv[3]), sys.argv[4] == "routing"
 bad = len(a) != len(b) or len(a) != 5
 worst = 0.0
 for x, y in zip(a, b):
-    for key in ("val_loss",) if "val_loss" in x else ("train_loss", "grad_norm"):
-        d = abs(x[key] - y[key]) / abs(x[key])
+    keys = ("val_loss",) if "val_loss" in x else ("train_loss", "grad_norm") + (("aux_loss",) if routing else ())
+    for key in keys:
+        if key not in x or key not in y:
+            print(f"  step {x['step']}: no {key}"); bad = True; continue
+        d = abs(x[key] - y[key]) / abs(x[key]) if x[key] != 0 else abs(y[key])
         worst = max(worst, d)
         if d > rel:
             print(f"  step {x['step']} {key}: {x[key]} vs {y[key]} (relative {d:.2e} > {rel})"); bad = True
+    if routing and "val_loss" not in x and x.get("expert_tokens") != y.get("expert_tokens"):
+        print(f"  step {x['step']} expert_tokens: {x.get('expert_tokens')} vs {y.get('expert_tokens')}"); bad = True
 print(f"  {sys.argv[2].split('/')[-2]}: worst relative difference {worst:.2e}")
 sys.exit(1 if bad else 0)
 PY
