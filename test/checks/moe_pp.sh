@@ -13,6 +13,7 @@
 #     micro-batches in flight, each with its own routes) against 2 data-parallel ranks at --pp 1;
 #   - the sigmoid router (build/reference/mixtral-sigmoid, 2 layers: one per stage) at --pp 2, its
 #     balancing bias moving at --moe-bias-rate 0.05 by each stage's own layers' counts;
+#   - a checkpoint written at --pp 2 resumes on one process with the uninterrupted run's step 3;
 #   - --plan --pp 2 with experts counts the routing tail in what each stage sends.
 # usage: moe_pp.sh cpu|gpu
 set -u
@@ -46,6 +47,14 @@ with_flags common --init-from "$sref/model.bin" --train-data "$sref/train.bin" -
 common=("${flags[@]}")
 run sigmoid_pp1 1 && run sigmoid_pp2 2 --pp 2 && same_steps sigmoid_pp1 sigmoid_pp2 1e-6 routing
 common=("${softmax[@]}")
+
+# A checkpoint written at --pp 2 (each stage's experts and routers) resumes on one process with the
+# uninterrupted run's step 3.
+with_flags softmax --save 1 --checkpoint-every 2 --max-steps 2
+common=("${flags[@]}")
+run ck_pp2 2 --pp 2
+common=("${softmax[@]}")
+run ck_resumed 1 --resume "$tmp/ck_pp2/checkpoint_00000002" && same_step3 pp1 ck_resumed
 
 # Each stage sends 4 activations (or gradients) of 32 rows x 64 fp32 (8192 B) and 4 routing tails
 # of 8·E = 32 B per step.
