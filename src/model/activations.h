@@ -64,16 +64,17 @@ struct ActivationCounts {
   size_t lnf_stat = 0, lnf_mean = 0, losses = 0, scratch = 0, norm_squared = 0;
   size_t classifier_stats = 0;  // tensor parallel: each lm-head chunk row's max and two sums
   // Mixture of experts, fp32: kept per layer, the router's probabilities (slices, N, E) and gates
-  // (slices, N, K); per set, the probabilities' column sums over the micro-batch's layers (E); work
-  // buffers, the logits and their gradient (N, E), the gates' gradient (N, K), the auxiliary loss's
-  // gradient per probability (E).
-  size_t moe_probs = 0, moe_gate = 0, moe_prob_sums = 0, moe_logits = 0, moe_dgate = 0, moe_aux_grad = 0;
+  // (slices, N, K); work buffers, the logits and their gradient (N, E), the gates' gradient (N, K),
+  // the auxiliary loss's gradient per probability (E).
+  size_t moe_probs = 0, moe_gate = 0, moe_logits = 0, moe_dgate = 0, moe_aux_grad = 0;
   // int elements.
   size_t tokens = 0;  // each of inputs, targets
   size_t buckets = 0;
   // Mixture of experts, int: kept per layer, each row's experts, the slot each (row, k) goes to and
-  // each slot's row (slices, N, K) each, and the experts' slot offsets (slices, E + 1).
-  size_t moe_expert = 0, moe_slot = 0, moe_token = 0, moe_offsets = 0;
+  // each slot's row (slices, N, K) each, and the experts' slot offsets (slices, E + 1); per set, the
+  // micro-batch's routing tail (2·E 4-byte values: expert_mlp.h's RoutingTail), and with pipeline
+  // parallelism the first set's copy of the totals a backward sends with its input gradient.
+  size_t moe_expert = 0, moe_slot = 0, moe_token = 0, moe_offsets = 0, moe_tail = 0, moe_tail_out = 0;
 };
 
 // The configuration of a model that runs micro-batches of B×seq_len tokens at setting `recompute`,
@@ -174,7 +175,7 @@ inline ActivationCounts activation_counts(const ModelConfig& cfg, int B, int seq
     n.moe_rows = 2 * M * C + (ep > 1 ? 2 * Mx * C : 0);
     n.moe_probs = kept * Nr * E;
     n.moe_gate = kept * M;
-    n.moe_prob_sums = E;
+    n.moe_tail = 2 * E;
     n.moe_logits = Nr * E;
     n.moe_dgate = M;
     n.moe_aux_grad = E;
@@ -187,7 +188,8 @@ inline ActivationCounts activation_counts(const ModelConfig& cfg, int B, int seq
 // zb-h1 (pipeline_schedule.h) splits a pass's backward: the input backward leaves each product's
 // output gradient for the weight backward, per layer: the two residual-branch projections' (N, C
 // each), qkv's (N, QKV/size) and, with GELU, fc's (N, H/size) (SwiGLU's two stay in fch, where its
-// backward writes them). In that order within a layer's (N, per_layer) block.
+// backward writes them). In that order within a layer's (N, per_layer) block. With experts the MLP
+// is not deferred (its weight gradients are the input backward's): no fcproj block.
 struct DeferredGradients {
   size_t fcproj = 0, attproj = 0, qkv = 0, fc = 0;  // offsets within a layer's block
   size_t per_layer = 0;
@@ -195,8 +197,8 @@ struct DeferredGradients {
 inline DeferredGradients deferred_gradients(const ModelConfig& cfg, int B, int seq_len, const TensorParallelism& tp = {}) {
   const size_t N = static_cast<size_t>(B) * seq_len, C = cfg.channels;
   DeferredGradients d;
-  d.attproj = N * C;
-  d.qkv = 2 * N * C;
+  d.attproj = cfg.moe() ? 0 : N * C;
+  d.qkv = d.attproj + N * C;
   d.fc = d.qkv + N * (cfg.qkv_channels() / tp.size);
   d.per_layer = d.fc + (cfg.mlp == Mlp::gelu ? N * (cfg.hidden() / tp.size) : 0);
   return d;
@@ -206,11 +208,12 @@ inline DeferredGradients deferred_gradients(const ModelConfig& cfg, int B, int s
 // chunk passes), each set's counts those of activation_counts for the rank's largest chunk (its
 // cfg.num_layers), then these. The first set is whole; every further set holds what a pass keeps
 // until its backward (the per-layer tensors, the chunk's input and output, lnf, losses, tokens,
-// the received output gradient), while the buffers a pass only works in (branch, residual and
-// wide gradients, scratch; the logits) are the first set's alone. A stage without the head has
-// no logits at all.
+// the received output gradient, the routing tail), while the buffers a pass only works in
+// (branch, residual and wide gradients, scratch; the logits; the routing totals a backward sends)
+// are the first set's alone. A stage without the head has no logits at all.
 inline ActivationCounts pipeline_slot_counts(ActivationCounts n, bool first, bool head) {
   n.output_grad = n.lnf_stat * (n.lnf / n.losses);  // this rank's rows × C
+  n.moe_tail_out = first ? n.moe_tail : 0;
   if (!first)
     n.branch = n.dresidual = n.dwide = n.scratch = n.norm_squared = n.moe_rows = n.moe_logits = n.moe_dgate =
         n.moe_aux_grad = 0;
@@ -238,8 +241,8 @@ inline ActivationBytes activation_bytes(const ActivationCounts& n, DType dtype) 
                  sizeof(int) * (n.moe_expert + n.moe_slot + n.moe_token + n.moe_offsets);
   bytes.other = t * (n.lnf + n.logits + n.branch + n.dresidual + n.dwide + n.output_grad + n.douts + n.moe_rows) +
                 f * (n.lnf_stat + n.lnf_mean + n.losses + n.scratch + n.norm_squared + n.classifier_stats +
-                     n.moe_prob_sums + n.moe_logits + n.moe_dgate + n.moe_aux_grad) +
-                sizeof(int) * (2 * n.tokens + n.buckets);
+                     n.moe_logits + n.moe_dgate + n.moe_aux_grad) +
+                sizeof(int) * (2 * n.tokens + n.buckets + n.moe_tail + n.moe_tail_out);
   return bytes;
 }
 inline ActivationBytes model_activation_bytes(const ModelConfig& cfg, int B, int seq_len, int recompute, DType dtype,
@@ -280,8 +283,8 @@ struct Activations {
   DeviceArray<int> buckets;                     // encoder-backward bucket list
   // Mixture of experts (ActivationCounts' moe_ fields; expert_mlp.h).
   DeviceArray<Elem> moe_out, moe_rows;
-  DeviceArray<float> moe_probs, moe_gate, moe_prob_sums, moe_logits, moe_dgate, moe_aux_grad;
-  DeviceArray<int> moe_expert, moe_slot, moe_token, moe_offsets;
+  DeviceArray<float> moe_probs, moe_gate, moe_logits, moe_dgate, moe_aux_grad;
+  DeviceArray<int> moe_expert, moe_slot, moe_token, moe_offsets, moe_tail, moe_tail_out;
   // Every layer's expert slot offsets on the host (L, E + 1), whatever the recompute setting: the
   // per-expert products' row counts, and the auxiliary loss's expert counts.
   std::vector<int> moe_host_offsets;
@@ -322,14 +325,15 @@ struct Activations {
         moe_rows(n.moe_rows, "activations (expert rows and their gradients)"),
         moe_probs(n.moe_probs, "activations (router probabilities)"),
         moe_gate(n.moe_gate, "activations (expert gates)"),
-        moe_prob_sums(n.moe_prob_sums, "router probability sums"),
         moe_logits(n.moe_logits, "router logits and their gradient"),
         moe_dgate(n.moe_dgate, "expert gates' gradient"),
         moe_aux_grad(n.moe_aux_grad, "the auxiliary loss's gradient"),
         moe_expert(n.moe_expert, "activations (routed experts)"),
         moe_slot(n.moe_slot, "activations (expert slots)"),
         moe_token(n.moe_token, "activations (expert slots' rows)"),
-        moe_offsets(n.moe_offsets, "activations (expert slot offsets)") {}
+        moe_offsets(n.moe_offsets, "activations (expert slot offsets)"),
+        moe_tail(n.moe_tail, "the micro-batch's routing counts and probability sums"),
+        moe_tail_out(n.moe_tail_out, "the routing totals sent with an input gradient") {}
 
   // The sum of the buffers allocated, which model_activation_bytes(...).total() predicts.
   size_t bytes() const {
@@ -340,9 +344,9 @@ struct Activations {
                      losses.bytes(), classifier_stats.bytes(), branch.bytes(), dresidual.bytes(), dwide.bytes(),
                      output_grad.bytes(), douts.bytes(), scratch.bytes(), norm_squared.bytes(), inputs.bytes(),
                      targets.bytes(), buckets.bytes(), moe_out.bytes(), moe_rows.bytes(), moe_probs.bytes(),
-                     moe_gate.bytes(), moe_prob_sums.bytes(), moe_logits.bytes(), moe_dgate.bytes(),
-                     moe_aux_grad.bytes(), moe_expert.bytes(), moe_slot.bytes(), moe_token.bytes(),
-                     moe_offsets.bytes()})
+                     moe_gate.bytes(), moe_logits.bytes(), moe_dgate.bytes(), moe_aux_grad.bytes(),
+                     moe_expert.bytes(), moe_slot.bytes(), moe_token.bytes(), moe_offsets.bytes(),
+                     moe_tail.bytes(), moe_tail_out.bytes()})
       total += b;
     return total;
   }

@@ -15,6 +15,13 @@
 // the same for every row of every layer: one E-vector (moe_aux_grad) added in each layer's router
 // backward. The objective is cross-entropy + coefficient · aux; the loss the run reports is the
 // cross-entropy alone, and the auxiliary loss is reported beside it (metrics.jsonl).
+//
+// The sums are pooled over the whole model, but a pipeline stage holds only some of its layers, so
+// they travel with the micro-batch (RoutingTail): each activation set's tail holds the counts and
+// probability sums of every layer the micro-batch went through so far; a chunk that continues the
+// model receives its predecessor's tail with its input, adds its own layers and sends it on with
+// its output, so the head's chunk ends with the totals, which every backward gradient transfer
+// carries back (pipeline_step.h). Every chunk's backward thus sees the whole micro-batch's totals.
 #pragma once
 #include "kernels/matmul.cuh"
 #include "kernels/moe_dispatch.cuh"
@@ -116,6 +123,48 @@ const int* expert_offsets(const Activations<Elem>& a, int E, int j) {
   return a.moe_host_offsets.data() + static_cast<size_t>(j) * (E + 1);
 }
 
+// An activation set's routing tail (Activations::moe_tail, 8·E bytes on the device): the (row, k)
+// choices each expert got, E int32, then the router probabilities' column sums, E float, over the
+// micro-batch's layers so far (the totals once its head's chunk has run). One buffer, so a
+// pipeline transfer moves it whole: 8·E / sizeof(Elem) elements.
+struct RoutingTail {
+  int* counts;
+  float* prob_sums;
+};
+template <typename Elem>
+RoutingTail routing_tail(const Activations<Elem>& a, int E) {
+  return {a.moe_tail.get(), reinterpret_cast<float*>(a.moe_tail.get() + E)};
+}
+template <typename Elem>
+size_t routing_tail_elements(const ModelConfig& c) {
+  return c.moe() ? 2 * static_cast<size_t>(c.num_experts) * sizeof(int) / sizeof(Elem) : 0;
+}
+
+// Before a chunk's forward in set a: a chunk that starts the model starts its tail at zero (one that
+// continues it received its predecessor's with its input, or starts at zero: the forward pass alone).
+template <typename Elem>
+void routing_tail_begin(const Activations<Elem>& a, bool starts_model, cudaStream_t s) {
+  if (starts_model) cuda_check(cudaMemsetAsync(a.moe_tail.get(), 0, a.moe_tail.bytes(), s), "zeroing the routing tail");
+}
+
+// After a chunk's forward of `layers` layers in set a (its probability sums added on the device as
+// it ran): its layers' counts, from the host offsets, added to the tail's. Waits for the device.
+template <typename Elem>
+void routing_tail_end(const ModelConfig& c, const Activations<Elem>& a, int layers, bool starts_model,
+                      cudaStream_t s) {
+  const int E = c.num_experts;
+  std::vector<int> counts(E, 0);
+  const RoutingTail tail = routing_tail(a, E);
+  if (!starts_model) copy_to_host(counts.data(), tail.counts, E * sizeof(int), s);
+  for (int j = 0; j < layers; ++j) {
+    const int* at = expert_offsets(a, E, j);
+    for (int e = 0; e < E; ++e) counts[e] += at[e + 1] - at[e];
+  }
+  cuda_check(cudaMemcpyAsync(tail.counts, counts.data(), E * sizeof(int), cudaMemcpyHostToDevice, s),
+             "adding the chunk's expert counts to the routing tail");
+  cuda_check(cudaStreamSynchronize(s), "adding the chunk's expert counts to the routing tail");
+}
+
 // Where one layer's forward on N rows (M = N·K expert rows) writes: the router's logits (N × E, a
 // work buffer), probabilities (N × E), gates, experts and slots (N × K), each slot's row (M), the
 // experts' slot offsets (E + 1; on the host too), fch (w1's products, then w3's: 2 · M × H), the
@@ -157,7 +206,7 @@ ExpertBuffers<Elem> expert_buffers(const ModelConfig& c, Activations<Elem>& a, A
           layer_slice(a.moe_out, j, static_cast<size_t>(M) * c.channels),
           w.moe_rows.get(),
           counts,
-          a.moe_prob_sums.get(),
+          routing_tail(a, E).prob_sums,
           a.moe_host_offsets.data() + host_at,
           choice};
 }
@@ -314,38 +363,43 @@ class ExpertWork {
   std::vector<int> host_offsets_;
 };
 
-// Before a micro-batch's backward: its auxiliary loss (from the forward's counts and probability
-// sums) into `stats`, and the loss's gradient per probability, scaled by coefficient · `scale`
-// (the objective's weight of one micro-batch's mean), into w.moe_aux_grad. `layers`: the slices
-// the forward filled, of the micro-batch's N rows; `row_group` (nullptr: none): the ranks that
-// routed the other rows (--tp's sequence-parallel ranks), over which counts and sums are pooled
-// first. Waits for the device (the probability sums).
+// Before a chunk's backward in set a, whose tail holds the micro-batch's totals (routing_tail):
+// the auxiliary loss's gradient per probability, scaled by coefficient · `scale` (the objective's
+// weight of one micro-batch's mean), into w.moe_aux_grad, and with `stats` (once per micro-batch
+// and rank) the micro-batch's expert counts and auxiliary loss into it: the whole model's, on every
+// pipeline stage. The tail holds this rank's rows; `row_group` (nullptr: none), the ranks that
+// routed the micro-batch's other N rows (--tp's sequence-parallel ranks), sums the totals first.
+// With pipeline parallelism the (rank's) totals are also copied to w.moe_tail_out, which the
+// backward's input gradient takes back to the previous stage. Waits for the device.
 template <typename Elem>
-void expert_aux_gradient(const ModelConfig& c, const Activations<Elem>& a, Activations<Elem>& w, int layers, int N,
-                         float scale, ExpertStats& stats, Communicator* row_group, cudaStream_t s) {
+void expert_aux_gradient(const ModelConfig& c, const Activations<Elem>& a, Activations<Elem>& w, int N, float scale,
+                         ExpertStats* stats, Communicator* row_group, cudaStream_t s) {
   const int E = c.num_experts;
-  std::vector<double> sums(2 * static_cast<size_t>(E), 0.0);  // counts, then probability sums
-  for (int j = 0; j < layers; ++j) {
-    const int* at = expert_offsets(a, E, j);
-    for (int e = 0; e < E; ++e) sums[e] += at[e + 1] - at[e];
-  }
-  if (c.router == Router::softmax) {
-    std::vector<float> prob_sums(E);
-    copy_to_host(prob_sums.data(), a.moe_prob_sums.get(), E * sizeof(float), s);
-    for (int e = 0; e < E; ++e) sums[E + e] = prob_sums[e];
-  }
-  if (row_group != nullptr) row_group->sum(sums);
-  for (int e = 0; e < E; ++e) stats.tokens[e] += static_cast<int64_t>(sums[e]);
-  ++stats.micro_batches;
-  if (c.router == Router::sigmoid) return;  // no auxiliary loss: the bias balances (docs/MOE.md)
-  const double R = static_cast<double>(layers) * N;
+  const RoutingTail tail = routing_tail(a, E);
+  if (w.moe_tail_out.count() > 0)
+    cuda_check(cudaMemcpyAsync(w.moe_tail_out.get(), a.moe_tail.get(), a.moe_tail.bytes(), cudaMemcpyDeviceToDevice, s),
+               "the routing totals an input gradient takes back");
+  std::vector<int> counts(E);
+  std::vector<float> prob_sums(E);
+  copy_to_host(counts.data(), tail.counts, E * sizeof(int), s);
+  if (c.router == Router::softmax) copy_to_host(prob_sums.data(), tail.prob_sums, E * sizeof(float), s);
+  std::vector<double> totals(counts.begin(), counts.end());  // counts, then probability sums
+  totals.insert(totals.end(), prob_sums.begin(), prob_sums.end());
+  if (row_group != nullptr) row_group->sum(totals);
+  const double R = static_cast<double>(c.num_layers) * N;  // every layer's rows: the whole model's
   double aux = 0.0;
   std::vector<float> grad(E);
   for (int e = 0; e < E; ++e) {
-    aux += E * (sums[e] / R) * (sums[E + e] / R);
-    grad[e] = static_cast<float>(c.aux_loss_coef * scale * E * sums[e] / (R * R));
+    const double count = totals[e];
+    aux += E * (count / R) * (totals[E + e] / R);
+    grad[e] = static_cast<float>(c.aux_loss_coef * scale * E * count / (R * R));
   }
-  stats.aux_sum += aux;
+  if (stats != nullptr) {
+    for (int e = 0; e < E; ++e) stats->tokens[e] += static_cast<int64_t>(totals[e]);
+    ++stats->micro_batches;
+    if (c.router == Router::softmax) stats->aux_sum += aux;
+  }
+  if (c.router == Router::sigmoid) return;  // no auxiliary loss: the bias balances (docs/MOE.md)
   cuda_check(cudaMemcpyAsync(w.moe_aux_grad.get(), grad.data(), E * sizeof(float), cudaMemcpyHostToDevice, s),
              "uploading the auxiliary loss's gradient");
   cuda_check(cudaStreamSynchronize(s), "uploading the auxiliary loss's gradient");

@@ -189,13 +189,27 @@ void expert_parallel_backward(const ModelConfig& c, const ExpertRoute& r, const 
                          scratch, x, wt.router, N, s);
 }
 
-// A model's expert parallelism: the EP group's exchange and each local layer's last routing (the
-// forward's, which its backward reads).
+// Every activation set's layer routes, from a layer's forward to its backward (a pipeline stage
+// keeps several micro-batches in between: pipeline_step.h); routes[l]: layer l's in the set that
+// the pass being queued runs in (select).
+class ExpertRoutes {
+ public:
+  ExpertRoutes(int sets, int layers) : routes_(sets, std::vector<ExpertRoute>(layers)) {}
+  void select(int set) { set_ = set; }
+  ExpertRoute& operator[](int l) { return routes_[set_][l]; }
+
+ private:
+  std::vector<std::vector<ExpertRoute>> routes_;
+  int set_ = 0;
+};
+
+// A model's expert parallelism: the EP group's exchange and each local layer's routing per
+// activation set (the forward's, which its backward reads).
 template <typename Elem>
 struct ExpertParallelism {
   ExpertExchange<Elem> exchange;
-  std::vector<ExpertRoute> routes;
-  ExpertParallelism(Communicator* ep, int experts, int layers) : exchange(ep, experts), routes(layers) {}
+  ExpertRoutes routes;
+  ExpertParallelism(Communicator* ep, int experts, int sets, int layers) : exchange(ep, experts), routes(sets, layers) {}
   // The experts' side of buffers b (expert_buffers with this group's size) of a layer on N rows:
   // the received rows and outputs after the work set's own 2·M rows (`work_rows`, activations.h).
   ExpertReceived<Elem> received(const ModelConfig& c, const ExpertBuffers<Elem>& b, Elem* work_rows, Elem* dact,

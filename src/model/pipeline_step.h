@@ -99,8 +99,11 @@ class MicroBatchRunner {
     for (int chunk = 0; chunk <= last; ++chunk) {
       if (chunk % p != rank) continue;
       const std::string what = "activations of the forward pass";
-      if (chunk > 0)
+      if (chunk > 0) {
         transfer(what, [&](Communicator& pp, size_t n) { pp.recv(model_.chunk_input(0), n, (chunk - 1) % p); });
+        if (model_.config().moe())  // no routing tail travels (no backward reads it): it starts at zero
+          routing_tail_begin(model_.activation_set(0), true, model_.stream());
+      }
       model_.upload_pass_tokens(0, chunk / p, batch_);
       model_.forward_pass(0, chunk / p);
       if (chunk < last)
@@ -141,21 +144,44 @@ class MicroBatchRunner {
   // Transfer `a` (of local chunk c) into the group sent next: its buffer (a receive of an
   // activation takes the consuming pass's activation set) and, for the watchdog's messages, what it
   // carries ("activations of micro-batch 3 from chunk 5").
+  // With experts the pass's routing tail (expert_mlp.h) follows as a second transfer: both ends
+  // queue theirs in the same order, and transfers between two ranks match in order.
   void queue_transfer(const PipelineAction& a, int c) {
-    Transfer<Elem> t;
+    Transfer<Elem> t, tail;
     t.n = model_.boundary_elements();
-    t.peer = a.peer;
+    tail.n = routing_tail_elements<Elem>(model_.config());
+    t.peer = tail.peer = a.peer;
+    int slot = 0;
     switch (a.op) {
-      case PipelineOp::recv_activation: t.recv = model_.chunk_input(take(a.microbatch, a.chunk + 1)); break;
-      case PipelineOp::send_activation: t.send = model_.chunk_output(slots_.at({a.microbatch, a.chunk}), c); break;
-      case PipelineOp::recv_gradient: t.recv = model_.chunk_output_gradient(slots_.at({a.microbatch, a.chunk - 1})); break;
-      default: t.send = model_.chunk_input_gradient(); break;  // send_gradient
+      case PipelineOp::recv_activation:
+        slot = take(a.microbatch, a.chunk + 1);
+        t.recv = model_.chunk_input(slot);
+        tail.recv = tail_of(slot);
+        break;
+      case PipelineOp::send_activation:
+        slot = slots_.at({a.microbatch, a.chunk});
+        t.send = model_.chunk_output(slot, c);
+        tail.send = tail_of(slot);
+        break;
+      case PipelineOp::recv_gradient:
+        slot = slots_.at({a.microbatch, a.chunk - 1});
+        t.recv = model_.chunk_output_gradient(slot);
+        tail.recv = tail_of(slot);
+        break;
+      default:  // send_gradient: the pass's set may be taken again in this group, so the totals' copy
+        t.send = model_.chunk_input_gradient();
+        tail.send = reinterpret_cast<const Elem*>(model_.activation_set(0).moe_tail_out.get());
+        break;
     }
     transfers_.push_back(t);
+    if (tail.n > 0) transfers_.push_back(tail);
     group_what_ += std::string(group_what_.empty() ? "" : "; ") +
                    (is_activation_transfer(a.op) ? "activations" : "activation gradients") + " of micro-batch " +
                    std::to_string(a.microbatch) + " from chunk " + std::to_string(a.chunk);
   }
+  // Set `slot`'s routing tail as transfer elements.
+  Elem* tail_of(int slot) { return reinterpret_cast<Elem*>(model_.activation_set(slot).moe_tail.get()); }
+
   // The transfers queued since the last computation, as one group.
   void send_transfers() {
     if (transfers_.empty()) return;

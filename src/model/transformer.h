@@ -118,7 +118,8 @@ class Transformer {
                    fp8_product_shapes(cfg_, split_.size()), tp_comm, comm, stream_.get());
     }
     if (cfg_.moe()) experts_ = ExpertStep(static_cast<int>(stage().layers.size()), cfg_.num_experts);
-    if (split_.ep_size() > 1) ep_ = std::make_unique<ExpertParallelism<Elem>>(ep_comm, cfg_.num_experts, cfg_.num_layers);
+    if (split_.ep_size() > 1)
+      ep_ = std::make_unique<ExpertParallelism<Elem>>(ep_comm, cfg_.num_experts, pipeline_.in_flight, cfg_.num_layers);
     expert_bias_ = ExpertBiasUpdate<Elem>(cfg_, static_cast<int>(stage().layers.size()), layout_, grads_.segments(),
                                           params_, {comm, ep_comm, tp_.comm()});
     reset_training_state();
@@ -233,11 +234,9 @@ class Transformer {
     Passes::queue_chunk_forward(*this, slots_[0], 0);
     head_.queue(slots_[0], slots_[0], param(lm_head_tensor()), grad(lm_head_tensor()), tp_, rows(), cfg_.channels,
                 targets != nullptr, 0.0f, false, stream_.get());
-    if (targets == nullptr) {
-      cuda_check(cudaStreamSynchronize(stream_.get()), "forward pass");
-      return std::numeric_limits<float>::quiet_NaN();
-    }
-    return mean_loss();
+    if (targets != nullptr) return mean_loss();
+    cuda_check(cudaStreamSynchronize(stream_.get()), "forward pass");
+    return std::numeric_limits<float>::quiet_NaN();
   }
 
   // Forward pass, then the gradient of (mean loss / grad_accum_steps) ADDED to the parameter
@@ -277,7 +276,7 @@ class Transformer {
     if (!embeds && !head) return;
     upload_tokens(slots_[slot], slot, batch.inputs.data(), head ? batch.targets.data() : nullptr, embeds, &batch);
   }
-  void forward_pass(int slot, int c) { Passes::queue_chunk_forward(*this, slots_[slot], c); }
+  void forward_pass(int slot, int c) { Passes::queue_chunk_forward(*this, pass_set(slot), c); }
   // The forward pass's head and loss without gradients (validation): losses into the slot.
   void head_losses(int slot) {
     head_.queue(slots_[slot], slots_[0], param(lm_head_tensor()), nullptr, tp_, rows(), cfg_.channels, true, 0.0f, false,
@@ -287,7 +286,7 @@ class Transformer {
   // gradients accumulated; the gradient of the chunk's input is then chunk_input_gradient(). With
   // split_backward (zb-h1) the products' weight gradients are left for weight_backward_pass.
   void backward_pass(int slot, int c, int micro_steps) {
-    Activations<Elem>& a = slots_[slot];
+    Activations<Elem>& a = pass_set(slot);
     grads_.begin_micro_step(false);
     objective_scale_ = 1.0f / (static_cast<float>(micro_steps) * grads_.ranks_summed());
     if (head_at(c)) {
@@ -311,6 +310,8 @@ class Transformer {
   }
   Elem* chunk_output_gradient(int slot) { return slots_[slot].output_grad.get(); }
   const Elem* chunk_input_gradient() const { return tp_.local(slots_[0].dresidual.get(), cfg_.channels); }
+  // Set `slot`'s buffers: with experts, the routing tails that follow these transfers (expert_mlp.h).
+  Activations<Elem>& activation_set(int slot) { return slots_[slot]; }
   // The pass's losses from pipeline rank `root` (the head's) to every stage.
   void share_pass_losses(int slot, int root) {
     Communicator& pp = *pipeline_.comm;
@@ -396,9 +397,8 @@ class Transformer {
 
   // Device memory of the activations: model_activation_bytes(...).total(). (All of it: memory_plan.h.)
   size_t activation_bytes() const {
-    size_t total = 0;
-    for (const Activations<Elem>& a : slots_) total += a.bytes();
-    return total;
+    return std::accumulate(slots_.begin(), slots_.end(), size_t{0},
+                           [](size_t total, const Activations<Elem>& a) { return total + a.bytes(); });
   }
 
   // Rows per lm-head chunk (lm_head.h): the logits buffer's height (min(B·T, the constructor's
@@ -419,6 +419,10 @@ class Transformer {
   using Passes = TransformerPasses<Elem>;
 
   int rows() const { return B_ * seq_len_; }
+  Activations<Elem>& pass_set(int slot) {  // for a pass queued next in it: with EP its layers' routes selected
+    if (ep_) ep_->routes.select(slot);
+    return slots_[slot];
+  }
   // Whether local chunk c starts with the embedding (the model's first chunk) or ends with the head.
   bool embeds_at(int c) const { return c == 0 && stage().embedding; }
   bool head_at(int c) const { return c + 1 == static_cast<int>(stage().chunks.size()) && stage().head; }

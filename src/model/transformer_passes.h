@@ -228,8 +228,7 @@ void TransformerPasses<Elem>::queue_chunk_forward(Transformer<Elem>& m, Activati
   m.params_.begin_pass(true);
   m.params_.enter_layer(first);
   refresh_fp8_weights(m);
-  if (m.cfg_.moe())  // the micro-batch's router probability sums (expert_mlp.h's auxiliary loss)
-    cuda_check(cudaMemsetAsync(a.moe_prob_sums.get(), 0, a.moe_prob_sums.bytes(), s), "zeroing router sums");
+  if (m.cfg_.moe()) routing_tail_begin(a, m.embeds_at(c), s);  // the auxiliary loss's sums (expert_mlp.h)
   if (m.embeds_at(c)) {
     // Each TP rank embeds the tokens of its vocabulary rows (zero for the others); the sum over
     // the group is the embedding, wpe (learned positions) added once: each piece's rows of it.
@@ -271,6 +270,7 @@ void TransformerPasses<Elem>::queue_chunk_forward(Transformer<Elem>& m, Activati
     }
     m.params_.leave_layer(l);
   }
+  if (m.cfg_.moe()) routing_tail_end(m.cfg_, a, n, m.embeds_at(c), s);
 }
 
 template <typename Elem>
@@ -308,7 +308,8 @@ void TransformerPasses<Elem>::queue_chunk_backward(Transformer<Elem>& m, Activat
   };
   auto weight_grad = [&](int tensor, int l) { return defer ? nullptr : m.grad(tensor, l); };
   Fp8State* fp8 = m.fp8_state();
-  if (m.cfg_.moe()) expert_aux_gradient(m.cfg_, a, w, n, N, m.objective_scale_, m.experts_.stats, m.tp_.comm(), s);
+  if (m.cfg_.moe())  // the rank's figures once per micro-batch: at its first chunk
+    expert_aux_gradient(m.cfg_, a, w, N, m.objective_scale_, c == 0 ? &m.experts_.stats : nullptr, m.tp_.comm(), s);
   m.params_.begin_pass(false);
   for (int j = n - 1; j >= 0; --j) {
     const int l = first + j;
@@ -407,9 +408,11 @@ void TransformerPasses<Elem>::queue_chunk_weight_gradients(Transformer<Elem>& m,
     const Elem* g = a.douts.get() + j * kept.per_layer;
     const Elem* ln2 = layer_slice(a.ln2, j, NC);
     const Elem* fch = layer_slice(a.fch, j, m.cfg_.mlp_products() * Nh);  // SwiGLU: its two products' g
-    matmul_weight_gradient(m.grad(kFcprojw, l), layer_slice(a.fch_gelu, j, Nh), g + kept.fcproj, N, m.hl_, C, s);
-    matmul_weight_gradient(m.grad(kFcw, l), ln2, m.cfg_.mlp == Mlp::gelu ? g + kept.fc : fch, N, C, m.hl_, s);
-    if (m.cfg_.mlp == Mlp::swiglu) matmul_weight_gradient(m.grad(kFc2w, l), ln2, fch + Nh, N, C, m.hl_, s);
+    if (!m.cfg_.moe()) {  // the experts' weight gradients are their input backward's (docs/MOE.md)
+      matmul_weight_gradient(m.grad(kFcprojw, l), layer_slice(a.fch_gelu, j, Nh), g + kept.fcproj, N, m.hl_, C, s);
+      matmul_weight_gradient(m.grad(kFcw, l), ln2, m.cfg_.mlp == Mlp::gelu ? g + kept.fc : fch, N, C, m.hl_, s);
+      if (m.cfg_.mlp == Mlp::swiglu) matmul_weight_gradient(m.grad(kFc2w, l), ln2, fch + Nh, N, C, m.hl_, s);
+    }
     matmul_weight_gradient(m.grad(kAttprojw, l), layer_slice(a.atty, j, static_cast<size_t>(N) * m.cl_),
                            g + kept.attproj, N, m.cl_, C, s);
     matmul_weight_gradient(m.grad(kQkvw, l), layer_slice(a.ln1, j, NC), g + kept.qkv, N, C, m.qkvl_, s);

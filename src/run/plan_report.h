@@ -183,7 +183,8 @@ inline std::string layer_ranges(const std::vector<int>& layers) {
 
 // --plan's pipeline lines: the schedule and its bubble (the unit-cost simulator's,
 // pipeline_check.h), each stage's layers, activation sets in flight and total, and the
-// activations and gradients each stage sends per optimizer step.
+// activations and gradients each stage sends per optimizer step (with experts, each with its
+// routing tail).
 inline std::string pipeline_plan_lines(const TrainConfig& cfg, const ModelConfig& model, int world, int sampling,
                                        int micro_steps, int largest) {
   const PipelineShape shape = run_pipeline_shape(cfg, micro_steps);
@@ -192,7 +193,8 @@ inline std::string pipeline_plan_lines(const TrainConfig& cfg, const ModelConfig
   const TensorParallelism tp = run_tensor_parallelism(cfg);
   const size_t elem = dtype_named(cfg.dtype) == DType::fp32 ? sizeof(float) : sizeof(bf16);
   const size_t boundary = static_cast<size_t>(cfg.batch_size) * (cfg.seq_len / cfg.cp) /
-                          (tp.sequence_parallel ? tp.size : 1) * model.channels * elem;
+                          (tp.sequence_parallel ? tp.size : 1) * model.channels * elem +
+                          (model.moe() ? 2 * sizeof(int) * model.num_experts : 0);  // the routing tail (expert_mlp.h)
   char line[256];
   std::snprintf(line, sizeof line,
                 "pipeline: %s, %d stage(s)%s, %d micro-batch(es) per step; rank = (d·%d + s)·%d + t (data-parallel "
