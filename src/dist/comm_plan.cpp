@@ -87,3 +87,15 @@ StepTraffic tp_step_traffic(const ModelConfig& cfg, int B, int T, const TensorPa
     add_call(t.all_reduce, static_cast<size_t>(L) * cfg.num_experts, n, sizeof(double), 2);
   return t;
 }
+
+CollectiveTraffic ep_step_traffic(const ModelConfig& cfg, int rows, int ranks, bool forward_reruns, int micro_steps,
+                                  size_t elem_bytes) {
+  const long long E = cfg.num_experts, P = ranks, remote = E * (P - 1) / P;
+  const double row_bytes = static_cast<double>(cfg.channels) * static_cast<double>(elem_bytes);
+  const double R = static_cast<double>(rows) * cfg.experts_per_token * static_cast<double>(P - 1) / static_cast<double>(P);
+  const CollectiveTraffic forward{(P - 1) + 2 * remote, 4.0 * static_cast<double>((E + 1) * (P - 1)) + 2 * R * row_bytes};
+  const CollectiveTraffic backward{3 * remote, 3 * R * row_bytes};
+  const long long passes = static_cast<long long>(cfg.num_layers) * micro_steps, runs = forward_reruns ? 2 : 1;
+  return {passes * (runs * forward.calls + backward.calls),
+          static_cast<double>(passes) * (static_cast<double>(runs) * forward.bytes_sent + backward.bytes_sent)};
+}

@@ -100,6 +100,12 @@ inline std::string fitting_batch_sizes(const TrainConfig& cfg, const ModelConfig
 
 // " all-reduce 1.2 GiB in 13 call(s), reduce-scatter ..., all-gather ..." per step of `t`, the
 // traffic of `steps` steps (a mean number of calls that is not whole shows two decimals).
+// " 1.2 MiB in 24 transfer(s)": point-to-point sends, the mean over `steps`.
+inline std::string format_transfers(const CollectiveTraffic& t, long long steps = 1) {
+  return " " + format_bytes(static_cast<size_t>(t.bytes_sent / static_cast<double>(steps))) + " in " +
+         std::to_string(t.calls / steps) + " transfer(s)";
+}
+
 inline std::string format_traffic(const StepTraffic& t, long long steps = 1) {
   std::string out;
   const std::pair<const char*, const CollectiveTraffic*> kinds[] = {
@@ -165,6 +171,13 @@ inline std::string communication_lines(const TrainConfig& cfg, const ModelConfig
            ", K/V and dK/dV " + format_bytes(layers * backward) + " backward; per layer and micro-batch " +
            format_bytes(forward) + " in " + n1 + " K/V pass(es) and " + format_bytes(backward) + " in " + n1 +
            " K/V and " + n + " fp32 dK/dV pass(es), each behind a block's attention\n";
+  }
+  if (tp.experts > 1 && model.moe()) {
+    const int rows = cfg.batch_size * local_T / (tp.sequence_parallel ? tp.size : 1);  // routed on a rank
+    const bool reruns = !block_keeps(BlockTensor::other, stage_recompute(cfg, pipeline_rank));
+    out += "expert-parallel communication" + per_step + "rank within its EP group of " + std::to_string(tp.experts) +
+           " (balanced routing; real routing moves the rows):" +
+           format_transfers(ep_step_traffic(stage_model, rows, tp.experts, reruns, micro_steps, elem)) + "\n";
   }
   return out;
 }

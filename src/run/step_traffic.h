@@ -38,9 +38,9 @@ class StepTrafficMeter {
     return result;
   }
 
-  // "measured communication per optimizer step (...), sent by each rank on NCCL's rings: ..." and
-  // "measured tensor-parallel communication ...", as --plan's lines (empty where a group has one
-  // rank, or before any step).
+  // "measured communication per optimizer step (...), sent by each rank on NCCL's rings: ...",
+  // "measured tensor-parallel communication ..." and "measured expert-parallel communication ...",
+  // as --plan's lines (empty where a group has one rank, or before any step).
   std::string report() const {
     if (steps_ == 0) return "";
     const long long over = steps_ > 1 ? steps_ - 1 : 1;
@@ -49,7 +49,7 @@ class StepTrafficMeter {
                                  (steps_ > 1 ? std::to_string(over) + " step(s) after the first" : "the only step") +
                                  "), sent by each ";
     std::string out;
-    const Communicator& dp = groups_.dp();
+    const Communicator& dp = groups_.expert_dp();  // the gradients' group (the DP group without --ep)
     if (dp.world_size() > 1)
       out += "measured communication" + per_step + "rank on NCCL's rings:" +
              format_traffic(ring_traffic(t.dp, dp.world_size()), over) + "\n";
@@ -57,22 +57,24 @@ class StepTrafficMeter {
       out += "measured tensor-parallel communication" + per_step + "rank within its group of " +
              std::to_string(tp->world_size()) + ":" + format_traffic(ring_traffic(t.tp, tp->world_size()), over) +
              "\n";
+    if (const Communicator* ep = groups_.ep())
+      out += "measured expert-parallel communication" + per_step + "rank within its EP group of " +
+             std::to_string(ep->world_size()) + ":" +
+             format_transfers({t.ep.send, static_cast<double>(t.ep.send_bytes)}, over) + "\n";
     return out;
   }
 
  private:
-  // The data-parallel and tensor-parallel groups' tallies.
+  // The data-parallel, tensor-parallel and expert-parallel groups' tallies.
   struct Tally {
-    CollectiveCounts dp, tp;
+    CollectiveCounts dp, tp, ep;
     Tally& operator+=(const Tally& o) {
-      add(dp, o.dp, 1);
-      add(tp, o.tp, 1);
+      for (auto [a, b] : {std::pair{&dp, &o.dp}, std::pair{&tp, &o.tp}, std::pair{&ep, &o.ep}}) add(*a, *b, 1);
       return *this;
     }
     Tally operator-(const Tally& o) const {
       Tally d = *this;
-      add(d.dp, o.dp, -1);
-      add(d.tp, o.tp, -1);
+      for (auto [a, b] : {std::pair{&d.dp, &o.dp}, std::pair{&d.tp, &o.tp}, std::pair{&d.ep, &o.ep}}) add(*a, *b, -1);
       return d;
     }
     static void add(CollectiveCounts& a, const CollectiveCounts& b, int sign) {
@@ -80,13 +82,15 @@ class StepTrafficMeter {
       a.reduce_scatter += sign * b.reduce_scatter, a.reduce_scatter_bytes += sign * b.reduce_scatter_bytes;
       a.all_gather += sign * b.all_gather, a.all_gather_bytes += sign * b.all_gather_bytes;
       a.broadcast += sign * b.broadcast, a.broadcast_bytes += sign * b.broadcast_bytes;
+      a.send += sign * b.send, a.send_bytes += sign * b.send_bytes;
     }
   };
 
   Tally now() const {
     Tally t;
-    t.dp = groups_.dp().counts();
+    t.dp = groups_.expert_dp().counts();
     if (groups_.tp() != nullptr) t.tp = groups_.tp()->counts();
+    if (groups_.ep() != nullptr) t.ep = groups_.ep()->counts();
     return t;
   }
   // The tallies less what left_out() ran.

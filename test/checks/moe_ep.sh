@@ -8,8 +8,9 @@
 #     --recompute 0, 1 and 3;
 #   - 4 ranks at --ep 2 (two EP groups; each expert's gradient averaged over its 2 holders and
 #     the rest summed over the EP group first) at ZeRO 0, 1, 2 and 3, and at --ep 4;
-#   - at --ep = ranks no gradient goes on the data-parallel group (measured traffic: the EP group
-#     sums them), and --plan counts a rank's E/N experts;
+#   - at --ep = ranks no gradient goes beyond the EP group (which sums them), and --plan counts a
+#     rank's E/N experts; under balanced routing (--moe-balanced-routing 1) --plan's expert-parallel
+#     and data-parallel traffic equal the measured, at --recompute 1 and 3 and on 4 ranks;
 #   - the sigmoid router (dev/mixtral_reference.py --router sigmoid, 8 experts) at 2 ranks --ep 2
 #     and 4 ranks --ep 2 ZeRO 1: its balancing bias moves by every data-parallel rank's counts;
 #   - a checkpoint written at --ep 2 resumes at --ep 2, 1 and 4, and one written at --ep 1 at --ep 2,
@@ -33,8 +34,28 @@ run ep2 2 --ep 2 --total-batch-tokens 128 && same_steps ep1 ep2 1e-6 && same_rou
 for r in 0 3; do  # the products kept, or the whole block (its exchanges too) rerun in the backward
   run "ep2_recompute$r" 2 --ep 2 --total-batch-tokens 128 --recompute "$r" && same_steps ep1 "ep2_recompute$r" 1e-6
 done
-grep -q "rank on NCCL's rings: all-reduce 0 B in 0 call(s), reduce-scatter 0 B" "$tmp/ep2.log" ||
-  fail "--ep 2 over 2 ranks: gradients went on the data-parallel group"
+grep -q "^measured communication" "$tmp/ep2.log" &&
+  fail "--ep 2 over 2 ranks: a gradients' group beyond the EP group (each expert has one holder)"
+
+# plan_matches NAME RANKS FLAGS...: under balanced routing (every expert the same rows of each rank)
+# --plan's expert-parallel and data-parallel lines for RANKS ranks with FLAGS are the measured ones
+# of run NAME (which ran with FLAGS).
+plan_matches() {
+  local name=$1 ranks=$2 kind planned measured
+  shift 2
+  with_flags common "$@" --plan --world-size "$ranks"
+  "$bin" "${flags[@]}" >"$tmp/$name.plan" 2>&1
+  for kind in "expert-parallel communication" "communication"; do
+    planned=$(grep "^$kind" "$tmp/$name.plan" | sed 's/.*: //')
+    measured=$(grep "^measured $kind" "$tmp/$name.log" | sed 's/.*: //')
+    if [ "$planned" != "$measured" ]; then fail "$name: --plan's $kind '$planned', measured '$measured'"; fi
+  done
+  grep -q "^expert-parallel communication" "$tmp/$name.plan" || fail "$name: --plan has no expert-parallel line"
+}
+for r in 1 3; do  # --recompute 3: the forward's exchanges twice
+  run "balanced$r" 2 --ep 2 --total-batch-tokens 128 --moe-balanced-routing 1 --recompute "$r" &&
+    plan_matches "balanced$r" 2 --ep 2 --total-batch-tokens 128 --moe-balanced-routing 1 --recompute "$r"
+done
 
 # --plan --world-size 2 --ep 2: a rank's parameters are the router, the rest and half the experts
 # (822,528 bytes in fp32; 1.3 MiB at --ep 1). (The run's own start-up lines are the plan's.)
@@ -63,6 +84,8 @@ for zero in 0 1 2 3; do
     same_routing ep1_4 "ep2_4_zero$zero" 1e-6
 done
 run ep4_4 4 --ep 4 --zero 1 --total-batch-tokens 256 && same_steps ep1_4 ep4_4 1e-6 && same_routing ep1_4 ep4_4 1e-6
+run balanced_4 4 --ep 2 --zero 1 --total-batch-tokens 256 --moe-balanced-routing 1 &&
+  plan_matches balanced_4 4 --ep 2 --zero 1 --total-batch-tokens 256 --moe-balanced-routing 1
 
 # Checkpoints: written at --ep 2 over 4 ranks (ZeRO 1) at step 2, resumed at --ep 2, 1 and 4, and
 # one written at --ep 1 resumed at --ep 2, give the uninterrupted run's step 3 (a rank's state file
