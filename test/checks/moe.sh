@@ -23,9 +23,7 @@
 set -u
 # shellcheck source=test/checks/lib/trainer.sh
 source "$(dirname "$0")/lib/trainer.sh" "$@"
-mref=build/reference/mixtral
-sref=build/reference/mixtral-sigmoid
-require_files "$bin" "$mref/model.bin" "$mref/train.bin" "$sref/model.bin"
+tiny_mixtrals
 common=(--init-from "$mref/model.bin" --train-data "$mref/train.bin" --val-data "$mref/train.bin" --dtype fp32
         --shuffle 0 --batch-size 1 --seq-len 32 --total-batch-tokens 64 --lr 1e-3 --lr-schedule constant
         --warmup-steps 0 --val-every 2 --checkpoint-every 2)

@@ -21,12 +21,7 @@
 set -u
 # shellcheck source=test/checks/lib/trainer.sh
 source "$(dirname "$0")/lib/trainer.sh" "$@"
-mref=build/reference/mixtral
-sref=build/reference/mixtral-sigmoid
-require_files "$bin" "$mref/model.bin" "$mref/train.bin" "$sref/model.bin"
-common=(--init-from "$mref/model.bin" --train-data "$mref/train.bin" --val-data "$mref/train.bin" --dtype fp32
-        --shuffle 0 --batch-size 1 --seq-len 32 --lr 1e-3 --lr-schedule constant --warmup-steps 0
-        --max-steps 3 --val-every 2 --val-steps 1 --save 0)
+tiny_mixtrals
 
 require_ranks 2
 run ep1 2 --ep 1 --total-batch-tokens 128

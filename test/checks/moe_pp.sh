@@ -20,9 +20,7 @@
 set -u
 # shellcheck source=test/checks/lib/trainer.sh
 source "$(dirname "$0")/lib/trainer.sh" "$@"
-mref=build/reference/mixtral
-sref=build/reference/mixtral-sigmoid
-require_files "$bin" "$mref/train.bin" "$sref/model.bin"
+tiny_mixtrals
 require_ranks 4
 "$python" dev/mixtral_reference.py --experts 4 --top-k 2 --no-tied --rope 3.1 --seed 23 --layers 4 --steps 1 \
   --aux-loss-coef 0.02 --out "$tmp/mixtral4" >/dev/null 2>&1 || { echo "FAIL: dev/mixtral_reference.py --layers 4"; exit 1; }

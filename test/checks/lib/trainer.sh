@@ -103,6 +103,18 @@ run() {
   fi
 }
 
+# tiny_mixtrals: the Mixtrals of dev/mixtral_reference.py that make test builds, in $mref (softmax
+# router) and $sref (sigmoid router), and in `common` the fp32 runs of 3 steps on $mref that the
+# expert checks compare (validation at steps 2 and 3, nothing saved).
+tiny_mixtrals() {
+  mref=build/reference/mixtral
+  sref=build/reference/mixtral-sigmoid
+  require_files "$bin" "$mref/model.bin" "$mref/train.bin" "$sref/model.bin"
+  common=(--init-from "$mref/model.bin" --train-data "$mref/train.bin" --val-data "$mref/train.bin" --dtype fp32
+          --shuffle 0 --batch-size 1 --seq-len 32 --lr 1e-3 --lr-schedule constant --warmup-steps 0
+          --max-steps 3 --val-every 2 --val-steps 1 --save 0)
+}
+
 # same_steps REFERENCE OTHER REL: the per-step train_loss and grad_norm of runs REFERENCE and OTHER
 # (run's NAMEs), and their validation losses (steps 2 and 3 of 3 at --val-every 2), agree within REL.
 same_steps() {
