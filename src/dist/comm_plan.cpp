@@ -80,7 +80,8 @@ StepTraffic tp_step_traffic(const ModelConfig& cfg, int B, int T, const TensorPa
     // probability sums, 2·E fp64 values.
     if (sp && cfg.moe()) add_call(t.all_reduce, 2 * static_cast<size_t>(cfg.num_experts), n, sizeof(double), 2);
     if (sp && (every_micro_step || m + 1 == micro_steps))
-      for (const GradientBucket& b : buckets.buckets()) add_call(t.all_reduce, b.tp_replicated.count(), n, elem_bytes, 2);
+      for (const GradientBucket& b : buckets.buckets())
+        if (b.tp_replicated.count() > 0) add_call(t.all_reduce, b.tp_replicated.count(), n, elem_bytes, 2);
   }
   // The sigmoid router's step counts (expert_bias.h): L × E fp64 values.
   if (sp && cfg.moe() && cfg.router == Router::sigmoid)
@@ -88,14 +89,21 @@ StepTraffic tp_step_traffic(const ModelConfig& cfg, int B, int T, const TensorPa
   return t;
 }
 
-CollectiveTraffic ep_step_traffic(const ModelConfig& cfg, int rows, int ranks, bool forward_reruns, int micro_steps,
-                                  size_t elem_bytes) {
+ExpertTraffic ep_step_traffic(const ModelConfig& cfg, int rows, int ranks, bool forward_reruns, int micro_steps,
+                              const GradientBuckets& buckets, bool every_micro_step, size_t elem_bytes) {
+  ExpertTraffic t;
   const long long E = cfg.num_experts, P = ranks, remote = E * (P - 1) / P;
   const double row_bytes = static_cast<double>(cfg.channels) * static_cast<double>(elem_bytes);
   const double R = static_cast<double>(rows) * cfg.experts_per_token * static_cast<double>(P - 1) / static_cast<double>(P);
   const CollectiveTraffic forward{(P - 1) + 2 * remote, 4.0 * static_cast<double>((E + 1) * (P - 1)) + 2 * R * row_bytes};
   const CollectiveTraffic backward{3 * remote, 3 * R * row_bytes};
   const long long passes = static_cast<long long>(cfg.num_layers) * micro_steps, runs = forward_reruns ? 2 : 1;
-  return {passes * (runs * forward.calls + backward.calls),
-          static_cast<double>(passes) * (static_cast<double>(runs) * forward.bytes_sent + backward.bytes_sent)};
+  t.sends = {passes * (runs * forward.calls + backward.calls),
+             static_cast<double>(passes) * (static_cast<double>(runs) * forward.bytes_sent + backward.bytes_sent)};
+  for (int m = every_micro_step ? 0 : micro_steps - 1; m < micro_steps; ++m)
+    for (const GradientBucket& b : buckets.buckets())
+      if (b.ep_replicated.count() > 0) add_call(t.all_reduce, b.ep_replicated.count(), ranks, elem_bytes, 2);
+  if (cfg.router == Router::sigmoid)
+    add_call(t.all_reduce, static_cast<size_t>(cfg.num_layers) * cfg.num_experts, ranks, sizeof(double), 2);
+  return t;
 }

@@ -60,13 +60,21 @@ StepTraffic tp_step_traffic(const ModelConfig& cfg, int B, int T, const TensorPa
                             int head_chunks, int micro_steps, const GradientBuckets& buckets, bool every_micro_step,
                             size_t elem_bytes, bool embeds = true, bool head = true);
 
-// One training step's transfers on an EP group of `ranks` > 1 (expert_parallel.h, docs/MOE.md) that
-// one rank sends, `micro_steps` micro-steps of `rows` rows routed on this rank through the
-// `cfg.num_layers` mixture layers of model `cfg`, under balanced routing (every expert gets
-// rows·K/E of each rank's rows, which real routing moves): per layer and micro-batch, the forward's
-// route (E + 1 ints to each other rank), dispatch and combine (R = rows·K·(ranks − 1)/ranks rows
-// of C elements each way, one transfer per remote expert and per source rank and local expert),
-// and the backward's two dispatches (x's rows, d y) and combine (d rows); the forward's run twice
-// when the backward reruns it (`forward_reruns`).
-CollectiveTraffic ep_step_traffic(const ModelConfig& cfg, int rows, int ranks, bool forward_reruns, int micro_steps,
-                                  size_t elem_bytes);
+// What one rank sends on an EP group of `ranks` > 1 in one training step (expert_parallel.h,
+// grad_sync.h, docs/MOE.md): its all-reduces and its point-to-point sends.
+struct ExpertTraffic {
+  CollectiveTraffic all_reduce, sends;
+};
+// `micro_steps` micro-steps of `rows` rows routed on this rank through the `cfg.num_layers`
+// mixture layers of model `cfg`:
+//   sends, under balanced routing (every expert gets rows·K/E of each rank's rows, which real
+//     routing moves): per layer and micro-batch the forward's route (E + 1 ints to each other
+//     rank), dispatch and combine (R = rows·K·(ranks − 1)/ranks rows of C elements each way, one
+//     transfer per remote expert and per source rank and local expert), and the backward's two
+//     dispatches (x's rows, d y) and combine (d rows); the forward's run twice when the backward
+//     reruns it (`forward_reruns`);
+//   all-reduces: each bucket's EP-replicated range of `buckets` (every tensor but the experts),
+//     on the last micro-step or on every one when `every_micro_step` (ZeRO 2 and 3 with
+//     expert-data parallelism), and the sigmoid router's L·E step counts (fp64).
+ExpertTraffic ep_step_traffic(const ModelConfig& cfg, int rows, int ranks, bool forward_reruns, int micro_steps,
+                              const GradientBuckets& buckets, bool every_micro_step, size_t elem_bytes);

@@ -100,25 +100,28 @@ inline std::string fitting_batch_sizes(const TrainConfig& cfg, const ModelConfig
 
 // " all-reduce 1.2 GiB in 13 call(s), reduce-scatter ..., all-gather ..." per step of `t`, the
 // traffic of `steps` steps (a mean number of calls that is not whole shows two decimals).
-// " 1.2 MiB in 24 transfer(s)": point-to-point sends, the mean over `steps`.
-inline std::string format_transfers(const CollectiveTraffic& t, long long steps = 1) {
-  return " " + format_bytes(static_cast<size_t>(t.bytes_sent / static_cast<double>(steps))) + " in " +
-         std::to_string(t.calls / steps) + " transfer(s)";
+
+// " 1.2 MiB in 4 call(s)": the mean over `steps` (a mean that is not whole: two decimals).
+inline std::string format_calls(const CollectiveTraffic& c, const char* unit, long long steps) {
+  char calls[32];
+  if (c.calls % steps == 0) std::snprintf(calls, sizeof calls, "%lld", c.calls / steps);
+  else std::snprintf(calls, sizeof calls, "%.2f", static_cast<double>(c.calls) / static_cast<double>(steps));
+  return " " + format_bytes(static_cast<size_t>(c.bytes_sent / static_cast<double>(steps))) + " in " + calls + " " +
+         unit;
 }
 
 inline std::string format_traffic(const StepTraffic& t, long long steps = 1) {
   std::string out;
   const std::pair<const char*, const CollectiveTraffic*> kinds[] = {
       {"all-reduce", &t.all_reduce}, {"reduce-scatter", &t.reduce_scatter}, {"all-gather", &t.all_gather}};
-  for (const auto& [name, c] : kinds) {
-    char calls[32];
-    if (c->calls % steps == 0) std::snprintf(calls, sizeof calls, "%lld", c->calls / steps);
-    else std::snprintf(calls, sizeof calls, "%.2f", static_cast<double>(c->calls) / static_cast<double>(steps));
-    const size_t bytes = static_cast<size_t>(c->bytes_sent / static_cast<double>(steps));
-    out += std::string(" ") + name + " " + format_bytes(bytes) + " in " + calls + " call(s)" +
-           (c == &t.all_gather ? "" : ",");
-  }
+  for (const auto& [name, c] : kinds)
+    out += std::string(" ") + name + format_calls(*c, "call(s)", steps) + (c == &t.all_gather ? "" : ",");
   return out;
+}
+// " all-reduce 1.2 MiB in 4 call(s), sends 140 GiB in 86016 transfer(s)": an EP group's.
+inline std::string format_traffic(const ExpertTraffic& t, long long steps = 1) {
+  return " all-reduce" + format_calls(t.all_reduce, "call(s)", steps) + ", sends" +
+         format_calls(t.sends, "transfer(s)", steps);
 }
 
 // "communication per optimizer step, sent by each rank: ..." (comm_plan.h) for a run of `world`
@@ -177,7 +180,8 @@ inline std::string communication_lines(const TrainConfig& cfg, const ModelConfig
     const bool reruns = !block_keeps(BlockTensor::other, stage_recompute(cfg, pipeline_rank));
     out += "expert-parallel communication" + per_step + "rank within its EP group of " + std::to_string(tp.experts) +
            " (balanced routing; real routing moves the rows):" +
-           format_transfers(ep_step_traffic(stage_model, rows, tp.experts, reruns, micro_steps, elem)) + "\n";
+           format_traffic(ep_step_traffic(stage_model, rows, tp.experts, reruns, micro_steps, buckets, stage >= 2, elem)) +
+           "\n";
   }
   return out;
 }

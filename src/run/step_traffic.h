@@ -60,7 +60,10 @@ class StepTrafficMeter {
     if (const Communicator* ep = groups_.ep())
       out += "measured expert-parallel communication" + per_step + "rank within its EP group of " +
              std::to_string(ep->world_size()) + ":" +
-             format_transfers({t.ep.send, static_cast<double>(t.ep.send_bytes)}, over) + "\n";
+             format_traffic(ExpertTraffic{ring_traffic(t.ep, ep->world_size()).all_reduce,
+                                          {t.ep.send, static_cast<double>(t.ep.send_bytes)}},
+                            over) +
+             "\n";
     return out;
   }
 
