@@ -276,9 +276,9 @@ inline int print_memory_plan(TrainConfig cfg) {
   const MemoryPlan plan = run_memory_plan(cfg, model, cfg.batch_size, world, sampling, micro_steps, largest);
   const int status = budget > 0 && plan.total() > budget ? kPlanDoesNotFitStatus : 0;
   if (launch.rank != 0) return status;
-  const int data_ranks = world / (cfg.tp * cfg.pp);
+  const int data_ranks = world / (cfg.tp * cfg.pp * cfg.ep);  // the gradients' group (--ep: the expert-DP group)
   std::printf("memory plan per rank: %s (%s parameters) from %s, --batch-size %d --seq-len %d, %s, --recompute %d, "
-              "ZeRO stage %d over %d rank(s)%s%s%s\n",
+              "ZeRO stage %d over %d rank(s)%s%s%s%s\n",
               describe(model).c_str(), thousands(ParameterLayout(model).total).c_str(), source.c_str(), cfg.batch_size,
               cfg.seq_len, cfg.dtype.c_str(), stage_recompute(cfg, largest), effective_zero_stage(cfg.zero, data_ranks), world,
               cfg.tp > 1 ? (" in tensor-parallel groups of " + std::to_string(cfg.tp) +
@@ -287,6 +287,9 @@ inline int print_memory_plan(TrainConfig cfg) {
               cfg.pp > 1 ? (", " + std::to_string(cfg.pp) + " pipeline stages").c_str() : "",
               cfg.cp > 1 ? (", context-parallel groups of " + std::to_string(cfg.cp) + " (" +
                             std::to_string(cfg.seq_len / cfg.cp) + " tokens of each sequence per rank)").c_str()
+                         : "",
+              cfg.ep > 1 ? (", expert-parallel groups of " + std::to_string(cfg.ep) + " (" +
+                            std::to_string(model.num_experts / cfg.ep) + " expert(s) per rank)").c_str()
                          : "");
   if (cfg.pp > 1) std::printf("%s", pipeline_plan_lines(cfg, model, world, sampling, micro_steps, largest).c_str());
   if (!cfg.pp_timeline.empty()) with_context("--pp-timeline " + cfg.pp_timeline, [&] { write_pipeline_timeline(cfg, micro_steps); });
