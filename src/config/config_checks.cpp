@@ -168,11 +168,8 @@ void validate_experts(const TrainConfig& cfg, const ModelConfig& model, const st
   if (model.router == Router::softmax && cfg.was_set("moe-bias-rate"))
     throw std::invalid_argument("--moe-bias-rate: " + model_source +
                                 " routes by softmax, which has no balancing bias (--moe-router sigmoid has)");
-  const std::pair<const char*, bool> unsupported[] = {{"--cp", cfg.cp > 1}, {"--fp8", cfg.fp8}};
-  for (const auto& [flag, set] : unsupported)
-    if (set)
-      throw std::invalid_argument(std::string(flag) + " with experts (" + model_source +
-                                  ") is not supported yet (docs/MOE.md)");
+  if (cfg.fp8)
+    throw std::invalid_argument("--fp8 with experts (" + model_source + ") is not supported yet (docs/MOE.md)");
   // Under --tp each rank runs the whole experts on its own rows of the sequence-parallel region.
   if (cfg.tp > 1 && !cfg.sequence_parallel)
     throw std::invalid_argument("--sequence-parallel 0 with --tp " + std::to_string(cfg.tp) + " and experts (" +

@@ -81,9 +81,10 @@ struct ExpertStats {
   }
 };
 
-// `s` summed over the ranks of `groups` that read other micro-batches (the data-parallel and EP
-// groups; nullptr or one rank: none), so the step's figures are every replica's: a collective
-// (blocking) every rank of those groups calls in turn.
+// `s` summed over the ranks of `groups` that routed other rows (the data-parallel, EP and TP
+// groups; nullptr or one rank: none), so the step's figures are every rank's: a collective
+// (blocking) every rank of those groups calls in turn. (A micro-batch's ranks report the same aux
+// loss, so the mean over micro-batches is unchanged.)
 inline ExpertStats pooled_expert_stats(const ExpertStats& s, std::initializer_list<Communicator*> groups) {
   std::vector<double> values(s.tokens.begin(), s.tokens.end());
   values.push_back(s.aux_sum);
@@ -366,14 +367,15 @@ class ExpertWork {
 // Before a chunk's backward in set a, whose tail holds the micro-batch's totals (routing_tail):
 // the auxiliary loss's gradient per probability, scaled by coefficient · `scale` (the objective's
 // weight of one micro-batch's mean), into w.moe_aux_grad, and with `stats` (once per micro-batch
-// and rank) the micro-batch's expert counts and auxiliary loss into it: the whole model's, on every
-// pipeline stage. The tail holds this rank's rows; `row_group` (nullptr: none), the ranks that
-// routed the micro-batch's other N rows (--tp's sequence-parallel ranks), sums the totals first.
+// and rank) this rank's rows' expert counts and the micro-batch's auxiliary loss into it: the whole
+// model's, on every pipeline stage. The tail holds this rank's rows; `row_groups` (nullptr: none), those whose ranks
+// routed the micro-batch's other rows (--tp's sequence-parallel ranks, --cp's ranks), sum the
+// totals first; N: the micro-batch's rows, all of them.
 // With pipeline parallelism the (rank's) totals are also copied to w.moe_tail_out, which the
 // backward's input gradient takes back to the previous stage. Waits for the device.
 template <typename Elem>
 void expert_aux_gradient(const ModelConfig& c, const Activations<Elem>& a, Activations<Elem>& w, int N, float scale,
-                         ExpertStats* stats, Communicator* row_group, cudaStream_t s) {
+                         ExpertStats* stats, std::initializer_list<Communicator*> row_groups, cudaStream_t s) {
   const int E = c.num_experts;
   const RoutingTail tail = routing_tail(a, E);
   if (w.moe_tail_out.count() > 0)
@@ -385,7 +387,8 @@ void expert_aux_gradient(const ModelConfig& c, const Activations<Elem>& a, Activ
   if (c.router == Router::softmax) copy_to_host(prob_sums.data(), tail.prob_sums, E * sizeof(float), s);
   std::vector<double> totals(counts.begin(), counts.end());  // counts, then probability sums
   totals.insert(totals.end(), prob_sums.begin(), prob_sums.end());
-  if (row_group != nullptr) row_group->sum(totals);
+  for (Communicator* group : row_groups)
+    if (group != nullptr && group->world_size() > 1) group->sum(totals);
   const double R = static_cast<double>(c.num_layers) * N;  // every layer's rows: the whole model's
   double aux = 0.0;
   std::vector<float> grad(E);
@@ -395,7 +398,7 @@ void expert_aux_gradient(const ModelConfig& c, const Activations<Elem>& a, Activ
     grad[e] = static_cast<float>(c.aux_loss_coef * scale * E * count / (R * R));
   }
   if (stats != nullptr) {
-    for (int e = 0; e < E; ++e) stats->tokens[e] += static_cast<int64_t>(totals[e]);
+    for (int e = 0; e < E; ++e) stats->tokens[e] += counts[e];  // this rank's rows (pooled_expert_stats)
     ++stats->micro_batches;
     if (c.router == Router::softmax) stats->aux_sum += aux;
   }

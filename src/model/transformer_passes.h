@@ -308,8 +308,13 @@ void TransformerPasses<Elem>::queue_chunk_backward(Transformer<Elem>& m, Activat
   };
   auto weight_grad = [&](int tensor, int l) { return defer ? nullptr : m.grad(tensor, l); };
   Fp8State* fp8 = m.fp8_state();
-  if (m.cfg_.moe())  // the rank's figures once per micro-batch: at its first chunk
-    expert_aux_gradient(m.cfg_, a, w, N, m.objective_scale_, c == 0 ? &m.experts_.stats : nullptr, m.tp_.comm(), s);
+  // The rank's figures once per micro-batch: at its first chunk. A CP group's ranks hold parts of
+  // one micro-batch (its B·T rows are CP·N) whose gradients the data-parallel group averages, so
+  // the loss's gradient, the same for every row, is CP times its one-process value.
+  const int cp = m.context_.ranks;
+  if (m.cfg_.moe())
+    expert_aux_gradient(m.cfg_, a, w, N * cp, m.objective_scale_ * static_cast<float>(cp),
+                        c == 0 ? &m.experts_.stats : nullptr, {m.tp_.comm(), m.cp_}, s);
   m.params_.begin_pass(false);
   for (int j = n - 1; j >= 0; --j) {
     const int l = first + j;

@@ -293,8 +293,9 @@ class Trainer {
     record.lr = setup_.schedule.at(step);
     record.grad_norm = figures.grad_norm;
     if (model_.config().moe())
-      record.experts = expert_figures(traffic_.left_out(
-          [&] { return pooled_expert_stats(model_.expert_stats(), {&groups_.expert_dp(), groups_.ep()}); }));
+      record.experts = expert_figures(traffic_.left_out([&] {
+        return pooled_expert_stats(model_.expert_stats(), {&groups_.expert_dp(), groups_.ep(), groups_.tp()});
+      }));
     record.skipped = state_.guards.check(record.train_loss, figures.grad_norm);
     groups_.set_purpose("updated parameters", at_step);
     if (record.skipped.empty())
