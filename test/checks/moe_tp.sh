@@ -23,26 +23,12 @@ set -u
 source "$(dirname "$0")/lib/trainer.sh" "$@"
 tiny_mixtrals
 
-# plan_matches NAME RANKS FLAGS...: --plan's tensor-parallel communication line for RANKS ranks
-# with FLAGS is run NAME's measured one.
-plan_matches() {
-  local name=$1 ranks=$2
-  shift 2
-  with_flags common "$@" --plan --world-size "$ranks"
-  local planned measured
-  planned=$("$bin" "${flags[@]}" 2>&1 | grep '^tensor-parallel communication' | sed 's/.*: //')
-  measured=$(grep '^measured tensor-parallel communication' "$tmp/$name.log" | sed 's/.*: //')
-  if [ -z "$planned" ] || [ "$planned" != "$measured" ]; then
-    fail "$name: --plan's TP traffic '$planned', measured '$measured'"
-  fi
-}
-
 require_ranks 2
 run tp1 1 --total-batch-tokens 64
 for r in 0 1 2 3; do
   run "tp2_recompute$r" 2 --tp 2 --recompute "$r" --total-batch-tokens 64 &&
     same_steps tp1 "tp2_recompute$r" 1e-6 && same_routing tp1 "tp2_recompute$r" 1e-6 &&
-    plan_matches "tp2_recompute$r" 2 --tp 2 --recompute "$r" --total-batch-tokens 64
+    plan_matches "tp2_recompute$r" 2 "tensor-parallel communication" --tp 2 --recompute "$r" --total-batch-tokens 64
 done
 
 # The sigmoid router: its bias moves by the counts of every TP rank's rows.
@@ -52,7 +38,7 @@ sigmoid=("${flags[@]}")
 common=("${sigmoid[@]}")
 run s_tp1 1 --total-batch-tokens 64
 run s_tp2 2 --tp 2 --total-batch-tokens 64 && same_steps s_tp1 s_tp2 1e-6 && same_routing s_tp1 s_tp2 1e-6 &&
-  plan_matches s_tp2 2 --tp 2 --total-batch-tokens 64
+  plan_matches s_tp2 2 "tensor-parallel communication" --tp 2 --total-batch-tokens 64
 common=("${softmax[@]}")
 
 require_ranks 4
@@ -63,7 +49,7 @@ for zero in 0 1 2 3; do
   run "tp2_ep2_zero$zero" 4 --tp 2 --ep 2 --zero "$zero" --total-batch-tokens 128 &&
     same_steps dp2 "tp2_ep2_zero$zero" 1e-6 && same_routing dp2 "tp2_ep2_zero$zero" 1e-6
 done
-plan_matches tp2_ep2_zero1 4 --tp 2 --ep 2 --zero 1 --total-batch-tokens 128
+plan_matches tp2_ep2_zero1 4 "tensor-parallel communication" --tp 2 --ep 2 --zero 1 --total-batch-tokens 128
 common=("${sigmoid[@]}")  # the bias moved by the counts of every TP, EP and data-parallel rank
 run s_dp2 2 --total-batch-tokens 128 && run s_tp2_ep2 4 --tp 2 --ep 2 --total-batch-tokens 128 &&
   same_steps s_dp2 s_tp2_ep2 1e-6 && same_routing s_dp2 s_tp2_ep2 1e-6

@@ -115,6 +115,25 @@ tiny_mixtrals() {
           --max-steps 3 --val-every 2 --val-steps 1 --save 0)
 }
 
+# plan_matches NAME RANKS KINDS FLAGS...: run NAME (RANKS ranks, `common` with FLAGS) measured what
+# --plan plans for the same flags: for each line kind of KINDS (';'-separated, e.g. "expert-parallel
+# communication;communication"), --plan's line and the run's "measured ..." line say the same, and
+# the plan has a line of the first kind.
+plan_matches() {
+  local name=$1 ranks=$2 kind planned measured
+  local -a kinds
+  IFS=';' read -r -a kinds <<<"$3"
+  shift 3
+  with_flags common "$@" --plan --world-size "$ranks"
+  "$bin" "${flags[@]}" >"$tmp/$name.plan" 2>&1
+  grep -q "^${kinds[0]}" "$tmp/$name.plan" || fail "$name: --plan has no ${kinds[0]} line"
+  for kind in "${kinds[@]}"; do
+    planned=$(grep "^$kind" "$tmp/$name.plan" | sed 's/.*: //')
+    measured=$(grep "^measured $kind" "$tmp/$name.log" | sed 's/.*: //')
+    [ "$planned" = "$measured" ] || fail "$name: --plan's $kind '$planned', measured '$measured'"
+  done
+}
+
 # same_steps REFERENCE OTHER REL: the per-step train_loss and grad_norm of runs REFERENCE and OTHER
 # (run's NAMEs), and their validation losses (steps 2 and 3 of 3 at --val-every 2), agree within REL.
 same_steps() {
