@@ -1,7 +1,7 @@
 // fp8_cast.cuh — the casts that feed cuBLASLt's FP8 matrix products (kernels/fp8.cuh's formats):
 // a bf16 or fp32 matrix times its per-tensor scale, rounded to E4M3 or E5M2 and written as stored,
 // transposed, or both, with the amax of the input recorded on the way; the amax alone; and the
-// pieces with which a producer kernel writes the same cast of its own output (Fp8Out: the norms).
+// pieces with which a producer kernel writes the same cast of its own output (Fp8Out: the norms, the MLP activations).
 //
 // Why a transpose: cuBLASLt's FP8 products take both operands with the reduction dimension
 // contiguous ("TN" only, docs/SIMT.md "The FP8 oracle"). In the model's row-major terms the forward
@@ -57,11 +57,12 @@ __device__ __forceinline__ void fp8_record_amax(float* amax, int key) {
   }
 }
 
-// A producer kernel's FP8 copy of its output, written on the way (the norms write the input cast
-// of the product that reads their output, src/model/fp8_state.h): fp8_cast's stored output and
-// amax, of the values the producer writes, already rounded to its output type, so the codes and
-// the amax are those fp8_cast would give on that output. out (rows, cols) row-major as the
-// producer's output; scale a device pointer; amax nullptr: not recorded. out nullptr: no copy.
+// A producer kernel's FP8 copy of its output, written on the way (the norms and the MLP activations
+// write the input cast of the product that reads their output, src/model/fp8_state.h): fp8_cast's
+// stored output and amax, of the values the producer writes, already rounded to its output type,
+// so the codes and the amax are those fp8_cast would give on that output. out (rows, cols)
+// row-major as the producer's output; scale a device pointer; amax nullptr: not recorded. out
+// nullptr: no copy.
 struct Fp8Out {
   fp8e4m3* out = nullptr;
   const float* scale = nullptr;

@@ -1,25 +1,39 @@
 // gelu.cuh — GELU, tanh approximation (GPT-2's activation):
 //   gelu(x) = 0.5·x·(1 + tanh(u)),  u = sqrt(2/π)·(x + 0.044715·x³)
-// Element-wise, fp32 math, one 128-bit access per operand per thread.
+// Element-wise, fp32 math, one 128-bit access per operand per thread. The forward can also write
+// its output's FP8 E4M3 copy and record its amax (Fp8Out, kernels/fp8_cast.cuh: the codes and amax
+// fp8_cast gives on the rounded output, bit for bit): the input cast of the MLP's down product,
+// which reads the activation (src/model/fp8_state.h).
 #pragma once
 #include "common.cuh"
+#include "fp8_cast.cuh"
 
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/π)
 constexpr float kGeluCubic = 0.044715f;
 
-template <typename T>
-__global__ void gelu_forward_kernel(T* out, const T* inp, size_t n) {
+constexpr int kGeluBlock = 256;
+
+// kFp8 (an FP8 copy, out8 set): a kernel of its own, so that the plain activation keeps its
+// registers; out8, scale8, amax8 are Fp8Out's. Every thread reaches the block's amax reduction.
+template <typename T, bool kFp8>
+__global__ void __launch_bounds__(kGeluBlock)
+    gelu_forward_kernel(T* out, const T* inp, size_t n, fp8e4m3* out8, const float* scale8, float* amax8) {
+  LAUNCH_BOUNDS_GUARD(kGeluBlock);
   constexpr int kVec = Vec128<T>::size;
   const size_t i = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kVec;
-  if (i >= n) return;
-  const Vec128<T> x = load128(inp + i);
-  Vec128<T> y;
-  for (int k = 0; k < kVec; ++k) {
-    const float xf = to_float(x[k]);
-    const float u = kGeluScale * (xf + kGeluCubic * xf * xf * xf);
-    y[k] = from_float<T>(0.5f * xf * (1.0f + tanhf(u)));
+  int key = 0;
+  if (i < n) {
+    const Vec128<T> x = load128(inp + i);
+    Vec128<T> y;
+    for (int k = 0; k < kVec; ++k) {
+      const float xf = to_float(x[k]);
+      const float u = kGeluScale * (xf + kGeluCubic * xf * xf * xf);
+      y[k] = from_float<T>(0.5f * xf * (1.0f + tanhf(u)));
+    }
+    store128(out + i, y);
+    if constexpr (kFp8) key = fp8_cast_chunk(out8 + i, y, *scale8, key);
   }
-  store128(out + i, y);
+  if (kFp8 && amax8 != nullptr) fp8_record_amax<kGeluBlock>(amax8, key);
 }
 
 // d gelu/dx = 0.5·(1 + tanh(u)) + 0.5·x·(1 - tanh²(u))·sqrt(2/π)·(1 + 3·0.044715·x²): GELU's
@@ -51,15 +65,17 @@ void gelu_check_size(const char* op, size_t n) {
   }
 }
 
-constexpr int kGeluBlock = 256;
-
-// out[i] = gelu(inp[i]) for i < n.
+// out[i] = gelu(inp[i]) for i < n. fp8 (none by default): out's FP8 copy (n codes) and its amax,
+// as fp8_cast of out would give them.
 template <typename T>
-void gelu_forward(T* out, const T* inp, size_t n, cudaStream_t stream) {
+void gelu_forward(T* out, const T* inp, size_t n, cudaStream_t stream, const Fp8Out& fp8 = {}) {
   gelu_check_size<T>("gelu_forward", n);
+  fp8_out_check<T>("gelu_forward", fp8);
   if (n == 0) return;
   const size_t blocks = ceil_div(n / Vec128<T>::size, static_cast<size_t>(kGeluBlock));
-  launch(gelu_forward_kernel<T>, dim3(static_cast<unsigned>(blocks)), dim3(kGeluBlock), 0, stream, out, inp, n);
+  auto* kernel = fp8.out != nullptr ? gelu_forward_kernel<T, true> : gelu_forward_kernel<T, false>;
+  launch(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kGeluBlock), 0, stream, out, inp, n, fp8.out, fp8.scale,
+         fp8.amax);
   CUDA_CHECK(cudaGetLastError());
 }
 

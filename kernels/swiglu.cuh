@@ -7,9 +7,12 @@
 // (N, H) contiguous; da and db take a's and b's layout. Math is fp32 with Meta's roundings:
 // silu(a) is rounded to T before the multiply by b (PyTorch's F.silu returns T), then the product
 // is rounded once. One 128-bit access per operand per thread, so H and ld must be multiples of
-// 16 / sizeof(T) (4 floats, 8 bf16).
+// 16 / sizeof(T) (4 floats, 8 bf16). The forward can also write its output's FP8 E4M3 copy and
+// record its amax (Fp8Out, kernels/fp8_cast.cuh: the codes and amax fp8_cast gives on the rounded
+// output, bit for bit): the input cast of the MLP's down product (src/model/fp8_state.h).
 #pragma once
 #include "common.cuh"
+#include "fp8_cast.cuh"
 
 constexpr int kSwigluBlock = 256;
 
@@ -30,25 +33,44 @@ __device__ __forceinline__ SwigluChunk swiglu_chunk(size_t chunk, int H, int ld)
   return {chunk * kVec, strided_chunk * kVec};
 }
 
-template <typename T>
-__global__ void swiglu_forward_kernel(T* out, const T* a, const T* b, size_t chunks, int H, int ld) {
+// kFp8 (an FP8 copy, out8 set): a kernel of its own, so that the plain activation keeps its
+// registers; out8, scale8, amax8 are Fp8Out's. Every thread reaches the block's amax reduction.
+template <typename T, bool kFp8>
+__global__ void __launch_bounds__(kSwigluBlock)
+    swiglu_forward_kernel(T* out, const T* a, const T* b, size_t chunks, int H, int ld, fp8e4m3* out8,
+                          const float* scale8, float* amax8) {
+  LAUNCH_BOUNDS_GUARD(kSwigluBlock);
   constexpr int kVec = Vec128<T>::size;
   const size_t chunk = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (chunk >= chunks) return;
-  const SwigluChunk at = swiglu_chunk<T>(chunk, H, ld);
-  const Vec128<T> va = load128(a + at.strided);
-  const Vec128<T> vb = load128(b + at.strided);
-  Vec128<T> y;
-  for (int k = 0; k < kVec; ++k) {
-    const float x = to_float(va[k]);
-    const float silu = to_float(from_float<T>(x * swiglu_sigmoid(x)));
-    y[k] = from_float<T>(silu * to_float(vb[k]));
+  int key = 0;
+  if (chunk < chunks) {
+    const SwigluChunk at = swiglu_chunk<T>(chunk, H, ld);
+    const Vec128<T> va = load128(a + at.strided);
+    const Vec128<T> vb = load128(b + at.strided);
+    Vec128<T> y;
+    for (int k = 0; k < kVec; ++k) {
+      const float x = to_float(va[k]);
+      const float silu = to_float(from_float<T>(x * swiglu_sigmoid(x)));
+      y[k] = from_float<T>(silu * to_float(vb[k]));
+    }
+    store128(out + at.dense, y);
+    if constexpr (kFp8) key = fp8_cast_chunk(out8 + at.dense, y, *scale8, key);
   }
-  store128(out + at.dense, y);
+  if (kFp8 && amax8 != nullptr) fp8_record_amax<kSwigluBlock>(amax8, key);
 }
 
-// da = dout·b·silu'(a), silu'(a) = σ(a)·(1 + a·(1 − σ(a))); db = dout·silu(a), silu(a) rounded to
-// T as the forward pass used it. Each thread reads its a, b and dout chunks before writing, so da
+// One element's gradients: da = dout·b·silu'(a), silu'(a) = σ(a)·(1 + a·(1 − σ(a))); db =
+// dout·silu(a), silu(a) rounded to T as the forward pass used it; each rounded once to T. Both
+// backward kernels take them from here, so their bits agree.
+template <typename T>
+__device__ __forceinline__ void swiglu_gradients(T& da, T& db, float g, float a, float b) {
+  const float sig = swiglu_sigmoid(a);
+  const float silu = to_float(from_float<T>(a * sig));
+  da = from_float<T>(g * b * sig * (1.0f + a * (1.0f - sig)));
+  db = from_float<T>(g * silu);
+}
+
+// da = dout·b·silu'(a), db = dout·silu(a) (swiglu_gradients). Each thread reads its a, b and dout chunks before writing, so da
 // may alias a and db may alias b.
 template <typename T>
 __global__ void swiglu_backward_kernel(T* da, T* db, const T* dout, const T* a, const T* b, size_t chunks, int H,
@@ -61,16 +83,69 @@ __global__ void swiglu_backward_kernel(T* da, T* db, const T* dout, const T* a, 
   const Vec128<T> vb = load128(b + at.strided);
   const Vec128<T> dy = load128(dout + at.dense);
   Vec128<T> ga, gb;
-  for (int k = 0; k < kVec; ++k) {
-    const float x = to_float(va[k]);
-    const float g = to_float(dy[k]);
-    const float sig = swiglu_sigmoid(x);
-    const float silu = to_float(from_float<T>(x * sig));
-    ga[k] = from_float<T>(g * to_float(vb[k]) * sig * (1.0f + x * (1.0f - sig)));
-    gb[k] = from_float<T>(g * silu);
-  }
+  for (int k = 0; k < kVec; ++k) swiglu_gradients(ga[k], gb[k], to_float(dy[k]), to_float(va[k]), to_float(vb[k]));
   store128(da + at.strided, ga);
   store128(db + at.strided, gb);
+}
+
+// The backward's gradients cast for FP8 products as it computes them (src/model/fp8_state.h: with
+// delayed scaling, the w1 and w3 products' output gradients): the bf16 da and db that
+// swiglu_backward_kernel computes, never written, cast to E5M2 with their own scales, each written
+// as stored (N, H) and transposed (H, N), and their amaxes recorded: the codes and amaxes fp8_cast
+// gives on swiglu_backward's outputs, bit for bit. fp8_cast_wide_kernel's tiling: a block of (8, 32)
+// threads owns a 64×64 tile of both gradients, a thread 8 columns of two rows; the transposed codes
+// go through shared memory. a, b, dout: (N, H) contiguous.
+__global__ void __launch_bounds__(kFp8WideThreads)
+    swiglu_backward_fp8_kernel(fp8e5m2* da8, fp8e5m2* da8t, float* amax_a, fp8e5m2* db8, fp8e5m2* db8t,
+                               float* amax_b, const bf16* dout, const bf16* a, const bf16* b, int N, int H,
+                               const float* scale_a, const float* scale_b) {
+  LAUNCH_BOUNDS_GUARD(kFp8WideThreads);
+  static_assert(Vec128<bf16>::size == kFp8WideChunk, "one 16-byte load per operand and chunk");
+  __shared__ uint2 tile_words[2][kFp8WideTile][kFp8WidePitch / 8];  // da's, db's codes, [column][row]
+  auto tile_a = reinterpret_cast<uint8_t (*)[kFp8WidePitch]>(tile_words[0]);
+  auto tile_b = reinterpret_cast<uint8_t (*)[kFp8WidePitch]>(tile_words[1]);
+  const float sa = *scale_a, sb = *scale_b;
+  const int row0 = blockIdx.x * kFp8WideTile, col0 = blockIdx.y * kFp8WideTile;
+  const int c = kFp8WideChunk * threadIdx.x;
+  int key_a = 0, key_b = 0;
+  UNROLL
+  for (int pass = 0; pass < kFp8WideTile / kFp8WideRowsPerPass; ++pass) {
+    const int r = threadIdx.y + pass * kFp8WideRowsPerPass;
+    if (row0 + r >= N || col0 + c >= H) continue;
+    const size_t i = static_cast<size_t>(row0 + r) * H + col0 + c;
+    const Vec128<bf16> va = load128(a + i), vb = load128(b + i), dy = load128(dout + i);
+    uint32_t words_a[2] = {0, 0}, words_b[2] = {0, 0};
+    UNROLL
+    for (int k = 0; k < kFp8WideChunk; ++k) {
+      bf16 ga, gb;
+      swiglu_gradients(ga, gb, to_float(dy[k]), to_float(va[k]), to_float(vb[k]));
+      const float xa = to_float(ga), xb = to_float(gb);
+      key_a = fp8_larger_key(key_a, fp8_magnitude_key(xa));
+      key_b = fp8_larger_key(key_b, fp8_magnitude_key(xb));
+      const uint8_t code_a = from_float<fp8e5m2>(xa * sa).__x, code_b = from_float<fp8e5m2>(xb * sb).__x;
+      words_a[k / 4] |= static_cast<uint32_t>(code_a) << (8 * (k % 4));
+      words_b[k / 4] |= static_cast<uint32_t>(code_b) << (8 * (k % 4));
+      tile_a[c + k][r] = code_a;
+      tile_b[c + k][r] = code_b;
+    }
+    *reinterpret_cast<uint2*>(reinterpret_cast<uint8_t*>(da8) + i) = uint2{words_a[0], words_a[1]};
+    *reinterpret_cast<uint2*>(reinterpret_cast<uint8_t*>(db8) + i) = uint2{words_b[0], words_b[1]};
+  }
+  __syncthreads();
+  // Thread t writes column t / 8 (+ 32 on the second pass), rows [8·(t % 8), +8), of both.
+  const int t = threadIdx.y * kFp8WideChunksPerRow + threadIdx.x;
+  const int r = kFp8WideChunk * (t % kFp8WideChunksPerRow);
+  UNROLL
+  for (int pass = 0; pass < kFp8WideTile / (kFp8WideThreads / kFp8WideChunksPerRow); ++pass) {
+    const int col = t / kFp8WideChunksPerRow + pass * (kFp8WideThreads / kFp8WideChunksPerRow);
+    if (col0 + col >= H || row0 + r >= N) continue;
+    const size_t at = static_cast<size_t>(col0 + col) * N + row0 + r;
+    *reinterpret_cast<uint2*>(reinterpret_cast<uint8_t*>(da8t) + at) = tile_words[0][col][r / kFp8WideChunk];
+    *reinterpret_cast<uint2*>(reinterpret_cast<uint8_t*>(db8t) + at) = tile_words[1][col][r / kFp8WideChunk];
+  }
+  if (amax_a != nullptr) fp8_record_amax<kFp8WideThreads>(amax_a, key_a);
+  __syncthreads();  // fp8_record_amax's shared keys are used again
+  if (amax_b != nullptr) fp8_record_amax<kFp8WideThreads>(amax_b, key_b);
 }
 
 template <typename T>
@@ -87,14 +162,18 @@ inline unsigned swiglu_blocks(size_t chunks) {
   return static_cast<unsigned>(ceil_div(chunks, static_cast<size_t>(kSwigluBlock)));
 }
 
-// out = silu(a)·b over N rows of H (out written, not accumulated).
+// out = silu(a)·b over N rows of H (out written, not accumulated). fp8 (none by default): out's
+// FP8 copy (N, H) and its amax, as fp8_cast of out would give them.
 template <typename T>
-void swiglu_forward(T* out, const T* a, const T* b, int N, int H, int ld, cudaStream_t stream) {
+void swiglu_forward(T* out, const T* a, const T* b, int N, int H, int ld, cudaStream_t stream,
+                    const Fp8Out& fp8 = {}) {
   swiglu_check_shape<T>("swiglu_forward", N, H, ld);
+  fp8_out_check<T>("swiglu_forward", fp8);
   const size_t chunks = static_cast<size_t>(N) * (H / Vec128<T>::size);
   if (chunks == 0) return;
-  launch(swiglu_forward_kernel<T>, dim3(swiglu_blocks(chunks)), dim3(kSwigluBlock), 0, stream, out, a, b, chunks, H,
-         ld);
+  auto* kernel = fp8.out != nullptr ? swiglu_forward_kernel<T, true> : swiglu_forward_kernel<T, false>;
+  launch(kernel, dim3(swiglu_blocks(chunks)), dim3(kSwigluBlock), 0, stream, out, a, b, chunks, H, ld, fp8.out,
+         fp8.scale, fp8.amax);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -108,5 +187,28 @@ void swiglu_backward(T* da, T* db, const T* dout, const T* a, const T* b, int N,
   if (chunks == 0) return;
   launch(swiglu_backward_kernel<T>, dim3(swiglu_blocks(chunks)), dim3(kSwigluBlock), 0, stream, da, db, dout, a, b,
          chunks, H, ld);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+// With FP8 products (src/model/fp8_state.h): swiglu_backward's da and db for a, b (N, H) contiguous,
+// not written, but cast to E5M2 at *scale_a and *scale_b as stored (da8, db8: N × H) and transposed
+// (da8t, db8t: H × N), their amaxes folded into *amax_a and *amax_b (nullptr: not recorded), as
+// fp8_cast of each would. N and H multiples of 8, the inputs 16-byte and the codes 8-byte aligned.
+inline void swiglu_backward_fp8(fp8e5m2* da8, fp8e5m2* da8t, float* amax_a, const float* scale_a, fp8e5m2* db8,
+                                fp8e5m2* db8t, float* amax_b, const float* scale_b, const bf16* dout, const bf16* a,
+                                const bf16* b, int N, int H, cudaStream_t stream) {
+  const auto aligned = [](const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
+  if (N < 0 || H < 0 || N % kFp8WideChunk != 0 || H % kFp8WideChunk != 0)
+    throw_errorf("swiglu_backward_fp8: N=%d H=%d must be multiples of %d", N, H, kFp8WideChunk);
+  if (scale_a == nullptr || scale_b == nullptr) throw_error("swiglu_backward_fp8: a scale is null");
+  for (const void* p : {static_cast<const void*>(dout), static_cast<const void*>(a), static_cast<const void*>(b)})
+    if (!aligned(p, 16)) throw_error("swiglu_backward_fp8: the inputs must be 16-byte aligned");
+  for (const void* p : {static_cast<const void*>(da8), static_cast<const void*>(da8t), static_cast<const void*>(db8),
+                        static_cast<const void*>(db8t)})
+    if (p == nullptr || !aligned(p, 8)) throw_error("swiglu_backward_fp8: the codes must be given and 8-byte aligned");
+  if (N == 0 || H == 0) return;
+  const dim3 grid(static_cast<unsigned>(ceil_div(N, kFp8WideTile)), static_cast<unsigned>(ceil_div(H, kFp8WideTile)));
+  launch(swiglu_backward_fp8_kernel, grid, dim3(kFp8WideChunksPerRow, kFp8WideRowsPerPass), 0, stream, da8, da8t,
+         amax_a, db8, db8t, amax_b, dout, a, b, N, H, scale_a, scale_b);
   CUDA_CHECK(cudaGetLastError());
 }

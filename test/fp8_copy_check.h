@@ -1,5 +1,5 @@
 // fp8_copy_check.h — the check of a producer kernel's FP8 copy of its output (kernels/fp8_cast.cuh's
-// Fp8Out, written by the norms), shared by test_layernorm.cu and test_rmsnorm.cu: its output as
+// Fp8Out, written by the norms and the MLP activations), shared by their tests: its output as
 // without the copy, bit for bit; every code that of the output as stored (rounded to T) times the
 // scale, one fp32 multiply, found by test/fp8_reference.h's search of the E4M3 table (never the
 // conversion under test); nothing written past the codes; the amax max(start, max |output|), a NaN

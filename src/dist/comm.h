@@ -198,7 +198,7 @@ class Communicator {
       std::abort();
     }
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);  // still watched
-    if (scalar_ != nullptr) cudaFree(scalar_);
+    if (sums_ != nullptr) cudaFree(sums_);
     if (event_ != nullptr) cudaEventDestroy(event_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
     watchdog_.begin("finalize of the communicator at teardown");
@@ -339,22 +339,26 @@ class Communicator {
 
   // Sum over ranks of a host value (blocking; fp64, added in NCCL's order).
   double sum(double value) {
-    cuda_check(cudaMemcpyAsync(scalar_, &value, sizeof value, cudaMemcpyHostToDevice, stream_), "communication");
-    all_reduce(scalar_, 1, ncclSum);
-    double total = 0.0;
-    cuda_check(cudaMemcpyAsync(&total, scalar_, sizeof total, cudaMemcpyDeviceToHost, stream_), "communication");
-    cuda_check(cudaStreamSynchronize(stream_), "communication");
-    return total;
+    std::vector<double> values{value};
+    sum(values);
+    return values[0];
   }
   // Sum over ranks of host values, in place (blocking; fp64, added in NCCL's order): the copies and
-  // the all-reduce share the communicator's stream, so nothing else orders them.
+  // the all-reduce share the communicator's stream, so nothing else orders them. The device room is
+  // kept between calls (some run every micro-batch) and grown when a call needs more.
   void sum(std::vector<double>& values) {
     if (values.empty()) return;
-    DeviceArray<double> buffer(values.size(), "host values summed over ranks");
-    const size_t bytes = buffer.bytes();
-    cuda_check(cudaMemcpyAsync(buffer.get(), values.data(), bytes, cudaMemcpyHostToDevice, stream_), "communication");
-    all_reduce(buffer.get(), values.size(), ncclSum);
-    cuda_check(cudaMemcpyAsync(values.data(), buffer.get(), bytes, cudaMemcpyDeviceToHost, stream_), "communication");
+    if (values.size() > sums_capacity_) {
+      cuda_check(cudaFree(sums_), "growing the room for host values summed over ranks");
+      sums_ = nullptr;
+      cuda_check(cudaMalloc(reinterpret_cast<void**>(&sums_), values.size() * sizeof(double)),
+                 "allocating the room for host values summed over ranks");
+      sums_capacity_ = values.size();
+    }
+    const size_t bytes = values.size() * sizeof(double);
+    cuda_check(cudaMemcpyAsync(sums_, values.data(), bytes, cudaMemcpyHostToDevice, stream_), "communication");
+    all_reduce(sums_, values.size(), ncclSum);
+    cuda_check(cudaMemcpyAsync(values.data(), sums_, bytes, cudaMemcpyDeviceToHost, stream_), "communication");
     cuda_check(cudaStreamSynchronize(stream_), "communication");
   }
   // Returns once every rank has called it.
@@ -370,14 +374,13 @@ class Communicator {
 
   // What both constructors share once comm_ exists (possibly still being set up: `status` is what
   // the creating call returned) and rank_/world_size_ are known: the watchdog, the set-up polled
-  // to its end under it, the stream, the event and the scalar.
+  // to its end under it, the stream and the event.
   void finish_set_up(ncclResult_t status, const char* call) {
     watchdog_.start(comm_, describe());
     check(watchdog_.settle(status), call);
     watchdog_.finished();
     cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating the communication stream");
     cuda_check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "creating a communication event");
-    cuda_check(cudaMalloc(reinterpret_cast<void**>(&scalar_), sizeof(double)), "allocating a communication scalar");
   }
 
   // A collective in error messages: "all-gather of activations" (+ " on the tensor-parallel
@@ -483,6 +486,7 @@ class Communicator {
   std::string purpose_what_ = "values", purpose_when_ = "during start-up";
   cudaStream_t stream_ = nullptr;
   cudaEvent_t event_ = nullptr;
-  double* scalar_ = nullptr;
+  double* sums_ = nullptr;  // sum()'s device room: sums_capacity_ doubles
+  size_t sums_capacity_ = 0;
   CollectiveCounts counts_;
 };

@@ -15,7 +15,7 @@
 #include <functional>
 
 // out = norm(inp) over N rows of C; LayerNorm keeps mean and rstd, RMSNorm rstd only (mean unused).
-// fp8 (none by default): out's FP8 copy too (Fp8State::norm_output).
+// fp8 (none by default): out's FP8 copy too (linear_input_cast).
 template <typename Elem>
 void norm_forward(const ModelConfig& c, Elem* out, float* mean, float* rstd, const Elem* inp, const Elem* weight,
                   const Elem* bias, int N, cudaStream_t s, const Fp8Out& fp8 = {}) {
@@ -43,18 +43,20 @@ void norm_backward(const ModelConfig& c, Elem* dinp, Elem* dweight, Elem* dbias,
 
 // The MLP's hidden activation `act` (N, H) from its kept products `fch`: GELU of fch (N, H), or
 // SwiGLU's silu(a) ⊙ b of fch = [a = w1·x (N, H); b = w3·x (N, H)]. Recomputing it from fch gives
-// the same bits.
+// the same bits. fp8 (none by default): act's FP8 copy too (linear_input_cast).
 template <typename Elem>
-void mlp_activation_forward(const ModelConfig& c, Elem* act, const Elem* fch, int N, int H, cudaStream_t s) {
+void mlp_activation_forward(const ModelConfig& c, Elem* act, const Elem* fch, int N, int H, cudaStream_t s,
+                            const Fp8Out& fp8 = {}) {
   const size_t NH = static_cast<size_t>(N) * H;
-  if (c.mlp == Mlp::swiglu) return swiglu_forward(act, fch, fch + NH, N, H, H, s);
-  gelu_forward(act, fch, NH, s);
+  if (c.mlp == Mlp::swiglu) return swiglu_forward(act, fch, fch + NH, N, H, H, s, fp8);
+  gelu_forward(act, fch, NH, s, fp8);
 }
 
 // The MLP's products from its input x (N, C) into fch (mlp_activation_forward's layout) and the
 // activation into act. GELU runs as its own kernel on the rounded pre-activation (not cuBLASLt's
 // GELU epilogue on the fp32 product), so that recomputing it from the kept fch reproduces the bits.
-// fp8: layer l's products in FP8 (linear.h), else matmul.cuh's.
+// fp8: layer l's products in FP8 (linear.h), else matmul.cuh's, and the activation writes the
+// down product's input cast (which must be the next FP8 call).
 template <typename Elem>
 void mlp_up_forward(const ModelConfig& c, Elem* fch, Elem* act, const Elem* x, const Elem* fcw, const Elem* fcb,
                     const Elem* fc2w, int N, int H, cudaStream_t s, Fp8State* fp8 = nullptr, int l = 0) {
@@ -62,7 +64,7 @@ void mlp_up_forward(const ModelConfig& c, Elem* fch, Elem* act, const Elem* x, c
   if (c.mlp == Mlp::swiglu)
     linear_forward({fp8, l, Fp8Product::fc2}, fch + static_cast<size_t>(N) * H, x, fc2w, nullptr, N, c.channels, H, s,
                    true);
-  mlp_activation_forward(c, act, fch, N, H, s);
+  mlp_activation_forward(c, act, fch, N, H, s, linear_input_cast(LinearSite{fp8, l, Fp8Product::fcproj}, act, N));
 }
 
 // Backward of mlp_up_forward from dact (N, H; overwritten): dx (N, C) written, the weight and bias
@@ -81,6 +83,7 @@ void mlp_up_backward(const ModelConfig& c, Elem* dx, Elem* dfcw, Elem* dfcb, Ele
   }
   Elem* a = fch;
   Elem* b = fch + static_cast<size_t>(N) * H;
+  if (dfcb == nullptr && fp8_swiglu_backward(fp8, l, dx, dfcw, dfc2w, dact, a, b, x, after_input_gradient)) return;
   swiglu_backward(a, b, dact, a, b, N, H, H, s);
   linear_backward({fp8, l, Fp8Product::fc}, dx, dfcw, dfcb, nullptr, a, x, fcw, nullptr, N, C, H, s);
   linear_backward({fp8, l, Fp8Product::fc2}, dx, dfc2w, nullptr, nullptr, b, x, fc2w, nullptr, N, C, H, s,

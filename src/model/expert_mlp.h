@@ -32,7 +32,9 @@
 #include "src/model/activations.h"
 #include "src/model/block_ops.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <optional>
 #include <stdexcept>
@@ -381,10 +383,14 @@ void expert_aux_gradient(const ModelConfig& c, const Activations<Elem>& a, Activ
   if (w.moe_tail_out.count() > 0)
     cuda_check(cudaMemcpyAsync(w.moe_tail_out.get(), a.moe_tail.get(), a.moe_tail.bytes(), cudaMemcpyDeviceToDevice, s),
                "the routing totals an input gradient takes back");
-  std::vector<int> counts(E);
+  std::vector<int> counts(E);  // the tail in one copy: counts, then the probability sums' bits
   std::vector<float> prob_sums(E);
-  copy_to_host(counts.data(), tail.counts, E * sizeof(int), s);
-  if (c.router == Router::softmax) copy_to_host(prob_sums.data(), tail.prob_sums, E * sizeof(float), s);
+  {
+    std::vector<int> whole(2 * E);
+    copy_to_host(whole.data(), tail.counts, 2 * E * sizeof(int), s);
+    std::copy_n(whole.begin(), E, counts.begin());
+    std::memcpy(prob_sums.data(), whole.data() + E, E * sizeof(float));
+  }
   std::vector<double> totals(counts.begin(), counts.end());  // counts, then probability sums
   totals.insert(totals.end(), prob_sums.begin(), prob_sums.end());
   for (Communicator* group : row_groups)

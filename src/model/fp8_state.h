@@ -18,16 +18,19 @@
 // cast) and takes the scale from it at once; not over the data-parallel group, whose ranks cast
 // other data (a product decodes its operands with their own scales, so DP ranks need not agree).
 //
-// Casts fused into their producers: with delayed scaling the norms write the input casts of QKV
-// (ln1) and of the MLP's up products (ln2) as they write their bf16 output (norm_output()), which
-// saves a kernel reading that output back. Not fused: with current scaling (the amax must be
-// known before the cast, so the norm's output is measured, then cast); under sequence
-// parallelism (a norm writes this rank's rows, the product reads them all once gathered); the
-// backward's transposed input casts (a norm runs a warp per row and cannot write a transposed
-// tile cheaply, and the backward reads the bf16 output anyway); the inputs of the attention
-// projection and the MLP's down projection (the attention and activation kernels, not yet); the
-// gradients (E5M2 as stored and transposed, of matmul_backward_bias's output or cuBLASLt's). The
-// weights' copies are made once per optimizer step (refresh_weights()).
+// Casts fused into their producers: with delayed scaling the kernels that write a product's input
+// write its cast too, as they write their bf16 output (producer_output()), which saves a kernel
+// reading that output back: the norms the input casts of QKV (ln1) and of the MLP's up products
+// (ln2), the MLP's activation (GELU, SwiGLU) that of its down product. Not fused: with current
+// scaling (the amax must be known before the cast, so the output is measured, then cast); a
+// norm's under sequence parallelism (a norm writes this rank's rows, the product reads them all
+// once gathered); the backward's transposed input casts (the producers run a warp or a thread per
+// row piece and cannot write a transposed tile cheaply, and the backward reads the bf16 output
+// anyway); the attention projection's input (the attention kernels, not yet). SwiGLU's backward
+// casts the gradients of its two up products as it computes them, as stored and transposed
+// (swiglu_backward()); the other gradients are cast by one kernel that reads each once and writes
+// both layouts (a producer writing the stored copy alone would save nothing). The weights' copies
+// are made once per optimizer step (refresh_weights()).
 #pragma once
 #include "kernels/common.cuh"
 #include "kernels/fp8.cuh"
@@ -35,6 +38,7 @@
 #include "kernels/fp8_scaling.cuh"
 #include "kernels/matmul.cuh"
 #include "kernels/matmul_fp8.cuh"
+#include "kernels/swiglu.cuh"
 #include "src/base/device.h"
 #include "src/config/config.h"
 #include "src/config/model_config.h"
@@ -89,9 +93,9 @@ struct Fp8Settings {
   bool delayed = true;  // --fp8-scaling delayed (else current)
   int history = 16;     // --fp8-amax-history
   int margin = 0;       // --fp8-margin
-  // The norms write their products' input casts where norm_output() can (off: every product casts
-  // its own input; the tests compare the two).
-  bool norm_casts = true;
+  // The producers write their products' input casts where producer_output() can (off: every
+  // product casts its own input; the tests compare the two).
+  bool producer_casts = true;
 };
 
 // --fp8's settings from the flags; none without --fp8.
@@ -121,12 +125,14 @@ inline void require_fp8_device() {
 }
 
 // The sizes the products' shapes give (one place for the allocations and the plan): each
-// product's weight offset within a layer's copies, a layer's weight elements, and the widest
-// product's input and output (the cast buffers' rows).
+// product's weight offset within a layer's copies, a layer's weight elements, the widest
+// product's input and output (the cast buffers' rows), and SwiGLU's second up product's output
+// (its gradient's casts, made with the first's: Fp8State::swiglu_backward).
 struct Fp8Sizes {
   std::vector<size_t> weight_offset;
-  size_t per_layer_weights = 0, max_in = 0, max_out = 0;
-  explicit Fp8Sizes(const std::vector<Fp8ProductShape>& shapes) {
+  size_t per_layer_weights = 0, max_in = 0, max_out = 0, second_up_out = 0;
+  explicit Fp8Sizes(const std::vector<Fp8ProductShape>& shapes)
+      : second_up_out(shapes[static_cast<int>(Fp8Product::fc2)].out) {
     for (const Fp8ProductShape& p : shapes) {
       weight_offset.push_back(per_layer_weights);
       if (p.out == 0) continue;
@@ -142,7 +148,7 @@ struct Fp8Sizes {
 inline size_t fp8_state_bytes(const std::vector<Fp8ProductShape>& shapes, int layers, size_t rows, int history) {
   const Fp8Sizes sizes(shapes);
   const size_t tensors = static_cast<size_t>(layers) * kFp8Products * kFp8Operands;
-  return 2 * layers * sizes.per_layer_weights + rows * (sizes.max_in + 2 * sizes.max_out) +
+  return 2 * layers * sizes.per_layer_weights + rows * (sizes.max_in + 2 * sizes.max_out + 2 * sizes.second_up_out) +
          tensors * (3 + kFp8ScaleInvStride + history) * sizeof(float);  // copies as stored and transposed; scale,
                                                                        // inverse (16 bytes), amax, max, history
 }
@@ -171,6 +177,8 @@ class Fp8State {
     act8_ = DeviceArray<fp8e4m3>(rows * sizes_.max_in, "the FP8 activation cast");
     grad8_ = DeviceArray<fp8e5m2>(rows * sizes_.max_out, "the FP8 gradient cast");
     grad8t_ = DeviceArray<fp8e5m2>(rows * sizes_.max_out, "the FP8 transposed gradient cast");
+    grad8b_ = DeviceArray<fp8e5m2>(rows * sizes_.second_up_out, "the FP8 cast of SwiGLU's second gradient");
+    grad8bt_ = DeviceArray<fp8e5m2>(rows * sizes_.second_up_out, "the FP8 transposed cast of SwiGLU's second gradient");
     reset();
   }
 
@@ -180,7 +188,7 @@ class Fp8State {
     fp8_scaling_init(scale_.get(), scale_inv_.get(), history_.get(), amax_.get(), tensors(), settings_.history, stream_);
     weights_stale_ = true;
     recording_ = false;
-    norm_cast_ = {};
+    producer_cast_ = {};
   }
 
   // A training step starts: its activation and gradient casts record their amaxes (delayed
@@ -214,28 +222,29 @@ class Fp8State {
     weights_stale_ = false;
   }
 
-  // The FP8 copy the norm writing `ln` makes of its output (kernels/layernorm.cuh, rmsnorm.cuh:
-  // Fp8Out), as layer l's product p's input cast: act8_, the input's scale and, when this step
-  // records, its amax (cast()'s rule), for the next forward() of p on ln, which then casts nothing.
-  // `rows`: the rows of ln the norm writes. None (the product casts its input itself) with current
-  // scaling, which measures the amax before it casts, or when the norm does not write the product's
-  // whole input (sequence parallelism: this rank's rows, gathered after the norm).
-  Fp8Out norm_output(int l, Fp8Product p, const bf16* ln, int rows) {
-    if (!settings_.delayed || !settings_.norm_casts || rows != rows_) return {};
+  // The FP8 copy a kernel writing `in` makes of its output (Fp8Out: the norms', kernels/layernorm.cuh
+  // and rmsnorm.cuh; the MLP activation's, gelu.cuh and swiglu.cuh) as layer l's product p's input
+  // cast: act8_, the input's scale and, when this step records, its amax (cast()'s rule), for the
+  // next forward() of p on `in`, which then casts nothing. `rows`: the rows of `in` the producer
+  // writes. None (the product casts its input itself) with current scaling, which measures the
+  // amax before it casts, or when the producer does not write the product's whole input (a norm
+  // under sequence parallelism: this rank's rows, gathered after the norm).
+  Fp8Out producer_output(int l, Fp8Product p, const bf16* in, int rows) {
+    if (!settings_.delayed || !settings_.producer_casts || rows != rows_) return {};
     const int m = slot(l, input_product(p), Fp8Operand::input);
-    norm_cast_ = {m, ln};
+    producer_cast_ = {m, in};
     return {act8_.get(), scale_.get() + m, recording_ ? amax_.get() + m : nullptr};
   }
 
   // out (rows × out) = inp @ weight^T + bias for layer l's product p. same_input: inp is the one
   // the previous forward call cast (SwiGLU's fc2 after fc), which is not cast again; nor is an
-  // input whose norm wrote its cast (norm_output()) with nothing else written to act8_ since.
+  // input whose producer wrote its cast (producer_output()) with nothing else written to act8_ since.
   void forward(bf16* out, const bf16* inp, int l, Fp8Product p, const bf16* bias, bool same_input = false) {
     const Fp8ProductShape& sh = shapes_[static_cast<int>(p)];
     const int in_slot = slot(l, input_product(p), Fp8Operand::input);
-    const bool norm_cast = norm_cast_.slot == in_slot && norm_cast_.in == inp;
-    norm_cast_ = {};
-    if (!same_input && !norm_cast) cast<fp8e4m3>(act8_.get(), nullptr, inp, rows_, sh.in, in_slot, Amax::activation);
+    const bool produced = producer_cast_.slot == in_slot && producer_cast_.in == inp;
+    producer_cast_ = {};
+    if (!same_input && !produced) cast<fp8e4m3>(act8_.get(), nullptr, inp, rows_, sh.in, in_slot, Amax::activation);
     const int w = slot(l, p, Fp8Operand::weight);
     matmul_fp8_forward(out, act8_.get(), inverse(in_slot), weights8_.get() + weight_at(l, p),
                        inverse(w), bias, rows_, sh.in, sh.out, stream_);
@@ -258,10 +267,45 @@ class Fp8State {
     if (after_input_gradient) after_input_gradient();
     if (dweight == nullptr) return;
     const int in_slot = slot(l, input_product(p), Fp8Operand::input);
-    norm_cast_ = {};
+    producer_cast_ = {};
     cast<fp8e4m3>(nullptr, act8_.get(), inp, rows_, sh.in, in_slot, Amax::again);
     matmul_fp8_weight_gradient(dweight, grad8t_.get(), inverse(g_slot), act8_.get(),
                                inverse(in_slot), rows_, sh.in, sh.out, stream_);
+  }
+
+  // SwiGLU's backward through its up products fc (a = w1·x) and fc2 (b = w3·x) of layer l, with
+  // their gradients' casts fused into the activation's backward (kernels/swiglu.cuh,
+  // swiglu_backward_fp8: never written in bf16): dx (rows × C) = both input gradients (fc's
+  // written, fc2's added, then after_input_gradient), x's transposed cast made once for both
+  // weight gradients (one input, one scale), dfcw and dfc2w accumulated: the bits of
+  // swiglu_backward and two backward() calls. False, with nothing done, where the casts are not
+  // fused: current scaling (the amaxes come before the casts), producer casts off, or weight
+  // gradients left for later.
+  bool swiglu_backward(bf16* dx, bf16* dfcw, bf16* dfc2w, const bf16* dact, const bf16* a, const bf16* b,
+                       const bf16* x, int l, const std::function<void()>& after_input_gradient) {
+    if (!settings_.delayed || !settings_.producer_casts || dfcw == nullptr || dfc2w == nullptr) return false;
+    const Fp8ProductShape& sh = shapes_[static_cast<int>(Fp8Product::fc)];
+    const int ga = slot(l, Fp8Product::fc, Fp8Operand::grad), gb = slot(l, Fp8Product::fc2, Fp8Operand::grad);
+    auto amax = [&](int m) { return recording_ ? amax_.get() + m : nullptr; };
+    swiglu_backward_fp8(grad8_.get(), grad8t_.get(), amax(ga), scale_.get() + ga, grad8b_.get(), grad8bt_.get(),
+                        amax(gb), scale_.get() + gb, dact, a, b, rows_, sh.out, stream_);
+    const Fp8Product products[2] = {Fp8Product::fc, Fp8Product::fc2};
+    const fp8e5m2* stored[2] = {grad8_.get(), grad8b_.get()};
+    const fp8e5m2* transposed[2] = {grad8t_.get(), grad8bt_.get()};
+    const int grads[2] = {ga, gb};
+    for (int k = 0; k < 2; ++k)
+      matmul_fp8_input_gradient(dx, stored[k], inverse(grads[k]), weights8t_.get() + weight_at(l, products[k]),
+                                inverse(slot(l, products[k], Fp8Operand::weight)), rows_, sh.in, sh.out, k == 1,
+                                stream_);
+    if (after_input_gradient) after_input_gradient();
+    const int in_slot = slot(l, Fp8Product::fc, Fp8Operand::input);
+    producer_cast_ = {};
+    cast<fp8e4m3>(nullptr, act8_.get(), x, rows_, sh.in, in_slot, Amax::again);
+    bf16* dweights[2] = {dfcw, dfc2w};
+    for (int k = 0; k < 2; ++k)
+      matmul_fp8_weight_gradient(dweights[k], transposed[k], inverse(grads[k]), act8_.get(), inverse(in_slot), rows_,
+                                 sh.in, sh.out, stream_);
+    return true;
   }
 
   // After the step's backward: delayed scaling's amaxes max-reduced over the TP and DP groups,
@@ -272,7 +316,7 @@ class Fp8State {
     fp8_update_scales(scale_.get(), scale_inv_.get(), history_.get(), amax_.get(), format_max_.get(), tensors(),
                       settings_.history, settings_.margin, true, stream_);
     recording_ = false;
-    norm_cast_ = {};  // cast with the old scales
+    producer_cast_ = {};  // cast with the old scales
   }
 
   // This rank's layers' scaling state as fp32 on the host (Fp8StateLayout of its local layers):
@@ -301,7 +345,7 @@ class Fp8State {
     upload_floats(history_.get(), std::vector<float>(values.begin() + 2 * M, values.end()), "FP8 amax histories");
     cuda_check(cudaMemsetAsync(amax_.get(), 0, amax_.bytes(), stream_), "zeroing the FP8 amaxes");
     weights_stale_ = true;
-    norm_cast_ = {};
+    producer_cast_ = {};
   }
 
   // What a checkpoint keeps: the whole model's scaling state (Fp8StateLayout of `num_layers` layers,
@@ -352,7 +396,8 @@ class Fp8State {
   // Device bytes held: fp8_state_bytes() of its shapes.
   size_t bytes() const {
     return scale_.bytes() + scale_inv_.bytes() + amax_.bytes() + history_.bytes() + format_max_.bytes() +
-           weights8_.bytes() + weights8t_.bytes() + act8_.bytes() + grad8_.bytes() + grad8t_.bytes();
+           weights8_.bytes() + weights8t_.bytes() + act8_.bytes() + grad8_.bytes() + grad8t_.bytes() + grad8b_.bytes() +
+           grad8bt_.bytes();
   }
 
   // Tensor m's scale (tests): slot(l, p, operand)'s.
@@ -414,13 +459,14 @@ class Fp8State {
   DeviceArray<float> scale_inv_;  // kFp8ScaleInvStride floats per tensor: each 16-byte aligned for cuBLASLt
   DeviceArray<fp8e4m3> weights8_, weights8t_;
   DeviceArray<fp8e4m3> act8_;  // the forward's input cast, or the backward's transposed input
-  // The input whose cast a norm wrote into act8_ (norm_output()), until a forward reads it or
-  // anything else is written there or the scales change; slot -1: none.
-  struct NormCast {
+  // The input whose cast its producer wrote into act8_ (producer_output()), until a forward reads
+  // it or anything else is written there or the scales change; slot -1: none.
+  struct ProducerCast {
     int slot = -1;
     const bf16* in = nullptr;
-  } norm_cast_;
+  } producer_cast_;
   DeviceArray<fp8e5m2> grad8_, grad8t_;
+  DeviceArray<fp8e5m2> grad8b_, grad8bt_;  // SwiGLU's second up product's gradient (swiglu_backward())
   bool weights_stale_ = true;
   bool recording_ = false;
 };

@@ -24,6 +24,16 @@ void linear_forward(const LinearSite& at, Elem* out, const Elem* inp, const Elem
   matmul_forward(out, inp, weight, bias, rows, in_features, out_features, s);
 }
 
+// The FP8 copy of `inp` that the kernel writing it (`rows` rows) can make on the way, as product
+// at's input cast (Fp8State::producer_output, kernels/fp8_cast.cuh's Fp8Out); none without FP8 or
+// where that cast is not fused. The product must be the next FP8 call.
+template <typename Elem>
+Fp8Out linear_input_cast(const LinearSite& at, const Elem* inp, int rows) {
+  if constexpr (std::is_same<Elem, bf16>::value)
+    if (at.fp8 != nullptr) return at.fp8->producer_output(at.layer, at.product, inp, rows);
+  return {};
+}
+
 // matmul_backward's contract (Elem weight gradients).
 template <typename Elem>
 void linear_backward(const LinearSite& at, Elem* dinp, NonDeduced<Elem>* dweight, NonDeduced<Elem>* dbias,
@@ -37,4 +47,16 @@ void linear_backward(const LinearSite& at, Elem* dinp, NonDeduced<Elem>* dweight
                               after_input_gradient, accumulate_input_gradient);
   matmul_backward(dinp, dweight, dbias, dpre_gelu, dout, inp, weight, pre_gelu, rows, in_features, out_features, s,
                   after_input_gradient, accumulate_input_gradient);
+}
+
+// SwiGLU's up products' backward (block_ops.h's mlp_up_backward) with their gradients' FP8 casts
+// fused into the activation's backward (Fp8State::swiglu_backward): true when done, false (nothing
+// done) without FP8 or where that fusion does not apply.
+template <typename Elem>
+bool fp8_swiglu_backward(Fp8State* fp8, int l, Elem* dx, NonDeduced<Elem>* dfcw, NonDeduced<Elem>* dfc2w,
+                         const Elem* dact, const Elem* a, const Elem* b, const Elem* x,
+                         const std::function<void()>& after_input_gradient) {
+  if constexpr (std::is_same<Elem, bf16>::value)
+    if (fp8 != nullptr) return fp8->swiglu_backward(dx, dfcw, dfc2w, dact, a, b, x, l, after_input_gradient);
+  return false;
 }

@@ -39,8 +39,8 @@ struct TransformerPasses {
   // its output too (fp8_norm_output).
   static void norm_rows(Transformer<Elem>& m, Elem* ln, float* mean, float* rstd, const Elem* input, int l, int weight,
                         const Fp8Out& fp8 = {}, bool gather = true);
-  // With --fp8: the FP8 copy of ln that its norm writes as layer l's product p's input cast, where
-  // Fp8State::norm_output fuses that cast; none otherwise. The product must be the next FP8 call.
+  // With --fp8: the FP8 copy of ln that its norm (this rank's rows) writes as layer l's product p's
+  // input cast, where linear_input_cast fuses that cast; none otherwise.
   static Fp8Out fp8_norm_output(Transformer<Elem>& m, int l, Fp8Product p, const Elem* ln);
 
   // Local layer l's forward, its activations in slice j of set a, from its ln1 output (already in
@@ -174,11 +174,7 @@ void TransformerPasses<Elem>::norm_rows(Transformer<Elem>& m, Elem* ln, float* m
 
 template <typename Elem>
 Fp8Out TransformerPasses<Elem>::fp8_norm_output(Transformer<Elem>& m, int l, Fp8Product p, const Elem* ln) {
-  if constexpr (std::is_same<Elem, bf16>::value) {
-    Fp8State* fp8 = m.fp8_state();
-    if (fp8 != nullptr) return fp8->norm_output(l, p, ln, m.tp_.local_rows());
-  }
-  return {};
+  return linear_input_cast(LinearSite{m.fp8_state(), l, p}, ln, m.tp_.local_rows());
 }
 
 template <typename Elem>

@@ -1,7 +1,9 @@
 // gelu_forward / gelu_backward vs. the tanh-approximation GELU and its derivative written
 // here in double (the derivative itself checked by finite differences), separate and
 // in-place backward, bit-identical reruns, and the MLP's width of every preset (two rows of 4C:
-// test/preset_shapes.h).
+// test/preset_shapes.h). The forward's FP8 copy of its output (Fp8Out) against
+// test/fp8_copy_check.h's loops, at odd sizes, every preset's width and with a NaN input.
+#include "test/fp8_copy_check.h"
 #include "test/preset_shapes.h"
 #include "test/test_util.h"
 #include "kernels/gelu.cuh"
@@ -63,6 +65,18 @@ void check_gelu(size_t n) {
   CHECK(test::bytes_of(dout.download()) == test::bytes_of(dinp_first));
 }
 
+// The forward with an FP8 copy of its output (test/fp8_copy_check.h), as `rows` rows of n / rows;
+// nan_at >= 0: that input is a NaN.
+template <typename T>
+void check_fp8_copy(size_t n, int rows, long nan_at = -1) {
+  INFO("n " << n << " NaN at " << nan_at);
+  std::vector<float> x = test::round_to<T>(test::random_floats(n, 300 + n, 4.0f));
+  if (nan_at >= 0) x[static_cast<size_t>(nan_at)] = std::numeric_limits<float>::quiet_NaN();
+  test::DeviceBuffer<T> inp(test::from_floats<T>(x)), out(n);
+  test::check_fp8_copy<T>("gelu_forward", out, rows, static_cast<int>(n / rows),
+                          [&](const Fp8Out& fp8) { gelu_forward<T>(out, inp, n, nullptr, fp8); });
+}
+
 }  // namespace
 
 TEST_CASE("gelu derivative reference agrees with finite differences", "[gelu]") {
@@ -84,4 +98,25 @@ TEMPLATE_TEST_CASE("gelu launches and matches at every preset's width", "[gelu]"
     INFO("presets " << p.presets);
     check_gelu<TestType>(size_t{2} * p.H);
   }
+}
+
+TEMPLATE_TEST_CASE("gelu forward writes the FP8 copy of its output and its amax", "[gelu][fp8]", float, bf16) {
+  for (size_t n : {size_t{8}, size_t{24}, size_t{40}, size_t{200}, size_t{2056}}) check_fp8_copy<TestType>(n, 1);
+  check_fp8_copy<TestType>(37 * 40, 37);  // more than one block, a partial last one
+  check_fp8_copy<TestType>(2056, 1, 1500);
+  for (const test::PresetShape& p : test::preset_shapes()) {
+    INFO("presets " << p.presets);
+    check_fp8_copy<TestType>(size_t{2} * p.H, 2);
+  }
+}
+
+TEST_CASE("gelu forward refuses an FP8 copy without its scale or aligned codes", "[gelu][fp8]") {
+  test::DeviceBuffer<bf16> buf(64);
+  test::DeviceBuffer<float> scale(4);
+  test::DeviceBuffer<uint8_t> codes(72);
+  fp8e4m3* aligned = reinterpret_cast<fp8e4m3*>(codes.ptr);
+  CHECK_THROWS_WITH(gelu_forward<bf16>(buf, buf, 64, nullptr, {aligned, nullptr, nullptr}),
+                    Catch::Contains("gelu_forward: the FP8 output has no scale"));
+  CHECK_THROWS_WITH(gelu_forward<bf16>(buf, buf, 64, nullptr, {aligned + 4, scale, nullptr}),
+                    Catch::Contains("gelu_forward: the FP8 output must be 8-byte aligned"));
 }

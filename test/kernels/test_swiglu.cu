@@ -1,12 +1,23 @@
 // swiglu_forward / swiglu_backward vs. silu(a)·b and its derivative written here in double (the
 // derivative itself checked by finite differences): separate buffers and the fused [a | b] layout
 // (ld = 2H) with the gradient written in place over a and b, odd sizes (N = 1, 37, H = 40), every
-// preset's FFN hidden size up to Llama 3.1 405B's 53,248, and bit-identical reruns.
+// preset's FFN hidden size up to Llama 3.1 405B's 53,248, and bit-identical reruns. The forward's
+// FP8 copy of its output (Fp8Out) against test/fp8_copy_check.h's loops, at the same shapes and
+// with a NaN input. swiglu_backward_fp8: swiglu_backward's outputs cast to E5M2 as stored and
+// transposed, each code found by test/fp8_reference.h's search of the E5M2 table, the amaxes, and
+// nothing written past the codes, at partial tiles, every Llama width and with a NaN.
+#include "test/fp8_copy_check.h"
+#include "test/fp8_reference.h"
 #include "test/test_util.h"
 #include "kernels/swiglu.cuh"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 namespace {
 
@@ -123,6 +134,85 @@ void check_swiglu(const SwigluShape& s, uint64_t seed) {
   }
 }
 
+// The forward with an FP8 copy of its (N, H) output (test/fp8_copy_check.h); nan: one of a's
+// inputs is a NaN.
+template <typename T>
+void check_fp8_copy(const SwigluShape& s, uint64_t seed, bool nan = false) {
+  INFO("N " << s.N << " H " << s.H << " ld " << s.ld << (nan ? " with a NaN" : ""));
+  const size_t strided = static_cast<size_t>(s.N) * s.ld;
+  std::vector<float> a = test::round_to<T>(test::random_floats(strided, seed, 6.0f));
+  const std::vector<float> b = test::round_to<T>(test::random_floats(strided, seed + 1, 3.0f));
+  if (nan) a[strided / 2 - strided / 2 % s.ld] = std::numeric_limits<float>::quiet_NaN();
+  test::DeviceBuffer<T> d_a(test::from_floats<T>(a)), d_b(test::from_floats<T>(b));
+  test::DeviceBuffer<T> out(static_cast<size_t>(s.N) * s.H);
+  test::check_fp8_copy<T>("swiglu_forward", out, s.N, s.H, [&](const Fp8Out& fp8) {
+    swiglu_forward<T>(out, d_a, d_b, s.N, s.H, s.ld, nullptr, fp8);
+  });
+}
+
+// swiglu_backward_fp8 on a, b, dout (N, H) against swiglu_backward's da and db (checked above
+// against the double-precision loops): every code, as stored and transposed, that of the bf16
+// gradient times its scale (one fp32 multiply) in the E5M2 table; the amaxes max(start, max |g|),
+// NaN when a gradient is; nothing written past the codes. nan: one of dout's values is a NaN.
+void check_fp8_gradients(int N, int H, uint64_t seed, bool nan = false) {
+  INFO("N " << N << " H " << H << (nan ? " with a NaN" : ""));
+  constexpr uint8_t kPoison = 0xFF;
+  constexpr size_t kGuard = 64;
+  constexpr float kAmaxStart = 0.25f;
+  const size_t n = static_cast<size_t>(N) * H;
+  const std::vector<float> a = test::round_to<bf16>(test::random_floats(n, seed, 6.0f));
+  const std::vector<float> b = test::round_to<bf16>(test::random_floats(n, seed + 1, 3.0f));
+  std::vector<float> dy = test::round_to<bf16>(test::random_floats(n, seed + 2, 40.0f));
+  if (nan) dy[n / 2] = std::numeric_limits<float>::quiet_NaN();
+  test::DeviceBuffer<bf16> d_a(test::from_floats<bf16>(a)), d_b(test::from_floats<bf16>(b)),
+      d_dy(test::from_floats<bf16>(dy)), da(n), db(n);
+  swiglu_backward<bf16>(da, db, d_dy, d_a, d_b, N, H, H, nullptr);
+  test::require_no_cuda_error();
+  const std::vector<bf16> grads[2] = {da.download(), db.download()};
+  for (const float scale_a : {0.5f, 3000.0f}) {  // in range; past E5M2's 57344 for the largest
+    const float scale_b = scale_a * 3.0f;
+    INFO("scales " << scale_a << ", " << scale_b);
+    test::DeviceBuffer<uint8_t> codes[4] = {test::DeviceBuffer<uint8_t>(n + kGuard), test::DeviceBuffer<uint8_t>(n + kGuard),
+                                            test::DeviceBuffer<uint8_t>(n + kGuard), test::DeviceBuffer<uint8_t>(n + kGuard)};
+    test::DeviceBuffer<float> scales(std::vector<float>{scale_a, scale_b});
+    test::DeviceBuffer<float> amax_a(std::vector<float>{kAmaxStart}), amax_b(std::vector<float>{kAmaxStart});
+    auto f8 = [&](int k) { return reinterpret_cast<fp8e5m2*>(codes[k].ptr); };
+    swiglu_backward_fp8(f8(0), f8(1), amax_a, scales.ptr, f8(2), f8(3), amax_b, scales.ptr + 1, d_dy, d_a, d_b, N, H,
+                        nullptr);
+    test::require_no_cuda_error();
+    for (int g = 0; g < 2; ++g) {
+      INFO((g == 0 ? "da" : "db"));
+      const float scale = g == 0 ? scale_a : scale_b;
+      const std::vector<uint8_t> stored = codes[2 * g].download(), transposed = codes[2 * g + 1].download();
+      size_t bad = 0, guard_written = 0;
+      bool any_nan = false;
+      float want_amax = kAmaxStart;
+      for (int r = 0; r < N; ++r)
+        for (int c = 0; c < H; ++c) {
+          const float x = static_cast<float>(grads[g][static_cast<size_t>(r) * H + c]);
+          if (std::isnan(x)) any_nan = true;
+          else want_amax = std::max(want_amax, std::fabs(x));
+          const uint8_t want = test::expected_code(test::kE5M2, x * scale, true);
+          const uint8_t got = stored[static_cast<size_t>(r) * H + c], got_t = transposed[static_cast<size_t>(c) * N + r];
+          if (got == want && got_t == want) continue;
+          if (bad++ < 5) {
+            INFO("[" << r << "][" << c << "] gradient " << x << ": code 0x" << std::hex << int{got} << ", transposed 0x"
+                     << int{got_t} << ", want 0x" << int{want});
+            CHECK(false);
+          }
+        }
+      for (size_t i = n; i < n + kGuard; ++i) guard_written += (stored[i] != kPoison) + (transposed[i] != kPoison);
+      INFO(bad << " of " << n << " codes wrong, " << guard_written << " guard bytes written");
+      CHECK(bad == 0);
+      CHECK(guard_written == 0);
+      const float got_amax = (g == 0 ? amax_a : amax_b).download()[0];
+      INFO("amax " << got_amax << ", want " << want_amax);
+      if (any_nan) CHECK(std::isnan(got_amax));
+      else CHECK(test::same_bits(std::vector<float>{got_amax}, std::vector<float>{want_amax}));
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("silu derivative reference agrees with finite differences", "[swiglu]") {
@@ -145,4 +235,44 @@ TEST_CASE("swiglu launchers refuse shapes without whole 128-bit chunks", "[swigl
                     Catch::Contains("swiglu_forward: need N>=0, H a positive multiple of 8"));
   CHECK_THROWS_WITH(swiglu_backward<bf16>(buf, buf, buf, buf, buf, 1, 8, 4, nullptr),
                     Catch::Contains("got N=1 H=8 ld=4"));
+}
+
+TEMPLATE_TEST_CASE("swiglu forward writes the FP8 copy of its output and its amax", "[swiglu][fp8]", float, bf16) {
+  uint64_t seed = 5000;
+  for (const SwigluShape& s : kShapes) check_fp8_copy<TestType>(s, seed += 10);
+  check_fp8_copy<TestType>({37, 40, 40}, seed += 10, true);
+}
+
+TEST_CASE("swiglu forward refuses an FP8 copy without its scale or aligned codes", "[swiglu][fp8]") {
+  test::DeviceBuffer<bf16> buf(64);
+  test::DeviceBuffer<float> scale(4);
+  test::DeviceBuffer<uint8_t> codes(72);
+  fp8e4m3* aligned = reinterpret_cast<fp8e4m3*>(codes.ptr);
+  CHECK_THROWS_WITH(swiglu_forward<bf16>(buf, buf, buf, 2, 32, 32, nullptr, {aligned, nullptr, nullptr}),
+                    Catch::Contains("swiglu_forward: the FP8 output has no scale"));
+  CHECK_THROWS_WITH(swiglu_forward<bf16>(buf, buf, buf, 2, 32, 32, nullptr, {aligned + 4, scale, nullptr}),
+                    Catch::Contains("swiglu_forward: the FP8 output must be 8-byte aligned"));
+}
+
+TEST_CASE("swiglu backward casts its gradients to E5M2 as stored and transposed", "[swiglu][fp8]") {
+  uint64_t seed = 7000;
+  for (const auto& [N, H] : std::vector<std::pair<int, int>>{{8, 8}, {24, 40}, {72, 136}, {136, 200}, {8, 8192},
+                                                            {8, 14336}, {8, 28672}, {8, 53248}})
+    check_fp8_gradients(N, H, seed += 10);
+  check_fp8_gradients(40, 72, seed += 10, true);
+}
+
+TEST_CASE("swiglu backward's FP8 casts refuse partial chunks, a missing scale or codes", "[swiglu][fp8]") {
+  test::DeviceBuffer<bf16> buf(256);
+  test::DeviceBuffer<float> scale(4);
+  test::DeviceBuffer<uint8_t> codes(512);
+  fp8e5m2* c = reinterpret_cast<fp8e5m2*>(codes.ptr);
+  CHECK_THROWS_WITH(swiglu_backward_fp8(c, c, nullptr, scale, c, c, nullptr, scale, buf, buf, buf, 12, 8, nullptr),
+                    Catch::Contains("swiglu_backward_fp8: N=12 H=8 must be multiples of 8"));
+  CHECK_THROWS_WITH(swiglu_backward_fp8(c, c, nullptr, nullptr, c, c, nullptr, scale, buf, buf, buf, 8, 8, nullptr),
+                    Catch::Contains("a scale is null"));
+  CHECK_THROWS_WITH(swiglu_backward_fp8(c, nullptr, nullptr, scale, c, c, nullptr, scale, buf, buf, buf, 8, 8, nullptr),
+                    Catch::Contains("the codes must be given and 8-byte aligned"));
+  CHECK_THROWS_WITH(swiglu_backward_fp8(c, c, nullptr, scale, c, c, nullptr, scale, buf, buf.ptr + 1, buf, 8, 8, nullptr),
+                    Catch::Contains("the inputs must be 16-byte aligned"));
 }

@@ -5,9 +5,11 @@
 // bf16's), its scales moved away from their initial 1 to format max / amax, and it holds the
 // bytes --plan counts. Also: the FP8 state's checkpointed values restore into a fresh model (same
 // scales), and --recompute 2 and 3 (the norms' outputs recomputed, or every block rerun in the
-// backward, its inputs cast again) give the same bits as --recompute 0. The norms' fused input
-// casts (Fp8State::norm_output) give the same bits as separate casts, validations between the
-// steps included, with two fewer cast launches per layer and forward.
+// backward, its inputs cast again) give the same bits as --recompute 0. The input casts fused into
+// their producers, the norms and the MLP activation (Fp8State::producer_output), and SwiGLU's
+// backward casting its gradients (Fp8State::swiglu_backward) give the same bits as separate casts,
+// validations between the steps included, with three fewer cast launches per layer and forward
+// and, with SwiGLU, three per layer and backward.
 #include "test/test_util.h"
 #include "src/config/config.h"
 #include "src/model/transformer.h"
@@ -64,8 +66,8 @@ std::vector<float> train(Transformer<bf16>& model, int steps, bool validate = fa
   return losses;
 }
 
-// train()'s losses, and the launches of the FP8 casts of activations (either cast kernel, to E4M3
-// from bf16, which the weights' copies share: both runs make them alike) it made.
+// train()'s losses, and the launches of fp8_cast it made (either kernel, from bf16 to E4M3 or E5M2:
+// the activations', the gradients' and the weights' casts, the last alike in the runs compared).
 std::pair<std::vector<float>, long long> train_counting_casts(Transformer<bf16>& model, int steps) {
   DeviceProfiler& profiler = DeviceProfiler::get();
   profiler.clear();
@@ -74,7 +76,7 @@ std::pair<std::vector<float>, long long> train_counting_casts(Transformer<bf16>&
   profiler.stop();
   long long casts = 0;
   for (const ProfileSite& site : profiler.sites())
-    for (const char* kernel : {"fp8_cast_kernel<__nv_bfloat16, __nv_fp8_e4m3>", "fp8_cast_wide_kernel<__nv_bfloat16, __nv_fp8_e4m3>"})
+    for (const char* kernel : {"fp8_cast_kernel<__nv_bfloat16, __nv_fp8_e", "fp8_cast_wide_kernel<__nv_bfloat16, __nv_fp8_e"})
       if (site.name.rfind(kernel, 0) == 0) casts += site.calls;
   profiler.clear();
   return {losses, casts};
@@ -139,11 +141,11 @@ TEST_CASE("--fp8: the saved scales and histories restore into a fresh model", "[
                     Catch::Contains("FP8 state") && Catch::Contains("expected"));
 }
 
-TEST_CASE("--fp8: the norms' fused input casts give the bits of separate casts", "[fp8]") {
+TEST_CASE("--fp8: the input casts fused into their producers give the bits of separate casts", "[fp8]") {
   const ModelConfig cfg = GENERATE(kTinyGpt2, kTinyLlama);
   const int steps = 4;
   Fp8Settings separate;
-  separate.norm_casts = false;
+  separate.producer_casts = false;
   Transformer<bf16> fused_model = make_model(cfg, Fp8Settings{}), separate_model = make_model(cfg, separate);
   fused_model.init_random(9);
   separate_model.init_random(9);
@@ -151,8 +153,11 @@ TEST_CASE("--fp8: the norms' fused input casts give the bits of separate casts",
   const auto [separate_losses, separate_casts] = train_counting_casts(separate_model, steps);
   CHECK(fused_losses == separate_losses);
   CHECK(fused_model.parameters() == separate_model.parameters());
-  // ln1's cast for QKV and ln2's for the MLP, in every forward: each step's and each validation's.
-  CHECK(separate_casts - fused_casts == 2 * cfg.num_layers * 2 * steps);
+  // ln1's cast for QKV, ln2's for the MLP and the activation's for its down product, in every
+  // forward: each step's and each validation's; SwiGLU's backward, per layer and step, the two
+  // gradients' casts and the second transposed cast of their one input.
+  const int swiglu_backward_casts = cfg.mlp == Mlp::swiglu ? 3 * cfg.num_layers * steps : 0;
+  CHECK(separate_casts - fused_casts == 3 * cfg.num_layers * 2 * steps + swiglu_backward_casts);
 }
 
 TEST_CASE("--fp8 --recompute 2 and 3: the same bits as --recompute 0", "[fp8]") {
