@@ -70,8 +70,8 @@ __device__ __forceinline__ void swiglu_gradients(T& da, T& db, float g, float a,
   db = from_float<T>(g * silu);
 }
 
-// da = dout·b·silu'(a), db = dout·silu(a) (swiglu_gradients). Each thread reads its a, b and dout chunks before writing, so da
-// may alias a and db may alias b.
+// da = dout·b·silu'(a), db = dout·silu(a) (swiglu_gradients). Each thread reads its a, b and
+// dout chunks before writing, so da may alias a and db may alias b.
 template <typename T>
 __global__ void swiglu_backward_kernel(T* da, T* db, const T* dout, const T* a, const T* b, size_t chunks, int H,
                                       int ld) {

@@ -19,6 +19,9 @@
 #   fp8          --fp8 against bf16 in the same job, d48 (T=1024, B=8) and Llama 3.2 1B (T=2048, B=8,
 #                where the pack has Llama 3 shards): tokens/s of each, their ratio (issue 35's
 #                target: 1.25x) and the last losses                                            100 s
+#   fp8_profile  --profile of the fp8 stage's --fp8 runs: each step's device time split into the
+#                FP8 products, the bf16 ones, the FP8 casts, attention and the rest, and the
+#                heaviest sites (logs/fp8_profile/*.json)                                        90 s
 #   fp8_loss     d12 (T=1024, B=16) 1,000 steps in bf16 and with --fp8, the same data: the validation
 #                losses after the last step within 0.5% (issue 35)                               80 s
 #   moe          moe-nano (T=128, B=64) and Llama 3.2 1B with 4 experts, top-2 (T=2048, B=4), each
@@ -54,8 +57,8 @@ pack=${GPU_PACK:-gpu-pack}
 out=${QUICK_OUT:-$PWD/gpu-quick}
 budget=${1:-420}
 dry_run=${QUICK_DRY_RUN:-0}
-all_stages=(device smoke parity hf throughput fp8 fp8_loss moe attention tests determinism sanitizer large)
-declare -A estimate=([device]=10 [smoke]=30 [parity]=60 [hf]=30 [throughput]=120 [fp8]=100 [fp8_loss]=80 [moe]=90
+all_stages=(device smoke parity hf throughput fp8 fp8_profile fp8_loss moe attention tests determinism sanitizer large)
+declare -A estimate=([device]=10 [smoke]=30 [parity]=60 [hf]=30 [throughput]=120 [fp8]=100 [fp8_profile]=90 [fp8_loss]=80 [moe]=90
                      [attention]=60 [tests]=120 [determinism]=40 [sanitizer]=90 [large]=120)
 
 die() { echo "gpu_quick: $*" >&2; exit 2; }
@@ -348,6 +351,40 @@ stage_fp8() {
       rate=$(py 'import sys; print("%.3f" % (float(sys.argv[2]) / float(sys.argv[1])))' "${tps[$model-bf16]}" "${tps[$model-fp8]}")
       text+=" (fp8/bf16 ${rate}x; target 1.25x)"
       figures+=("${model}_fp8_speedup=$rate")
+    fi
+  done
+}
+
+# Where an --fp8 step's device time goes (issue 35's speed-up): the fp8 stage's runs under
+# --profile, the sites summed by kind.
+stage_fp8_profile() {
+  local model split
+  status=PASS; text=""
+  for model in d48 llama; do
+    local -n shape=$model
+    local data=()
+    if [ "$model" = llama ]; then
+      if ! compgen -G "data/llama3/*_train_*.bin" >/dev/null; then text+="; ${shape[1]}: not run (no Llama 3 shards)"; continue; fi
+      data=(--train-data "data/llama3/*_train_*.bin" --val-data "data/llama3/*_val_*.bin")
+    fi
+    if [ "$(left)" -lt 30 ]; then text+="${text:+; }${shape[1]}: not run ($(left) s left)"; continue; fi
+    if train "$model-fp8-profile" "${shape[@]}" "${data[@]}" --batch-size "$fp8_batch" --fp8 1 --profile "$profile_steps" \
+         "${quiet[@]}" && cp "$work/$model-fp8-profile/profile.json" "$logs/fp8_profile/$model.json" &&
+       split=$(py 'import json, sys
+d = json.load(open(sys.argv[1]))
+kinds = {"FP8 products": 0.0, "bf16 products": 0.0, "FP8 casts": 0.0, "attention": 0.0, "the rest": 0.0}
+for s in d["sites"]:
+    n = s["site"]
+    kind = ("FP8 products" if n.startswith("cublasLt fp8") else "bf16 products" if n.startswith("cublasLt") else
+            "FP8 casts" if "fp8" in n else "attention" if "attention" in n else "the rest")
+    kinds[kind] += s["ms_per_step"]
+top = ", ".join("%s %.1f ms" % (s["site"][:48], s["ms_per_step"]) for s in d["sites"][:3])
+print("step %.1f ms, device %.1f ms: %s; heaviest: %s" % (d["step_ms"], d["device_ms_per_step"],
+      ", ".join("%s %.1f ms" % kv for kv in kinds.items()), top))' "$logs/fp8_profile/$model.json"); then
+      text+="${text:+; }${shape[1]} B=$fp8_batch --fp8: $split"
+      figures+=("${model}_fp8_profile=$(json_string "$split")")
+    else
+      status=FAIL; text+="${text:+; }${shape[1]}: --profile failed (logs/fp8_profile/$model-fp8-profile.log)"
     fi
   done
 }

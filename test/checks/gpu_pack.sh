@@ -83,7 +83,7 @@ rehearsal=(env "PATH=$tmp/bin:$PATH" QUICK_DRY_RUN=1 "QUICK_TRAINER=$PWD/train_g
            "QUICK_TESTS=kernels/test_layernorm kernels/test_classifier" "QUICK_TMP=$tmp" PYTHON=/usr/bin/python3
            bash gpu-pack/scripts/gpu_quick.sh)
 quick() { QUICK_OUT=$1 "${rehearsal[@]}" "$2"; }  # OUT SECONDS: the rehearsal into OUT
-stages=(device smoke parity hf throughput fp8 fp8_loss moe attention tests determinism sanitizer large)
+stages=(device smoke parity hf throughput fp8 fp8_profile fp8_loss moe attention tests determinism sanitizer large)
 start=$(date +%s)
 quick "$tmp/full" 420 > "$tmp/full.log" 2>&1
 status=$? seconds=$(( $(date +%s) - start ))
@@ -92,7 +92,7 @@ if [ "$seconds" -le 420 ]; then ok "gpu_quick.sh 420 ended in $seconds s (exit $
 for stage in "${stages[@]}"; do
   if [ -f "$tmp/full/$stage.json" ] && grep -q "^| $stage | " "$tmp/full/summary.md"; then :; else fail "no $stage.json or summary row"; fi
 done
-for want in 'device PASS' 'smoke PASS' 'parity PASS' 'throughput PASS' 'fp8 PASS' 'fp8_loss PASS' 'moe PASS' 'attention SKIP' 'tests PASS' 'determinism PASS' 'sanitizer SKIP' 'large PASS'; do
+for want in 'device PASS' 'smoke PASS' 'parity PASS' 'throughput PASS' 'fp8 PASS' 'fp8_profile PASS' 'fp8_loss PASS' 'moe PASS' 'attention SKIP' 'tests PASS' 'determinism PASS' 'sanitizer SKIP' 'large PASS'; do
   read -r stage verdict <<< "$want"
   got=$(sed -n "s/^STAGE $stage: \([A-Z]*\).*/\1/p" "$tmp/full.log")
   if [ "$got" = "$verdict" ]; then ok "stage $stage: $verdict"; else fail "stage $stage: $got, expected $verdict"; fi

@@ -172,8 +172,10 @@ void check_fp8_gradients(int N, int H, uint64_t seed, bool nan = false) {
   for (const float scale_a : {0.5f, 3000.0f}) {  // in range; past E5M2's 57344 for the largest
     const float scale_b = scale_a * 3.0f;
     INFO("scales " << scale_a << ", " << scale_b);
-    test::DeviceBuffer<uint8_t> codes[4] = {test::DeviceBuffer<uint8_t>(n + kGuard), test::DeviceBuffer<uint8_t>(n + kGuard),
-                                            test::DeviceBuffer<uint8_t>(n + kGuard), test::DeviceBuffer<uint8_t>(n + kGuard)};
+    // da's codes as stored and transposed, then db's.
+    test::DeviceBuffer<uint8_t> codes[4] = {
+        test::DeviceBuffer<uint8_t>(n + kGuard), test::DeviceBuffer<uint8_t>(n + kGuard),
+        test::DeviceBuffer<uint8_t>(n + kGuard), test::DeviceBuffer<uint8_t>(n + kGuard)};
     test::DeviceBuffer<float> scales(std::vector<float>{scale_a, scale_b});
     test::DeviceBuffer<float> amax_a(std::vector<float>{kAmaxStart}), amax_b(std::vector<float>{kAmaxStart});
     auto f8 = [&](int k) { return reinterpret_cast<fp8e5m2*>(codes[k].ptr); };
@@ -193,7 +195,8 @@ void check_fp8_gradients(int N, int H, uint64_t seed, bool nan = false) {
           if (std::isnan(x)) any_nan = true;
           else want_amax = std::max(want_amax, std::fabs(x));
           const uint8_t want = test::expected_code(test::kE5M2, x * scale, true);
-          const uint8_t got = stored[static_cast<size_t>(r) * H + c], got_t = transposed[static_cast<size_t>(c) * N + r];
+          const uint8_t got = stored[static_cast<size_t>(r) * H + c];
+          const uint8_t got_t = transposed[static_cast<size_t>(c) * N + r];
           if (got == want && got_t == want) continue;
           if (bad++ < 5) {
             INFO("[" << r << "][" << c << "] gradient " << x << ": code 0x" << std::hex << int{got} << ", transposed 0x"
