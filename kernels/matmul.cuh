@@ -296,6 +296,29 @@ void matmul_forward(T* out, const T* inp, const T* weight, const NonDeduced<T>* 
   matmul_cublaslt(out, weight, true, inp, false, bias, out_features, rows, in_features, 0.0f, stream);
 }
 
+// The rows of each stage-1 chunk of matmul_backward_bias (its order of summation): chunks of >= 64
+// rows, at most kBiasMaxChunks of them, within the partial-sum buffer. At d12's 65,536 rows, 256
+// chunks of 256 rows, 768 (OC = 768) to 3,072 (OC = 3,072) stage-1 blocks, 5.8 to 23 per H100 SM,
+// and stage 2 adds 16 partials per thread. The chunking depends only on the shape, so the
+// summation order (and every bit) does too.
+inline int matmul_bias_rows_per_chunk(int rows, int OC) {
+  const int max_chunks = static_cast<int>(std::min<size_t>(kBiasMaxChunks, kBiasPartialFloats / OC));
+  if (max_chunks < 1) {
+    throw_errorf("matmul_backward: out_features=%d exceeds the bias-gradient buffer (%zu)", OC,
+                 kBiasPartialFloats);
+  }
+  return ceil_div(rows, std::min(ceil_div(rows, 64), max_chunks));
+}
+
+// Stage 2: dbias (OC) += the column sums of matmul_context.bias_partials' `chunks` rows.
+template <typename T>
+void matmul_bias_reduce(T* dbias, int chunks, int OC, cudaStream_t stream) {
+  launch(matmul_backward_bias_reduce_kernel<T>, dim3(ceil_div(OC, kColumnSumWidth)),
+         dim3(kColumnSumWidth, kColumnSumWarps), 0, stream, dbias, static_cast<const float*>(matmul_context.bias_partials),
+         chunks, OC);
+  CUDA_CHECK(cudaGetLastError());
+}
+
 // matmul_backward's first part: g = dout, or dout ⊙ gelu'(pre_gelu) into dpre_gelu (may be dout:
 // overwritten in place) when pre_gelu != nullptr; dbias (OC) += Σ_rows g when dbias != nullptr. The
 // FP8 products (matmul_fp8.cuh) take g from here too.
@@ -306,27 +329,14 @@ void matmul_backward_bias(T* dbias, T* dpre_gelu, const T* dout, const T* pre_ge
     throw_errorf("matmul_backward: pre_gelu and dpre_gelu must be given together");
   }
   if (pre_gelu == nullptr && dbias == nullptr) return;
-  // Chunks of >= 64 rows, at most kBiasMaxChunks of them, within the partial-sum buffer: at
-  // d12's 65,536 rows, 256 chunks of 256 rows, 768 (OC = 768) to 3,072 (OC = 3,072) stage-1
-  // blocks, 5.8 to 23 per H100 SM, and stage 2 adds 16 partials per thread. The chunking
-  // depends only on the shape, so the summation order (and every bit) does too.
-  const int max_chunks = static_cast<int>(std::min<size_t>(kBiasMaxChunks, kBiasPartialFloats / OC));
-  if (max_chunks < 1) {
-    throw_errorf("matmul_backward: out_features=%d exceeds the bias-gradient buffer (%zu)", OC,
-                 kBiasPartialFloats);
-  }
-  const int rows_per_chunk = ceil_div(rows, std::min(ceil_div(rows, 64), max_chunks));
+  const int rows_per_chunk = matmul_bias_rows_per_chunk(rows, OC);
   const int chunks = ceil_div(rows, rows_per_chunk);
   const int column_groups = ceil_div(OC / Vec128<T>::size, kBiasBlockX);
   float* partials = dbias != nullptr ? matmul_context.bias_partials : nullptr;
   launch(matmul_backward_bias_partial_kernel<T>, dim3(column_groups, chunks), dim3(kBiasBlockX, kBiasBlockY), 0,
          stream, partials, dpre_gelu, dout, pre_gelu, rows, OC, rows_per_chunk);
   CUDA_CHECK(cudaGetLastError());
-  if (dbias != nullptr) {
-    launch(matmul_backward_bias_reduce_kernel<T>, dim3(ceil_div(OC, kColumnSumWidth)),
-           dim3(kColumnSumWidth, kColumnSumWarps), 0, stream, dbias, partials, chunks, OC);
-    CUDA_CHECK(cudaGetLastError());
-  }
+  if (dbias != nullptr) matmul_bias_reduce(dbias, chunks, OC, stream);
 }
 
 // Backward of matmul_forward. With g = dout (rows × OC), or g = dout ⊙ gelu'(pre_gelu) when the

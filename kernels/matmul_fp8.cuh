@@ -15,11 +15,14 @@
 // so the input gradient needs the weight's transposed copy, and the weight gradient transposed
 // copies of the output gradient and of the input. cuBLASLt also wants k (and the leading
 // dimensions) multiples of 16 bytes: C, OC and rows multiples of 16.
-// The bias (bf16) is cuBLASLt's BIAS epilogue, as in matmul.cuh; its gradient and a GELU's stay
-// matmul.cuh's matmul_backward_bias (bf16 sums of the bf16 output gradient).
+// The bias (bf16) is cuBLASLt's BIAS epilogue, as in matmul.cuh; its gradient and a GELU's are
+// matmul.cuh's matmul_backward_bias (bf16 sums of the bf16 output gradient), or
+// matmul_fp8_gradient's, which makes the same g and sums and casts g to E5M2 on the way.
 #pragma once
 #include "common.cuh"
 #include "fp8.cuh"
+#include "fp8_cast.cuh"
+#include "gelu.cuh"
 #include "matmul.cuh"
 
 #include <string>
@@ -81,4 +84,107 @@ inline void matmul_fp8_weight_gradient(bf16* dweight, const fp8e5m2* g8T, const 
   matmul_fp8_check_shape("matmul_fp8_weight_gradient", rows, in_features, out_features);
   matmul_fp8_cublaslt(dweight, inp8T, inp_scale_inv, g8T, g_scale_inv, nullptr, in_features, out_features, rows, 1.0f,
                       "weight gradient", stream);
+}
+
+// matmul_backward_bias's work for an FP8 product, with the output gradient's casts on the way: g =
+// dout, or bf16(dout · gelu'(pre_gelu)) as matmul_backward_bias rounds it, is not written in bf16
+// but cast to E5M2 at *scale as stored (g8: rows × OC) and transposed (g8t: OC × rows), with its
+// amax folded into *amax (nullptr: not recorded), fp8_cast_wide_kernel's tiling; and with a bias,
+// the stage-1 partial sums of dbias in matmul_backward_bias's own order (a 64-row tile is one of
+// its chunks, matmul_fp8_gradient_fits: column sums over rows y, y + 8, ... of the chunk for each
+// y < kBiasBlockY, then over y), so dbias gets its bits. partials nullptr: no bias.
+template <bool kGelu>
+__global__ void __launch_bounds__(kFp8WideThreads)
+    matmul_fp8_gradient_kernel(fp8e5m2* g8, fp8e5m2* g8t, float* amax, const float* scale, float* partials,
+                               const bf16* dout, const bf16* pre_gelu, int rows, int OC) {
+  LAUNCH_BOUNDS_GUARD(kFp8WideThreads);
+  static_assert(Vec128<bf16>::size == kFp8WideChunk, "one 16-byte load per operand and chunk");
+  static_assert(kFp8WideTile % kBiasBlockY == 0 && kFp8WideThreads % kFp8WideTile == 0, "whole column sums");
+  __shared__ uint2 tile_words[kFp8WideTile][kFp8WidePitch / 8];  // the codes, [column][row]
+  __shared__ bf16 g_tile[kFp8WideTile][kFp8WideTile];            // g, [row][column], for the bias sums
+  __shared__ float y_sums[kBiasBlockY][kFp8WideTile];
+  auto tile_t = reinterpret_cast<uint8_t (*)[kFp8WidePitch]>(tile_words);
+  const float s = *scale;
+  const int row0 = blockIdx.x * kFp8WideTile, col0 = blockIdx.y * kFp8WideTile;
+  const int c = kFp8WideChunk * threadIdx.x;
+  int key = 0;
+  UNROLL
+  for (int pass = 0; pass < kFp8WideTile / kFp8WideRowsPerPass; ++pass) {
+    const int r = threadIdx.y + pass * kFp8WideRowsPerPass;
+    if (row0 + r >= rows || col0 + c >= OC) continue;
+    const size_t i = static_cast<size_t>(row0 + r) * OC + col0 + c;
+    Vec128<bf16> g = load128(dout + i);
+    if constexpr (kGelu) {
+      const Vec128<bf16> x = load128(pre_gelu + i);
+      UNROLL
+      for (int k = 0; k < kFp8WideChunk; ++k) g[k] = from_float<bf16>(to_float(g[k]) * gelu_grad(to_float(x[k])));
+    }
+    uint32_t words[2] = {0, 0};
+    UNROLL
+    for (int k = 0; k < kFp8WideChunk; ++k) {
+      const float x = to_float(g[k]);
+      key = fp8_larger_key(key, fp8_magnitude_key(x));
+      const uint8_t code = from_float<fp8e5m2>(x * s).__x;
+      words[k / 4] |= static_cast<uint32_t>(code) << (8 * (k % 4));
+      tile_t[c + k][r] = code;
+      g_tile[r][c + k] = g[k];
+    }
+    *reinterpret_cast<uint2*>(reinterpret_cast<uint8_t*>(g8) + i) = uint2{words[0], words[1]};
+  }
+  __syncthreads();
+  const int t = threadIdx.y * kFp8WideChunksPerRow + threadIdx.x;
+  const int r = kFp8WideChunk * (t % kFp8WideChunksPerRow);
+  UNROLL
+  for (int pass = 0; pass < kFp8WideTile / (kFp8WideThreads / kFp8WideChunksPerRow); ++pass) {
+    const int col = t / kFp8WideChunksPerRow + pass * (kFp8WideThreads / kFp8WideChunksPerRow);
+    if (col0 + col >= OC || row0 + r >= rows) continue;
+    *reinterpret_cast<uint2*>(reinterpret_cast<uint8_t*>(g8t) + static_cast<size_t>(col0 + col) * rows + row0 + r) =
+        tile_words[col][r / kFp8WideChunk];
+  }
+  if (partials != nullptr) {  // the same for every thread of the block
+    // Thread t sums column t % 64 for y = t / 64 and y + 4: rows y, y + 8, ... of the tile.
+    const int col = t % kFp8WideTile;
+    for (int y = t / kFp8WideTile; y < kBiasBlockY; y += kFp8WideThreads / kFp8WideTile) {
+      float sum = 0.0f;
+      for (int rr = y; rr < kFp8WideTile && row0 + rr < rows; rr += kBiasBlockY) sum += to_float(g_tile[rr][col]);
+      y_sums[y][col] = sum;
+    }
+    __syncthreads();
+    if (t < kFp8WideTile && col0 + t < OC) {
+      float total = 0.0f;
+      for (int y = 0; y < kBiasBlockY; ++y) total += y_sums[y][t];
+      partials[static_cast<size_t>(blockIdx.x) * OC + col0 + t] = total;
+    }
+  }
+  if (amax != nullptr) fp8_record_amax<kFp8WideThreads>(amax, key);
+}
+
+// Whether matmul_fp8_gradient takes (rows, OC): whole chunks of 8 and, with a bias, 64-row chunks
+// in matmul_backward_bias (or one chunk of at most 64 rows), so that its tiles sum as those do.
+inline bool matmul_fp8_gradient_fits(int rows, int OC, bool bias) {
+  if (rows < 1 || OC < 1 || rows % kFp8WideChunk != 0 || OC % kFp8WideChunk != 0) return false;
+  return !bias || rows <= kFp8WideTile || matmul_bias_rows_per_chunk(rows, OC) == kFp8WideTile;
+}
+
+// The output gradient of an FP8 product (matmul_fp8_gradient_kernel): g from dout (and pre_gelu:
+// nullptr without GELU) cast into g8 and g8t, its amax into *amax (nullptr: none), dbias (nullptr:
+// no bias) += Σ_rows g with matmul_backward_bias's bits. The shape must fit
+// (matmul_fp8_gradient_fits); dout and pre_gelu 16-byte aligned, the codes 8-byte aligned.
+inline void matmul_fp8_gradient(fp8e5m2* g8, fp8e5m2* g8t, float* amax, const float* scale, bf16* dbias,
+                                const bf16* dout, const bf16* pre_gelu, int rows, int OC, cudaStream_t stream) {
+  if (!matmul_fp8_gradient_fits(rows, OC, dbias != nullptr))
+    throw_errorf("matmul_fp8_gradient: rows=%d out_features=%d: need multiples of 8%s", rows, OC,
+                 dbias != nullptr ? " and matmul_backward_bias's 64-row chunks" : "");
+  const auto aligned = [](const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
+  if (scale == nullptr) throw_error("matmul_fp8_gradient: the scale is null");
+  if (!aligned(dout, 16) || !aligned(pre_gelu, 16)) throw_error("matmul_fp8_gradient: the inputs must be 16-byte aligned");
+  if (g8 == nullptr || g8t == nullptr || !aligned(g8, 8) || !aligned(g8t, 8))
+    throw_error("matmul_fp8_gradient: the codes must be given and 8-byte aligned");
+  const dim3 grid(static_cast<unsigned>(ceil_div(rows, kFp8WideTile)), static_cast<unsigned>(ceil_div(OC, kFp8WideTile)));
+  float* partials = dbias != nullptr ? matmul_context.bias_partials : nullptr;
+  auto* kernel = pre_gelu != nullptr ? matmul_fp8_gradient_kernel<true> : matmul_fp8_gradient_kernel<false>;
+  launch(kernel, grid, dim3(kFp8WideChunksPerRow, kFp8WideRowsPerPass), 0, stream, g8, g8t, amax, scale, partials, dout,
+         pre_gelu, rows, OC);
+  CUDA_CHECK(cudaGetLastError());
+  if (dbias != nullptr) matmul_bias_reduce(dbias, static_cast<int>(grid.x), OC, stream);
 }

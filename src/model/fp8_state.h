@@ -26,11 +26,12 @@
 // norm's under sequence parallelism (a norm writes this rank's rows, the product reads them all
 // once gathered); the backward's transposed input casts (the producers run a warp or a thread per
 // row piece and cannot write a transposed tile cheaply, and the backward reads the bf16 output
-// anyway); the attention projection's input (the attention kernels, not yet). SwiGLU's backward
-// casts the gradients of its two up products as it computes them, as stored and transposed
-// (swiglu_backward()); the other gradients are cast by one kernel that reads each once and writes
-// both layouts (a producer writing the stored copy alone would save nothing). The weights' copies
-// are made once per optimizer step (refresh_weights()).
+// anyway); the attention projection's input (the attention kernels, not yet). The gradients are
+// cast as stored and transposed by the kernel that makes them where they are made from another
+// tensor: SwiGLU's backward for its two up products (swiglu_backward()), the bias and GELU
+// gradients' kernel for GPT-2's products (backward(), matmul_fp8_gradient); the others by
+// fp8_cast, which reads each once and writes both layouts. The weights' copies are made once per
+// optimizer step (refresh_weights()).
 #pragma once
 #include "kernels/common.cuh"
 #include "kernels/fp8.cuh"
@@ -253,15 +254,22 @@ class Fp8State {
   // matmul_backward's contract for layer l's product p (dweight nullptr: no weight gradient), with
   // the input and weight gradients as FP8 products: g (bf16, with the bias and GELU gradients from
   // matmul_backward_bias) cast to E5M2 as stored and transposed, the input cast transposed with
-  // the scale its forward used (current scaling: measured again, see Amax).
+  // the scale its forward used (current scaling: measured again, see Amax). With delayed scaling,
+  // a bias or GELU gradient is made by the cast (matmul_fp8_gradient: g never written in bf16, so
+  // dpre_gelu is left as it was), with the same bits.
   void backward(bf16* dinp, bf16* dweight, bf16* dbias, bf16* dpre_gelu, const bf16* dout, const bf16* inp,
                 const bf16* pre_gelu, int l, Fp8Product p, const std::function<void()>& after_input_gradient,
                 bool accumulate_input_gradient) {
     const Fp8ProductShape& sh = shapes_[static_cast<int>(p)];
-    matmul_backward_bias(dbias, dpre_gelu, dout, pre_gelu, rows_, sh.out, stream_);
-    const bf16* g = pre_gelu != nullptr ? dpre_gelu : dout;
     const int g_slot = slot(l, p, Fp8Operand::grad), w = slot(l, p, Fp8Operand::weight);
-    cast(grad8_.get(), grad8t_.get(), g, rows_, sh.out, g_slot, Amax::activation);
+    if (settings_.delayed && settings_.producer_casts && (dbias != nullptr || pre_gelu != nullptr) &&
+        matmul_fp8_gradient_fits(rows_, sh.out, dbias != nullptr)) {
+      matmul_fp8_gradient(grad8_.get(), grad8t_.get(), recording_ ? amax_.get() + g_slot : nullptr,
+                          scale_.get() + g_slot, dbias, dout, pre_gelu, rows_, sh.out, stream_);
+    } else {
+      matmul_backward_bias(dbias, dpre_gelu, dout, pre_gelu, rows_, sh.out, stream_);
+      cast(grad8_.get(), grad8t_.get(), pre_gelu != nullptr ? dpre_gelu : dout, rows_, sh.out, g_slot, Amax::activation);
+    }
     matmul_fp8_input_gradient(dinp, grad8_.get(), inverse(g_slot), weights8t_.get() + weight_at(l, p),
                               inverse(w), rows_, sh.in, sh.out, accumulate_input_gradient, stream_);
     if (after_input_gradient) after_input_gradient();

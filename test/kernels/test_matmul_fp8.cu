@@ -4,13 +4,18 @@
 // bf16 gradient, each with non-trivial scale_invs; shapes at cuBLASLt's FP8 minimum (16) and odd
 // multiples of it; the refusal of a size that is not a multiple of 16. On the CPU build the
 // products are simt's FP8 oracle; on a GPU, cuBLASLt's (fp32 sums in another order: one bf16
-// rounding step apart at most).
+// rounding step apart at most). matmul_fp8_gradient against matmul_backward_bias (checked against
+// CPU loops in test_matmul.cu): every E5M2 code of its g, as stored and transposed, from the E5M2
+// table, dbias with the same bits, the amax, nothing written past the codes; with and without GELU
+// and bias, at partial tiles and d48's width, and the shapes it refuses.
 #include "test/fp8_reference.h"
 #include "test/test_util.h"
 #include "kernels/matmul_fp8.cuh"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 namespace {
@@ -122,6 +127,68 @@ void check_products(int rows, int C, int OC, bool bias) {
   check_close("weight gradient", d_dw.download(), dweight);
 }
 
+// matmul_fp8_gradient on dout (and pre_gelu) against matmul_backward_bias's g and dbias (see the
+// opening comment). nan: one of dout's values is a NaN.
+void check_gradient(int rows, int OC, bool gelu, bool bias, uint64_t seed, bool nan = false) {
+  INFO("rows " << rows << " OC " << OC << (gelu ? " GELU" : "") << (bias ? " +bias" : "") << (nan ? " NaN" : ""));
+  constexpr uint8_t kPoison = 0xFF;
+  constexpr size_t kGuard = 64;
+  constexpr float kAmaxStart = 0.25f, kScale = 700.0f;  // past E5M2's 57344 for the largest |g|
+  const size_t n = static_cast<size_t>(rows) * OC;
+  std::vector<float> dout = test::round_to<bf16>(test::random_floats(n, seed, 100.0f));
+  if (nan) dout[n / 3] = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> pre = test::round_to<bf16>(test::random_floats(n, seed + 1, 3.0f));
+  const std::vector<float> bias0 = test::round_to<bf16>(test::random_floats(OC, seed + 2));
+  test::DeviceBuffer<bf16> d_dout(test::from_floats<bf16>(dout)), d_pre(test::from_floats<bf16>(pre)), d_g(n);
+  test::DeviceBuffer<bf16> want_bias(test::from_floats<bf16>(bias0)), got_bias(test::from_floats<bf16>(bias0));
+  matmul_backward_bias<bf16>(bias ? want_bias.ptr : nullptr, gelu ? d_g.ptr : nullptr, d_dout,
+                             gelu ? d_pre.ptr : nullptr, rows, OC, nullptr);
+  test::require_no_cuda_error();
+  // Stage 1's fp32 partial sums (matmul_context.bias_partials), which show any other order of the
+  // sums where dbias's bf16 rounding may hide it.
+  const size_t partials = bias ? static_cast<size_t>(ceil_div(rows, 64)) * OC : 0;
+  auto stage1 = [&] {
+    std::vector<float> p(partials);
+    CUDA_CHECK(cudaMemcpy(p.data(), matmul_context.bias_partials, partials * sizeof(float), cudaMemcpyDeviceToHost));
+    return p;
+  };
+  const std::vector<float> want_partials = stage1();
+  const std::vector<bf16> g = gelu ? d_g.download() : test::from_floats<bf16>(dout);
+  test::DeviceBuffer<uint8_t> stored(n + kGuard), transposed(n + kGuard);
+  test::DeviceBuffer<float> scale(std::vector<float>{kScale}), amax(std::vector<float>{kAmaxStart});
+  matmul_fp8_gradient(reinterpret_cast<fp8e5m2*>(stored.ptr), reinterpret_cast<fp8e5m2*>(transposed.ptr), amax,
+                      scale, bias ? got_bias.ptr : nullptr, d_dout, gelu ? d_pre.ptr : nullptr, rows, OC, nullptr);
+  test::require_no_cuda_error();
+  const std::vector<uint8_t> got = stored.download(), got_t = transposed.download();
+  size_t bad = 0, guard_written = 0;
+  bool any_nan = false;
+  float want_amax = kAmaxStart;
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < OC; ++c) {
+      const float x = static_cast<float>(g[static_cast<size_t>(r) * OC + c]);
+      if (std::isnan(x)) any_nan = true;
+      else want_amax = std::max(want_amax, std::fabs(x));
+      const uint8_t want = test::expected_code(test::kE5M2, x * kScale, true);
+      const uint8_t a = got[static_cast<size_t>(r) * OC + c], b = got_t[static_cast<size_t>(c) * rows + r];
+      if (a == want && b == want) continue;
+      if (bad++ < 5) {
+        INFO("[" << r << "][" << c << "] g " << x << ": code 0x" << std::hex << int{a} << ", transposed 0x" << int{b}
+                 << ", want 0x" << int{want});
+        CHECK(false);
+      }
+    }
+  for (size_t i = n; i < n + kGuard; ++i) guard_written += (got[i] != kPoison) + (got_t[i] != kPoison);
+  INFO(bad << " of " << n << " codes wrong, " << guard_written << " guard bytes written");
+  CHECK(bad == 0);
+  CHECK(guard_written == 0);
+  const float got_amax = amax.download()[0];
+  INFO("amax " << got_amax << ", want " << want_amax);
+  if (any_nan) CHECK(std::isnan(got_amax));
+  else CHECK(test::same_bits(std::vector<float>{got_amax}, std::vector<float>{want_amax}));
+  CHECK(test::bytes_of(got_bias.download()) == test::bytes_of(want_bias.download()));
+  CHECK(test::same_bits(stage1(), want_partials));
+}
+
 }  // namespace
 
 TEST_CASE("matmul_fp8: forward, input and weight gradients equal the decoded products", "[matmul][fp8]") {
@@ -139,4 +206,41 @@ TEST_CASE("matmul_fp8: a size that is not a multiple of 16 is refused", "[matmul
   test::DeviceBuffer<bf16> out(24 * 16);
   CHECK_THROWS_WITH(matmul_fp8_forward(out, x, s, w, s, nullptr, 24, 16, 16, nullptr),
                     Catch::Contains("multiple of 16"));
+}
+
+TEST_CASE("matmul_fp8_gradient: matmul_backward_bias's g cast to E5M2 both ways, its dbias bit for bit", "[matmul][fp8]") {
+  matmul_init();
+  uint64_t seed = 900;
+  for (const bool gelu : {false, true}) {
+    for (const bool bias : {false, true}) {
+      if (!gelu && !bias) continue;  // plain g: fp8_cast's
+      check_gradient(8, 8, gelu, bias, seed += 10);
+      check_gradient(40, 136, gelu, bias, seed += 10);    // one partial chunk, a partial column tile
+      check_gradient(64, 200, gelu, bias, seed += 10);
+      check_gradient(192, 72, gelu, bias, seed += 10);    // three 64-row chunks
+      check_gradient(8192, 8, gelu, bias, seed += 10);    // d48 B=8's rows: 128 chunks of 64
+      check_gradient(64, 6400, gelu, bias, seed += 10);   // d48's MLP width
+    }
+    check_gradient(136, 40, gelu, false, seed += 10);     // rows that matmul_backward_bias chunks otherwise
+  }
+  check_gradient(64, 64, true, true, seed += 10, true);
+}
+
+TEST_CASE("matmul_fp8_gradient: shapes it cannot take are refused", "[matmul][fp8]") {
+  matmul_init();
+  CHECK(matmul_fp8_gradient_fits(8192, 6400, true));
+  CHECK(matmul_fp8_gradient_fits(40, 8, true));
+  CHECK_FALSE(matmul_fp8_gradient_fits(136, 40, true));  // matmul_backward_bias: 2 chunks of 68 rows
+  CHECK(matmul_fp8_gradient_fits(136, 40, false));
+  CHECK_FALSE(matmul_fp8_gradient_fits(32768, 64, true));  // 256 chunks of 128 rows
+  CHECK_FALSE(matmul_fp8_gradient_fits(44, 8, false));
+  test::DeviceBuffer<bf16> buf(136 * 40), bias(40);
+  test::DeviceBuffer<uint8_t> codes(136 * 40);
+  test::DeviceBuffer<float> s(std::vector<float>{1.0f});
+  fp8e5m2* c = reinterpret_cast<fp8e5m2*>(codes.ptr);
+  CHECK_THROWS_WITH(matmul_fp8_gradient(c, c, nullptr, s, bias, buf, nullptr, 136, 40, nullptr),
+                    Catch::Contains("matmul_fp8_gradient: rows=136 out_features=40") &&
+                        Catch::Contains("64-row chunks"));
+  CHECK_THROWS_WITH(matmul_fp8_gradient(c, nullptr, nullptr, s, bias, buf, nullptr, 64, 40, nullptr),
+                    Catch::Contains("the codes must be given"));
 }

@@ -6,10 +6,11 @@
 // bytes --plan counts. Also: the FP8 state's checkpointed values restore into a fresh model (same
 // scales), and --recompute 2 and 3 (the norms' outputs recomputed, or every block rerun in the
 // backward, its inputs cast again) give the same bits as --recompute 0. The input casts fused into
-// their producers, the norms and the MLP activation (Fp8State::producer_output), and SwiGLU's
-// backward casting its gradients (Fp8State::swiglu_backward) give the same bits as separate casts,
-// validations between the steps included, with three fewer cast launches per layer and forward
-// and, with SwiGLU, three per layer and backward.
+// their producers, the norms and the MLP activation (Fp8State::producer_output), and the output
+// gradients' casts made by the kernels that make the gradients (SwiGLU's backward; the bias and
+// GELU gradients') give the same bits as separate casts, validations between the steps included,
+// with three fewer cast launches per layer and forward, and three (Llama) or four (GPT-2) per layer
+// and backward.
 #include "test/test_util.h"
 #include "src/config/config.h"
 #include "src/model/transformer.h"
@@ -154,10 +155,12 @@ TEST_CASE("--fp8: the input casts fused into their producers give the bits of se
   CHECK(fused_losses == separate_losses);
   CHECK(fused_model.parameters() == separate_model.parameters());
   // ln1's cast for QKV, ln2's for the MLP and the activation's for its down product, in every
-  // forward: each step's and each validation's; SwiGLU's backward, per layer and step, the two
-  // gradients' casts and the second transposed cast of their one input.
-  const int swiglu_backward_casts = cfg.mlp == Mlp::swiglu ? 3 * cfg.num_layers * steps : 0;
-  CHECK(separate_casts - fused_casts == 3 * cfg.num_layers * 2 * steps + swiglu_backward_casts);
+  // forward: each step's and each validation's. Per layer and backward, SwiGLU's: the two
+  // gradients' casts and the second transposed cast of their one input; GPT-2's: the gradient
+  // casts of its four products, each with a bias (and fc's with GELU's gradient).
+  REQUIRE(cfg.biases == (cfg.mlp == Mlp::gelu));
+  const int backward_casts = cfg.mlp == Mlp::swiglu ? 3 : 4;
+  CHECK(separate_casts - fused_casts == 3 * cfg.num_layers * 2 * steps + backward_casts * cfg.num_layers * steps);
 }
 
 TEST_CASE("--fp8 --recompute 2 and 3: the same bits as --recompute 0", "[fp8]") {
