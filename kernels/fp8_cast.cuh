@@ -162,6 +162,11 @@ __global__ void __launch_bounds__(kFp8CastThreads)
 // consecutive codes of a column (8 rows) of the tile to a row of `out_t` with one store. A tile at
 // the matrix's edge has whole chunks only: cols and (with a transpose) rows are multiples of 8.
 // The codes and the amax are fp8_cast_kernel's, element by element (the amax is order-free).
+//
+// The values come from a Source: src.load(i, x) fills x with the 8 values of elements [i, i + 8) of
+// the row-major (rows, cols) matrix, as floats. Fp8Stored reads a stored matrix (fp8_cast); a
+// producer that makes its values from other tensors (an activation recomputed for the backward)
+// passes its own, and writes the cast without ever writing the matrix (fp8_cast_wide).
 constexpr int kFp8WideTile = 64;
 constexpr int kFp8WideChunk = 8;                                     // elements per thread access
 constexpr int kFp8WideChunksPerRow = kFp8WideTile / kFp8WideChunk;  // 8
@@ -169,11 +174,24 @@ constexpr int kFp8WideRowsPerPass = 32;
 constexpr int kFp8WideThreads = kFp8WideChunksPerRow * kFp8WideRowsPerPass;
 constexpr int kFp8WidePitch = kFp8WideTile + 8;
 
-template <typename T, typename F8>
-__global__ void __launch_bounds__(kFp8WideThreads)
-    fp8_cast_wide_kernel(F8* out, F8* out_t, float* amax, const T* in, int rows, int cols, const float* scale) {
-  LAUNCH_BOUNDS_GUARD(kFp8WideThreads);
+template <typename T>
+struct Fp8Stored {
   static_assert(Vec128<T>::size == 8 || Vec128<T>::size == 4, "bf16 or float");
+  const T* in;
+  __device__ __forceinline__ void load(size_t i, float (&x)[kFp8WideChunk]) const {
+    UNROLL
+    for (int h = 0; h < kFp8WideChunk; h += Vec128<T>::size) {
+      const Vec128<T> v = load128(in + i + h);
+      UNROLL
+      for (int k = 0; k < Vec128<T>::size; ++k) x[h + k] = to_float(v[k]);
+    }
+  }
+};
+
+template <typename Source, typename F8>
+__global__ void __launch_bounds__(kFp8WideThreads)
+    fp8_cast_wide_kernel(F8* out, F8* out_t, float* amax, Source src, int rows, int cols, const float* scale) {
+  LAUNCH_BOUNDS_GUARD(kFp8WideThreads);
   __shared__ uint2 tile_words[kFp8WideTile][kFp8WidePitch / 8];  // 8-byte words: aligned row reads
   auto tile_t = reinterpret_cast<uint8_t (*)[kFp8WidePitch]>(tile_words);  // [column][row] codes
   const float s = *scale;
@@ -186,12 +204,7 @@ __global__ void __launch_bounds__(kFp8WideThreads)
     if (row0 + r >= rows || col0 + c >= cols) continue;
     const size_t i = static_cast<size_t>(row0 + r) * cols + col0 + c;
     float x[kFp8WideChunk];
-    UNROLL
-    for (int h = 0; h < kFp8WideChunk; h += Vec128<T>::size) {
-      const Vec128<T> v = load128(in + i + h);
-      UNROLL
-      for (int k = 0; k < Vec128<T>::size; ++k) x[h + k] = to_float(v[k]);
-    }
+    src.load(i, x);
     uint32_t words[2] = {0, 0};
     UNROLL
     for (int k = 0; k < kFp8WideChunk; ++k) {
@@ -218,6 +231,24 @@ __global__ void __launch_bounds__(kFp8WideThreads)
   if (amax != nullptr) fp8_record_amax<kFp8WideThreads>(amax, key);
 }
 
+// The wide kernel on src's values: fp8_cast's contract, for whole chunks (cols, and rows for a
+// transpose, multiples of 8) and outputs aligned to 8 bytes; a producer's entry (see above).
+template <typename Source, typename F8>
+void fp8_cast_wide(F8* out, F8* out_t, float* amax, const Source& src, int rows, int cols, const float* scale,
+                   cudaStream_t stream) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % kFp8WideChunk == 0; };
+  if (rows < 0 || cols < 0 || cols % kFp8WideChunk != 0 || (out_t != nullptr && rows % kFp8WideChunk != 0))
+    throw_errorf("fp8_cast_wide: rows=%d cols=%d: need whole chunks of %d", rows, cols, kFp8WideChunk);
+  if (out == nullptr && out_t == nullptr) throw_error("fp8_cast_wide: no output (out and out_t are both null)");
+  if (!aligned(out) || !aligned(out_t)) throw_error("fp8_cast_wide: the codes must be 8-byte aligned");
+  if (scale == nullptr) throw_error("fp8_cast_wide: scale is null (a device pointer to the tensor's scale)");
+  if (rows == 0 || cols == 0) return;
+  const dim3 grid(static_cast<unsigned>(ceil_div(rows, kFp8WideTile)), static_cast<unsigned>(ceil_div(cols, kFp8WideTile)));
+  launch(fp8_cast_wide_kernel<Source, F8>, grid, dim3(kFp8WideChunksPerRow, kFp8WideRowsPerPass), 0, stream, out, out_t,
+         amax, src, rows, cols, scale);
+  CUDA_CHECK(cudaGetLastError());
+}
+
 // Whether fp8_cast can take the wide kernel: whole 8-element chunks (cols, and rows for a
 // transpose, multiples of 8) and aligned pointers (in 16 bytes, the outputs 8).
 template <typename T, typename F8>
@@ -242,13 +273,8 @@ void fp8_cast(F8* out, F8* out_t, float* amax, const T* in, int rows, int cols, 
   const int column_tiles = ceil_div(cols, kFp8CastTile);
   if (column_tiles > 65535) throw_errorf("fp8_cast: cols=%d exceeds %d (the grid's y dimension)", cols, 65535 * kFp8CastTile);
   if (rows == 0 || cols == 0) return;
-  if (fp8_cast_wide_fits(out, out_t, in, rows, cols)) {
-    const dim3 grid(static_cast<unsigned>(ceil_div(rows, kFp8WideTile)), static_cast<unsigned>(ceil_div(cols, kFp8WideTile)));
-    launch(fp8_cast_wide_kernel<T, F8>, grid, dim3(kFp8WideChunksPerRow, kFp8WideRowsPerPass), 0, stream, out, out_t, amax,
-           in, rows, cols, scale);
-    CUDA_CHECK(cudaGetLastError());
-    return;
-  }
+  if (fp8_cast_wide_fits(out, out_t, in, rows, cols))
+    return fp8_cast_wide(out, out_t, amax, Fp8Stored<T>{in}, rows, cols, scale, stream);
   const dim3 grid(static_cast<unsigned>(ceil_div(rows, kFp8CastRowsPerBlock)), static_cast<unsigned>(column_tiles));
   launch(fp8_cast_kernel<T, F8>, grid, dim3(kFp8CastTile, kFp8CastRowsPerPass), 0, stream, out, out_t, amax, in, rows,
          cols, scale);

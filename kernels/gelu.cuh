@@ -13,6 +13,12 @@ constexpr float kGeluCubic = 0.044715f;
 
 constexpr int kGeluBlock = 256;
 
+// gelu(x) in fp32, before the rounding to the output type.
+__device__ __forceinline__ float gelu_value(float x) {
+  const float u = kGeluScale * (x + kGeluCubic * x * x * x);
+  return 0.5f * x * (1.0f + tanhf(u));
+}
+
 // kFp8 (an FP8 copy, out8 set): a kernel of its own, so that the plain activation keeps its
 // registers; out8, scale8, amax8 are Fp8Out's. Every thread reaches the block's amax reduction.
 template <typename T, bool kFp8>
@@ -25,11 +31,7 @@ __global__ void __launch_bounds__(kGeluBlock)
   if (i < n) {
     const Vec128<T> x = load128(inp + i);
     Vec128<T> y;
-    for (int k = 0; k < kVec; ++k) {
-      const float xf = to_float(x[k]);
-      const float u = kGeluScale * (xf + kGeluCubic * xf * xf * xf);
-      y[k] = from_float<T>(0.5f * xf * (1.0f + tanhf(u)));
-    }
+    for (int k = 0; k < kVec; ++k) y[k] = from_float<T>(gelu_value(to_float(x[k])));
     store128(out + i, y);
     if constexpr (kFp8) key = fp8_cast_chunk(out8 + i, y, *scale8, key);
   }
@@ -88,4 +90,26 @@ void gelu_backward(T* dinp, const T* inp, const T* dout, size_t n, cudaStream_t 
   launch(gelu_backward_kernel<T>, dim3(static_cast<unsigned>(blocks)), dim3(kGeluBlock), 0, stream, dinp, inp,
          dout, n);
   CUDA_CHECK(cudaGetLastError());
+}
+
+// fp8_cast_wide's Source for the GELU of a stored bf16 pre-activation, rounded to bf16 as
+// gelu_forward writes it: the MLP's activation recomputed for the backward straight into its FP8
+// cast, never written (gelu_forward_fp8).
+struct GeluOfStored {
+  const bf16* pre;
+  __device__ __forceinline__ void load(size_t i, float (&x)[kFp8WideChunk]) const {
+    static_assert(Vec128<bf16>::size == kFp8WideChunk, "one 16-byte load per chunk");
+    const Vec128<bf16> v = load128(pre + i);
+    UNROLL
+    for (int k = 0; k < kFp8WideChunk; ++k) x[k] = to_float(from_float<bf16>(gelu_value(to_float(v[k]))));
+  }
+};
+
+// gelu_forward's output for pre (rows × cols) cast to E4M3 at *scale as stored (out) and/or
+// transposed (out_t), its amax folded into *amax (nullptr: none), without writing the output: the
+// codes fp8_cast gives on it (fp8_cast_wide's shapes: whole chunks of 8). pre 16-byte aligned.
+inline void gelu_forward_fp8(fp8e4m3* out, fp8e4m3* out_t, float* amax, const float* scale, const bf16* pre, int rows,
+                             int cols, cudaStream_t stream) {
+  if (reinterpret_cast<uintptr_t>(pre) % 16 != 0) throw_error("gelu_forward_fp8: the input must be 16-byte aligned");
+  fp8_cast_wide(out, out_t, amax, GeluOfStored{pre}, rows, cols, scale, stream);
 }

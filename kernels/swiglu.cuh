@@ -18,6 +18,13 @@ constexpr int kSwigluBlock = 256;
 
 __device__ __forceinline__ float swiglu_sigmoid(float a) { return 1.0f / (1.0f + expf(-a)); }
 
+// silu(a)·b rounded to T, silu(a) rounded to T first (Meta's roundings).
+template <typename T>
+__device__ __forceinline__ T swiglu_value(float a, float b) {
+  const float silu = to_float(from_float<T>(a * swiglu_sigmoid(a)));
+  return from_float<T>(silu * b);
+}
+
 // The chunk-th 128-bit chunk of the (N, H) output: its element offset in the contiguous out/dout
 // and in the strided a/b (or da/db). Both are written as a chunk count times the chunk's width,
 // which lets nvcc see the 16-byte alignment and keep the stores 128-bit.
@@ -48,11 +55,7 @@ __global__ void __launch_bounds__(kSwigluBlock)
     const Vec128<T> va = load128(a + at.strided);
     const Vec128<T> vb = load128(b + at.strided);
     Vec128<T> y;
-    for (int k = 0; k < kVec; ++k) {
-      const float x = to_float(va[k]);
-      const float silu = to_float(from_float<T>(x * swiglu_sigmoid(x)));
-      y[k] = from_float<T>(silu * to_float(vb[k]));
-    }
+    for (int k = 0; k < kVec; ++k) y[k] = swiglu_value<T>(to_float(va[k]), to_float(vb[k]));
     store128(out + at.dense, y);
     if constexpr (kFp8) key = fp8_cast_chunk(out8 + at.dense, y, *scale8, key);
   }
@@ -211,4 +214,28 @@ inline void swiglu_backward_fp8(fp8e5m2* da8, fp8e5m2* da8t, float* amax_a, cons
   launch(swiglu_backward_fp8_kernel, grid, dim3(kFp8WideChunksPerRow, kFp8WideRowsPerPass), 0, stream, da8, da8t,
          amax_a, db8, db8t, amax_b, dout, a, b, N, H, scale_a, scale_b);
   CUDA_CHECK(cudaGetLastError());
+}
+
+// fp8_cast_wide's Source for silu(a)·b of stored bf16 products a, b ((N, H) contiguous), rounded as
+// swiglu_forward writes it: the MLP's activation recomputed for the backward straight into its FP8
+// cast, never written (swiglu_forward_fp8).
+struct SwigluOfStored {
+  const bf16* a;
+  const bf16* b;
+  __device__ __forceinline__ void load(size_t i, float (&x)[kFp8WideChunk]) const {
+    static_assert(Vec128<bf16>::size == kFp8WideChunk, "one 16-byte load per operand and chunk");
+    const Vec128<bf16> va = load128(a + i), vb = load128(b + i);
+    UNROLL
+    for (int k = 0; k < kFp8WideChunk; ++k) x[k] = to_float(swiglu_value<bf16>(to_float(va[k]), to_float(vb[k])));
+  }
+};
+
+// swiglu_forward's output for a, b ((N, H) contiguous) cast to E4M3 at *scale as stored (out)
+// and/or transposed (out_t), its amax folded into *amax (nullptr: none), without writing the
+// output: the codes fp8_cast gives on it (fp8_cast_wide's shapes). a, b 16-byte aligned.
+inline void swiglu_forward_fp8(fp8e4m3* out, fp8e4m3* out_t, float* amax, const float* scale, const bf16* a,
+                               const bf16* b, int N, int H, cudaStream_t stream) {
+  if (reinterpret_cast<uintptr_t>(a) % 16 != 0 || reinterpret_cast<uintptr_t>(b) % 16 != 0)
+    throw_error("swiglu_forward_fp8: the inputs must be 16-byte aligned");
+  fp8_cast_wide(out, out_t, amax, SwigluOfStored{a, b}, N, H, scale, stream);
 }

@@ -13,6 +13,7 @@
 #include "src/model/linear.h"
 
 #include <functional>
+#include <type_traits>
 
 // out = norm(inp) over N rows of C; LayerNorm keeps mean and rstd, RMSNorm rstd only (mean unused).
 // fp8 (none by default): out's FP8 copy too (linear_input_cast).
@@ -50,6 +51,23 @@ void mlp_activation_forward(const ModelConfig& c, Elem* act, const Elem* fch, in
   const size_t NH = static_cast<size_t>(N) * H;
   if (c.mlp == Mlp::swiglu) return swiglu_forward(act, fch, fch + NH, N, H, H, s, fp8);
   gelu_forward(act, fch, NH, s, fp8);
+}
+
+// The activation recomputed for the backward (--recompute 1 and 2): mlp_activation_forward, or with
+// `transposed` (linear_input_cast_transposed: --fp8) straight into the down product's transposed
+// input cast, act itself not written (the FP8 backward reads only the cast).
+template <typename Elem>
+void mlp_activation_recompute(const ModelConfig& c, Elem* act, const Elem* fch, int N, int H, cudaStream_t s,
+                              const Fp8Out& transposed) {
+  if constexpr (std::is_same<Elem, bf16>::value) {
+    if (transposed.out != nullptr) {
+      const size_t NH = static_cast<size_t>(N) * H;
+      if (c.mlp == Mlp::swiglu)
+        return swiglu_forward_fp8(nullptr, transposed.out, transposed.amax, transposed.scale, fch, fch + NH, N, H, s);
+      return gelu_forward_fp8(nullptr, transposed.out, transposed.amax, transposed.scale, fch, N, H, s);
+    }
+  }
+  mlp_activation_forward(c, act, fch, N, H, s);
 }
 
 // The MLP's products from its input x (N, C) into fch (mlp_activation_forward's layout) and the

@@ -233,8 +233,20 @@ class Fp8State {
   Fp8Out producer_output(int l, Fp8Product p, const bf16* in, int rows) {
     if (!settings_.delayed || !settings_.producer_casts || rows != rows_) return {};
     const int m = slot(l, input_product(p), Fp8Operand::input);
-    producer_cast_ = {m, in};
+    producer_cast_ = {m, in, false};
     return {act8_.get(), scale_.get() + m, recording_ ? amax_.get() + m : nullptr};
+  }
+
+  // As producer_output(), the transposed cast the next backward() of p reads for its weight gradient
+  // (Fp8Out::out: the (in_features × rows) codes), made by a kernel that recomputes `in` for the
+  // backward (the MLP activation: gelu_forward_fp8, swiglu_forward_fp8) at the scale its forward
+  // used; no amax (delayed scaling records it in the forward). None where producer_output() gives
+  // none.
+  Fp8Out producer_transposed_output(int l, Fp8Product p, const bf16* in, int rows) {
+    if (!settings_.delayed || !settings_.producer_casts || rows != rows_) return {};
+    const int m = slot(l, input_product(p), Fp8Operand::input);
+    producer_cast_ = {m, in, true};
+    return {act8_.get(), scale_.get() + m, nullptr};
   }
 
   // out (rows × out) = inp @ weight^T + bias for layer l's product p. same_input: inp is the one
@@ -243,7 +255,7 @@ class Fp8State {
   void forward(bf16* out, const bf16* inp, int l, Fp8Product p, const bf16* bias, bool same_input = false) {
     const Fp8ProductShape& sh = shapes_[static_cast<int>(p)];
     const int in_slot = slot(l, input_product(p), Fp8Operand::input);
-    const bool produced = producer_cast_.slot == in_slot && producer_cast_.in == inp;
+    const bool produced = producer_cast_.made(in_slot, inp, false);
     producer_cast_ = {};
     if (!same_input && !produced) cast<fp8e4m3>(act8_.get(), nullptr, inp, rows_, sh.in, in_slot, Amax::activation);
     const int w = slot(l, p, Fp8Operand::weight);
@@ -254,7 +266,8 @@ class Fp8State {
   // matmul_backward's contract for layer l's product p (dweight nullptr: no weight gradient), with
   // the input and weight gradients as FP8 products: g (bf16, with the bias and GELU gradients from
   // matmul_backward_bias) cast to E5M2 as stored and transposed, the input cast transposed with
-  // the scale its forward used (current scaling: measured again, see Amax). With delayed scaling,
+  // the scale its forward used (current scaling: measured again, see Amax; not again where the
+  // kernel recomputing the input made it: producer_transposed_output()). With delayed scaling,
   // a bias or GELU gradient is made by the cast (matmul_fp8_gradient: g never written in bf16, so
   // dpre_gelu is left as it was), with the same bits.
   void backward(bf16* dinp, bf16* dweight, bf16* dbias, bf16* dpre_gelu, const bf16* dout, const bf16* inp,
@@ -275,8 +288,9 @@ class Fp8State {
     if (after_input_gradient) after_input_gradient();
     if (dweight == nullptr) return;
     const int in_slot = slot(l, input_product(p), Fp8Operand::input);
+    const bool produced = producer_cast_.made(in_slot, inp, true);
     producer_cast_ = {};
-    cast<fp8e4m3>(nullptr, act8_.get(), inp, rows_, sh.in, in_slot, Amax::again);
+    if (!produced) cast<fp8e4m3>(nullptr, act8_.get(), inp, rows_, sh.in, in_slot, Amax::again);
     matmul_fp8_weight_gradient(dweight, grad8t_.get(), inverse(g_slot), act8_.get(),
                                inverse(in_slot), rows_, sh.in, sh.out, stream_);
   }
@@ -467,11 +481,14 @@ class Fp8State {
   DeviceArray<float> scale_inv_;  // kFp8ScaleInvStride floats per tensor: each 16-byte aligned for cuBLASLt
   DeviceArray<fp8e4m3> weights8_, weights8t_;
   DeviceArray<fp8e4m3> act8_;  // the forward's input cast, or the backward's transposed input
-  // The input whose cast its producer wrote into act8_ (producer_output()), until a forward reads
-  // it or anything else is written there or the scales change; slot -1: none.
+  // The input whose cast its producer wrote into act8_ (producer_output(), or transposed:
+  // producer_transposed_output()), until a product reads it or anything else is written there or
+  // the scales change; slot -1: none.
   struct ProducerCast {
     int slot = -1;
     const bf16* in = nullptr;
+    bool transposed = false;
+    bool made(int s, const bf16* p, bool t) const { return slot == s && in == p && transposed == t; }
   } producer_cast_;
   DeviceArray<fp8e5m2> grad8_, grad8t_;
   DeviceArray<fp8e5m2> grad8b_, grad8bt_;  // SwiGLU's second up product's gradient (swiglu_backward())

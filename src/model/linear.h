@@ -34,6 +34,16 @@ Fp8Out linear_input_cast(const LinearSite& at, const Elem* inp, int rows) {
   return {};
 }
 
+// As linear_input_cast, the transposed cast the next linear_backward of `at` reads for its weight
+// gradient, made by a kernel that recomputes `inp` for the backward
+// (Fp8State::producer_transposed_output).
+template <typename Elem>
+Fp8Out linear_input_cast_transposed(const LinearSite& at, const Elem* inp, int rows) {
+  if constexpr (std::is_same<Elem, bf16>::value)
+    if (at.fp8 != nullptr) return at.fp8->producer_transposed_output(at.layer, at.product, inp, rows);
+  return {};
+}
+
 // matmul_backward's contract (Elem weight gradients).
 template <typename Elem>
 void linear_backward(const LinearSite& at, Elem* dinp, NonDeduced<Elem>* dweight, NonDeduced<Elem>* dbias,

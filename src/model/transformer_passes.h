@@ -356,7 +356,9 @@ void TransformerPasses<Elem>::queue_chunk_backward(Transformer<Elem>& m, Activat
       dln2 = dx;
     } else {
       m.tp_.gather(dresidual_rows, C);
-      if (recompute_act) mlp_activation_forward(m.cfg_, fch_gelu, fch, N, m.hl_, s);
+      if (recompute_act)
+        mlp_activation_recompute(m.cfg_, fch_gelu, fch, N, m.hl_, s,
+                                 linear_input_cast_transposed(LinearSite{fp8, l, Fp8Product::fcproj}, fch_gelu, N));
       linear_backward({fp8, l, Fp8Product::fcproj}, dwide, weight_grad(kFcprojw, l),
                       m.tp_.replicated_grad(m.grad(kFcprojb, l)), nullptr, dresidual_rows, fch_gelu,
                       m.param(kFcprojw, l), nullptr, N, m.hl_, C, s);

@@ -2,7 +2,8 @@
 // here in double (the derivative itself checked by finite differences), separate and
 // in-place backward, bit-identical reruns, and the MLP's width of every preset (two rows of 4C:
 // test/preset_shapes.h). The forward's FP8 copy of its output (Fp8Out) against
-// test/fp8_copy_check.h's loops, at odd sizes, every preset's width and with a NaN input.
+// test/fp8_copy_check.h's loops, at odd sizes, every preset's width and with a NaN input; the
+// same for gelu_forward_fp8 (the output's cast alone, as stored and transposed).
 #include "test/fp8_copy_check.h"
 #include "test/preset_shapes.h"
 #include "test/test_util.h"
@@ -75,6 +76,14 @@ void check_fp8_copy(size_t n, int rows, long nan_at = -1) {
   test::DeviceBuffer<T> inp(test::from_floats<T>(x)), out(n);
   test::check_fp8_copy<T>("gelu_forward", out, rows, static_cast<int>(n / rows),
                           [&](const Fp8Out& fp8) { gelu_forward<T>(out, inp, n, nullptr, fp8); });
+  if constexpr (std::is_same<T, bf16>::value) {
+    if (rows % 8 != 0) return;  // gelu_forward_fp8 takes whole chunks of 8 rows
+    gelu_forward<T>(out, inp, n, nullptr);
+    test::check_fp8_cast_of("gelu_forward_fp8", out.download(), rows, static_cast<int>(n / rows),
+                            [&](fp8e4m3* codes, fp8e4m3* codes_t, float* amax, const float* scale) {
+                              gelu_forward_fp8(codes, codes_t, amax, scale, inp, rows, static_cast<int>(n / rows), nullptr);
+                            });
+  }
 }
 
 }  // namespace
@@ -103,10 +112,11 @@ TEMPLATE_TEST_CASE("gelu launches and matches at every preset's width", "[gelu]"
 TEMPLATE_TEST_CASE("gelu forward writes the FP8 copy of its output and its amax", "[gelu][fp8]", float, bf16) {
   for (size_t n : {size_t{8}, size_t{24}, size_t{40}, size_t{200}, size_t{2056}}) check_fp8_copy<TestType>(n, 1);
   check_fp8_copy<TestType>(37 * 40, 37);  // more than one block, a partial last one
-  check_fp8_copy<TestType>(2056, 1, 1500);
+  check_fp8_copy<TestType>(72 * 136, 72);  // partial 64-row and 64-column tiles of the wide cast
+  check_fp8_copy<TestType>(8 * 264, 8, 1500);
   for (const test::PresetShape& p : test::preset_shapes()) {
     INFO("presets " << p.presets);
-    check_fp8_copy<TestType>(size_t{2} * p.H, 2);
+    check_fp8_copy<TestType>(size_t{8} * p.H, 8);
   }
 }
 

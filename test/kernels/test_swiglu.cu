@@ -5,7 +5,8 @@
 // FP8 copy of its output (Fp8Out) against test/fp8_copy_check.h's loops, at the same shapes and
 // with a NaN input. swiglu_backward_fp8: swiglu_backward's outputs cast to E5M2 as stored and
 // transposed, each code found by test/fp8_reference.h's search of the E5M2 table, the amaxes, and
-// nothing written past the codes, at partial tiles, every Llama width and with a NaN.
+// nothing written past the codes, at partial tiles, every Llama width and with a NaN. Also
+// swiglu_forward_fp8, the forward's output cast without the output (test/fp8_copy_check.h).
 #include "test/fp8_copy_check.h"
 #include "test/fp8_reference.h"
 #include "test/test_util.h"
@@ -150,6 +151,22 @@ void check_fp8_copy(const SwigluShape& s, uint64_t seed, bool nan = false) {
   });
 }
 
+// swiglu_forward_fp8 (the output's cast alone, as stored and transposed) on (N, H) contiguous a and
+// b, against swiglu_forward's output (test/fp8_copy_check.h); nan: one of a's inputs is a NaN.
+void check_fp8_cast(int N, int H, uint64_t seed, bool nan = false) {
+  INFO("N " << N << " H " << H << (nan ? " with a NaN" : ""));
+  const size_t n = static_cast<size_t>(N) * H;
+  std::vector<float> a = test::round_to<bf16>(test::random_floats(n, seed, 6.0f));
+  const std::vector<float> b = test::round_to<bf16>(test::random_floats(n, seed + 1, 3.0f));
+  if (nan) a[n / 2] = std::numeric_limits<float>::quiet_NaN();
+  test::DeviceBuffer<bf16> d_a(test::from_floats<bf16>(a)), d_b(test::from_floats<bf16>(b)), out(n);
+  swiglu_forward<bf16>(out, d_a, d_b, N, H, H, nullptr);
+  test::check_fp8_cast_of("swiglu_forward_fp8", out.download(), N, H,
+                          [&](fp8e4m3* codes, fp8e4m3* codes_t, float* amax, const float* scale) {
+                            swiglu_forward_fp8(codes, codes_t, amax, scale, d_a, d_b, N, H, nullptr);
+                          });
+}
+
 // swiglu_backward_fp8 on a, b, dout (N, H) against swiglu_backward's da and db (checked above
 // against the double-precision loops): every code, as stored and transposed, that of the bf16
 // gradient times its scale (one fp32 multiply) in the E5M2 table; the amaxes max(start, max |g|),
@@ -278,4 +295,11 @@ TEST_CASE("swiglu backward's FP8 casts refuse partial chunks, a missing scale or
                     Catch::Contains("the codes must be given and 8-byte aligned"));
   CHECK_THROWS_WITH(swiglu_backward_fp8(c, c, nullptr, scale, c, c, nullptr, scale, buf, buf.ptr + 1, buf, 8, 8, nullptr),
                     Catch::Contains("the inputs must be 16-byte aligned"));
+}
+
+TEST_CASE("swiglu_forward_fp8 casts the output it does not write, as stored and transposed", "[swiglu][fp8]") {
+  uint64_t seed = 8000;
+  for (const auto& [N, H] : std::vector<std::pair<int, int>>{{8, 8}, {72, 136}, {136, 200}, {8, 8192}, {8, 53248}})
+    check_fp8_cast(N, H, seed += 10);
+  check_fp8_cast(40, 72, seed += 10, true);
 }
