@@ -1,7 +1,8 @@
 // fp8_cast.cuh — the casts that feed cuBLASLt's FP8 matrix products (kernels/fp8.cuh's formats):
 // a bf16 or fp32 matrix times its per-tensor scale, rounded to E4M3 or E5M2 and written as stored,
 // transposed, or both, with the amax of the input recorded on the way; the amax alone; and the
-// pieces with which a producer kernel writes the same cast of its own output (Fp8Out: the norms, the MLP activations).
+// pieces with which a producer kernel writes the same cast of its own output (Fp8Out: the norms,
+// the MLP activations; the wide tile's pieces: the kernels that cast the gradients they make).
 //
 // Why a transpose: cuBLASLt's FP8 products take both operands with the reduction dimension
 // contiguous ("TN" only, docs/SIMT.md "The FP8 oracle"). In the model's row-major terms the forward
@@ -188,12 +189,49 @@ struct Fp8Stored {
   }
 };
 
+// A wide tile's codes, [column][row] in shared memory (kFp8WidePitch bytes per column), read back
+// as 8-byte words.
+using Fp8WideTile = uint2[kFp8WideTile][kFp8WidePitch / 8];
+
+// One thread's chunk x (8 values) of tile row r, columns [c, c + 8), cast at scale s: the codes
+// into `words` (one 8-byte store's worth) and into tile column-major (nullptr: no transpose); the
+// magnitudes folded into the thread's key (fp8_record_amax's input), which it returns.
+template <typename F8>
+__device__ __forceinline__ int fp8_wide_cast_chunk(const float (&x)[kFp8WideChunk], float s, int key,
+                                                   uint32_t (&words)[2], Fp8WideTile* tile, int r, int c) {
+  auto tile_t = reinterpret_cast<uint8_t (*)[kFp8WidePitch]>(tile);
+  words[0] = words[1] = 0;
+  UNROLL
+  for (int k = 0; k < kFp8WideChunk; ++k) {
+    key = fp8_larger_key(key, fp8_magnitude_key(x[k]));
+    const uint8_t code = from_float<F8>(x[k] * s).__x;
+    words[k / 4] |= static_cast<uint32_t>(code) << (8 * (k % 4));
+    if (tile != nullptr) tile_t[c + k][r] = code;
+  }
+  return key;
+}
+
+// The tile at (row0, col0) of a (rows, cols) matrix written transposed into out_t (cols, rows):
+// thread t of the block writes column t / 8 (+ 32 on the second pass), rows [8·(t % 8), +8), with
+// one 8-byte store. After a __syncthreads() that follows the tile's last write.
+__device__ __forceinline__ void fp8_wide_store_transposed(void* out_t, const Fp8WideTile& tile, int row0, int col0,
+                                                          int rows, int cols) {
+  const int t = threadIdx.y * kFp8WideChunksPerRow + threadIdx.x;
+  const int r = kFp8WideChunk * (t % kFp8WideChunksPerRow);
+  UNROLL
+  for (int pass = 0; pass < kFp8WideTile / (kFp8WideThreads / kFp8WideChunksPerRow); ++pass) {
+    const int col = t / kFp8WideChunksPerRow + pass * (kFp8WideThreads / kFp8WideChunksPerRow);
+    if (col0 + col >= cols || row0 + r >= rows) continue;
+    *reinterpret_cast<uint2*>(static_cast<uint8_t*>(out_t) + static_cast<size_t>(col0 + col) * rows + row0 + r) =
+        tile[col][r / kFp8WideChunk];
+  }
+}
+
 template <typename Source, typename F8>
 __global__ void __launch_bounds__(kFp8WideThreads)
     fp8_cast_wide_kernel(F8* out, F8* out_t, float* amax, Source src, int rows, int cols, const float* scale) {
   LAUNCH_BOUNDS_GUARD(kFp8WideThreads);
-  __shared__ uint2 tile_words[kFp8WideTile][kFp8WidePitch / 8];  // 8-byte words: aligned row reads
-  auto tile_t = reinterpret_cast<uint8_t (*)[kFp8WidePitch]>(tile_words);  // [column][row] codes
+  __shared__ Fp8WideTile tile;
   const float s = *scale;
   const int row0 = blockIdx.x * kFp8WideTile, col0 = blockIdx.y * kFp8WideTile;
   const int c = kFp8WideChunk * threadIdx.x;  // the thread's first column in the tile
@@ -205,28 +243,13 @@ __global__ void __launch_bounds__(kFp8WideThreads)
     const size_t i = static_cast<size_t>(row0 + r) * cols + col0 + c;
     float x[kFp8WideChunk];
     src.load(i, x);
-    uint32_t words[2] = {0, 0};
-    UNROLL
-    for (int k = 0; k < kFp8WideChunk; ++k) {
-      key = fp8_larger_key(key, fp8_magnitude_key(x[k]));
-      const uint8_t code = from_float<F8>(x[k] * s).__x;
-      words[k / 4] |= static_cast<uint32_t>(code) << (8 * (k % 4));
-      if (out_t != nullptr) tile_t[c + k][r] = code;
-    }
+    uint32_t words[2];
+    key = fp8_wide_cast_chunk<F8>(x, s, key, words, out_t != nullptr ? &tile : nullptr, r, c);
     if (out != nullptr) *reinterpret_cast<uint2*>(reinterpret_cast<uint8_t*>(out) + i) = uint2{words[0], words[1]};
   }
   if (out_t != nullptr) {
     __syncthreads();
-    // Thread t of the block writes column t / 8 (+ 32 on the second pass), rows [8·(t % 8), +8).
-    const int t = threadIdx.y * kFp8WideChunksPerRow + threadIdx.x;
-    const int r = kFp8WideChunk * (t % kFp8WideChunksPerRow);
-    UNROLL
-    for (int pass = 0; pass < kFp8WideTile / (kFp8WideThreads / kFp8WideChunksPerRow); ++pass) {
-      const int col = t / kFp8WideChunksPerRow + pass * (kFp8WideThreads / kFp8WideChunksPerRow);
-      if (col0 + col >= cols || row0 + r >= rows) continue;
-      *reinterpret_cast<uint2*>(reinterpret_cast<uint8_t*>(out_t) + static_cast<size_t>(col0 + col) * rows + row0 + r) =
-          tile_words[col][r / kFp8WideChunk];
-    }
+    fp8_wide_store_transposed(out_t, tile, row0, col0, rows, cols);
   }
   if (amax != nullptr) fp8_record_amax<kFp8WideThreads>(amax, key);
 }

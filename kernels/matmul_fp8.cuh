@@ -100,10 +100,9 @@ __global__ void __launch_bounds__(kFp8WideThreads)
   LAUNCH_BOUNDS_GUARD(kFp8WideThreads);
   static_assert(Vec128<bf16>::size == kFp8WideChunk, "one 16-byte load per operand and chunk");
   static_assert(kFp8WideTile % kBiasBlockY == 0 && kFp8WideThreads % kFp8WideTile == 0, "whole column sums");
-  __shared__ uint2 tile_words[kFp8WideTile][kFp8WidePitch / 8];  // the codes, [column][row]
-  __shared__ bf16 g_tile[kFp8WideTile][kFp8WideTile];            // g, [row][column], for the bias sums
+  __shared__ Fp8WideTile tile;
+  __shared__ bf16 g_tile[kFp8WideTile][kFp8WideTile];  // g, [row][column], for the bias sums
   __shared__ float y_sums[kBiasBlockY][kFp8WideTile];
-  auto tile_t = reinterpret_cast<uint8_t (*)[kFp8WidePitch]>(tile_words);
   const float s = *scale;
   const int row0 = blockIdx.x * kFp8WideTile, col0 = blockIdx.y * kFp8WideTile;
   const int c = kFp8WideChunk * threadIdx.x;
@@ -119,31 +118,21 @@ __global__ void __launch_bounds__(kFp8WideThreads)
       UNROLL
       for (int k = 0; k < kFp8WideChunk; ++k) g[k] = from_float<bf16>(to_float(g[k]) * gelu_grad(to_float(x[k])));
     }
-    uint32_t words[2] = {0, 0};
+    float x[kFp8WideChunk];
     UNROLL
     for (int k = 0; k < kFp8WideChunk; ++k) {
-      const float x = to_float(g[k]);
-      key = fp8_larger_key(key, fp8_magnitude_key(x));
-      const uint8_t code = from_float<fp8e5m2>(x * s).__x;
-      words[k / 4] |= static_cast<uint32_t>(code) << (8 * (k % 4));
-      tile_t[c + k][r] = code;
+      x[k] = to_float(g[k]);
       g_tile[r][c + k] = g[k];
     }
+    uint32_t words[2];
+    key = fp8_wide_cast_chunk<fp8e5m2>(x, s, key, words, &tile, r, c);
     *reinterpret_cast<uint2*>(reinterpret_cast<uint8_t*>(g8) + i) = uint2{words[0], words[1]};
   }
   __syncthreads();
-  const int t = threadIdx.y * kFp8WideChunksPerRow + threadIdx.x;
-  const int r = kFp8WideChunk * (t % kFp8WideChunksPerRow);
-  UNROLL
-  for (int pass = 0; pass < kFp8WideTile / (kFp8WideThreads / kFp8WideChunksPerRow); ++pass) {
-    const int col = t / kFp8WideChunksPerRow + pass * (kFp8WideThreads / kFp8WideChunksPerRow);
-    if (col0 + col >= OC || row0 + r >= rows) continue;
-    *reinterpret_cast<uint2*>(reinterpret_cast<uint8_t*>(g8t) + static_cast<size_t>(col0 + col) * rows + row0 + r) =
-        tile_words[col][r / kFp8WideChunk];
-  }
+  fp8_wide_store_transposed(g8t, tile, row0, col0, rows, OC);
   if (partials != nullptr) {  // the same for every thread of the block
     // Thread t sums column t % 64 for y = t / 64 and y + 4: rows y, y + 8, ... of the tile.
-    const int col = t % kFp8WideTile;
+    const int t = threadIdx.y * kFp8WideChunksPerRow + threadIdx.x, col = t % kFp8WideTile;
     for (int y = t / kFp8WideTile; y < kBiasBlockY; y += kFp8WideThreads / kFp8WideTile) {
       float sum = 0.0f;
       for (int rr = y; rr < kFp8WideTile && row0 + rr < rows; rr += kBiasBlockY) sum += to_float(g_tile[rr][col]);

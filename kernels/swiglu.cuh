@@ -104,9 +104,7 @@ __global__ void __launch_bounds__(kFp8WideThreads)
                                const float* scale_a, const float* scale_b) {
   LAUNCH_BOUNDS_GUARD(kFp8WideThreads);
   static_assert(Vec128<bf16>::size == kFp8WideChunk, "one 16-byte load per operand and chunk");
-  __shared__ uint2 tile_words[2][kFp8WideTile][kFp8WidePitch / 8];  // da's, db's codes, [column][row]
-  auto tile_a = reinterpret_cast<uint8_t (*)[kFp8WidePitch]>(tile_words[0]);
-  auto tile_b = reinterpret_cast<uint8_t (*)[kFp8WidePitch]>(tile_words[1]);
+  __shared__ Fp8WideTile tiles[2];  // da's codes, db's
   const float sa = *scale_a, sb = *scale_b;
   const int row0 = blockIdx.x * kFp8WideTile, col0 = blockIdx.y * kFp8WideTile;
   const int c = kFp8WideChunk * threadIdx.x;
@@ -117,35 +115,23 @@ __global__ void __launch_bounds__(kFp8WideThreads)
     if (row0 + r >= N || col0 + c >= H) continue;
     const size_t i = static_cast<size_t>(row0 + r) * H + col0 + c;
     const Vec128<bf16> va = load128(a + i), vb = load128(b + i), dy = load128(dout + i);
-    uint32_t words_a[2] = {0, 0}, words_b[2] = {0, 0};
+    float xa[kFp8WideChunk], xb[kFp8WideChunk];
     UNROLL
     for (int k = 0; k < kFp8WideChunk; ++k) {
       bf16 ga, gb;
       swiglu_gradients(ga, gb, to_float(dy[k]), to_float(va[k]), to_float(vb[k]));
-      const float xa = to_float(ga), xb = to_float(gb);
-      key_a = fp8_larger_key(key_a, fp8_magnitude_key(xa));
-      key_b = fp8_larger_key(key_b, fp8_magnitude_key(xb));
-      const uint8_t code_a = from_float<fp8e5m2>(xa * sa).__x, code_b = from_float<fp8e5m2>(xb * sb).__x;
-      words_a[k / 4] |= static_cast<uint32_t>(code_a) << (8 * (k % 4));
-      words_b[k / 4] |= static_cast<uint32_t>(code_b) << (8 * (k % 4));
-      tile_a[c + k][r] = code_a;
-      tile_b[c + k][r] = code_b;
+      xa[k] = to_float(ga);
+      xb[k] = to_float(gb);
     }
-    *reinterpret_cast<uint2*>(reinterpret_cast<uint8_t*>(da8) + i) = uint2{words_a[0], words_a[1]};
-    *reinterpret_cast<uint2*>(reinterpret_cast<uint8_t*>(db8) + i) = uint2{words_b[0], words_b[1]};
+    uint32_t words[2];
+    key_a = fp8_wide_cast_chunk<fp8e5m2>(xa, sa, key_a, words, &tiles[0], r, c);
+    *reinterpret_cast<uint2*>(reinterpret_cast<uint8_t*>(da8) + i) = uint2{words[0], words[1]};
+    key_b = fp8_wide_cast_chunk<fp8e5m2>(xb, sb, key_b, words, &tiles[1], r, c);
+    *reinterpret_cast<uint2*>(reinterpret_cast<uint8_t*>(db8) + i) = uint2{words[0], words[1]};
   }
   __syncthreads();
-  // Thread t writes column t / 8 (+ 32 on the second pass), rows [8·(t % 8), +8), of both.
-  const int t = threadIdx.y * kFp8WideChunksPerRow + threadIdx.x;
-  const int r = kFp8WideChunk * (t % kFp8WideChunksPerRow);
-  UNROLL
-  for (int pass = 0; pass < kFp8WideTile / (kFp8WideThreads / kFp8WideChunksPerRow); ++pass) {
-    const int col = t / kFp8WideChunksPerRow + pass * (kFp8WideThreads / kFp8WideChunksPerRow);
-    if (col0 + col >= H || row0 + r >= N) continue;
-    const size_t at = static_cast<size_t>(col0 + col) * N + row0 + r;
-    *reinterpret_cast<uint2*>(reinterpret_cast<uint8_t*>(da8t) + at) = tile_words[0][col][r / kFp8WideChunk];
-    *reinterpret_cast<uint2*>(reinterpret_cast<uint8_t*>(db8t) + at) = tile_words[1][col][r / kFp8WideChunk];
-  }
+  fp8_wide_store_transposed(da8t, tiles[0], row0, col0, N, H);
+  fp8_wide_store_transposed(db8t, tiles[1], row0, col0, N, H);
   if (amax_a != nullptr) fp8_record_amax<kFp8WideThreads>(amax_a, key_a);
   __syncthreads();  // fp8_record_amax's shared keys are used again
   if (amax_b != nullptr) fp8_record_amax<kFp8WideThreads>(amax_b, key_b);
