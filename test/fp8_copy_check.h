@@ -19,6 +19,35 @@
 
 namespace test {
 
+// What an E4M3 cast at `scale` should give: each value's code (from the table, memoized per fp32
+// product), and the amax max(start, max |value|), NaN once a value is one.
+class ExpectedE4M3 {
+ public:
+  ExpectedE4M3(float scale, float amax_start) : scale_(scale), amax_(amax_start) {}
+  uint8_t code(float x) {
+    const float product = x * scale_;
+    if (std::isnan(x)) nan_ = true;
+    else if (std::fabs(x) > amax_) amax_ = std::fabs(x);
+    uint32_t bits;
+    std::memcpy(&bits, &product, sizeof(bits));
+    auto it = memo_.find(bits);
+    if (it == memo_.end()) it = memo_.emplace(bits, expected_code(kE4M3, product, true)).first;
+    return it->second;
+  }
+  // The recorded amax against the values seen.
+  void check_amax(float got) const {
+    INFO("amax " << got << ", want " << (nan_ ? std::numeric_limits<float>::quiet_NaN() : amax_));
+    if (nan_) CHECK(std::isnan(got));
+    else CHECK(same_bits(std::vector<float>{got}, std::vector<float>{amax_}));
+  }
+
+ private:
+  const float scale_;
+  float amax_;
+  bool nan_ = false;
+  std::unordered_map<uint32_t, uint8_t> memo_;
+};
+
 // produce(fp8) runs the producer, writing `out` (rows × cols of T) and, when fp8.out is set, its copy.
 template <typename T, typename Produce>
 void check_fp8_copy(const char* what, DeviceBuffer<T>& out, int rows, int cols, Produce produce) {
@@ -43,24 +72,17 @@ void check_fp8_copy(const char* what, DeviceBuffer<T>& out, int rows, int cols, 
       const std::vector<T> got_out = out.download();
       CHECK(bytes_of(got_out) == bytes_of(plain));
 
-      std::unordered_map<uint32_t, uint8_t> memo;  // expected code per distinct fp32 product
+      ExpectedE4M3 expected(scale, kAmaxStart);
       const std::vector<uint8_t> got = codes.download();
       size_t bad = 0, guard_written = 0;
-      bool nan = false;
-      float want_amax = kAmaxStart;
       for (size_t i = 0; i < n; ++i) {
-        const float x = static_cast<float>(got_out[i]), product = x * scale;
-        if (std::isnan(x)) nan = true;
-        else if (std::fabs(x) > want_amax) want_amax = std::fabs(x);
-        uint32_t bits;
-        std::memcpy(&bits, &product, sizeof(bits));
-        auto it = memo.find(bits);
-        if (it == memo.end()) it = memo.emplace(bits, expected_code(kE4M3, product, true)).first;
-        if (got[i] == it->second) continue;
+        const float x = static_cast<float>(got_out[i]);
+        const uint8_t want = expected.code(x);
+        if (got[i] == want) continue;
         if (bad++ < 5) {
           INFO("[" << i / cols << "][" << i % cols << "] output " << x << ": code 0x" << std::hex << int{got[i]}
-                   << ", want 0x" << int{it->second});
-          CHECK(got[i] == it->second);
+                   << ", want 0x" << int{want});
+          CHECK(got[i] == want);
         }
       }
       for (size_t i = n; i < n + kGuard; ++i) guard_written += got[i] != kPoison;
@@ -68,10 +90,8 @@ void check_fp8_copy(const char* what, DeviceBuffer<T>& out, int rows, int cols, 
       CHECK(bad == 0);
       CHECK(guard_written == 0);
       const float got_amax = amax.download()[0];
-      INFO("amax " << got_amax << ", want " << (nan ? std::numeric_limits<float>::quiet_NaN() : want_amax));
-      if (!with_amax) CHECK(same_bits(std::vector<float>{got_amax}, std::vector<float>{kAmaxStart}));
-      else if (nan) CHECK(std::isnan(got_amax));
-      else CHECK(same_bits(std::vector<float>{got_amax}, std::vector<float>{want_amax}));
+      if (with_amax) expected.check_amax(got_amax);
+      else CHECK(same_bits(std::vector<float>{got_amax}, std::vector<float>{kAmaxStart}));
     }
   }
 }
@@ -96,26 +116,18 @@ void check_fp8_cast_of(const char* what, const std::vector<bf16>& values, int ro
               amax.ptr, d_scale.ptr);
       require_no_cuda_error();
       const std::vector<uint8_t> got = stored.download(), got_t = transposed.download();
-      std::unordered_map<uint32_t, uint8_t> memo;
+      ExpectedE4M3 expected(scale, kAmaxStart);
       size_t bad = 0, guard_written = 0, stored_written = 0;
-      bool nan = false;
-      float want_amax = kAmaxStart;
       for (int r = 0; r < rows; ++r)
         for (int c = 0; c < cols; ++c) {
           const size_t i = static_cast<size_t>(r) * cols + c;
-          const float x = static_cast<float>(values[i]), product = x * scale;
-          if (std::isnan(x)) nan = true;
-          else if (std::fabs(x) > want_amax) want_amax = std::fabs(x);
-          uint32_t bits;
-          std::memcpy(&bits, &product, sizeof(bits));
-          auto it = memo.find(bits);
-          if (it == memo.end()) it = memo.emplace(bits, expected_code(kE4M3, product, true)).first;
-          const uint8_t t = got_t[static_cast<size_t>(c) * rows + r];
+          const float x = static_cast<float>(values[i]);
+          const uint8_t want = expected.code(x), t = got_t[static_cast<size_t>(c) * rows + r];
           stored_written += (layouts & 1) == 0 && got[i] != kPoison;
-          if (t == it->second && ((layouts & 1) == 0 || got[i] == it->second)) continue;
+          if (t == want && ((layouts & 1) == 0 || got[i] == want)) continue;
           if (bad++ < 5) {
             INFO("[" << r << "][" << c << "] value " << x << ": code 0x" << std::hex << int{got[i]} << ", transposed 0x"
-                     << int{t} << ", want 0x" << int{it->second});
+                     << int{t} << ", want 0x" << int{want});
             CHECK(false);
           }
         }
@@ -124,10 +136,7 @@ void check_fp8_cast_of(const char* what, const std::vector<bf16>& values, int ro
       CHECK(bad == 0);
       CHECK(guard_written == 0);
       CHECK(stored_written == 0);
-      const float got_amax = amax.download()[0];
-      INFO("amax " << got_amax << ", want " << want_amax);
-      if (nan) CHECK(std::isnan(got_amax));
-      else CHECK(same_bits(std::vector<float>{got_amax}, std::vector<float>{want_amax}));
+      expected.check_amax(amax.download()[0]);
     }
   }
 }
