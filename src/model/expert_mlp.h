@@ -32,7 +32,6 @@
 #include "src/model/activations.h"
 #include "src/model/block_ops.h"
 
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
@@ -383,15 +382,12 @@ void expert_aux_gradient(const ModelConfig& c, const Activations<Elem>& a, Activ
   if (w.moe_tail_out.count() > 0)
     cuda_check(cudaMemcpyAsync(w.moe_tail_out.get(), a.moe_tail.get(), a.moe_tail.bytes(), cudaMemcpyDeviceToDevice, s),
                "the routing totals an input gradient takes back");
-  std::vector<int> counts(E);  // the tail in one copy: counts, then the probability sums' bits
+  std::vector<int> tail_host(2 * E);  // the tail in one copy: E counts, then E probability sums' bits
+  copy_to_host(tail_host.data(), tail.counts, 2 * E * sizeof(int), s);
+  const int* counts = tail_host.data();
   std::vector<float> prob_sums(E);
-  {
-    std::vector<int> whole(2 * E);
-    copy_to_host(whole.data(), tail.counts, 2 * E * sizeof(int), s);
-    std::copy_n(whole.begin(), E, counts.begin());
-    std::memcpy(prob_sums.data(), whole.data() + E, E * sizeof(float));
-  }
-  std::vector<double> totals(counts.begin(), counts.end());  // counts, then probability sums
+  std::memcpy(prob_sums.data(), tail_host.data() + E, E * sizeof(float));
+  std::vector<double> totals(counts, counts + E);  // counts, then probability sums
   totals.insert(totals.end(), prob_sums.begin(), prob_sums.end());
   for (Communicator* group : row_groups)
     if (group != nullptr && group->world_size() > 1) group->sum(totals);
