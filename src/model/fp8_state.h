@@ -24,14 +24,14 @@
 // (ln2), the MLP's activation (GELU, SwiGLU) that of its down product. Not fused: with current
 // scaling (the amax must be known before the cast, so the output is measured, then cast); a
 // norm's under sequence parallelism (a norm writes this rank's rows, the product reads them all
-// once gathered); the backward's transposed input casts (the producers run a warp or a thread per
-// row piece and cannot write a transposed tile cheaply, and the backward reads the bf16 output
-// anyway); the attention projection's input (the attention kernels, not yet). The gradients are
-// cast as stored and transposed by the kernel that makes them where they are made from another
-// tensor: SwiGLU's backward for its two up products (swiglu_backward()), the bias and GELU
-// gradients' kernel for GPT-2's products (backward(), matmul_fp8_gradient); the others by
-// fp8_cast, which reads each once and writes both layouts. The weights' copies are made once per
-// optimizer step (refresh_weights()).
+// once gathered); the backward's transposed casts of the norms' outputs and of a kept activation
+// (a forward producer runs a warp or a thread per row piece and cannot write a transposed tile
+// cheaply; an activation recomputed for the backward is recomputed straight into its transposed
+// cast: producer_transposed_output()); the attention projection's input (the attention kernels,
+// not yet). A gradient made or summed by a kernel is cast by it, as stored and transposed:
+// SwiGLU's backward for its two up products (swiglu_backward()), the bias and GELU gradients'
+// kernel (backward(), matmul_fp8_gradient); the others by fp8_cast, which reads each once and
+// writes both layouts. The weights' copies are made once per optimizer step (refresh_weights()).
 #pragma once
 #include "kernels/common.cuh"
 #include "kernels/fp8.cuh"
