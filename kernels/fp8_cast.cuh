@@ -254,16 +254,19 @@ __global__ void __launch_bounds__(kFp8WideThreads)
   if (amax != nullptr) fp8_record_amax<kFp8WideThreads>(amax, key);
 }
 
+// Whether p is aligned to `bytes` (the FP8 launchers' checks of their pointers).
+inline bool fp8_aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
 // The wide kernel on src's values: fp8_cast's contract, for whole chunks (cols, and rows for a
 // transpose, multiples of 8) and outputs aligned to 8 bytes; a producer's entry (see above).
 template <typename Source, typename F8>
 void fp8_cast_wide(F8* out, F8* out_t, float* amax, const Source& src, int rows, int cols, const float* scale,
                    cudaStream_t stream) {
-  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % kFp8WideChunk == 0; };
   if (rows < 0 || cols < 0 || cols % kFp8WideChunk != 0 || (out_t != nullptr && rows % kFp8WideChunk != 0))
     throw_errorf("fp8_cast_wide: rows=%d cols=%d: need whole chunks of %d", rows, cols, kFp8WideChunk);
   if (out == nullptr && out_t == nullptr) throw_error("fp8_cast_wide: no output (out and out_t are both null)");
-  if (!aligned(out) || !aligned(out_t)) throw_error("fp8_cast_wide: the codes must be 8-byte aligned");
+  if (!fp8_aligned(out, kFp8WideChunk) || !fp8_aligned(out_t, kFp8WideChunk))
+    throw_error("fp8_cast_wide: the codes must be 8-byte aligned");
   if (scale == nullptr) throw_error("fp8_cast_wide: scale is null (a device pointer to the tensor's scale)");
   if (rows == 0 || cols == 0) return;
   const dim3 grid(static_cast<unsigned>(ceil_div(rows, kFp8WideTile)), static_cast<unsigned>(ceil_div(cols, kFp8WideTile)));
@@ -276,9 +279,8 @@ void fp8_cast_wide(F8* out, F8* out_t, float* amax, const Source& src, int rows,
 // transpose, multiples of 8) and aligned pointers (in 16 bytes, the outputs 8).
 template <typename T, typename F8>
 bool fp8_cast_wide_fits(const F8* out, const F8* out_t, const T* in, int rows, int cols) {
-  const auto aligned = [](const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
-  return cols % kFp8WideChunk == 0 && aligned(in, 16) && aligned(out, 8) &&
-         (out_t == nullptr || (rows % kFp8WideChunk == 0 && aligned(out_t, 8)));
+  return cols % kFp8WideChunk == 0 && fp8_aligned(in, 16) && fp8_aligned(out, 8) &&
+         (out_t == nullptr || (rows % kFp8WideChunk == 0 && fp8_aligned(out_t, 8)));
 }
 
 // out (rows, cols) = F8(in · *scale) and/or out_t (cols, rows) its transpose, row-major, from

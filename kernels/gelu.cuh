@@ -110,6 +110,6 @@ struct GeluOfStored {
 // codes fp8_cast gives on it (fp8_cast_wide's shapes: whole chunks of 8). pre 16-byte aligned.
 inline void gelu_forward_fp8(fp8e4m3* out, fp8e4m3* out_t, float* amax, const float* scale, const bf16* pre, int rows,
                              int cols, cudaStream_t stream) {
-  if (reinterpret_cast<uintptr_t>(pre) % 16 != 0) throw_error("gelu_forward_fp8: the input must be 16-byte aligned");
+  if (!fp8_aligned(pre, 16)) throw_error("gelu_forward_fp8: the input must be 16-byte aligned");
   fp8_cast_wide(out, out_t, amax, GeluOfStored{pre}, rows, cols, scale, stream);
 }

@@ -164,10 +164,9 @@ inline void matmul_fp8_gradient(fp8e5m2* g8, fp8e5m2* g8t, float* amax, const fl
   if (!matmul_fp8_gradient_fits(rows, OC, dbias != nullptr))
     throw_errorf("matmul_fp8_gradient: rows=%d out_features=%d: need multiples of 8%s", rows, OC,
                  dbias != nullptr ? " and matmul_backward_bias's 64-row chunks" : "");
-  const auto aligned = [](const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
   if (scale == nullptr) throw_error("matmul_fp8_gradient: the scale is null");
-  if (!aligned(dout, 16) || !aligned(pre_gelu, 16)) throw_error("matmul_fp8_gradient: the inputs must be 16-byte aligned");
-  if (g8 == nullptr || g8t == nullptr || !aligned(g8, 8) || !aligned(g8t, 8))
+  if (!fp8_aligned(dout, 16) || !fp8_aligned(pre_gelu, 16)) throw_error("matmul_fp8_gradient: the inputs must be 16-byte aligned");
+  if (g8 == nullptr || g8t == nullptr || !fp8_aligned(g8, 8) || !fp8_aligned(g8t, 8))
     throw_error("matmul_fp8_gradient: the codes must be given and 8-byte aligned");
   const dim3 grid(static_cast<unsigned>(ceil_div(rows, kFp8WideTile)), static_cast<unsigned>(ceil_div(OC, kFp8WideTile)));
   float* partials = dbias != nullptr ? matmul_context.bias_partials : nullptr;

@@ -186,15 +186,14 @@ void swiglu_backward(T* da, T* db, const T* dout, const T* a, const T* b, int N,
 inline void swiglu_backward_fp8(fp8e5m2* da8, fp8e5m2* da8t, float* amax_a, const float* scale_a, fp8e5m2* db8,
                                 fp8e5m2* db8t, float* amax_b, const float* scale_b, const bf16* dout, const bf16* a,
                                 const bf16* b, int N, int H, cudaStream_t stream) {
-  const auto aligned = [](const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
   if (N < 0 || H < 0 || N % kFp8WideChunk != 0 || H % kFp8WideChunk != 0)
     throw_errorf("swiglu_backward_fp8: N=%d H=%d must be multiples of %d", N, H, kFp8WideChunk);
   if (scale_a == nullptr || scale_b == nullptr) throw_error("swiglu_backward_fp8: a scale is null");
   for (const void* p : {static_cast<const void*>(dout), static_cast<const void*>(a), static_cast<const void*>(b)})
-    if (!aligned(p, 16)) throw_error("swiglu_backward_fp8: the inputs must be 16-byte aligned");
+    if (!fp8_aligned(p, 16)) throw_error("swiglu_backward_fp8: the inputs must be 16-byte aligned");
   for (const void* p : {static_cast<const void*>(da8), static_cast<const void*>(da8t), static_cast<const void*>(db8),
                         static_cast<const void*>(db8t)})
-    if (p == nullptr || !aligned(p, 8)) throw_error("swiglu_backward_fp8: the codes must be given and 8-byte aligned");
+    if (p == nullptr || !fp8_aligned(p, 8)) throw_error("swiglu_backward_fp8: the codes must be given and 8-byte aligned");
   if (N == 0 || H == 0) return;
   const dim3 grid(static_cast<unsigned>(ceil_div(N, kFp8WideTile)), static_cast<unsigned>(ceil_div(H, kFp8WideTile)));
   launch(swiglu_backward_fp8_kernel, grid, dim3(kFp8WideChunksPerRow, kFp8WideRowsPerPass), 0, stream, da8, da8t,
@@ -221,7 +220,7 @@ struct SwigluOfStored {
 // output: the codes fp8_cast gives on it (fp8_cast_wide's shapes). a, b 16-byte aligned.
 inline void swiglu_forward_fp8(fp8e4m3* out, fp8e4m3* out_t, float* amax, const float* scale, const bf16* a,
                                const bf16* b, int N, int H, cudaStream_t stream) {
-  if (reinterpret_cast<uintptr_t>(a) % 16 != 0 || reinterpret_cast<uintptr_t>(b) % 16 != 0)
+  if (!fp8_aligned(a, 16) || !fp8_aligned(b, 16))
     throw_error("swiglu_forward_fp8: the inputs must be 16-byte aligned");
   fp8_cast_wide(out, out_t, amax, SwigluOfStored{a, b}, N, H, scale, stream);
 }

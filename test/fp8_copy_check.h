@@ -4,12 +4,14 @@
 // scale, one fp32 multiply, found by test/fp8_reference.h's search of the E4M3 table (never the
 // conversion under test); nothing written past the codes; the amax max(start, max |output|), a NaN
 // when any output is one; and without an amax pointer, the same codes. Also check_fp8_cast_of, for
-// the producers that write the cast of values they never write, as stored and transposed.
+// the producers that write the cast of values they never write, as stored and transposed, and
+// check_codes, the comparison of both layouts that it and the gradient casts' tests share.
 #pragma once
 #include "test/fp8_reference.h"
 #include "test/test_util.h"
 #include "kernels/fp8_cast.cuh"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -19,11 +21,14 @@
 
 namespace test {
 
-// What an E4M3 cast at `scale` should give: each value's code (from the table, memoized per fp32
-// product), and the amax max(start, max |value|), NaN once a value is one.
-class ExpectedE4M3 {
+constexpr uint8_t kCodePoison = 0xFF;  // DeviceBuffer's fill: E4M3's NaN, which only a NaN output gives
+constexpr size_t kCodeGuard = 64;      // poisoned bytes after the codes, which no write may touch
+
+// What a cast to format f at `scale` should give: each value's code (from the table, memoized per
+// fp32 product), and the amax max(start, max |value|), NaN once a value is one.
+class ExpectedCodes {
  public:
-  ExpectedE4M3(float scale, float amax_start) : scale_(scale), amax_(amax_start) {}
+  ExpectedCodes(const Format& f, float scale, float amax_start) : format_(f), scale_(scale), amax_(amax_start) {}
   uint8_t code(float x) {
     const float product = x * scale_;
     if (std::isnan(x)) nan_ = true;
@@ -31,7 +36,7 @@ class ExpectedE4M3 {
     uint32_t bits;
     std::memcpy(&bits, &product, sizeof(bits));
     auto it = memo_.find(bits);
-    if (it == memo_.end()) it = memo_.emplace(bits, expected_code(kE4M3, product, true)).first;
+    if (it == memo_.end()) it = memo_.emplace(bits, expected_code(format_, product, true)).first;
     return it->second;
   }
   // The recorded amax against the values seen.
@@ -42,6 +47,7 @@ class ExpectedE4M3 {
   }
 
  private:
+  const Format& format_;
   const float scale_;
   float amax_;
   bool nan_ = false;
@@ -51,8 +57,6 @@ class ExpectedE4M3 {
 // produce(fp8) runs the producer, writing `out` (rows × cols of T) and, when fp8.out is set, its copy.
 template <typename T, typename Produce>
 void check_fp8_copy(const char* what, DeviceBuffer<T>& out, int rows, int cols, Produce produce) {
-  constexpr uint8_t kPoison = 0xFF;  // DeviceBuffer's fill: E4M3's NaN, which only a NaN output gives
-  constexpr size_t kGuard = 64;      // poisoned bytes after the codes, which no write may touch
   constexpr float kAmaxStart = 0.5f;
   const size_t n = static_cast<size_t>(rows) * cols;
   out.poison();
@@ -64,7 +68,7 @@ void check_fp8_copy(const char* what, DeviceBuffer<T>& out, int rows, int cols, 
   for (const float scale : {0.37f, 120.0f}) {
     for (const bool with_amax : {true, false}) {
       INFO(what << " " << rows << "x" << cols << " FP8 copy at scale " << scale << (with_amax ? "" : ", no amax"));
-      DeviceBuffer<uint8_t> codes(n + kGuard);
+      DeviceBuffer<uint8_t> codes(n + kCodeGuard);
       DeviceBuffer<float> d_scale(std::vector<float>{scale}), amax(std::vector<float>{kAmaxStart});
       out.poison();
       produce(Fp8Out{reinterpret_cast<fp8e4m3*>(codes.ptr), d_scale.ptr, with_amax ? amax.ptr : nullptr});
@@ -72,7 +76,7 @@ void check_fp8_copy(const char* what, DeviceBuffer<T>& out, int rows, int cols, 
       const std::vector<T> got_out = out.download();
       CHECK(bytes_of(got_out) == bytes_of(plain));
 
-      ExpectedE4M3 expected(scale, kAmaxStart);
+      ExpectedCodes expected(kE4M3, scale, kAmaxStart);
       const std::vector<uint8_t> got = codes.download();
       size_t bad = 0, guard_written = 0;
       for (size_t i = 0; i < n; ++i) {
@@ -85,7 +89,7 @@ void check_fp8_copy(const char* what, DeviceBuffer<T>& out, int rows, int cols, 
           CHECK(got[i] == want);
         }
       }
-      for (size_t i = n; i < n + kGuard; ++i) guard_written += got[i] != kPoison;
+      for (size_t i = n; i < n + kCodeGuard; ++i) guard_written += got[i] != kCodePoison;
       INFO(bad << " of " << n << " codes wrong, " << guard_written << " guard bytes written");
       CHECK(bad == 0);
       CHECK(guard_written == 0);
@@ -96,46 +100,55 @@ void check_fp8_copy(const char* what, DeviceBuffer<T>& out, int rows, int cols, 
   }
 }
 
+// The cast of `values` (rows × cols, row-major) against `expected`: every code of `transposed`
+// (cols × rows) and, unless nullptr, of `stored` (rows × cols) from the table, the first few wrong
+// ones reported; nothing written in the kCodeGuard poisoned bytes after either.
+inline void check_codes(ExpectedCodes& expected, const std::vector<bf16>& values, int rows, int cols,
+                        const std::vector<uint8_t>* stored, const std::vector<uint8_t>& transposed) {
+  const size_t n = static_cast<size_t>(rows) * cols;
+  size_t bad = 0, guard_written = 0;
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) {
+      const size_t i = static_cast<size_t>(r) * cols + c;
+      const float x = static_cast<float>(values[i]);
+      const uint8_t want = expected.code(x), t = transposed[static_cast<size_t>(c) * rows + r];
+      const uint8_t s = stored != nullptr ? (*stored)[i] : want;
+      if (t == want && s == want) continue;
+      if (bad++ < 5) {
+        INFO("[" << r << "][" << c << "] value " << x << ": code 0x" << std::hex << int{s} << ", transposed 0x"
+                 << int{t} << ", want 0x" << int{want});
+        CHECK(false);
+      }
+    }
+  for (size_t i = n; i < n + kCodeGuard; ++i)
+    guard_written += (stored != nullptr && (*stored)[i] != kCodePoison) + (transposed[i] != kCodePoison);
+  INFO(bad << " of " << n << " codes wrong, " << guard_written << " guard bytes written");
+  CHECK(bad == 0);
+  CHECK(guard_written == 0);
+}
+
 // A producer that writes the E4M3 cast of values it never writes (gelu_forward_fp8,
 // swiglu_forward_fp8: an activation recomputed for the backward): `values` (rows × cols) is the
 // output as the plain kernel writes it; produce(out, out_t, amax, scale) runs the producer with
 // device codes (stored, transposed: either may be nullptr), amax and scale. Every code, both
-// layouts, from the E4M3 table of value · scale; the amax; nothing written past the codes.
+// layouts, from the E4M3 table of value · scale (check_codes); the amax; nothing written past the
+// codes, nor, without the stored layout, to it.
 template <typename Produce>
 void check_fp8_cast_of(const char* what, const std::vector<bf16>& values, int rows, int cols, Produce produce) {
-  constexpr uint8_t kPoison = 0xFF;
-  constexpr size_t kGuard = 64;
   constexpr float kAmaxStart = 0.5f;
   const size_t n = static_cast<size_t>(rows) * cols;
   for (const float scale : {0.37f, 120.0f}) {
-    for (const int layouts : {3, 2}) {  // both, or the transposed alone (the backward's use)
-      INFO(what << " " << rows << "x" << cols << " cast at scale " << scale << (layouts == 2 ? ", transposed only" : ""));
-      DeviceBuffer<uint8_t> stored(n + kGuard), transposed(n + kGuard);
+    for (const bool with_stored : {true, false}) {  // both, or the transposed alone (the backward's use)
+      INFO(what << " " << rows << "x" << cols << " cast at scale " << scale << (with_stored ? "" : ", transposed only"));
+      DeviceBuffer<uint8_t> stored(n + kCodeGuard), transposed(n + kCodeGuard);
       DeviceBuffer<float> d_scale(std::vector<float>{scale}), amax(std::vector<float>{kAmaxStart});
-      produce(layouts & 1 ? reinterpret_cast<fp8e4m3*>(stored.ptr) : nullptr, reinterpret_cast<fp8e4m3*>(transposed.ptr),
+      produce(with_stored ? reinterpret_cast<fp8e4m3*>(stored.ptr) : nullptr, reinterpret_cast<fp8e4m3*>(transposed.ptr),
               amax.ptr, d_scale.ptr);
       require_no_cuda_error();
       const std::vector<uint8_t> got = stored.download(), got_t = transposed.download();
-      ExpectedE4M3 expected(scale, kAmaxStart);
-      size_t bad = 0, guard_written = 0, stored_written = 0;
-      for (int r = 0; r < rows; ++r)
-        for (int c = 0; c < cols; ++c) {
-          const size_t i = static_cast<size_t>(r) * cols + c;
-          const float x = static_cast<float>(values[i]);
-          const uint8_t want = expected.code(x), t = got_t[static_cast<size_t>(c) * rows + r];
-          stored_written += (layouts & 1) == 0 && got[i] != kPoison;
-          if (t == want && ((layouts & 1) == 0 || got[i] == want)) continue;
-          if (bad++ < 5) {
-            INFO("[" << r << "][" << c << "] value " << x << ": code 0x" << std::hex << int{got[i]} << ", transposed 0x"
-                     << int{t} << ", want 0x" << int{want});
-            CHECK(false);
-          }
-        }
-      for (size_t i = n; i < n + kGuard; ++i) guard_written += (got[i] != kPoison) + (got_t[i] != kPoison);
-      INFO(bad << " of " << n << " codes wrong, " << guard_written << " guard bytes written");
-      CHECK(bad == 0);
-      CHECK(guard_written == 0);
-      CHECK(stored_written == 0);
+      ExpectedCodes expected(kE4M3, scale, kAmaxStart);
+      check_codes(expected, values, rows, cols, with_stored ? &got : nullptr, got_t);
+      if (!with_stored) CHECK(std::count(got.begin(), got.end(), kCodePoison) == static_cast<long>(got.size()));
       expected.check_amax(amax.download()[0]);
     }
   }

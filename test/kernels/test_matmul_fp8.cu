@@ -8,6 +8,7 @@
 // CPU loops in test_matmul.cu): every E5M2 code of its g, as stored and transposed, from the E5M2
 // table, dbias with the same bits, the amax, nothing written past the codes; with and without GELU
 // and bias, at partial tiles and d48's width, and the shapes it refuses.
+#include "test/fp8_copy_check.h"
 #include "test/fp8_reference.h"
 #include "test/test_util.h"
 #include "kernels/matmul_fp8.cuh"
@@ -131,8 +132,6 @@ void check_products(int rows, int C, int OC, bool bias) {
 // opening comment). nan: one of dout's values is a NaN.
 void check_gradient(int rows, int OC, bool gelu, bool bias, uint64_t seed, bool nan = false) {
   INFO("rows " << rows << " OC " << OC << (gelu ? " GELU" : "") << (bias ? " +bias" : "") << (nan ? " NaN" : ""));
-  constexpr uint8_t kPoison = 0xFF;
-  constexpr size_t kGuard = 64;
   constexpr float kAmaxStart = 0.25f, kScale = 700.0f;  // past E5M2's 57344 for the largest |g|
   const size_t n = static_cast<size_t>(rows) * OC;
   std::vector<float> dout = test::round_to<bf16>(test::random_floats(n, seed, 100.0f));
@@ -154,37 +153,15 @@ void check_gradient(int rows, int OC, bool gelu, bool bias, uint64_t seed, bool 
   };
   const std::vector<float> want_partials = stage1();
   const std::vector<bf16> g = gelu ? d_g.download() : test::from_floats<bf16>(dout);
-  test::DeviceBuffer<uint8_t> stored(n + kGuard), transposed(n + kGuard);
+  test::DeviceBuffer<uint8_t> stored(n + test::kCodeGuard), transposed(n + test::kCodeGuard);
   test::DeviceBuffer<float> scale(std::vector<float>{kScale}), amax(std::vector<float>{kAmaxStart});
   matmul_fp8_gradient(reinterpret_cast<fp8e5m2*>(stored.ptr), reinterpret_cast<fp8e5m2*>(transposed.ptr), amax,
                       scale, bias ? got_bias.ptr : nullptr, d_dout, gelu ? d_pre.ptr : nullptr, rows, OC, nullptr);
   test::require_no_cuda_error();
-  const std::vector<uint8_t> got = stored.download(), got_t = transposed.download();
-  size_t bad = 0, guard_written = 0;
-  bool any_nan = false;
-  float want_amax = kAmaxStart;
-  for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < OC; ++c) {
-      const float x = static_cast<float>(g[static_cast<size_t>(r) * OC + c]);
-      if (std::isnan(x)) any_nan = true;
-      else want_amax = std::max(want_amax, std::fabs(x));
-      const uint8_t want = test::expected_code(test::kE5M2, x * kScale, true);
-      const uint8_t a = got[static_cast<size_t>(r) * OC + c], b = got_t[static_cast<size_t>(c) * rows + r];
-      if (a == want && b == want) continue;
-      if (bad++ < 5) {
-        INFO("[" << r << "][" << c << "] g " << x << ": code 0x" << std::hex << int{a} << ", transposed 0x" << int{b}
-                 << ", want 0x" << int{want});
-        CHECK(false);
-      }
-    }
-  for (size_t i = n; i < n + kGuard; ++i) guard_written += (got[i] != kPoison) + (got_t[i] != kPoison);
-  INFO(bad << " of " << n << " codes wrong, " << guard_written << " guard bytes written");
-  CHECK(bad == 0);
-  CHECK(guard_written == 0);
-  const float got_amax = amax.download()[0];
-  INFO("amax " << got_amax << ", want " << want_amax);
-  if (any_nan) CHECK(std::isnan(got_amax));
-  else CHECK(test::same_bits(std::vector<float>{got_amax}, std::vector<float>{want_amax}));
+  test::ExpectedCodes expected(test::kE5M2, kScale, kAmaxStart);
+  const std::vector<uint8_t> got = stored.download();
+  test::check_codes(expected, g, rows, OC, &got, transposed.download());
+  expected.check_amax(amax.download()[0]);
   CHECK(test::bytes_of(got_bias.download()) == test::bytes_of(want_bias.download()));
   CHECK(test::same_bits(stage1(), want_partials));
 }

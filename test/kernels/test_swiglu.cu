@@ -173,8 +173,6 @@ void check_fp8_cast(int N, int H, uint64_t seed, bool nan = false) {
 // NaN when a gradient is; nothing written past the codes. nan: one of dout's values is a NaN.
 void check_fp8_gradients(int N, int H, uint64_t seed, bool nan = false) {
   INFO("N " << N << " H " << H << (nan ? " with a NaN" : ""));
-  constexpr uint8_t kPoison = 0xFF;
-  constexpr size_t kGuard = 64;
   constexpr float kAmaxStart = 0.25f;
   const size_t n = static_cast<size_t>(N) * H;
   const std::vector<float> a = test::round_to<bf16>(test::random_floats(n, seed, 6.0f));
@@ -187,48 +185,25 @@ void check_fp8_gradients(int N, int H, uint64_t seed, bool nan = false) {
   test::require_no_cuda_error();
   const std::vector<bf16> grads[2] = {da.download(), db.download()};
   for (const float scale_a : {0.5f, 3000.0f}) {  // in range; past E5M2's 57344 for the largest
-    const float scale_b = scale_a * 3.0f;
-    INFO("scales " << scale_a << ", " << scale_b);
+    const float scales[2] = {scale_a, scale_a * 3.0f};
+    INFO("scales " << scales[0] << ", " << scales[1]);
     // da's codes as stored and transposed, then db's.
     test::DeviceBuffer<uint8_t> codes[4] = {
-        test::DeviceBuffer<uint8_t>(n + kGuard), test::DeviceBuffer<uint8_t>(n + kGuard),
-        test::DeviceBuffer<uint8_t>(n + kGuard), test::DeviceBuffer<uint8_t>(n + kGuard)};
-    test::DeviceBuffer<float> scales(std::vector<float>{scale_a, scale_b});
-    test::DeviceBuffer<float> amax_a(std::vector<float>{kAmaxStart}), amax_b(std::vector<float>{kAmaxStart});
+        test::DeviceBuffer<uint8_t>(n + test::kCodeGuard), test::DeviceBuffer<uint8_t>(n + test::kCodeGuard),
+        test::DeviceBuffer<uint8_t>(n + test::kCodeGuard), test::DeviceBuffer<uint8_t>(n + test::kCodeGuard)};
+    test::DeviceBuffer<float> d_scales(std::vector<float>{scales[0], scales[1]});
+    test::DeviceBuffer<float> amaxes[2] = {test::DeviceBuffer<float>(std::vector<float>{kAmaxStart}),
+                                           test::DeviceBuffer<float>(std::vector<float>{kAmaxStart})};
     auto f8 = [&](int k) { return reinterpret_cast<fp8e5m2*>(codes[k].ptr); };
-    swiglu_backward_fp8(f8(0), f8(1), amax_a, scales.ptr, f8(2), f8(3), amax_b, scales.ptr + 1, d_dy, d_a, d_b, N, H,
-                        nullptr);
+    swiglu_backward_fp8(f8(0), f8(1), amaxes[0], d_scales.ptr, f8(2), f8(3), amaxes[1], d_scales.ptr + 1, d_dy, d_a,
+                        d_b, N, H, nullptr);
     test::require_no_cuda_error();
     for (int g = 0; g < 2; ++g) {
       INFO((g == 0 ? "da" : "db"));
-      const float scale = g == 0 ? scale_a : scale_b;
-      const std::vector<uint8_t> stored = codes[2 * g].download(), transposed = codes[2 * g + 1].download();
-      size_t bad = 0, guard_written = 0;
-      bool any_nan = false;
-      float want_amax = kAmaxStart;
-      for (int r = 0; r < N; ++r)
-        for (int c = 0; c < H; ++c) {
-          const float x = static_cast<float>(grads[g][static_cast<size_t>(r) * H + c]);
-          if (std::isnan(x)) any_nan = true;
-          else want_amax = std::max(want_amax, std::fabs(x));
-          const uint8_t want = test::expected_code(test::kE5M2, x * scale, true);
-          const uint8_t got = stored[static_cast<size_t>(r) * H + c];
-          const uint8_t got_t = transposed[static_cast<size_t>(c) * N + r];
-          if (got == want && got_t == want) continue;
-          if (bad++ < 5) {
-            INFO("[" << r << "][" << c << "] gradient " << x << ": code 0x" << std::hex << int{got} << ", transposed 0x"
-                     << int{got_t} << ", want 0x" << int{want});
-            CHECK(false);
-          }
-        }
-      for (size_t i = n; i < n + kGuard; ++i) guard_written += (stored[i] != kPoison) + (transposed[i] != kPoison);
-      INFO(bad << " of " << n << " codes wrong, " << guard_written << " guard bytes written");
-      CHECK(bad == 0);
-      CHECK(guard_written == 0);
-      const float got_amax = (g == 0 ? amax_a : amax_b).download()[0];
-      INFO("amax " << got_amax << ", want " << want_amax);
-      if (any_nan) CHECK(std::isnan(got_amax));
-      else CHECK(test::same_bits(std::vector<float>{got_amax}, std::vector<float>{want_amax}));
+      test::ExpectedCodes expected(test::kE5M2, scales[g], kAmaxStart);
+      const std::vector<uint8_t> stored = codes[2 * g].download();
+      test::check_codes(expected, grads[g], N, H, &stored, codes[2 * g + 1].download());
+      expected.check_amax(amaxes[g].download()[0]);
     }
   }
 }
